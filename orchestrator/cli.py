@@ -1,8 +1,295 @@
+"""The command line: thin click commands over the logic modules.
+
+Every foreseeable error is an `OrchestratorError`, caught once in `main`: its message is
+printed without a traceback and its exit code used (2 for bad input, 1 for a runtime
+failure, the failing rank's code for a failed job, 130/143 after Ctrl-C/SIGTERM).
+"""
+
 from __future__ import annotations
+
+import functools
+import os
+import sys
 
 import click
 
+from orchestrator import __version__
+from orchestrator.errors import ConfigError, OrchestratorError
 
-@click.group()
-def main() -> None:
-    """Launch multi-node PyTorch jobs."""
+CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+
+
+# --- shared options ----------------------------------------------------------------------
+
+
+def job_options(func):
+    """Options that describe the job itself; shared by launch and render."""
+    options = [
+        click.option("--nproc-per-node", type=int, default=None, metavar="N",
+                     help="Ranks per node. Default: each host's slots (1 for a bare host)."),
+        click.option("--master-addr", metavar="ADDR",
+                     help="Rendezvous address. Default: the first node (as reached by ssh; "
+                          "127.0.0.1 for a local job). Must be reachable from every node."),
+        click.option("--master-port", default="auto", show_default=True, metavar="PORT|auto",
+                     help="Rendezvous port. 'auto' takes 29500 when it is free on the master "
+                          "node, else a free one; an explicit busy port is an error."),
+        click.option("--ifname", metavar="IFACE",
+                     help="Network interface for NCCL and gloo (NCCL_SOCKET_IFNAME, "
+                          "GLOO_SOCKET_IFNAME) on every node. Default: on each node, the one "
+                          "whose route reaches MASTER_ADDR. A hostfile ifname wins for its node."),
+        click.option("--env", "env", multiple=True, metavar="NAME=VALUE",
+                     help="Set a variable on every node (repeatable)."),
+        click.option("--env-file", "env_files", multiple=True, metavar="FILE",
+                     type=click.Path(dir_okay=False),
+                     help="NAME=VALUE lines to set on every node (repeatable; --env wins)."),
+        click.option("--secret-env", "secret_names", multiple=True, metavar="NAME",
+                     help="Treat NAME as a secret: its value is handed to the job at start, "
+                          "never written to scripts, plan or run record, and masked in logs. "
+                          "Names containing TOKEN, SECRET, PASSWORD, API_KEY, CREDENTIAL... "
+                          "are secrets already."),
+        click.option("--forward-env/--no-forward-env", default=True, show_default=True,
+                     help="Forward this shell's NCCL_*, GLOO_*, TORCH_*, CUDA_*, PYTHON* and "
+                          "OMP_* variables to every node."),
+        click.option("--python", metavar="PATH",
+                     help="Interpreter (and its torchrun) on the nodes. Default: this "
+                          "orchestrator's own interpreter path, as on a shared file system. "
+                          "A hostfile python wins for its node."),
+        click.option("--workdir", metavar="DIR",
+                     help="Directory the ranks start in on every node. Default: the current "
+                          "directory."),
+    ]
+    return functools.reduce(lambda f, option: option(f), reversed(options), func)
+
+
+def run_options(func):
+    options = [
+        click.option("--run-id", metavar="NAME", help="Name of the run. Default: the time "
+                     "and a random suffix, e.g. 20261122-153012-a3f9."),
+        click.option("--run-dir", default="runs", show_default=True, metavar="DIR",
+                     help="Where run records are kept."),
+    ]
+    return functools.reduce(lambda f, option: option(f), reversed(options), func)
+
+
+def run_dir_option(func):
+    return click.option("--run-dir", default="runs", show_default=True, metavar="DIR",
+                        help="Where run records are kept.")(func)
+
+
+def make_spec(program_argv, *, nproc_per_node, master_addr, master_port, ifname, env,
+              env_files, secret_names, forward_env, python, workdir):
+    from orchestrator.spec import (
+        JobSpec,
+        Program,
+        forwarded_env,
+        load_env_file,
+        merge_env,
+        parse_env_assignments,
+        parse_master_port,
+    )
+
+    layers = [forwarded_env()] if forward_env else []
+    layers += [load_env_file(path) for path in env_files]
+    layers.append(parse_env_assignments(env))
+    if workdir is not None and not workdir.strip():
+        raise ConfigError("--workdir must not be empty")
+    return JobSpec(
+        program=Program.from_argv(program_argv),
+        python=python or sys.executable,
+        workdir=os.path.abspath(workdir) if workdir else os.getcwd(),
+        nproc_per_node=nproc_per_node,
+        master_addr=master_addr,
+        master_port=parse_master_port(master_port),
+        ifname=ifname,
+        env=merge_env(*layers),
+        secret_names=frozenset(secret_names),
+    )
+
+
+# --- commands ----------------------------------------------------------------------------
+
+
+@click.group(context_settings=CONTEXT)
+@click.version_option(__version__, prog_name="orchestrator")
+def cli() -> None:
+    """Launch multi-node PyTorch jobs from a hostfile.
+
+    Each node runs torchrun from a generated script (see `render`); every rank's output
+    comes back as one attributed stream and lands in runs/<run-id>/. Start with:
+
+        orchestrator launch hostfiles/local.txt
+    """
+
+
+@cli.command(context_settings=CONTEXT)
+@click.argument("hostfile", type=click.Path())
+@click.argument("program", nargs=-1, type=click.UNPROCESSED, metavar="[-- SCRIPT ARGS...]")
+@job_options
+@run_options
+@click.option("--dry-run", is_flag=True,
+              help="Probe the nodes, then print the plan and every node script; start nothing.")
+@click.option("--no-preflight", "preflight", flag_value=False, default=True,
+              help="Skip probing the nodes (python, torch, interface, port) before starting.")
+@click.option("--grace", type=click.FloatRange(min=0), default=10.0, show_default=True,
+              metavar="SECONDS",
+              help="On a failure or Ctrl-C, how long ranks get between SIGTERM and SIGKILL.")
+@click.option("--heartbeat-timeout", type=click.FloatRange(min=0), default=30.0,
+              show_default=True, metavar="SECONDS",
+              help="A node silent this long is lost (the run stops); a node that hears "
+                   "nothing from the orchestrator this long stops its part by itself.")
+@click.option("--color", type=click.Choice(["auto", "always", "never"]), default="auto",
+              show_default=True, help="Colour the rank prefixes.")
+def launch(hostfile, program, dry_run, preflight, grace, heartbeat_timeout, color, run_id,
+           run_dir, **job):
+    """Run a job on every node of HOSTFILE.
+
+    Without a script, runs the bundled DDP trainer (python -m orchestrator.trainer).
+    Give your own after `--`: `orchestrator launch hosts.txt -- train.py --lr 0.1`
+    (or `-- -m package.module ...`). Exit status: 0 when every rank succeeded, else the
+    first failing rank's exit code (130 after Ctrl-C, 2 for bad input).
+    """
+    from orchestrator.hostfile import load_hostfile
+    from orchestrator.launcher import LaunchOptions
+    from orchestrator.launcher import launch as run_launch
+    from orchestrator.runs import check_run_id, new_run_id
+
+    cluster = load_hostfile(hostfile)
+    spec = make_spec(program, **job)
+    options = LaunchOptions(
+        run_dir=run_dir, run_id=check_run_id(run_id) if run_id else new_run_id(),
+        argv=tuple(["orchestrator", *sys.argv[1:]]), grace=grace,
+        heartbeat_timeout=heartbeat_timeout, color=color, preflight=preflight,
+    )
+    return run_launch(cluster, spec, options, dry_run=dry_run)
+
+
+@cli.command(context_settings=CONTEXT)
+@click.argument("hostfile", type=click.Path())
+@click.argument("program", nargs=-1, type=click.UNPROCESSED, metavar="[-- SCRIPT ARGS...]")
+@click.option("-o", "--output", "out_dir", required=True, metavar="DIR",
+              help="Folder to write plan.yaml and node0.sh, node1.sh, ... into.")
+@click.option("--run-id", metavar="NAME", help="Run id written into the scripts.")
+@job_options
+def render(hostfile, program, out_dir, run_id, **job):
+    """Write the plan and one torchrun script per node, without touching any node.
+
+    Each script runs by hand on its node: `bash DIR/node0.sh` on the first node, and so on.
+    Interfaces are picked by the scripts when they start (no probe here); MASTER_PORT is
+    29500 unless given.
+    """
+    from orchestrator.hostfile import load_hostfile
+    from orchestrator.launcher import LaunchOptions, prepare
+    from orchestrator.render import write_rendered
+    from orchestrator.runs import check_run_id, new_run_id
+
+    cluster = load_hostfile(hostfile)
+    spec = make_spec(program, **job)
+    options = LaunchOptions(run_dir="", run_id=check_run_id(run_id) if run_id else new_run_id(),
+                            argv=tuple(["orchestrator", *sys.argv[1:]]))
+    plan, scripts = prepare(cluster, spec, options, connections=None)
+    for path in write_rendered(out_dir, plan, scripts):
+        click.echo(str(path))
+    return 0
+
+
+@cli.command(context_settings=CONTEXT)
+@click.argument("run_id", metavar="RUN")
+@run_dir_option
+@click.option("-f", "--follow", is_flag=True, help="Keep printing new lines until the run ends.")
+@click.option("--rank", type=int, default=None, help="Only this global rank's output.")
+@click.option("--node", metavar="HOST", help="Only lines of this node's ranks and its torchrun.")
+@click.option("--grep", metavar="REGEX", help="Only lines matching REGEX.")
+@click.option("--tail", type=click.IntRange(min=0), default=None, metavar="N",
+              help="Start with the last N lines instead of the whole log.")
+def logs(run_id, run_dir, follow, rank, node, grep, tail):
+    """Print a run's combined log (or one rank's), or follow it while it runs."""
+    import re
+
+    from orchestrator.logs import follow as follow_file
+    from orchestrator.logs import last_lines_of, line_filter
+    from orchestrator.runs import FINAL_STATES, RunRecord, controller_alive
+
+    record = RunRecord.open(run_dir, run_id)
+    if grep is not None:
+        try:
+            re.compile(grep)
+        except re.error as exc:
+            raise ConfigError(f"--grep {grep!r} is not a valid regular expression: {exc}") from None
+    status = record.read_status()
+    if rank is not None:
+        if not 0 <= rank < int(status.get("world_size") or 0):
+            raise ConfigError(f"--rank {rank}: run {run_id} has ranks 0-"
+                              f"{int(status.get('world_size') or 0) - 1}")
+        path = record.logs_dir / f"rank-{rank}.log"
+    else:
+        path = record.logs_dir / "combined.log"
+    keep = line_filter(grep, node)
+    out = sys.stdout.buffer
+
+    def done() -> bool:
+        current = record.read_status()
+        return current.get("state") in FINAL_STATES or not controller_alive(current)
+
+    if tail is not None:
+        for line in last_lines_of(path, tail):
+            if keep(line):
+                out.write(line)
+        out.flush()
+        lines = follow_file(path, done, from_start=False) if follow else iter(())
+    else:
+        lines = follow_file(path, done if follow else (lambda: True))
+    try:
+        for line in lines:
+            if keep(line):
+                out.write(line)
+                out.flush()
+    except BrokenPipeError:
+        pass
+    return 0
+
+
+@cli.command(context_settings=CONTEXT)
+@click.argument("run_id", metavar="RUN")
+@run_dir_option
+@click.option("--json", "as_json", is_flag=True, help="Print status.json as it is.")
+def status(run_id, run_dir, as_json):
+    """Show a run's state, per node and per rank."""
+    import json
+
+    from orchestrator.runs import RunRecord
+    from orchestrator.status_view import status_text
+
+    current = RunRecord.open(run_dir, run_id).read_status()
+    click.echo(json.dumps(current, indent=2) if as_json else status_text(current))
+    return 0
+
+
+@cli.command(context_settings=CONTEXT)
+@run_dir_option
+def runs(run_dir):
+    """List the runs in --run-dir with their state."""
+    from orchestrator.runs import list_runs
+    from orchestrator.status_view import runs_table
+
+    click.echo(runs_table(list_runs(run_dir), run_dir))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: run the CLI, turn errors into messages and exit codes."""
+    try:
+        code = cli.main(args=argv, prog_name="orchestrator", standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("orchestrator: aborted", err=True)
+        code = 130
+    except click.ClickException as exc:
+        exc.show()
+        code = exc.exit_code
+    except OrchestratorError as exc:
+        click.echo(f"orchestrator: error: {exc}", err=True)
+        code = exc.exit_code
+    except KeyboardInterrupt:
+        click.echo("orchestrator: interrupted; nothing was started", err=True)
+        code = 130
+    sys.exit(code if isinstance(code, int) else 0)
+

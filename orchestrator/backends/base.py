@@ -1,0 +1,35 @@
+"""What every node backend provides: a connection that can start the node agent."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+
+class AgentChannel(Protocol):
+    """A running node agent: bytes to its stdin, bytes from its stdout."""
+
+    def write(self, data: bytes) -> None:
+        """Send bytes to the agent; a dead agent is not an error (its EOF will say so)."""
+
+    def read(self, size: int) -> bytes:
+        """Block for up to `size` bytes of agent output; b"" once it has ended."""
+
+    def errors(self) -> str:
+        """What the agent printed to stderr (read after its output ended)."""
+
+    def close(self) -> None:
+        """Release the channel once the agent's output has ended (closing it earlier
+        makes the agent stop its node's processes)."""
+
+
+class NodeConnection(Protocol):
+    """An open connection to one node."""
+
+    host: str  # the name the hostfile uses
+    address: str  # the address the controller reached it at (127.0.0.1 for this machine)
+
+    def start_agent(self, python: str, tag: str) -> AgentChannel:
+        """Start `python -c BOOTSTRAP orchestrator-agent TAG` on the node."""
+
+    def close(self) -> None:
+        """Release the connection."""

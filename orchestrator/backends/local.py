@@ -1,0 +1,64 @@
+"""The local backend: the node is this machine, reached through a subprocess."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+from orchestrator.agent import BOOTSTRAP
+from orchestrator.errors import NodeError
+
+
+class LocalChannel:
+    def __init__(self, host: str, python: str, tag: str) -> None:
+        try:
+            # A session of its own: Ctrl-C in the terminal reaches the controller only,
+            # which then stops the node through the agent, in order.
+            self.proc = subprocess.Popen(
+                [python, "-u", "-c", BOOTSTRAP, "orchestrator-agent", tag],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                start_new_session=True, bufsize=0,
+            )
+        except OSError as exc:
+            raise NodeError(host, f"cannot run python {python!r}: {exc.strerror}; "
+                            "pass --python PATH or set python in the hostfile",
+                            exit_code=2) from None
+
+    def write(self, data: bytes) -> None:
+        try:
+            self.proc.stdin.write(data)
+        except (OSError, ValueError):
+            pass  # the agent has ended; its output's end tells the rest
+
+    def read(self, size: int) -> bytes:
+        return os.read(self.proc.stdout.fileno(), size)
+
+    def errors(self) -> str:
+        try:
+            return self.proc.stderr.read().decode(errors="replace")
+        except (OSError, ValueError):
+            return ""
+
+    def close(self) -> None:
+        try:
+            self.proc.stdin.close()
+        except OSError:
+            pass
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+class LocalConnection:
+    """This machine as a node."""
+
+    def __init__(self, host: str) -> None:
+        self.host = host
+        self.address = "127.0.0.1"
+
+    def start_agent(self, python: str, tag: str) -> LocalChannel:
+        return LocalChannel(self.host, python, tag)
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,64 @@
+"""The error hierarchy: every foreseeable failure is one of these, written for a user.
+
+The CLI catches `OrchestratorError` once, prints its message (no traceback) and exits
+with its `exit_code`: 2 for bad input or configuration, 1 for a runtime failure, the
+failing rank's code for a failed job, 130/143 after Ctrl-C / SIGTERM.
+"""
+
+from __future__ import annotations
+
+
+class OrchestratorError(Exception):
+    """Root of all errors a user may see. `str()` says what, where, and what to do."""
+
+    exit_code = 1
+
+
+class ConfigError(OrchestratorError):
+    """Bad input: a flag, a hostfile, an env file, a script path. Exit code 2."""
+
+    exit_code = 2
+
+
+class SourceError(ConfigError):
+    """Bad input at a known place in a file: the message starts with `path:line:`."""
+
+    def __init__(self, path: str, line: int | None, message: str) -> None:
+        self.path = path
+        self.line = line
+        self.message = message
+        where = f"{path}:{line}" if line is not None else path
+        super().__init__(f"{where}: {message}")
+
+
+class NodeError(OrchestratorError):
+    """A node could not be used (unreachable, refused, no torch, busy port...).
+
+    Configuration problems (unknown host key, wrong user, missing interface) use exit
+    code 2; runtime problems (timeouts, lost connections) use 1.
+    """
+
+    def __init__(self, host: str, message: str, *, exit_code: int = 1) -> None:
+        self.host = host
+        self.message = message
+        self.exit_code = exit_code
+        super().__init__(f"{host}: {message}")
+
+
+class NodeErrors(OrchestratorError):
+    """Several nodes failed in one parallel step; carries every node's error."""
+
+    def __init__(self, errors: list[NodeError], what: str) -> None:
+        self.errors = errors
+        self.exit_code = max(e.exit_code for e in errors)
+        lines = [f"{what} failed on {len(errors)} node(s):"]
+        lines += [f"  {e}" for e in errors]
+        super().__init__("\n".join(lines))
+
+
+class JobFailed(OrchestratorError):
+    """The job ran and did not succeed; the message is the failure summary."""
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        self.exit_code = exit_code
+        super().__init__(message)

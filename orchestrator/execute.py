@@ -1,0 +1,90 @@
+"""Run one command on many nodes at once through their agents: for `orchestrator exec`
+and the preflight probe. Every node runs to its end; nothing is left behind on Ctrl-C."""
+
+from __future__ import annotations
+
+import queue
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from orchestrator.backends.base import NodeConnection
+from orchestrator.logs import LogSink
+from orchestrator.nodes import Event, NodeSession
+from orchestrator.supervise import NodeState, Supervisor, describe_exit
+
+
+@dataclass(frozen=True)
+class NodeResult:
+    host: str
+    exit_code: int | None
+    output: str
+    state: str  # succeeded, failed, lost, stopped
+    detail: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.state == "succeeded"
+
+    def describe(self) -> str:
+        if self.state == "lost":
+            return f"lost: {self.detail}"
+        return describe_exit(self.exit_code)
+
+
+class CaptureSink:
+    """A sink that keeps every node's output instead of printing it."""
+
+    def __init__(self) -> None:
+        self.output: dict[int, list[bytes]] = {}
+        self.notes: list[str] = []
+
+    def node_output(self, node: int, data: bytes) -> None:
+        self.output.setdefault(node, []).append(data)
+
+    def rank_output(self, rank: int, data: bytes) -> None:  # no ranks in a command
+        pass
+
+    def note(self, text: str) -> None:
+        self.notes.append(text)
+
+    def last_lines(self, rank: int | None = None, node: int | None = None) -> list[str]:
+        text = b"".join(self.output.get(node, [])).decode(errors="replace")
+        return text.splitlines()[-20:]
+
+    def flush(self) -> None:
+        pass
+
+
+def run_on_nodes(connections: Sequence[NodeConnection], pythons: Sequence[str],
+                 argvs: Sequence[Sequence[str]], *, sink: LogSink | CaptureSink | None = None,
+                 grace: float = 5.0, heartbeat_timeout: float = 30.0,
+                 time_limit: float | None = None,
+                 supervisor_hook=None) -> list[NodeResult]:
+    """Run argvs[i] on connections[i] with the interpreter pythons[i] running its agent."""
+    capture = sink if sink is not None else CaptureSink()
+    events: queue.Queue[Event] = queue.Queue()
+    sessions = []
+    try:
+        nodes_and_commands = zip(connections, pythons, argvs, strict=True)
+        for index, (connection, python, argv) in enumerate(nodes_and_commands):
+            config = {"argv": list(argv), "grace": grace,
+                      "heartbeat_timeout": heartbeat_timeout}
+            sessions.append(NodeSession.start(index, connection, python, "command", config,
+                                              events))
+        nodes = [NodeState(index=i, host=c.host) for i, c in enumerate(connections)]
+        supervisor = Supervisor(nodes, [], sessions, events, capture, grace=grace,
+                                heartbeat_timeout=heartbeat_timeout, stop_on_failure=False,
+                                time_limit=time_limit)
+        if supervisor_hook is not None:
+            supervisor_hook(supervisor)
+        supervisor.run()
+    finally:
+        for session in sessions:
+            session.close()
+    results = []
+    for node in nodes:
+        text = b"".join(capture.output.get(node.index, [])).decode(errors="replace") \
+            if isinstance(capture, CaptureSink) else ""
+        detail = node.detail or ("time limit reached" if supervisor.timed_out else "")
+        results.append(NodeResult(node.host, node.exit_code, text, node.state, detail))
+    return results

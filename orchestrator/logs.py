@@ -1,0 +1,191 @@
+"""The log stream: rank and node lines -> console (prefixed, coloured), per-rank files and a
+combined file; and the readers behind `orchestrator logs` (tail, follow, filter).
+
+Lines arrive whole (the node agent cuts them), so writing each chunk in one call keeps
+every line intact: two ranks' lines are never spliced.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import BinaryIO
+
+COLORS = (36, 33, 32, 35, 34, 31, 96, 93, 92, 95, 94, 91)  # ANSI foreground codes
+RESET = b"\x1b[0m"
+TAIL_LINES = 20
+
+
+def use_color(stream: object, choice: str = "auto") -> bool:
+    """--color auto|always|never; auto honours NO_COLOR and TERM=dumb."""
+    if choice != "auto":
+        return choice == "always"
+    if os.environ.get("NO_COLOR") or os.environ.get("TERM") == "dumb":
+        return False
+    isatty = getattr(stream, "isatty", None)
+    return bool(isatty and isatty())
+
+
+def prefix_lines(data: bytes, prefix: bytes) -> bytes:
+    """Put `prefix` before every line of `data` (whole lines, ending with a newline)."""
+    if not data:
+        return b""
+    return prefix + data[:-1].replace(b"\n", b"\n" + prefix) + data[-1:]
+
+
+class LogSink:
+    """Where every line of a run goes; one per run, used from one thread."""
+
+    def __init__(self, logs_dir: Path | None, rank_labels: dict[int, str],
+                 node_labels: dict[int, str], console: BinaryIO | None, color: bool,
+                 mask: Callable[[bytes], bytes] = lambda data: data) -> None:
+        self.logs_dir = logs_dir
+        self.console = console
+        self.mask = mask
+        self.rank_prefix = {r: f"[{label}] ".encode() for r, label in rank_labels.items()}
+        self.node_prefix = {n: f"[{label}] ".encode() for n, label in node_labels.items()}
+        self.rank_tails: dict[int, deque[bytes]] = {}
+        self.node_tails: dict[int, deque[bytes]] = {}
+        self.color_prefix: dict[bytes, bytes] = {}
+        if color:
+            for index, (_, prefix) in enumerate(sorted(self.rank_prefix.items())):
+                code = COLORS[index % len(COLORS)]
+                self.color_prefix[prefix] = b"\x1b[%dm" % code + prefix[:-1] + RESET + b" "
+            for prefix in self.node_prefix.values():
+                self.color_prefix[prefix] = b"\x1b[1m" + prefix[:-1] + RESET + b" "
+        self.files: dict[str, BinaryIO] = {}
+        if logs_dir is not None:
+            logs_dir.mkdir(parents=True, exist_ok=True)
+
+    def _file(self, name: str) -> BinaryIO | None:
+        if self.logs_dir is None:
+            return None
+        handle = self.files.get(name)
+        if handle is None:
+            handle = self.files[name] = open(self.logs_dir / name, "ab")  # noqa: SIM115
+        return handle
+
+    def _to_console(self, prefix: bytes, data: bytes) -> None:
+        if self.console is None:
+            return
+        try:
+            self.console.write(prefix_lines(data, self.color_prefix.get(prefix, prefix)))
+        except (BrokenPipeError, ValueError, OSError):
+            self.console = None  # the reader went away (e.g. `| head`); the files go on
+
+    def _emit(self, own_file: str, prefix: bytes, data: bytes,
+              tail: deque[bytes]) -> None:
+        data = self.mask(data)
+        own = self._file(own_file)
+        if own is not None:
+            own.write(data)
+        combined = self._file("combined.log")
+        if combined is not None:
+            combined.write(prefix_lines(data, prefix))
+        self._to_console(prefix, data)
+        tail.extend(data.rsplit(b"\n", TAIL_LINES + 1)[-TAIL_LINES - 1:-1])
+
+    def rank_output(self, rank: int, data: bytes) -> None:
+        """Whole lines printed by a rank."""
+        tail = self.rank_tails.setdefault(rank, deque(maxlen=TAIL_LINES))
+        self._emit(f"rank-{rank}.log", self.rank_prefix[rank], data, tail)
+
+    def node_output(self, node: int, data: bytes) -> None:
+        """Whole lines printed by a node's script or torchrun itself (not by a rank)."""
+        tail = self.node_tails.setdefault(node, deque(maxlen=TAIL_LINES))
+        self._emit(f"node-{node}.log", self.node_prefix[node], data, tail)
+
+    def note(self, text: str) -> None:
+        """A line from the orchestrator itself, into the combined log and the console."""
+        data = self.mask(text.rstrip("\n").encode() + b"\n")
+        prefix = b"[orchestrator] "
+        combined = self._file("combined.log")
+        if combined is not None:
+            combined.write(prefix_lines(data, prefix))
+        self._to_console(prefix, data)
+
+    def last_lines(self, rank: int | None = None, node: int | None = None) -> list[str]:
+        tails = self.rank_tails.get(rank) if rank is not None else self.node_tails.get(node)
+        return [line.decode(errors="replace") for line in (tails or ())]
+
+    def flush(self) -> None:
+        for handle in self.files.values():
+            handle.flush()
+        if self.console is not None:
+            try:
+                self.console.flush()
+            except (BrokenPipeError, ValueError, OSError):
+                self.console = None
+
+    def close(self) -> None:
+        self.flush()
+        for handle in self.files.values():
+            handle.close()
+        self.files.clear()
+
+
+# --- reading logs back ------------------------------------------------------------------
+
+
+def last_lines_of(path: Path, count: int) -> list[bytes]:
+    """The last `count` whole lines of a file, reading only its end."""
+    if count <= 0 or not path.exists():
+        return []
+    with open(path, "rb") as handle:
+        handle.seek(0, os.SEEK_END)
+        size = handle.tell()
+        block, data = 1 << 16, b""
+        while size > 0 and data.count(b"\n") <= count:
+            step = min(block, size)
+            size -= step
+            handle.seek(size)
+            data = handle.read(step) + data
+    lines = data.split(b"\n")
+    if lines and lines[-1] == b"":
+        lines.pop()
+    return [line + b"\n" for line in lines[-count:]]
+
+
+def follow(path: Path, is_done: Callable[[], bool], from_start: bool = True,
+           poll_s: float = 0.2) -> Iterator[bytes]:
+    """Yield whole lines of a growing file until `is_done()` and nothing more arrives."""
+    offset = 0 if from_start else (path.stat().st_size if path.exists() else 0)
+    partial = b""
+    while True:
+        done = is_done()  # read before the file, so no line written before `done` is lost
+        data = b""
+        if path.exists():
+            with open(path, "rb") as handle:
+                handle.seek(offset)
+                data = handle.read()
+            offset += len(data)
+        if data:
+            data = partial + data
+            cut = data.rfind(b"\n") + 1
+            partial = data[cut:]
+            yield from (line + b"\n" for line in data[:cut].split(b"\n")[:-1])
+        elif done:
+            if partial:
+                yield partial + b"\n"
+            return
+        else:
+            time.sleep(poll_s)
+
+
+def line_filter(grep: str | None, node: str | None) -> Callable[[bytes], bool]:
+    """A predicate for combined-log lines: --grep REGEX and --node HOST."""
+    pattern = re.compile(grep.encode()) if grep else None
+    node_prefix = f"[{node} ".encode() if node else None
+    node_line = f"[{node}]".encode() if node else None
+
+    def keep(line: bytes) -> bool:
+        if node_prefix is not None and not (line.startswith(node_prefix) or
+                                            line.startswith(node_line)):
+            return False
+        return pattern is None or pattern.search(line) is not None
+
+    return keep

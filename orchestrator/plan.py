@@ -1,0 +1,209 @@
+"""Planning: hosts + spec (+ what the preflight probe found) -> a `LaunchPlan`. Pure.
+
+No network, no files: everything the plan needs to know about the nodes comes in as
+`NodeFacts` from the explicit probe step, so this is tested exhaustively without a
+cluster and `--dry-run` shows exactly what would run. Every choice carries its reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from orchestrator.errors import ConfigError
+from orchestrator.hostfile import LOCAL_NAMES, Cluster, Host
+from orchestrator.spec import DEFAULT_MASTER_PORT, JobSpec, Program
+
+IFNAME_VARS = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
+
+
+@dataclass(frozen=True)
+class NodeFacts:
+    """What the preflight probe learned about one node (all optional)."""
+
+    address: str | None = None  # the address the controller reached it at
+    ifname: str | None = None  # interface whose route reaches MASTER_ADDR
+    route_source: str | None = None  # local address of that route
+    python_version: str | None = None
+    torch_version: str | None = None
+    free_port: int | None = None  # master only: the port chosen as free
+    port_checked: bool = False  # master only: the explicit port was found free
+
+
+@dataclass(frozen=True)
+class NodePlan:
+    """One node's part: its rank, its ranks, its interpreter, interface and env."""
+
+    node_rank: int
+    host: Host
+    nproc: int
+    rank_start: int
+    python: str
+    ifname: str | None
+    ifname_reason: str
+    env: tuple[tuple[str, str], ...]  # exported by the node script (no secrets)
+
+    @property
+    def name(self) -> str:
+        return self.host.name
+
+    @property
+    def ranks(self) -> range:
+        return range(self.rank_start, self.rank_start + self.nproc)
+
+    @property
+    def is_local(self) -> bool:
+        return self.host.is_local
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """The whole job, every value decided; rendering and backends only read it."""
+
+    run_id: str
+    nodes: tuple[NodePlan, ...]
+    master_addr: str
+    master_addr_reason: str
+    master_port: int
+    master_port_reason: str
+    program: Program
+    workdir: str
+    secret_names: tuple[str, ...]  # passed to the job at launch, never written down
+
+    @property
+    def nnodes(self) -> int:
+        return len(self.nodes)
+
+    @property
+    def world_size(self) -> int:
+        return sum(node.nproc for node in self.nodes)
+
+    @property
+    def is_local(self) -> bool:
+        return all(node.is_local for node in self.nodes)
+
+    def node_of_rank(self, rank: int) -> NodePlan:
+        for node in self.nodes:
+            if rank in node.ranks:
+                return node
+        raise KeyError(rank)
+
+    def to_dict(self) -> dict:
+        """The plan as plain data for plan.yaml and --dry-run (secret values never appear)."""
+        return {
+            "run_id": self.run_id,
+            "program": self.program.describe(),
+            "workdir": self.workdir,
+            "nnodes": self.nnodes,
+            "world_size": self.world_size,
+            "master_addr": f"{self.master_addr}  # {self.master_addr_reason}",
+            "master_port": f"{self.master_port}  # {self.master_port_reason}",
+            "secrets": list(self.secret_names),
+            "nodes": [
+                {
+                    "node_rank": node.node_rank,
+                    "host": node.name,
+                    "backend": "local" if node.is_local else "ssh",
+                    "ranks": f"{node.ranks.start}-{node.ranks.stop - 1}",
+                    "nproc": node.nproc,
+                    "python": node.python,
+                    "ifname": f"{node.ifname or '(detected at start)'}  # {node.ifname_reason}",
+                    "env": dict(node.env),
+                }
+                for node in self.nodes
+            ],
+        }
+
+
+def make_plan(cluster: Cluster, spec: JobSpec, run_id: str,
+              facts: Mapping[str, NodeFacts] | None = None) -> LaunchPlan:
+    """Decide node ranks, ranks, master address/port, interfaces and env for every node."""
+    facts = facts or {}
+    hosts = cluster.hosts
+    master_addr, addr_reason = _master_addr(cluster, spec, facts)
+    master_port, port_reason = _master_port(spec, facts.get(hosts[0].name))
+    secret_names = tuple(sorted(name for name, _ in spec.env if spec.is_secret(name)))
+    common_env = [(k, v) for k, v in spec.env if k not in secret_names]
+
+    nodes = []
+    rank_start = 0
+    for node_rank, host in enumerate(hosts):
+        nproc = _nproc(host, spec)
+        ifname, ifname_reason = _ifname(host, spec, facts.get(host.name), master_addr)
+        env = list(common_env)
+        if ifname:  # an explicit --env NCCL_SOCKET_IFNAME=... is the user's and stays
+            env += [(var, ifname) for var in IFNAME_VARS if var not in spec.env_dict]
+        env += [("ORCHESTRATOR_RUN_ID", run_id), ("PYTHONUNBUFFERED", "1")]
+        nodes.append(NodePlan(
+            node_rank=node_rank, host=host, nproc=nproc, rank_start=rank_start,
+            python=host.python or spec.python, ifname=ifname, ifname_reason=ifname_reason,
+            env=tuple(env),
+        ))
+        rank_start += nproc
+    return LaunchPlan(
+        run_id=run_id, nodes=tuple(nodes), master_addr=master_addr,
+        master_addr_reason=addr_reason, master_port=master_port,
+        master_port_reason=port_reason, program=spec.program, workdir=spec.workdir,
+        secret_names=secret_names,
+    )
+
+
+def is_loopback(addr: str) -> bool:
+    return addr in LOCAL_NAMES or addr.startswith("127.")
+
+
+def _master_addr(cluster: Cluster, spec: JobSpec,
+                 facts: Mapping[str, NodeFacts]) -> tuple[str, str]:
+    first = cluster.hosts[0]
+    multi = len(cluster.hosts) > 1
+    if spec.master_addr:
+        addr, reason = spec.master_addr, "--master-addr"
+    elif first.is_local:
+        addr, reason = "127.0.0.1", f"first node {first.name} is this machine"
+    else:
+        known = facts.get(first.name)
+        if known and known.address:
+            addr, reason = known.address, f"address of first node {first.name}, as reached by ssh"
+        else:
+            addr, reason = first.name, f"first node in {cluster.path}"
+    if multi and is_loopback(addr):
+        raise ConfigError(
+            f"MASTER_ADDR would be {addr} (a loopback address) in a {len(cluster.hosts)}-node "
+            f"job: other nodes cannot reach it. List nodes by names or addresses the other "
+            f"nodes can reach (not localhost), or pass --master-addr ADDRESS")
+    return addr, reason
+
+
+def _master_port(spec: JobSpec, master_facts: NodeFacts | None) -> tuple[int, str]:
+    if spec.master_port is not None:
+        checked = master_facts is not None and master_facts.port_checked
+        return spec.master_port, ("--master-port, checked free on the master" if checked
+                                  else "--master-port (not checked)")
+    if master_facts is not None and master_facts.free_port is not None:
+        port = master_facts.free_port
+        why = "default" if port == DEFAULT_MASTER_PORT else f"{DEFAULT_MASTER_PORT} was busy"
+        return port, f"auto: free on the master ({why})"
+    return DEFAULT_MASTER_PORT, "auto, not probed: the default"
+
+
+def _nproc(host: Host, spec: JobSpec) -> int:
+    if spec.nproc_per_node is not None:
+        nproc, origin = spec.nproc_per_node, "--nproc-per-node"
+    else:
+        nproc, origin = host.slots or 1, "slots"
+    if host.max_slots is not None and nproc > host.max_slots:
+        raise ConfigError(f"{host.source}: {origin} asks for {nproc} ranks on {host.name}, "
+                          f"but max_slots={host.max_slots}")
+    return nproc
+
+
+def _ifname(host: Host, spec: JobSpec, facts: NodeFacts | None,
+            master_addr: str) -> tuple[str | None, str]:
+    if host.ifname:
+        return host.ifname, f"hostfile ({host.source})"
+    if spec.ifname:
+        return spec.ifname, "--ifname"
+    if facts is not None and facts.ifname:
+        via = f" from {facts.route_source}" if facts.route_source else ""
+        return facts.ifname, f"probed: {host.name} reaches {master_addr}{via} via {facts.ifname}"
+    return None, f"not probed: the node script picks the interface routing to {master_addr}"

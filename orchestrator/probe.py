@@ -1,0 +1,122 @@
+"""The preflight probe: before anything starts, ask every node (in parallel) for its python
+and torch, the interface that routes to MASTER_ADDR, and (on the master) a free port.
+
+This is the explicit, separate step of the data flow that touches the nodes; its result,
+`NodeFacts` per host, is what planning gets. A problem on any node stops the launch
+before anything has started anywhere.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from orchestrator.backends.base import NodeConnection
+from orchestrator.errors import NodeError, NodeErrors
+from orchestrator.execute import run_on_nodes
+from orchestrator.hostfile import Cluster
+from orchestrator.plan import NodeFacts
+from orchestrator.render import render_template
+from orchestrator.spec import DEFAULT_MASTER_PORT, JobSpec
+
+PROBE_TIME_LIMIT_S = 60.0
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    facts: dict[str, NodeFacts]
+    warnings: tuple[str, ...]
+
+
+def probe_script(host: str, python: str, master_addr: str, *, check_port: bool,
+                 port: int | None, ifname: str | None) -> str:
+    return render_template("probe.sh.j2", host=host, python=python, master_addr=master_addr,
+                           check_port=check_port, port=port, default_port=DEFAULT_MASTER_PORT,
+                           ifname=ifname)
+
+
+def parse_probe_output(text: str) -> dict[str, str]:
+    values = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        if sep and key.isidentifier():
+            values[key] = value.strip()
+    return values
+
+
+def master_address(cluster: Cluster, spec: JobSpec,
+                   connections: Sequence[NodeConnection]) -> str:
+    """MASTER_ADDR as the probe must see it: --master-addr, else where node 0 was reached."""
+    return spec.master_addr or connections[0].address
+
+
+def probe_nodes(cluster: Cluster, spec: JobSpec,
+                connections: Sequence[NodeConnection]) -> ProbeResult:
+    """Probe every node in parallel; raise `NodeErrors` naming each node that cannot run."""
+    master_addr = master_address(cluster, spec, connections)
+    pythons = [host.python or spec.python for host in cluster.hosts]
+    scripts = [
+        probe_script(host.name, python, master_addr, check_port=index == 0,
+                     port=spec.master_port, ifname=host.ifname or spec.ifname)
+        for index, (host, python) in enumerate(zip(cluster.hosts, pythons, strict=True))
+    ]
+    results = run_on_nodes(connections, pythons, [["bash", "-c", s] for s in scripts],
+                           time_limit=PROBE_TIME_LIMIT_S)
+    errors: list[NodeError] = []
+    facts: dict[str, NodeFacts] = {}
+    torch_versions: dict[str, str] = {}
+    for index, (host, python, connection, result) in enumerate(
+            zip(cluster.hosts, pythons, connections, results, strict=True)):
+        if not result.ok:
+            errors.append(NodeError(host.name, f"preflight probe failed ({result.describe()})"
+                                    + _last_line(result.output)))
+            continue
+        values = parse_probe_output(result.output)
+        problem = _problem(host.name, python, values, index == 0, spec, host.ifname)
+        if problem is not None:
+            errors.append(problem)
+            continue
+        torch_versions[host.name] = values["torch_version"]
+        facts[host.name] = NodeFacts(
+            address=connection.address if not host.is_local else None,
+            ifname=values.get("ifname") or None,
+            route_source=values.get("route_source") or None,
+            python_version=values.get("python_version"),
+            torch_version=values.get("torch_version"),
+            free_port=int(values["free_port"]) if values.get("free_port") else None,
+            port_checked=values.get("port_free") == "yes",
+        )
+    if errors:
+        raise NodeErrors(errors, "preflight")
+    warnings = []
+    if len(set(torch_versions.values())) > 1:
+        listing = ", ".join(f"{h}={v}" for h, v in torch_versions.items())
+        warnings.append(f"torch versions differ between nodes ({listing}); "
+                        "ranks may fail to talk to each other")
+    return ProbeResult(facts, tuple(warnings))
+
+
+def _problem(host: str, python: str, values: dict[str, str], is_master: bool,
+             spec: JobSpec, ifname: str | None) -> NodeError | None:
+    if "python_error" in values:
+        return NodeError(host, f"cannot run python {python!r}: {values['python_error']}; "
+                         "pass --python PATH or set python for this node in the hostfile",
+                         exit_code=2)
+    if values.get("torch_version", "none") == "none":
+        return NodeError(host, f"torch is not installed for {python} "
+                         f"(python {values.get('python_version', '?')}); install it there, "
+                         "or point --python at an interpreter that has it", exit_code=2)
+    if ifname and values.get("ifname_exists") == "no":
+        return NodeError(host, f"network interface {ifname!r} does not exist on this node; "
+                         "check --ifname / the hostfile's ifname (`ip -br link` lists them)",
+                         exit_code=2)
+    if is_master and spec.master_port is not None and values.get("port_free") == "no":
+        return NodeError(host, f"MASTER_PORT {spec.master_port} is already in use on the "
+                         "master node; pick another --master-port or use --master-port auto",
+                         exit_code=2)
+    return None
+
+
+def _last_line(output: str) -> str:
+    lines = [line for line in output.splitlines() if line.strip()]
+    return f": {lines[-1]}" if lines else ""

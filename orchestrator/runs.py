@@ -1,0 +1,128 @@
+"""The run record: runs/<run-id>/ with plan.yaml, the node scripts, logs/ and status.json.
+
+status.json is the one place a run's state lives; it is written atomically (temp file +
+rename), so `status`, `logs -f` and `runs` in another shell always read a whole document.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from orchestrator.errors import ConfigError
+
+DEFAULT_RUN_DIR = "runs"
+RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+ACTIVE_STATES = frozenset({"starting", "running", "stopping"})
+FINAL_STATES = frozenset({"succeeded", "failed", "stopped", "lost"})
+
+
+def now_iso(when: float | None = None) -> str:
+    stamp = datetime.fromtimestamp(time.time() if when is None else when, tz=timezone.utc)
+    return stamp.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def new_run_id() -> str:
+    """A sortable, unique-enough id: 20261122-153012-a3f9."""
+    return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(2)
+
+
+def check_run_id(run_id: str) -> str:
+    if not RUN_ID.match(run_id):
+        raise ConfigError(f"--run-id {run_id!r}: use letters, digits, '.', '-' and '_' "
+                          "(starting with a letter or digit, at most 100 characters)")
+    return run_id
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """The folder of one run on the controller."""
+
+    path: Path
+
+    @property
+    def run_id(self) -> str:
+        return self.path.name
+
+    @property
+    def logs_dir(self) -> Path:
+        return self.path / "logs"
+
+    @property
+    def status_path(self) -> Path:
+        return self.path / "status.json"
+
+    @classmethod
+    def create(cls, run_dir: str | Path, run_id: str) -> RunRecord:
+        path = Path(run_dir) / check_run_id(run_id)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.mkdir()
+        except FileExistsError:
+            raise ConfigError(f"run {run_id!r} already exists in {path.parent}; choose "
+                              "another --run-id or remove that folder") from None
+        except OSError as exc:
+            raise ConfigError(f"cannot create the run folder {path}: {exc.strerror}; "
+                              "choose another --run-dir") from None
+        (path / "logs").mkdir()
+        return cls(path)
+
+    @classmethod
+    def open(cls, run_dir: str | Path, run_id: str) -> RunRecord:
+        path = Path(run_dir) / run_id
+        if not RUN_ID.match(run_id) or not (path / "status.json").exists():
+            raise ConfigError(f"no run {run_id!r} in {run_dir}; `orchestrator runs "
+                              f"--run-dir {run_dir}` lists the runs there")
+        return cls(path)
+
+    def read_status(self) -> dict:
+        try:
+            return json.loads(self.status_path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"cannot read {self.status_path}: {exc}") from None
+
+    def write_status(self, status: dict) -> None:
+        tmp = self.status_path.with_name(f".status.json.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(status, indent=2) + "\n", encoding="utf-8")
+        os.replace(tmp, self.status_path)
+
+
+def list_runs(run_dir: str | Path) -> list[tuple[str, dict]]:
+    """(run id, status) of every run in run_dir, oldest first."""
+    root = Path(run_dir)
+    if not root.is_dir():
+        return []
+    found = []
+    for path in sorted(root.iterdir()):
+        status_path = path / "status.json"
+        if status_path.is_file():
+            try:
+                found.append((path.name, json.loads(status_path.read_text(encoding="utf-8"))))
+            except (OSError, ValueError):
+                continue
+    found.sort(key=lambda item: item[1].get("started_at") or "")
+    return found
+
+
+def process_start_time(pid: int) -> int | None:
+    """The kernel's start time of a process (clock ticks since boot), to tell a live
+    controller from a recycled pid."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            stat = handle.read()
+    except OSError:
+        return None
+    return int(stat[stat.rfind(b")") + 2:].split()[19])
+
+
+def controller_alive(status: dict) -> bool:
+    """Is the controller process that owns this run still running?"""
+    controller = status.get("controller") or {}
+    pid, started = controller.get("pid"), controller.get("start_time")
+    return bool(pid) and started is not None and process_start_time(pid) == started
