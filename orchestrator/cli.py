@@ -71,13 +71,53 @@ def run_options(func):
     return functools.reduce(lambda f, option: option(f), reversed(options), func)
 
 
+def ssh_options(func):
+    """How to reach nodes over SSH; shared by launch, exec and check."""
+    options = [
+        click.option("--ssh-config", default="~/.ssh/config", show_default=True,
+                     metavar="FILE", help="OpenSSH client config to honour (Host aliases, "
+                     "HostName, User, Port, IdentityFile, ProxyJump, ProxyCommand)."),
+        click.option("-i", "--identity", "identity_files", multiple=True, metavar="FILE",
+                     help="Private key to try first (repeatable); the ssh-agent and "
+                          "~/.ssh/id_* are tried too."),
+        click.option("--known-hosts", default="~/.ssh/known_hosts", show_default=True,
+                     metavar="FILE", help="Host keys to verify nodes against."),
+        click.option("--accept-new-host-keys", is_flag=True,
+                     help="Accept and record the host key of a node not yet in known_hosts "
+                          "(a changed key is still refused), like ssh's "
+                          "StrictHostKeyChecking=accept-new."),
+        click.option("--connect-timeout", type=click.FloatRange(min=0.1), default=10.0,
+                     show_default=True, metavar="SECONDS",
+                     help="Give up on a node that does not answer within this time."),
+    ]
+    return functools.reduce(lambda f, option: option(f), reversed(options), func)
+
+
+def make_ssh_options(ssh_config, identity_files, known_hosts, accept_new_host_keys,
+                     connect_timeout):
+    from orchestrator.backends.ssh import SshOptions
+
+    return SshOptions(config_path=ssh_config, known_hosts=known_hosts,
+                      accept_new_host_keys=accept_new_host_keys,
+                      connect_timeout=connect_timeout, identity_files=tuple(identity_files))
+
+
+SSH_KEYS = ("ssh_config", "identity_files", "known_hosts", "accept_new_host_keys",
+            "connect_timeout")
+
+
+def split_ssh(kwargs: dict) -> dict:
+    """Take the ssh options out of a command's keyword arguments."""
+    return {key: kwargs.pop(key) for key in SSH_KEYS}
+
+
 def run_dir_option(func):
     return click.option("--run-dir", default="runs", show_default=True, metavar="DIR",
                         help="Where run records are kept.")(func)
 
 
 def make_spec(program_argv, *, nproc_per_node, master_addr, master_port, ifname, env,
-              env_files, secret_names, forward_env, python, workdir):
+              env_files, secret_names, forward_env, python, workdir, sync_dir=None):
     from orchestrator.spec import (
         JobSpec,
         Program,
@@ -93,6 +133,8 @@ def make_spec(program_argv, *, nproc_per_node, master_addr, master_port, ifname,
     layers.append(parse_env_assignments(env))
     if workdir is not None and not workdir.strip():
         raise ConfigError("--workdir must not be empty")
+    if workdir is not None and sync_dir is not None:
+        raise ConfigError("--workdir and --sync both say where ranks start; give one of them")
     return JobSpec(
         program=Program.from_argv(program_argv),
         python=python or sys.executable,
@@ -103,6 +145,7 @@ def make_spec(program_argv, *, nproc_per_node, master_addr, master_port, ifname,
         ifname=ifname,
         env=merge_env(*layers),
         secret_names=frozenset(secret_names),
+        sync_dir=os.path.abspath(sync_dir) if sync_dir else None,
     )
 
 
@@ -125,9 +168,17 @@ def cli() -> None:
 @click.argument("hostfile", type=click.Path())
 @click.argument("program", nargs=-1, type=click.UNPROCESSED, metavar="[-- SCRIPT ARGS...]")
 @job_options
+@click.option("--sync", "sync_dir", metavar="DIR",
+              help="Copy DIR into every node's run directory (over SFTP) before starting; "
+                   "the ranks start in the copy. Default: the script is expected at the same "
+                   "path on every node (shared file system).")
 @run_options
+@ssh_options
 @click.option("--dry-run", is_flag=True,
               help="Probe the nodes, then print the plan and every node script; start nothing.")
+@click.option("--detach", is_flag=True,
+              help="Return once the job runs on every node; a background controller "
+                   "supervises it. Use `logs RUN -f`, `status RUN` and `stop RUN` later.")
 @click.option("--no-preflight", "preflight", flag_value=False, default=True,
               help="Skip probing the nodes (python, torch, interface, port) before starting.")
 @click.option("--grace", type=click.FloatRange(min=0), default=10.0, show_default=True,
@@ -139,8 +190,8 @@ def cli() -> None:
                    "nothing from the orchestrator this long stops its part by itself.")
 @click.option("--color", type=click.Choice(["auto", "always", "never"]), default="auto",
               show_default=True, help="Colour the rank prefixes.")
-def launch(hostfile, program, dry_run, preflight, grace, heartbeat_timeout, color, run_id,
-           run_dir, **job):
+def launch(hostfile, program, dry_run, detach, preflight, grace, heartbeat_timeout, color,
+           run_id, run_dir, **job):
     """Run a job on every node of HOSTFILE.
 
     Without a script, runs the bundled DDP trainer (python -m orchestrator.trainer).
@@ -153,14 +204,15 @@ def launch(hostfile, program, dry_run, preflight, grace, heartbeat_timeout, colo
     from orchestrator.launcher import launch as run_launch
     from orchestrator.runs import check_run_id, new_run_id
 
+    ssh = make_ssh_options(**split_ssh(job))
     cluster = load_hostfile(hostfile)
     spec = make_spec(program, **job)
     options = LaunchOptions(
         run_dir=run_dir, run_id=check_run_id(run_id) if run_id else new_run_id(),
         argv=tuple(["orchestrator", *sys.argv[1:]]), grace=grace,
-        heartbeat_timeout=heartbeat_timeout, color=color, preflight=preflight,
+        heartbeat_timeout=heartbeat_timeout, color=color, preflight=preflight, ssh=ssh,
     )
-    return run_launch(cluster, spec, options, dry_run=dry_run)
+    return run_launch(cluster, spec, options, dry_run=dry_run, detach=detach)
 
 
 @cli.command(context_settings=CONTEXT)
@@ -190,6 +242,36 @@ def render(hostfile, program, out_dir, run_id, **job):
     for path in write_rendered(out_dir, plan, scripts):
         click.echo(str(path))
     return 0
+
+
+@cli.command("exec", context_settings=CONTEXT)
+@click.argument("hostfile", type=click.Path())
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED,
+                metavar="-- COMMAND...")
+@ssh_options
+@click.option("--python", metavar="PATH",
+              help="Interpreter that runs the small node agent on every node (standard library "
+                   "only). Default: this orchestrator's interpreter path; a hostfile python wins.")
+@click.option("--grace", type=click.FloatRange(min=0), default=5.0, show_default=True,
+              metavar="SECONDS", help="On Ctrl-C, time between SIGTERM and SIGKILL.")
+@click.option("--timeout", type=click.FloatRange(min=0), default=None, metavar="SECONDS",
+              help="Stop the command everywhere after this long.")
+@click.option("--color", type=click.Choice(["auto", "always", "never"]), default="auto",
+              show_default=True, help="Colour the host prefixes.")
+def exec_command(hostfile, command, python, grace, timeout, color, **ssh):
+    """Run a shell command on every node of HOSTFILE at once.
+
+    Output comes back attributed ([host] line); a table of exit codes ends it. The exit
+    status is 0 when the command succeeded everywhere, 1 otherwise. Ctrl-C stops the
+    command on every node. Example: orchestrator exec hosts.txt -- nvidia-smi -L
+    """
+    from orchestrator.execute import exec_on_cluster
+    from orchestrator.hostfile import load_hostfile
+
+    cluster = load_hostfile(hostfile)
+    return exec_on_cluster(cluster, " ".join(command), python or sys.executable,
+                           make_ssh_options(**ssh), grace=grace, time_limit=timeout,
+                           color=color)
 
 
 @cli.command(context_settings=CONTEXT)
@@ -262,6 +344,22 @@ def status(run_id, run_dir, as_json):
     current = RunRecord.open(run_dir, run_id).read_status()
     click.echo(json.dumps(current, indent=2) if as_json else status_text(current))
     return 0
+
+
+@cli.command(context_settings=CONTEXT)
+@click.argument("run_id", metavar="RUN")
+@run_dir_option
+@click.option("--wait", type=click.FloatRange(min=0), default=60.0, show_default=True,
+              metavar="SECONDS", help="How long to wait for the run to end.")
+def stop(run_id, run_dir, wait):
+    """Stop a running run on every node (SIGTERM, then SIGKILL after its grace).
+
+    Works from any shell; stopping again kills at once.
+    """
+    from orchestrator.control import stop_run
+    from orchestrator.runs import RunRecord
+
+    return stop_run(RunRecord.open(run_dir, run_id), wait, say=click.echo)
 
 
 @cli.command(context_settings=CONTEXT)

@@ -4,13 +4,16 @@ and the preflight probe. Every node runs to its end; nothing is left behind on C
 from __future__ import annotations
 
 import queue
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from orchestrator.backends import close_all, connect_cluster
 from orchestrator.backends.base import NodeConnection
-from orchestrator.logs import LogSink
+from orchestrator.hostfile import Cluster
+from orchestrator.logs import LogSink, use_color
 from orchestrator.nodes import Event, NodeSession
-from orchestrator.supervise import NodeState, Supervisor, describe_exit
+from orchestrator.supervise import NodeState, Supervisor, describe_exit, signals_to
 
 
 @dataclass(frozen=True)
@@ -58,8 +61,7 @@ class CaptureSink:
 def run_on_nodes(connections: Sequence[NodeConnection], pythons: Sequence[str],
                  argvs: Sequence[Sequence[str]], *, sink: LogSink | CaptureSink | None = None,
                  grace: float = 5.0, heartbeat_timeout: float = 30.0,
-                 time_limit: float | None = None,
-                 supervisor_hook=None) -> list[NodeResult]:
+                 time_limit: float | None = None) -> list[NodeResult]:
     """Run argvs[i] on connections[i] with the interpreter pythons[i] running its agent."""
     capture = sink if sink is not None else CaptureSink()
     events: queue.Queue[Event] = queue.Queue()
@@ -75,9 +77,8 @@ def run_on_nodes(connections: Sequence[NodeConnection], pythons: Sequence[str],
         supervisor = Supervisor(nodes, [], sessions, events, capture, grace=grace,
                                 heartbeat_timeout=heartbeat_timeout, stop_on_failure=False,
                                 time_limit=time_limit)
-        if supervisor_hook is not None:
-            supervisor_hook(supervisor)
-        supervisor.run()
+        with signals_to(supervisor):
+            supervisor.run()
     finally:
         for session in sessions:
             session.close()
@@ -88,3 +89,26 @@ def run_on_nodes(connections: Sequence[NodeConnection], pythons: Sequence[str],
         detail = node.detail or ("time limit reached" if supervisor.timed_out else "")
         results.append(NodeResult(node.host, node.exit_code, text, node.state, detail))
     return results
+
+
+def exec_on_cluster(cluster: Cluster, command: str, python: str, ssh_options: object, *,
+                    grace: float, time_limit: float | None, color: str) -> int:
+    """`orchestrator exec`: the command on every node, attributed output, exit-code table."""
+    out = sys.stdout.buffer
+    connections = connect_cluster(cluster, ssh_options)
+    try:
+        labels = {index: host.name for index, host in enumerate(cluster.hosts)}
+        sink = LogSink(None, {}, labels, out, use_color(sys.stdout, color))
+        results = run_on_nodes(connections, [h.python or python for h in cluster.hosts],
+                               [["bash", "-c", command]] * len(connections), sink=sink,
+                               grace=grace, time_limit=time_limit)
+    finally:
+        close_all(connections)
+    width = max(len(result.host) for result in results)
+    failed = [result for result in results if not result.ok]
+    lines = [f"{'HOST'.ljust(width)}  RESULT"]
+    lines += [f"{r.host.ljust(width)}  {'ok' if r.ok else r.describe()}" for r in results]
+    lines.append(f"{len(results) - len(failed)} of {len(results)} node(s) succeeded")
+    out.write(("\n".join(lines) + "\n").encode())
+    out.flush()
+    return 0 if not failed else 1

@@ -5,19 +5,20 @@ The one place where the steps of the data flow meet; each step is a call into it
 
 from __future__ import annotations
 
-import contextlib
 import os
 import queue
-import signal
 import socket
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import BinaryIO
 
+from orchestrator.backends import close_all, connect_cluster
 from orchestrator.backends.base import NodeConnection
-from orchestrator.errors import ConfigError
+from orchestrator.detach import run_detached
+from orchestrator.errors import ConfigError, NodeError, NodeErrors, OrchestratorError
 from orchestrator.hostfile import Cluster
 from orchestrator.logs import LogSink, use_color
 from orchestrator.nodes import Event, NodeSession
@@ -32,9 +33,7 @@ from orchestrator.render import (
 )
 from orchestrator.runs import RunRecord, now_iso, process_start_time
 from orchestrator.spec import JobSpec
-from orchestrator.supervise import NodeState, Outcome, RankState, Supervisor
-
-NODE_DIR = "~/.orchestrator/runs/{run_id}/node{node_rank}"
+from orchestrator.supervise import NodeState, Outcome, RankState, Supervisor, signals_to
 
 
 @dataclass(frozen=True)
@@ -47,23 +46,6 @@ class LaunchOptions:
     color: str = "auto"
     preflight: bool = True
     ssh: object | None = None  # orchestrator.backends.ssh.SshOptions
-
-
-def connect(cluster: Cluster, options: LaunchOptions) -> list[NodeConnection]:
-    """Open a connection to every node (SSH ones in parallel); local hosts need none."""
-    from orchestrator.backends.local import LocalConnection
-
-    if cluster.is_local:
-        return [LocalConnection(host.name) for host in cluster.hosts]
-    from orchestrator.backends.ssh import connect_all
-
-    return connect_all(cluster.hosts, options.ssh)
-
-
-def close_all(connections: Sequence[NodeConnection]) -> None:
-    for connection in connections:
-        with contextlib.suppress(Exception):
-            connection.close()
 
 
 def prepare(cluster: Cluster, spec: JobSpec, options: LaunchOptions,
@@ -83,6 +65,30 @@ def prepare(cluster: Cluster, spec: JobSpec, options: LaunchOptions,
     return plan, scripts
 
 
+def sync_code(plan: LaunchPlan, connections: Sequence[NodeConnection], note) -> None:
+    """--sync: copy the directory into every node's run directory, in parallel."""
+    if plan.sync_dir is None:
+        return
+
+    def one(node, connection) -> int:
+        try:
+            return connection.put_tree(plan.sync_dir, node.workdir)
+        except OSError as exc:
+            raise NodeError(node.name, f"copying {plan.sync_dir} to {node.workdir} "
+                            f"failed: {exc}") from None
+
+    with ThreadPoolExecutor(max_workers=min(32, plan.nnodes)) as pool:
+        futures = [pool.submit(one, n, c) for n, c in zip(plan.nodes, connections, strict=True)]
+    errors = []
+    for node, future in zip(plan.nodes, futures, strict=True):
+        try:
+            note(f"{node.name}: synced {future.result()} file(s) to {node.workdir}")
+        except NodeError as exc:
+            errors.append(exc)
+    if errors:
+        raise NodeErrors(errors, "--sync")
+
+
 def dry_run_text(plan: LaunchPlan, scripts: dict[str, str]) -> str:
     parts = ["# plan.yaml", plan_yaml(plan)]
     for node in plan.nodes:
@@ -94,13 +100,17 @@ def dry_run_text(plan: LaunchPlan, scripts: dict[str, str]) -> str:
 def check_script_exists(cluster: Cluster, spec: JobSpec) -> None:
     """When every node is this machine, a missing script is caught before anything starts."""
     program = spec.program
+    if spec.sync_dir is not None and not os.path.isdir(spec.sync_dir):
+        raise ConfigError(f"--sync {spec.sync_dir!r}: not a directory")
     if program.is_module or not cluster.is_local:
         return
+    base = spec.sync_dir if spec.sync_dir else spec.workdir
     path = program.target if os.path.isabs(program.target) else \
-        os.path.join(spec.workdir, program.target)
+        os.path.join(base, program.target)
     if not os.path.isfile(path):
-        raise ConfigError(f"script {program.target!r} not found (looked in {spec.workdir}); "
-                          "give its path relative to --workdir or an absolute path")
+        where = "--sync" if spec.sync_dir else "--workdir"
+        raise ConfigError(f"script {program.target!r} not found (looked in {base}); "
+                          f"give its path relative to {where} or an absolute path")
 
 
 def base_status(plan: LaunchPlan, options: LaunchOptions, backend: str) -> dict:
@@ -123,23 +133,14 @@ def base_status(plan: LaunchPlan, options: LaunchOptions, backend: str) -> dict:
     }
 
 
-@contextlib.contextmanager
-def signals_to(supervisor: Supervisor) -> Iterator[None]:
-    """Route SIGINT/SIGTERM to the supervisor for the duration of a run."""
-    previous = {}
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        previous[signum] = signal.signal(signum, lambda num, _frame: supervisor.interrupt(num))
-    try:
-        yield
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
-
-
 def run_plan(plan: LaunchPlan, scripts: dict[str, str], spec: JobSpec,
              options: LaunchOptions, connections: Sequence[NodeConnection],
-             record: RunRecord, console: BinaryIO | None) -> Outcome:
-    """Start every node's agent with its script and supervise the run to its end."""
+             record: RunRecord, console: BinaryIO | None,
+             on_started: Callable[[], None] = lambda: None) -> Outcome:
+    """Start every node's agent with its script and supervise the run to its end.
+
+    `on_started` is called once every node's script is running.
+    """
     secrets = {k: v for k, v in spec.env if k in plan.secret_names}
     secret_values = sorted({v for v in secrets.values() if v}, key=len, reverse=True)
 
@@ -162,21 +163,28 @@ def run_plan(plan: LaunchPlan, scripts: dict[str, str], spec: JobSpec,
     events: queue.Queue[Event] = queue.Queue(maxsize=4096)
     sessions: list[NodeSession] = []
 
+    started_nodes = False
+
     def on_change(sup: Supervisor) -> None:
+        nonlocal started_nodes
         state = "stopping" if sup.stopping else "running"
         record.write_status({**base, "state": state, **sup.status()})
+        if not started_nodes and all(n.state != "starting" for n in sup.nodes):
+            started_nodes = True
+            on_started()
 
     sink.note(f"run {plan.run_id}: {plan.world_size} rank(s) on {plan.nnodes} node(s), "
               f"master {plan.master_addr}:{plan.master_port}; logs in {record.logs_dir}")
     supervisor = Supervisor(nodes, ranks, sessions, events, sink, grace=options.grace,
                             heartbeat_timeout=options.heartbeat_timeout, on_change=on_change)
     started = time.monotonic()
+    record.write_status(base)
     try:
         with signals_to(supervisor):
             for node, connection in zip(plan.nodes, connections, strict=True):
                 config = {
                     "run_id": plan.run_id,
-                    "node_dir": NODE_DIR.format(run_id=plan.run_id, node_rank=node.node_rank),
+                    "node_dir": node.node_dir,
                     "script": scripts[script_name(node)],
                     "script_name": script_name(node),
                     "ranks": list(node.ranks),
@@ -185,8 +193,14 @@ def run_plan(plan: LaunchPlan, scripts: dict[str, str], spec: JobSpec,
                     "grace": options.grace,
                     "heartbeat_timeout": options.heartbeat_timeout,
                 }
-                sessions.append(NodeSession.start(node.node_rank, connection, node.python,
-                                                  plan.run_id, config, events))
+                try:
+                    sessions.append(NodeSession.start(node.node_rank, connection, node.python,
+                                                      plan.run_id, config, events))
+                except OrchestratorError as exc:  # the started nodes stop as their channel closes
+                    record.write_status({**base, **supervisor.status(), "state": "failed",
+                                         "exit_code": exc.exit_code, "ended_at": now_iso(),
+                                         "summary": str(exc)})
+                    raise
             outcome = supervisor.run()
     finally:
         for session in sessions:
@@ -206,19 +220,51 @@ def run_plan(plan: LaunchPlan, scripts: dict[str, str], spec: JobSpec,
 
 
 def launch(cluster: Cluster, spec: JobSpec, options: LaunchOptions, *, dry_run: bool = False,
-           out: BinaryIO | None = None) -> int:
+           detach: bool = False, out: BinaryIO | None = None) -> int:
     """The whole launch; returns the exit code. Raises OrchestratorError for bad input."""
     out = out or sys.stdout.buffer
+    check_script_exists(cluster, spec)
+    if not dry_run and (os.path.exists(os.path.join(options.run_dir, options.run_id))):
+        raise ConfigError(f"run {options.run_id!r} already exists in {options.run_dir}; "
+                          "choose another --run-id")
+    if detach and not dry_run:
+        return launch_detached(cluster, spec, options, out)
+    return _launch(cluster, spec, options, dry_run, out, out)
+
+
+def launch_detached(cluster: Cluster, spec: JobSpec, options: LaunchOptions,
+                    out: BinaryIO) -> int:
+    """Start the run with a background controller; return once every node runs."""
+    log_path = os.path.join(options.run_dir, f".{options.run_id}.controller.log")
+
+    def work(report) -> int:
+        return _launch(cluster, spec, options, False, None, open(os.devnull, "wb"),
+                       on_started=lambda: report({"started": True}))
+
+    result = run_detached(work, log_path)
+    if "error" in result:
+        out.write(f"orchestrator: error: {result['error']}\n".encode())
+        out.flush()
+        return int(result.get("exit_code") or 1)
+    run_dir = options.run_dir
+    out.write((f"run {options.run_id} started in the background\n"
+               f"  follow it:  orchestrator logs {options.run_id} -f --run-dir {run_dir}\n"
+               f"  state:      orchestrator status {options.run_id} --run-dir {run_dir}\n"
+               f"  stop it:    orchestrator stop {options.run_id} --run-dir {run_dir}\n").encode())
+    out.flush()
+    return 0
+
+
+def _launch(cluster: Cluster, spec: JobSpec, options: LaunchOptions, dry_run: bool,
+            console: BinaryIO | None, notes: BinaryIO,
+            on_started: Callable[[], None] = lambda: None) -> int:
+    out = notes
 
     def note(text: str) -> None:
         out.write(f"[orchestrator] {text}\n".encode())
         out.flush()
 
-    check_script_exists(cluster, spec)
-    if not dry_run and (os.path.exists(os.path.join(options.run_dir, options.run_id))):
-        raise ConfigError(f"run {options.run_id!r} already exists in {options.run_dir}; "
-                          "choose another --run-id")
-    connections = connect(cluster, options)
+    connections = connect_cluster(cluster, options.ssh)
     try:
         plan, scripts = prepare(cluster, spec, options, connections, note)
         if dry_run:
@@ -227,7 +273,9 @@ def launch(cluster: Cluster, spec: JobSpec, options: LaunchOptions, *, dry_run: 
             return 0
         record = RunRecord.create(options.run_dir, options.run_id)
         write_rendered(record.path, plan, scripts)
-        outcome = run_plan(plan, scripts, spec, options, connections, record, out)
+        sync_code(plan, connections, note)
+        outcome = run_plan(plan, scripts, spec, options, connections, record, console,
+                           on_started)
         return outcome.exit_code
     finally:
         close_all(connections)

@@ -7,6 +7,7 @@ cluster and `--dry-run` shows exactly what would run. Every choice carries its r
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -15,6 +16,11 @@ from orchestrator.hostfile import LOCAL_NAMES, Cluster, Host
 from orchestrator.spec import DEFAULT_MASTER_PORT, JobSpec, Program
 
 IFNAME_VARS = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
+
+
+def node_dir(run_id: str, node_rank: int) -> str:
+    """Where a node keeps its script, rank output and synced code (`~` is the node's home)."""
+    return f"~/.orchestrator/runs/{run_id}/node{node_rank}"
 
 
 @dataclass(frozen=True)
@@ -42,6 +48,8 @@ class NodePlan:
     ifname: str | None
     ifname_reason: str
     env: tuple[tuple[str, str], ...]  # exported by the node script (no secrets)
+    workdir: str  # where the ranks start; `~/...` is relative to the node's home
+    node_dir: str
 
     @property
     def name(self) -> str:
@@ -67,8 +75,8 @@ class LaunchPlan:
     master_port: int
     master_port_reason: str
     program: Program
-    workdir: str
     secret_names: tuple[str, ...]  # passed to the job at launch, never written down
+    sync_dir: str | None = None  # copied into every node's node_dir before the start
 
     @property
     def nnodes(self) -> int:
@@ -93,7 +101,7 @@ class LaunchPlan:
         return {
             "run_id": self.run_id,
             "program": self.program.describe(),
-            "workdir": self.workdir,
+            "sync": self.sync_dir,
             "nnodes": self.nnodes,
             "world_size": self.world_size,
             "master_addr": f"{self.master_addr}  # {self.master_addr_reason}",
@@ -107,6 +115,7 @@ class LaunchPlan:
                     "ranks": f"{node.ranks.start}-{node.ranks.stop - 1}",
                     "nproc": node.nproc,
                     "python": node.python,
+                    "workdir": node.workdir,
                     "ifname": f"{node.ifname or '(detected at start)'}  # {node.ifname_reason}",
                     "env": dict(node.env),
                 }
@@ -134,17 +143,21 @@ def make_plan(cluster: Cluster, spec: JobSpec, run_id: str,
         if ifname:  # an explicit --env NCCL_SOCKET_IFNAME=... is the user's and stays
             env += [(var, ifname) for var in IFNAME_VARS if var not in spec.env_dict]
         env += [("ORCHESTRATOR_RUN_ID", run_id), ("PYTHONUNBUFFERED", "1")]
+        directory = node_dir(run_id, node_rank)
+        workdir = spec.workdir
+        if spec.sync_dir:
+            workdir = f"{directory}/{os.path.basename(os.path.normpath(spec.sync_dir))}"
         nodes.append(NodePlan(
             node_rank=node_rank, host=host, nproc=nproc, rank_start=rank_start,
             python=host.python or spec.python, ifname=ifname, ifname_reason=ifname_reason,
-            env=tuple(env),
+            env=tuple(env), workdir=workdir, node_dir=directory,
         ))
         rank_start += nproc
     return LaunchPlan(
         run_id=run_id, nodes=tuple(nodes), master_addr=master_addr,
         master_addr_reason=addr_reason, master_port=master_port,
-        master_port_reason=port_reason, program=spec.program, workdir=spec.workdir,
-        secret_names=secret_names,
+        master_port_reason=port_reason, program=spec.program, secret_names=secret_names,
+        sync_dir=spec.sync_dir,
     )
 
 

@@ -87,6 +87,7 @@ class JobSpec:
     ifname: str | None = None
     env: tuple[tuple[str, str], ...] = ()
     secret_names: frozenset[str] = field(default_factory=frozenset)
+    sync_dir: str | None = None  # copied to every node; the ranks start in the copy
 
     def __post_init__(self) -> None:
         if self.nproc_per_node is not None and self.nproc_per_node <= 0:

@@ -7,10 +7,12 @@ queue; signal handlers only set a flag. Every state change is written to status.
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import signal
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from orchestrator.logs import LogSink
@@ -322,3 +324,19 @@ class Supervisor:
                 for r in sorted(self.ranks.values(), key=lambda r: r.rank)
             ],
         }
+
+
+@contextlib.contextmanager
+def signals_to(supervisor: Supervisor) -> Iterator[None]:
+    """Route SIGINT/SIGTERM to the supervisor for the duration of a run."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {}
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        previous[signum] = signal.signal(signum, lambda num, _frame: supervisor.interrupt(num))
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)

@@ -1,1 +1,27 @@
 """Backends: how the controller reaches a node (local subprocess, SSH) or a scheduler (SLURM)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from orchestrator.backends.base import NodeConnection
+from orchestrator.hostfile import Cluster
+
+
+def connect_cluster(cluster: Cluster, ssh_options: object | None) -> list[NodeConnection]:
+    """A connection to every node: this machine directly, others over SSH in parallel."""
+    if cluster.is_local:
+        from orchestrator.backends.local import LocalConnection
+
+        return [LocalConnection(host.name) for host in cluster.hosts]
+    from orchestrator.backends.ssh import connect_all
+
+    return connect_all(cluster.hosts, ssh_options)
+
+
+def close_all(connections: Sequence[NodeConnection]) -> None:
+    for connection in connections:
+        try:
+            connection.close()
+        except Exception:  # closing must never hide the real outcome
+            pass

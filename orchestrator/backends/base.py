@@ -31,5 +31,8 @@ class NodeConnection(Protocol):
     def start_agent(self, python: str, tag: str) -> AgentChannel:
         """Start `python -c BOOTSTRAP orchestrator-agent TAG` on the node."""
 
+    def put_tree(self, local_dir: str, remote_dir: str) -> int:
+        """Copy a local directory to the node (`~/` is the node user's home)."""
+
     def close(self) -> None:
         """Release the connection."""

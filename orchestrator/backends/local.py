@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 
 from orchestrator.agent import BOOTSTRAP
@@ -59,6 +60,12 @@ class LocalConnection:
 
     def start_agent(self, python: str, tag: str) -> LocalChannel:
         return LocalChannel(self.host, python, tag)
+
+    def put_tree(self, local_dir: str, remote_dir: str) -> int:
+        """Copy a directory tree (for --sync); returns the number of files."""
+        target = os.path.expanduser(remote_dir)
+        shutil.copytree(local_dir, target, dirs_exist_ok=True)
+        return sum(len(files) for _, _, files in os.walk(target))
 
     def close(self) -> None:
         pass
