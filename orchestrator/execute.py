@@ -61,8 +61,11 @@ class CaptureSink:
 def run_on_nodes(connections: Sequence[NodeConnection], pythons: Sequence[str],
                  argvs: Sequence[Sequence[str]], *, sink: LogSink | CaptureSink | None = None,
                  grace: float = 5.0, heartbeat_timeout: float = 30.0,
-                 time_limit: float | None = None) -> list[NodeResult]:
-    """Run argvs[i] on connections[i] with the interpreter pythons[i] running its agent."""
+                 time_limit: float | None = None, tag: str = "command") -> list[NodeResult]:
+    """Run argvs[i] on connections[i] with the interpreter pythons[i] running its agent.
+
+    `tag` is the agents' ORCHESTRATOR_RUN_ID, so that their processes can be found.
+    """
     capture = sink if sink is not None else CaptureSink()
     events: queue.Queue[Event] = queue.Queue()
     sessions = []
@@ -71,8 +74,7 @@ def run_on_nodes(connections: Sequence[NodeConnection], pythons: Sequence[str],
         for index, (connection, python, argv) in enumerate(nodes_and_commands):
             config = {"argv": list(argv), "grace": grace,
                       "heartbeat_timeout": heartbeat_timeout}
-            sessions.append(NodeSession.start(index, connection, python, "command", config,
-                                              events))
+            sessions.append(NodeSession.start(index, connection, python, tag, config, events))
         nodes = [NodeState(index=i, host=c.host) for i, c in enumerate(connections)]
         supervisor = Supervisor(nodes, [], sessions, events, capture, grace=grace,
                                 heartbeat_timeout=heartbeat_timeout, stop_on_failure=False,

@@ -39,6 +39,7 @@ _HOSTNAME = re.compile(r"^[A-Za-z0-9_](?:[A-Za-z0-9._-]*[A-Za-z0-9_])?$")
 _USER = re.compile(r"^[A-Za-z_][A-Za-z0-9._-]*$")
 _IFNAME = re.compile(r"^[A-Za-z0-9_.:@,^=-]{1,64}$")
 _RANGE = re.compile(r"\[([^\[\]]*)\]")
+_DIGITS = re.compile(r"[0-9]+")  # ASCII only: int() refuses some Unicode digits
 
 
 @dataclass(frozen=True)
@@ -181,13 +182,15 @@ def _is_ipv6(text: str) -> bool:
 def _parse_yaml(text: str, path: str) -> list[Host]:
     try:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except RecursionError:  # PyYAML composes nested collections recursively
+        raise SourceError(path, None, "invalid YAML: nested too deeply") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = mark.line + 1 if mark is not None else None
         problem = getattr(exc, "problem", None) or str(exc)
         raise SourceError(path, line, f"invalid YAML: {problem}") from None
-    if root is None:
-        return []
+    if root is None or (isinstance(root, yaml.ScalarNode) and root.tag.endswith(":null")):
+        return []  # an empty document, e.g. only '---'
     defaults: dict[str, object] = {}
     entries = root
     if isinstance(root, yaml.MappingNode):
@@ -295,7 +298,7 @@ def _expand_group(group: str, target: str, fail) -> list[str]:
     names: list[str] = []
     for item in group.split(","):
         lo, dash, hi = item.partition("-")
-        if not lo.isdigit() or (dash and not hi.isdigit()):
+        if not _DIGITS.fullmatch(lo) or (dash and not _DIGITS.fullmatch(hi)):
             raise fail(f"bad range {item!r} in host {target!r}; use e.g. node[01-04,07]")
         if not dash:
             names.append(lo)
@@ -307,13 +310,15 @@ def _expand_group(group: str, target: str, fail) -> list[str]:
             raise fail(f"host range {target!r} expands to more than {MAX_EXPANDED_HOSTS} hosts")
         width = len(lo) if lo.startswith("0") else 0
         names.extend(str(n).zfill(width) for n in range(start, stop + 1))
+        if len(names) > MAX_EXPANDED_HOSTS:
+            raise fail(f"host range {target!r} expands to more than {MAX_EXPANDED_HOSTS} hosts")
     return names
 
 
 def _check_host(name: str, fail) -> str:
     if not name:
         raise fail("empty host name")
-    if _HOSTNAME.match(name) or _is_ipv6(name):
+    if _HOSTNAME.fullmatch(name) or _is_ipv6(name):
         return name
     bad = sorted({c for c in name if not (c.isalnum() or c in "._-")})
     shown = " ".join(repr(c) for c in bad) if bad else "its form"
@@ -325,7 +330,7 @@ def _positive_int(value: object, name: str, fail) -> int | None:
     if value is None:
         return None
     text = str(value).strip()
-    if not re.fullmatch(r"[+-]?\d+", text):
+    if not re.fullmatch(r"[+-]?[0-9]+", text):
         raise fail(f"{name} must be a positive integer, got {value!r}")
     number = int(text)
     if number <= 0:
@@ -337,7 +342,7 @@ def _port(value: object, fail) -> int | None:
     if value is None:
         return None
     text = str(value).strip()
-    if not text.isdigit() or not 1 <= int(text) <= 65535:
+    if not _DIGITS.fullmatch(text) or not 1 <= int(text) <= 65535:
         raise fail(f"port must be a number from 1 to 65535, got {value!r}")
     return int(text)
 
@@ -346,7 +351,7 @@ def _checked(value: object, pattern: re.Pattern[str], what: str, fail) -> str | 
     if value is None:
         return None
     text = str(value)
-    if not pattern.match(text):
+    if not pattern.fullmatch(text):
         raise fail(f"{text!r} is not a valid {what}")
     return text
 

@@ -54,7 +54,7 @@ def prepare(cluster: Cluster, spec: JobSpec, options: LaunchOptions,
     """Probe (when connected), plan and render; nothing starts."""
     facts: dict[str, NodeFacts] = {}
     if connections is not None and options.preflight:
-        result = probe_nodes(cluster, spec, connections)
+        result = probe_nodes(cluster, spec, connections, tag=options.run_id)
         facts = result.facts
         for host, fact in facts.items():
             note(f"{host}: python {fact.python_version}, torch {fact.torch_version}")

@@ -7,6 +7,7 @@ cluster and `--dry-run` shows exactly what would run. Every choice carries its r
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -132,7 +133,9 @@ def make_plan(cluster: Cluster, spec: JobSpec, run_id: str,
     master_addr, addr_reason = _master_addr(cluster, spec, facts)
     master_port, port_reason = _master_port(spec, facts.get(hosts[0].name))
     secret_names = tuple(sorted(name for name, _ in spec.env if spec.is_secret(name)))
-    common_env = [(k, v) for k, v in spec.env if k not in secret_names]
+    # The plan sets these itself, last; a forwarded copy would only be exported twice.
+    own = {"ORCHESTRATOR_RUN_ID", "PYTHONUNBUFFERED"}
+    common_env = [(k, v) for k, v in spec.env if k not in secret_names and k not in own]
 
     nodes = []
     rank_start = 0
@@ -162,7 +165,14 @@ def make_plan(cluster: Cluster, spec: JobSpec, run_id: str,
 
 
 def is_loopback(addr: str) -> bool:
-    return addr in LOCAL_NAMES or addr.startswith("127.")
+    if addr.lower() in LOCAL_NAMES or addr.startswith("127."):
+        return True
+    try:  # any spelling of ::1, and ::ffff:127.x.y.z
+        ip = ipaddress.ip_address(addr.split("%", 1)[0])
+    except ValueError:
+        return False
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return ip.is_loopback or (mapped is not None and mapped.is_loopback)
 
 
 def _master_addr(cluster: Cluster, spec: JobSpec,

@@ -50,8 +50,8 @@ def master_address(cluster: Cluster, spec: JobSpec,
     return spec.master_addr or connections[0].address
 
 
-def probe_nodes(cluster: Cluster, spec: JobSpec,
-                connections: Sequence[NodeConnection]) -> ProbeResult:
+def probe_nodes(cluster: Cluster, spec: JobSpec, connections: Sequence[NodeConnection],
+                tag: str = "probe") -> ProbeResult:
     """Probe every node in parallel; raise `NodeErrors` naming each node that cannot run."""
     master_addr = master_address(cluster, spec, connections)
     pythons = [host.python or spec.python for host in cluster.hosts]
@@ -61,7 +61,7 @@ def probe_nodes(cluster: Cluster, spec: JobSpec,
         for index, (host, python) in enumerate(zip(cluster.hosts, pythons, strict=True))
     ]
     results = run_on_nodes(connections, pythons, [["bash", "-c", s] for s in scripts],
-                           time_limit=PROBE_TIME_LIMIT_S)
+                           time_limit=PROBE_TIME_LIMIT_S, tag=tag)
     errors: list[NodeError] = []
     facts: dict[str, NodeFacts] = {}
     torch_versions: dict[str, str] = {}
@@ -72,7 +72,8 @@ def probe_nodes(cluster: Cluster, spec: JobSpec,
                                     + _last_line(result.output)))
             continue
         values = parse_probe_output(result.output)
-        problem = _problem(host.name, python, values, index == 0, spec, host.ifname)
+        problem = _problem(host.name, python, values, index == 0, spec,
+                           host.ifname or spec.ifname)
         if problem is not None:
             errors.append(problem)
             continue

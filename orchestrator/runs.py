@@ -34,7 +34,7 @@ def new_run_id() -> str:
 
 
 def check_run_id(run_id: str) -> str:
-    if not RUN_ID.match(run_id):
+    if not RUN_ID.fullmatch(run_id):
         raise ConfigError(f"--run-id {run_id!r}: use letters, digits, '.', '-' and '_' "
                           "(starting with a letter or digit, at most 100 characters)")
     return run_id
@@ -76,7 +76,7 @@ class RunRecord:
     @classmethod
     def open(cls, run_dir: str | Path, run_id: str) -> RunRecord:
         path = Path(run_dir) / run_id
-        if not RUN_ID.match(run_id) or not (path / "status.json").exists():
+        if not RUN_ID.fullmatch(run_id) or not (path / "status.json").exists():
             raise ConfigError(f"no run {run_id!r} in {run_dir}; `orchestrator runs "
                               f"--run-dir {run_dir}` lists the runs there")
         return cls(path)

@@ -110,7 +110,7 @@ def parse_master_port(value: str | int | None) -> int | None:
     if value is None or (isinstance(value, str) and value.strip().lower() == "auto"):
         return None
     text = str(value).strip()
-    if not text.isdigit() or not 1 <= int(text) <= 65535:
+    if not re.fullmatch(r"[0-9]+", text) or not 1 <= int(text) <= 65535:
         raise ConfigError(f"--master-port must be a number from 1 to 65535 or 'auto', "
                           f"got {value!r}")
     return int(text)
@@ -148,7 +148,7 @@ def load_env_file(path: str | Path) -> list[tuple[str, str]]:
         if not sep:
             raise SourceError(shown, lineno, f"expected NAME=VALUE, got {line!r}")
         name = name.strip()
-        if not _ENV_NAME.match(name):
+        if not _ENV_NAME.fullmatch(name):
             raise SourceError(shown, lineno, f"{name!r} is not a valid variable name")
         value = value.strip()
         if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
@@ -165,7 +165,7 @@ def forwarded_env(environ: Mapping[str, str] | None = None) -> list[tuple[str, s
     environ = os.environ if environ is None else environ
     return sorted(
         (k, v) for k, v in environ.items()
-        if k.startswith(FORWARDED_PREFIXES) and k not in NOT_FORWARDED and _ENV_NAME.match(k)
+        if k.startswith(FORWARDED_PREFIXES) and k not in NOT_FORWARDED and _ENV_NAME.fullmatch(k)
     )
 
 
@@ -179,7 +179,7 @@ def merge_env(*layers: Iterable[tuple[str, str]]) -> tuple[tuple[str, str], ...]
 
 
 def _check_env_name(name: str, where: str) -> str:
-    if not _ENV_NAME.match(name):
+    if not _ENV_NAME.fullmatch(name):
         raise ConfigError(f"{where}: {name!r} is not a valid variable name")
     if name in RESERVED_ENV:
         raise ConfigError(f"{where}: {name} is set by the orchestrator for each node; "

@@ -29,7 +29,8 @@ class NodeConnection(Protocol):
     address: str  # the address the controller reached it at (127.0.0.1 for this machine)
 
     def start_agent(self, python: str, tag: str) -> AgentChannel:
-        """Start `python -c BOOTSTRAP orchestrator-agent TAG` on the node."""
+        """Start `python -c BOOTSTRAP orchestrator-agent TAG` on the node, with
+        ORCHESTRATOR_RUN_ID=TAG in its environment (TAG is the run id for a job)."""
 
     def put_tree(self, local_dir: str, remote_dir: str) -> int:
         """Copy a local directory to the node (`~/` is the node user's home)."""

@@ -19,6 +19,7 @@ class LocalChannel:
                 [python, "-u", "-c", BOOTSTRAP, "orchestrator-agent", tag],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                 start_new_session=True, bufsize=0,
+                env={**os.environ, "ORCHESTRATOR_RUN_ID": tag},
             )
         except OSError as exc:
             raise NodeError(host, f"cannot run python {python!r}: {exc.strerror}; "

@@ -173,8 +173,8 @@ class SshConnection:
         command = (
             f"command -v {shlex.quote(python)} >/dev/null 2>&1 || "
             f"{{ echo \"python {shlex.quote(python)} not found on this node\" >&2; exit 127; }}; "
-            f"exec {shlex.quote(python)} -u -c {shlex.quote(BOOTSTRAP)} orchestrator-agent "
-            f"{shlex.quote(tag)}"
+            f"ORCHESTRATOR_RUN_ID={shlex.quote(tag)} exec {shlex.quote(python)} -u -c "
+            f"{shlex.quote(BOOTSTRAP)} orchestrator-agent {shlex.quote(tag)}"
         )
         try:
             channel = self.client.get_transport().open_session(timeout=DEFAULT_CONNECT_TIMEOUT_S)

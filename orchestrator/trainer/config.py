@@ -1,0 +1,231 @@
+"""The trainer's validated settings and process topology (pure: no torch import).
+
+Everything a user can get wrong is checked here, before torch is imported, so a typo
+costs a tenth of a second instead of three and every rank reports it the same way.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from orchestrator.trainer.errors import TrainerUsageError
+
+MODELS = ("mlp", "cnn")
+DATASETS = ("synthetic", "cifar10", "npz")
+PRECISIONS = ("fp32", "bf16", "fp16")
+DEVICES = ("auto", "cpu", "cuda")
+RESUME_LATEST = "latest"
+# torchrun exports all four; their presence means "initialise from the environment".
+TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """One training run, as the user asked for it (already validated)."""
+
+    model: str = "mlp"
+    dataset: str = "synthetic"
+    data_path: Path | None = None
+    synthetic_samples: int = 6400
+    batch_size: int = 32
+    grad_accum: int = 1
+    epochs: int = 2
+    max_steps: int | None = None
+    lr: float = 0.01
+    momentum: float = 0.9
+    seed: int = 0
+    precision: str = "fp32"
+    device: str = "auto"
+    checkpoint_dir: Path | None = None
+    checkpoint_every: int = 0
+    keep_checkpoints: int = 3
+    resume: str | None = None  # None, RESUME_LATEST, or a path
+    metrics: str | None = None
+    log_every: int | None = None
+    stop_check_every: int | None = None  # None: adaptive, about every 50 ms
+    evaluate: bool = True
+
+    def __post_init__(self) -> None:
+        _check_choice("--model", self.model, MODELS)
+        _check_choice("--dataset", self.dataset, DATASETS)
+        _check_choice("--precision", self.precision, PRECISIONS)
+        _check_choice("--device", self.device, DEVICES)
+        _check_positive("--batch-size", self.batch_size, "e.g. --batch-size 32")
+        _check_positive("--grad-accum", self.grad_accum, "use 1 for no accumulation")
+        _check_positive("--epochs", self.epochs, "e.g. --epochs 2")
+        _check_positive("--synthetic-samples", self.synthetic_samples, "e.g. 6400")
+        if self.stop_check_every is not None:
+            _check_positive("--stop-check-every", self.stop_check_every, "1 checks every step")
+        if self.max_steps is not None:
+            _check_positive("--max-steps", self.max_steps, "or leave it out to run --epochs")
+        if self.log_every is not None:
+            _check_positive("--log-every", self.log_every, "e.g. --log-every 20")
+        if not (math.isfinite(self.lr) and self.lr > 0):
+            raise TrainerUsageError(
+                f"--lr {self.lr}: the learning rate must be a positive number, e.g. --lr 0.05"
+            )
+        if not (math.isfinite(self.momentum) and 0 <= self.momentum < 1):
+            raise TrainerUsageError(
+                f"--momentum {self.momentum}: must be in [0, 1), e.g. --momentum 0.9"
+            )
+        if self.seed < 0:
+            raise TrainerUsageError(f"--seed {self.seed}: must be >= 0")
+        if self.checkpoint_every < 0:
+            raise TrainerUsageError(
+                f"--checkpoint-every {self.checkpoint_every}: must be >= 0 "
+                "(0 saves only at the end and on a stop signal)"
+            )
+        if self.keep_checkpoints < 0:
+            raise TrainerUsageError(
+                f"--keep-checkpoints {self.keep_checkpoints}: must be >= 0 (0 keeps all)"
+            )
+        if self.checkpoint_every and self.checkpoint_dir is None:
+            raise TrainerUsageError(
+                f"--checkpoint-every {self.checkpoint_every} needs --checkpoint-dir DIR"
+            )
+        if self.resume == RESUME_LATEST and self.checkpoint_dir is None:
+            raise TrainerUsageError(
+                "--resume without a path resumes from the latest checkpoint in "
+                "--checkpoint-dir; pass --checkpoint-dir DIR or --resume PATH"
+            )
+        self._check_data_path()
+        self._check_paths()
+        if self.metrics is not None:
+            try:
+                self.metrics.format(rank=0)
+            except (KeyError, IndexError, ValueError):
+                raise TrainerUsageError(
+                    f"--metrics {self.metrics}: the only placeholder allowed is {{rank}}"
+                ) from None
+
+    def _check_data_path(self) -> None:
+        if self.dataset == "synthetic":
+            if self.data_path is not None:
+                raise TrainerUsageError(
+                    f"--data-path {self.data_path}: the synthetic dataset takes no path; "
+                    "add --dataset cifar10 or --dataset npz"
+                )
+            return
+        if self.data_path is None:
+            raise TrainerUsageError(
+                f"--dataset {self.dataset} needs --data-path "
+                + (
+                    "DIR (the extracted cifar-10-batches-py)"
+                    if self.dataset == "cifar10"
+                    else "FILE.npz"
+                )
+            )
+        if self.dataset == "cifar10" and not self.data_path.is_dir():
+            raise TrainerUsageError(
+                f"--data-path {self.data_path}: no such directory; extract "
+                "cifar-10-python.tar.gz and pass its cifar-10-batches-py directory"
+            )
+        if self.dataset == "npz" and not self.data_path.is_file():
+            raise TrainerUsageError(
+                f"--data-path {self.data_path}: no such file; pass an .npz file with "
+                "arrays 'x' and 'y'"
+            )
+
+    def _check_paths(self) -> None:
+        directory = self.checkpoint_dir
+        if directory is not None and directory.exists() and not directory.is_dir():
+            raise TrainerUsageError(
+                f"--checkpoint-dir {self.checkpoint_dir}: exists and is not a directory"
+            )
+        # An explicit --resume PATH is checked by rank 0 alone when it loads the file:
+        # on a multi-node job only rank 0's node needs to hold the checkpoints.
+
+    @property
+    def resume_path(self) -> Path | None:
+        """The explicit checkpoint to resume from, if the user named one."""
+        return None if self.resume in (None, RESUME_LATEST) else Path(self.resume)
+
+
+def _check_choice(option: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise TrainerUsageError(f"{option} {value}: unknown; choose one of {', '.join(choices)}")
+
+
+def _check_positive(option: str, value: int, hint: str) -> None:
+    if value <= 0:
+        raise TrainerUsageError(f"{option} {value}: must be a positive integer; {hint}")
+
+
+@dataclass(frozen=True)
+class Topology:
+    """Where this process sits in the job and how it joins the process group.
+
+    ``init_method`` is None for a plain single process (no process group at all).
+    """
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    init_method: str | None
+    launcher: str  # "torchrun", "explicit" or "single"
+
+    @property
+    def is_distributed(self) -> bool:
+        return self.init_method is not None
+
+
+def resolve_topology(
+    env: Mapping[str, str],
+    init_method: str | None,
+    rank: int | None,
+    world_size: int | None,
+) -> Topology:
+    """Decide how to initialise: torchrun's env://, an explicit --init-method, or alone."""
+    if init_method is not None:
+        if not init_method.startswith(("tcp://", "file://", "env://")):
+            raise TrainerUsageError(
+                f"--init-method {init_method}: use tcp://HOST:PORT or file:///shared/path"
+            )
+        if rank is None or world_size is None:
+            raise TrainerUsageError(
+                f"--init-method {init_method} needs --rank R and --world-size N"
+            )
+        if world_size <= 0 or not 0 <= rank < world_size:
+            raise TrainerUsageError(
+                f"--rank {rank} --world-size {world_size}: need 0 <= rank < world size"
+            )
+        local_rank = _env_int(env, "LOCAL_RANK", rank)
+        local_world = _env_int(env, "LOCAL_WORLD_SIZE", 1)
+        return Topology(rank, world_size, local_rank, local_world, init_method, "explicit")
+    if rank is not None or world_size is not None:
+        raise TrainerUsageError(
+            "--rank/--world-size are only used with --init-method tcp://HOST:PORT or file://PATH"
+        )
+    present = [name for name in TORCHRUN_ENV if name in env]
+    if present and len(present) < len(TORCHRUN_ENV):
+        missing = ", ".join(n for n in TORCHRUN_ENV if n not in env)
+        raise TrainerUsageError(
+            f"{', '.join(present)} set but {missing} not; run under torchrun, set all of "
+            f"{', '.join(TORCHRUN_ENV)}, or pass --init-method"
+        )
+    if present:
+        world = _env_int(env, "WORLD_SIZE", 1)
+        rank_env = _env_int(env, "RANK", 0)
+        return Topology(
+            rank=rank_env,
+            world_size=world,
+            local_rank=_env_int(env, "LOCAL_RANK", 0),
+            local_world_size=_env_int(env, "LOCAL_WORLD_SIZE", 1),
+            init_method="env://",
+            launcher="torchrun",
+        )
+    return Topology(0, 1, 0, 1, None, "single")
+
+
+def _env_int(env: Mapping[str, str], name: str, default: int) -> int:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise TrainerUsageError(f"environment variable {name}={raw!r} is not an integer") from None

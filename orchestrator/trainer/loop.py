@@ -1,0 +1,273 @@
+"""The training loop: accumulation that matches DDP, reports, checkpoints, agreed stops."""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from orchestrator.trainer.batching import BatchFeeder
+from orchestrator.trainer.checkpoint import (
+    FORMAT,
+    capture_rng_state,
+    remove_stale_temporaries,
+    save_checkpoint,
+    save_final_model,
+)
+from orchestrator.trainer.config import Topology, TrainConfig
+from orchestrator.trainer.datasets import Split
+from orchestrator.trainer.distributed import Runtime, StopAgreement, start_runtime
+from orchestrator.trainer.errors import EXIT_OK
+from orchestrator.trainer.models import parameter_count
+from orchestrator.trainer.reporting import WindowStats, progress_line, summary_line
+from orchestrator.trainer.setup import Session, build_session
+from orchestrator.trainer.stopping import StopRequest, signal_name
+
+EVAL_BATCH = 1024
+
+
+def run(config: TrainConfig, topology: Topology, stop: StopRequest, started_at: float) -> int:
+    """Train as configured; returns the process exit code (0, or 128+signal after a stop)."""
+    runtime = start_runtime(topology, config.device)
+    try:
+        _announce(runtime)
+        session = build_session(config, runtime)
+        try:
+            return Trainer(session, stop, started_at).train()
+        finally:
+            session.metrics.close()
+    finally:
+        runtime.shutdown()
+
+
+def _announce(rt: Runtime) -> None:
+    """Every rank's one line: enough to match a log file to a process and a device."""
+    print(
+        f"rank {rt.rank}/{rt.world_size} started: pid {os.getpid()}, {rt.device}, "
+        f"{rt.backend or 'no process group'}, {rt.threads} thread(s)",
+        flush=True,
+    )
+
+
+@dataclass
+class Window:
+    """Accumulators for the steps since the last progress line."""
+
+    start: float = field(default_factory=time.perf_counter)
+    steps: int = 0
+    data_s: float = 0.0
+
+
+class Trainer:
+    def __init__(self, session: Session, stop: StopRequest, started_at: float) -> None:
+        self.s = session
+        self.config = session.config
+        self.runtime = session.runtime
+        self.stop = stop
+        self.started_at = started_at
+        self.ddp: DistributedDataParallel | None = None
+        if self.runtime.distributed:
+            device = self.runtime.device
+            self.ddp = DistributedDataParallel(
+                session.model,
+                device_ids=[device.index] if device.type == "cuda" else None,
+                gradient_as_bucket_view=True,
+            )
+        self.model: nn.Module = self.ddp if self.ddp is not None else session.model
+        self.last_loss = session.resumed_loss if session.resumed_loss is not None else math.nan
+        self.last_saved_step = -1
+
+    def say(self, line: str) -> None:
+        if self.runtime.is_main:
+            print(line, flush=True)
+
+    def _header(self) -> None:
+        s, rt, cfg = self.s, self.runtime, self.config
+        spe = s.plan.steps_per_epoch
+        self.say(
+            f"trainer: {cfg.model} ({parameter_count(s.model):,} params) on "
+            f"{s.dataset.describe()}; {rt.world_size} rank(s) x batch {cfg.batch_size} x "
+            f"accum {cfg.grad_accum} = global batch {s.plan.global_batch}; {s.total_steps} steps "
+            f"({spe}/epoch); sgd lr {cfg.lr} momentum {cfg.momentum}; {cfg.precision}"
+        )
+        if s.resumed_from is not None:
+            epoch, within = s.plan.position(s.start_step)
+            self.say(
+                f"resumed from {s.resumed_from} at step {s.start_step} "
+                f"(epoch {epoch + 1}, step {within} of {spe})"
+            )
+        if rt.is_main and cfg.checkpoint_dir is not None:
+            for stale in remove_stale_temporaries(cfg.checkpoint_dir):
+                self.say(f"removed {stale}, left by an interrupted save")
+
+    # -- the loop --------------------------------------------------------------
+
+    def train(self) -> int:
+        s, rt, cfg = self.s, self.runtime, self.config
+        self._header()
+        log_every = cfg.log_every or max(1, s.total_steps // 10)
+        accum, world, batch = cfg.grad_accum, rt.world_size, cfg.batch_size
+        agreement = StopAgreement(rt, self.stop, cfg.stop_check_every)
+        # Sum of micro-batch mean losses since the last report, kept on the device so
+        # no step waits for a GPU->CPU copy; read only when reporting.
+        loss_sum = torch.zeros((), device=rt.device)
+        train_start = time.perf_counter()
+        window, data_total = Window(train_start), 0.0
+        completed = s.start_step
+        self.model.train()
+        for step in range(s.start_step, s.total_steps):
+            global_indices = s.plan.global_indices(step)
+            for micro in range(accum):
+                t0 = time.perf_counter()
+                x, y = s.feeder.fetch(s.plan.share(global_indices, rt.rank, micro, world, batch))
+                window.data_s += time.perf_counter() - t0
+                # Gradients are all-reduced only on the last micro-step. Scaling by
+                # 1/accum (DDP divides by the world size itself) makes the result the
+                # mean gradient over the whole global batch, whatever the split.
+                last = micro == accum - 1
+                sync = self.ddp.no_sync() if self.ddp is not None and not last else nullcontext()
+                with sync:
+                    with s.autocast():
+                        loss = F.cross_entropy(self.model(x), y)
+                    scaled = loss / accum
+                    (s.scaler.scale(scaled) if s.scaler is not None else scaled).backward()
+                loss_sum += loss.detach()
+            if s.scaler is not None:
+                s.scaler.step(s.optimizer)
+                s.scaler.update()
+            else:
+                s.optimizer.step()
+            s.optimizer.zero_grad(set_to_none=True)
+            completed = step + 1
+            window.steps += 1
+
+            signum = agreement.poll(completed)
+            if signum or completed % log_every == 0 or completed == s.total_steps:
+                self._report(completed, window, loss_sum)
+                data_total += window.data_s
+                loss_sum.zero_()
+                window = Window()
+            if signum:
+                return self._stopped(completed, signum)
+            if cfg.checkpoint_every and completed % cfg.checkpoint_every == 0:
+                self._checkpoint(completed)
+        data_total += window.data_s
+        return self._finish(completed, time.perf_counter() - train_start, data_total)
+
+    def _report(self, completed: int, window: Window, loss_sum: torch.Tensor) -> None:
+        """Sum the window's loss over ranks (the only per-window sync) and report it."""
+        rt, plan = self.runtime, self.s.plan
+        micro_batches = window.steps * self.config.grad_accum
+        rank_loss = loss_sum.item() / micro_batches
+        global_loss = rt.all_reduce_sum(loss_sum.clone()).item() / (micro_batches * rt.world_size)
+        wall = time.perf_counter() - window.start
+        stats = WindowStats(
+            step=completed,
+            total_steps=self.s.total_steps,
+            epoch=(completed - 1) // plan.steps_per_epoch + 1,
+            epochs=math.ceil(self.s.total_steps / plan.steps_per_epoch),
+            loss=global_loss,
+            rank_loss=rank_loss,
+            samples_per_s=window.steps * plan.global_batch / wall,
+            step_time_s=wall / window.steps,
+            data_wait_s=window.data_s / window.steps,
+        )
+        self.say(progress_line(stats))
+        self.s.metrics.write(stats, self.s.optimizer.param_groups[0]["lr"])
+        self.last_loss = global_loss
+
+    # -- checkpoints and endings -----------------------------------------------
+
+    def _checkpoint(self, completed: int) -> Path | None:
+        """Save the full state after ``completed`` steps (collective: every rank calls it)."""
+        directory = self.config.checkpoint_dir
+        if directory is None or completed == self.last_saved_step:
+            return None
+        # Each rank's RNG state, so a resume with the same world size restores them all.
+        rng = self.runtime.all_gather_objects(capture_rng_state())
+        self.last_saved_step = completed
+        if not self.runtime.is_main:
+            return None
+        s = self.s
+        epoch, within = s.plan.position(completed)
+        state = {
+            "format": FORMAT,
+            "step": completed,
+            "epoch": epoch,  # 0-based, like step_in_epoch
+            "step_in_epoch": within,
+            "model": s.model.state_dict(),
+            "optimizer": s.optimizer.state_dict(),
+            "scaler": s.scaler.state_dict() if s.scaler is not None else None,
+            "rng": rng,
+            "run": s.identity,
+            "loss": self.last_loss,
+            "split": {
+                "world_size": self.runtime.world_size,
+                "batch_size": self.config.batch_size,
+                "grad_accum": self.config.grad_accum,
+            },
+        }
+        return save_checkpoint(directory, state, self.config.keep_checkpoints)
+
+    def _stopped(self, completed: int, signum: int) -> int:
+        path = self._checkpoint(completed)
+        name = signal_name(signum)
+        if self.runtime.is_main:
+            saved = (
+                "no --checkpoint-dir, so nothing was saved"
+                if self.config.checkpoint_dir is None
+                else f"checkpoint saved to {path or self.config.checkpoint_dir}; "
+                "continue with --resume"
+            )
+            print(f"stopped by {name} after step {completed}/{self.s.total_steps}; {saved}",
+                  flush=True)  # fmt: skip
+        else:
+            print(f"rank {self.runtime.rank}: stopped by {name} after step {completed}", flush=True)
+        # Nobody exits before rank 0's checkpoint is on disk: under torchrun, the first
+        # rank to exit non-zero gets the others killed.
+        self.runtime.barrier()
+        return 128 + signum
+
+    def _finish(self, completed: int, train_s: float, data_s: float) -> int:
+        s, rt, cfg = self.s, self.runtime, self.config
+        test = s.dataset.test if cfg.evaluate else None
+        accuracy = self._evaluate(test) if test is not None else None
+        self._checkpoint(completed)
+        if rt.is_main and cfg.checkpoint_dir is not None:
+            save_final_model(cfg.checkpoint_dir, s.model.state_dict())
+        steps = completed - s.start_step
+        self.say(
+            summary_line(
+                steps=completed,
+                final_loss=self.last_loss,
+                test_accuracy=accuracy,
+                samples_per_s=steps * s.plan.global_batch / train_s if steps else 0.0,
+                data_wait_share=data_s / train_s if steps else 0.0,
+                train_s=train_s,
+                total_s=time.perf_counter() - self.started_at,
+            )
+        )
+        rt.barrier()
+        return EXIT_OK
+
+    @torch.no_grad()
+    def _evaluate(self, test: Split) -> float:
+        """Accuracy on the test split; rank r scores samples r, r + W, r + 2W, ..."""
+        s, rt = self.s, self.runtime
+        s.model.eval()
+        feeder = BatchFeeder(test, rt.device, s.feeder.transform)
+        correct = torch.zeros((), device=rt.device, dtype=torch.long)
+        for chunk in torch.arange(rt.rank, len(test), rt.world_size).split(EVAL_BATCH):
+            x, y = feeder.fetch(chunk)
+            with s.autocast():
+                correct += (s.model(x).argmax(dim=1) == y).sum()
+        s.model.train()
+        return rt.all_reduce_sum(correct).item() / len(test)

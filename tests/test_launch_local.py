@@ -1,0 +1,281 @@
+"""End to end on this machine: the real CLI, real torchrun, the real trainer, 2 local ranks."""
+
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.cli_helpers import (
+    REPO,
+    assert_nothing_left,
+    run_cli,
+    start_cli,
+    status_of,
+    wait_for_line,
+)
+
+LOCAL = str(REPO / "hostfiles" / "local.txt")
+
+ALLREDUCE = textwrap.dedent("""
+    import os, sys
+    import torch
+    import torch.distributed as dist
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    value = torch.tensor([rank + 1.0])
+    dist.all_reduce(value)
+    expected = world * (world + 1) / 2
+    print(f"rank {rank} of {world}: sum {value.item():g} (expected {expected:g}) args {sys.argv[1:]}")
+    print(f"rank {rank} to stderr", file=sys.stderr)
+    dist.destroy_process_group()
+    sys.exit(0 if value.item() == expected else 1)
+""")
+
+FAIL_ON_RANK_1 = textwrap.dedent("""
+    import os, sys, time
+    rank = int(os.environ["RANK"])
+    print(f"rank {rank} working", flush=True)
+    if rank == 1:
+        time.sleep(1)
+        print("rank 1 is about to fail", flush=True)
+        sys.exit(3)
+    time.sleep(60)
+""")
+
+SLEEPER = textwrap.dedent("""
+    import os, signal, sys, time
+    rank = int(os.environ["RANK"])
+    if os.environ.get("IGNORE_TERM") == str(rank):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    print(f"rank {rank} ready", flush=True)
+    for i in range(int(os.environ.get("TICKS", "600"))):
+        print(f"rank {rank} tick {i}", flush=True)
+        time.sleep(0.1)
+""")
+
+
+def write(tmp_path: Path, name: str, text: str) -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def launch(tmp_path: Path, run_id: str, *args: str, timeout: float = 240):
+    return run_cli(["launch", LOCAL, "--run-dir", str(tmp_path / "runs"), "--run-id", run_id,
+                    "--color", "never", *args], cwd=tmp_path, timeout=timeout)
+
+
+def test_bundled_trainer_trains_and_the_run_is_recorded(tmp_path: Path) -> None:
+    done = launch(tmp_path, "demo")
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = done.stdout
+    losses = [float(x) for x in re.findall(r"^\[localhost r0\] step \d+/\d+ .*loss ([\d.]+)",
+                                           out, re.M)]
+    assert len(losses) >= 3, out
+    assert losses[-1] < losses[0] / 2, f"loss did not fall: {losses}"
+    assert re.search(r"^\[localhost r0\] .*samples/s \d+", out, re.M)
+    assert re.search(r"^\[localhost r0\] done: ", out, re.M)
+    assert re.search(r"^\[localhost r1\] ", out, re.M)
+    assert "run demo succeeded" in out
+
+    record = tmp_path / "runs" / "demo"
+    plan = yaml.safe_load((record / "plan.yaml").read_text())
+    assert plan["world_size"] == 2 and plan["nodes"][0]["nproc"] == 2
+    assert (record / "node0.sh").stat().st_mode & 0o100
+    status = status_of(tmp_path / "runs", "demo")
+    assert status["state"] == "succeeded" and status["exit_code"] == 0
+    assert status["started_at"] and status["ended_at"]
+    assert [n["exit_code"] for n in status["nodes"]] == [0]
+    assert [(r["rank"], r["exit_code"], r["state"]) for r in status["ranks"]] == [
+        (0, 0, "succeeded"), (1, 0, "succeeded")]
+    assert all(r["ended_at"] for r in status["ranks"])
+    rank0 = (record / "logs" / "rank-0.log").read_text()
+    assert re.search(r"^done: ", rank0, re.M), "per-rank log holds the rank's own lines"
+    combined = (record / "logs" / "combined.log").read_text()
+    assert re.search(r"^\[localhost r0\] done: ", combined, re.M)
+    assert_nothing_left("demo")
+
+
+def test_user_script_with_arguments_runs_under_torchrun(tmp_path: Path) -> None:
+    write(tmp_path, "train.py", ALLREDUCE)
+    done = launch(tmp_path, "user", "--", "train.py", "--lr", "0.1")
+    assert done.returncode == 0, done.stdout + done.stderr
+    for rank in (0, 1):
+        assert re.search(rf"^\[localhost r{rank}\] rank {rank} of 2: sum 3 \(expected 3\) "
+                         r"args \['--lr', '0.1'\]$", done.stdout, re.M), done.stdout
+        assert f"[localhost r{rank}] rank {rank} to stderr" in done.stdout
+        own = (tmp_path / "runs" / "user" / "logs" / f"rank-{rank}.log").read_text()
+        assert f"rank {rank} of 2: sum 3" in own and f"rank {1 - rank} of" not in own
+
+
+def test_failing_rank_is_named_with_its_code_and_last_lines(tmp_path: Path) -> None:
+    write(tmp_path, "fail.py", FAIL_ON_RANK_1)
+    started = time.monotonic()
+    done = launch(tmp_path, "fails", "--grace", "3", "--", "fail.py")
+    assert done.returncode == 3, done.stdout + done.stderr
+    assert time.monotonic() - started < 50, "rank 0 must be stopped, not waited for"
+    assert re.search(r"job failed: rank 1 \(local rank 1\) on localhost ended with exit code 3",
+                     done.stdout), done.stdout
+    summary = done.stdout[done.stdout.index("job failed"):]
+    assert "rank 1 is about to fail" in summary
+    status = status_of(tmp_path / "runs", "fails")
+    assert status["state"] == "failed" and status["exit_code"] == 3
+    ranks = {r["rank"]: r for r in status["ranks"]}
+    assert ranks[1]["state"] == "failed" and ranks[1]["exit_code"] == 3
+    assert ranks[0]["state"] in ("stopped", "killed")
+    assert_nothing_left("fails")
+
+
+SPLICE = textwrap.dedent("""
+    import os, random, sys, zlib
+    rank = int(os.environ["RANK"])
+    rng = random.Random(rank)
+    out = sys.stdout
+    for i in range(LINES):
+        body = "".join(rng.choice("abcdefgh") for _ in range(rng.randint(0, 4000)))
+        line = f"R{rank} #{i} {zlib.crc32(body.encode())} {body}\\n"
+        cut = rng.randint(0, len(line))
+        out.write(line[:cut])
+        if rng.random() < 0.3:
+            out.flush()   # a partial line reaches the file
+        out.write(line[cut:])
+    out.flush()
+""")
+
+
+def check_lines(lines: list[str], rank: int, count: int) -> None:
+    assert len(lines) == count, f"rank {rank}: {len(lines)} lines, expected {count}"
+    for i, line in enumerate(lines):
+        head, number, crc, *body = line.split(" ", 3)
+        body_text = body[0] if body else ""
+        assert (head, number) == (f"R{rank}", f"#{i}"), f"rank {rank} line {i}: {line[:80]!r}"
+        assert int(crc) == __import__("zlib").crc32(body_text.encode()), f"spliced: {line[:80]!r}"
+
+
+def test_rank_lines_are_never_spliced_and_none_is_lost(tmp_path: Path) -> None:
+    lines = 3000
+    write(tmp_path, "chatty.py", SPLICE.replace("LINES", str(lines)))
+    done = launch(tmp_path, "chatty", "--", "chatty.py")
+    assert done.returncode == 0, done.stderr
+    logs = tmp_path / "runs" / "chatty" / "logs"
+    combined = (logs / "combined.log").read_text().splitlines()
+    for rank in (0, 1):
+        check_lines((logs / f"rank-{rank}.log").read_text().splitlines(), rank, lines)
+        prefix = f"[localhost r{rank}] "
+        check_lines([x[len(prefix):] for x in combined if x.startswith(prefix)], rank, lines)
+        console = [x[len(prefix):] for x in done.stdout.splitlines() if x.startswith(prefix)]
+        check_lines(console, rank, lines)
+
+
+def test_logs_command_reads_the_run_record(tmp_path: Path) -> None:
+    write(tmp_path, "train.py", ALLREDUCE)
+    assert launch(tmp_path, "logged", "--", "train.py").returncode == 0
+    runs = ["--run-dir", str(tmp_path / "runs")]
+    logs = tmp_path / "runs" / "logged" / "logs"
+    whole = run_cli(["logs", "logged", *runs])
+    assert whole.returncode == 0 and whole.stdout == (logs / "combined.log").read_text()
+    one = run_cli(["logs", "logged", "--rank", "1", *runs])
+    assert one.stdout == (logs / "rank-1.log").read_text()
+    grep = run_cli(["logs", "logged", "--grep", "to stderr", *runs])
+    assert sorted(grep.stdout.splitlines()) == ["[localhost r0] rank 0 to stderr",
+                                                "[localhost r1] rank 1 to stderr"]
+    tail = run_cli(["logs", "logged", "--tail", "1", *runs])
+    assert tail.stdout.splitlines() == whole.stdout.splitlines()[-1:]
+    bad = run_cli(["logs", "logged", "--rank", "7", *runs])
+    assert bad.returncode == 2 and "ranks 0-1" in bad.stderr
+    missing = run_cli(["logs", "nope", *runs])
+    assert missing.returncode == 2 and "no run 'nope'" in missing.stderr
+
+
+def test_detached_run_can_be_followed_inspected_and_stopped(tmp_path: Path) -> None:
+    write(tmp_path, "sleeper.py", SLEEPER)
+    runs = ["--run-dir", str(tmp_path / "runs")]
+    started = launch(tmp_path, "bg", "--detach", "--", "sleeper.py")
+    assert started.returncode == 0, started.stdout + started.stderr
+    assert "run bg started in the background" in started.stdout
+    rank_log = tmp_path / "runs" / "bg" / "logs" / "rank-1.log"
+    wait_for_line(rank_log, "rank 1 tick 3", 60)
+
+    follower = start_cli(["logs", "bg", "-f", "--rank", "1", *runs])
+    status = run_cli(["status", "bg", *runs])
+    assert status.returncode == 0
+    assert re.search(r"run bg: running", status.stdout), status.stdout
+    assert re.search(r"^1\s+localhost\s+1\s+running", status.stdout, re.M), status.stdout
+    listing = run_cli(["runs", *runs])
+    assert re.search(r"^bg\s+running\s+local", listing.stdout, re.M), listing.stdout
+
+    stopped = run_cli(["stop", "bg", *runs])
+    assert stopped.returncode == 0 and "stopped" in stopped.stdout, stopped.stdout
+    followed, _ = follower.communicate(timeout=30)  # ends by itself once the run has ended
+    assert "rank 1 ready" in followed and "rank 1 tick 3" in followed
+    assert followed.splitlines()[-1].startswith("rank 1 tick") or "Terminated" in followed
+    final = status_of(tmp_path / "runs", "bg")
+    assert final["state"] == "stopped" and final["exit_code"] == 128 + signal.SIGTERM
+    assert_nothing_left("bg")
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_interrupt_stops_every_rank(tmp_path: Path, signum: int) -> None:
+    write(tmp_path, "sleeper.py", SLEEPER)
+    run_id = f"int{int(signum)}"
+    proc = start_cli(["launch", LOCAL, "--run-dir", str(tmp_path / "runs"), "--run-id", run_id,
+                      "--color", "never", "--", "sleeper.py"], cwd=tmp_path)
+    wait_for_line(tmp_path / "runs" / run_id / "logs" / "rank-1.log", "rank 1 ready", 60)
+    proc.send_signal(signum)
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 128 + signum, out
+    assert f"{signal.Signals(signum).name}: stopping the run on every node" in out
+    assert status_of(tmp_path / "runs", run_id)["state"] == "stopped"
+    assert_nothing_left(run_id, within=2)
+
+
+def test_rank_ignoring_sigterm_is_killed_after_the_grace(tmp_path: Path) -> None:
+    write(tmp_path, "sleeper.py", SLEEPER)
+    proc = start_cli(["launch", LOCAL, "--run-dir", str(tmp_path / "runs"), "--run-id", "stub",
+                      "--color", "never", "--grace", "2", "--env", "IGNORE_TERM=1", "--",
+                      "sleeper.py"], cwd=tmp_path)
+    wait_for_line(tmp_path / "runs" / "stub" / "logs" / "rank-1.log", "rank 1 ready", 60)
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=30)
+    took = time.monotonic() - sent
+    assert proc.returncode == 130, out
+    assert "SIGKILL to" in out, out
+    assert 2 <= took < 10, f"stop took {took:.1f} s with a 2 s grace"
+    ranks = {r["rank"]: r for r in status_of(tmp_path / "runs", "stub")["ranks"]}
+    assert ranks[0]["state"] == "stopped" and ranks[0]["exit_code"] == 143
+    assert ranks[1]["state"] == "killed"
+    assert_nothing_left("stub", within=2)
+
+
+def test_render_writes_scripts_that_run_by_hand(tmp_path: Path) -> None:
+    write(tmp_path, "train.py", ALLREDUCE)
+    out_dir = tmp_path / "rendered"
+    done = run_cli(["render", LOCAL, "-o", str(out_dir), "--run-id", "byhand", "--", "train.py"],
+                   cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert sorted(p.name for p in out_dir.iterdir()) == ["node0.sh", "plan.yaml"]
+    script = out_dir / "node0.sh"
+    assert script.stat().st_mode & 0o100
+    assert "orchestrator render" in script.read_text().splitlines()[1]
+    by_hand = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=120)
+    assert by_hand.returncode == 0, by_hand.stdout + by_hand.stderr
+    assert "rank 0 of 2: sum 3" in by_hand.stdout and "rank 1 of 2: sum 3" in by_hand.stdout
+
+
+def test_dry_run_shows_plan_and_scripts_and_starts_nothing(tmp_path: Path) -> None:
+    write(tmp_path, "train.py", ALLREDUCE)
+    done = launch(tmp_path, "dry", "--dry-run", "--env", "FOO=bar baz", "--", "train.py")
+    assert done.returncode == 0, done.stderr
+    assert "# plan.yaml" in done.stdout and "world_size: 2" in done.stdout
+    assert "# ---- node0.sh (runs on localhost) ----" in done.stdout
+    assert "export FOO='bar baz'" in done.stdout
+    assert "-m torch.distributed.run" in done.stdout
+    assert not (tmp_path / "runs" / "dry").exists()
