@@ -32,7 +32,8 @@ ALLREDUCE = textwrap.dedent("""
     value = torch.tensor([rank + 1.0])
     dist.all_reduce(value)
     expected = world * (world + 1) / 2
-    print(f"rank {rank} of {world}: sum {value.item():g} (expected {expected:g}) args {sys.argv[1:]}")
+    print(f"rank {rank} of {world}: sum {value.item():g} (expected {expected:g}) "
+          f"args {sys.argv[1:]}")
     print(f"rank {rank} to stderr", file=sys.stderr)
     dist.destroy_process_group()
     sys.exit(0 if value.item() == expected else 1)

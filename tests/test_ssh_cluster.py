@@ -24,7 +24,8 @@ DDP_CHECK = textwrap.dedent("""
     dist.all_reduce(value)
     gathered = [torch.zeros(1) for _ in range(world)]
     dist.all_gather(gathered, torch.tensor([float(rank)]))
-    ok = value.item() == world * (world - 1) / 2 and [g.item() for g in gathered] == list(range(world))
+    ok = (value.item() == world * (world - 1) / 2
+          and [g.item() for g in gathered] == list(range(world)))
     print(f"rank {rank}/{world} node_rank {os.environ['GROUP_RANK']} sum {value.item():g} "
           f"ok {ok} master {os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']} "
           f"ifname {os.environ.get('GLOO_SOCKET_IFNAME')}/{os.environ.get('NCCL_SOCKET_IFNAME')}")
