@@ -25,6 +25,7 @@ Commands from the controller (stdin lines): `hb`, `stop GRACE`, `kill`.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import select
@@ -190,7 +191,7 @@ class Agent:
         env.update(config.get("env", {}))
         cwd = self.node_dir or os.path.expanduser("~")
         if self.node_dir:
-            os.makedirs(self.node_dir, mode=0o700, exist_ok=True)
+            self.claim_node_dir()
             env["ORCHESTRATOR_NODE_DIR"] = self.node_dir
         if config.get("script") is not None:
             path = os.path.join(self.node_dir, config["script_name"])
@@ -206,6 +207,19 @@ class Agent:
         )
         os.set_blocking(self.proc.stdout.fileno(), False)
         self.send(frame("S", self.proc.pid, f"{time.time():.6f}"))
+
+    def claim_node_dir(self) -> None:
+        """Hold the node directory for this run; clear what an earlier run of the same id left."""
+        os.makedirs(self.node_dir, mode=0o700, exist_ok=True)
+        self.lock = open(os.path.join(self.node_dir, ".agent.lock"), "w")  # noqa: SIM115
+        try:
+            fcntl.flock(self.lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise OSError(f"another run with the same run id is active in {self.node_dir}") \
+                from None
+        for name in os.listdir(self.node_dir):
+            if name.startswith("rank-"):
+                os.remove(os.path.join(self.node_dir, name))
 
     def run(self) -> int:
         become_subreaper()

@@ -57,7 +57,13 @@ class Host:
 
     @property
     def is_local(self) -> bool:
-        return self.name in LOCAL_NAMES or self.name.startswith("127.")
+        """This machine: localhost, 127.0.0.0/8 or ::1 (run without SSH)."""
+        if self.name.lower() in LOCAL_NAMES:
+            return True
+        try:
+            return ipaddress.ip_address(self.name).is_loopback
+        except ValueError:
+            return False
 
 
 @dataclass(frozen=True)

@@ -131,13 +131,23 @@ class LogSink:
 # --- reading logs back ------------------------------------------------------------------
 
 
-def last_lines_of(path: Path, count: int) -> list[bytes]:
-    """The last `count` whole lines of a file, reading only its end."""
+def last_lines_of(path: Path, count: int, end: int | None = None,
+                  keep: Callable[[bytes], bool] | None = None) -> list[bytes]:
+    """The last `count` lines of a file (before byte `end`) that `keep` accepts.
+
+    Without `keep`, only the end of the file is read.
+    """
     if count <= 0 or not path.exists():
         return []
+    if keep is not None:
+        kept: deque[bytes] = deque(maxlen=count)
+        with open(path, "rb") as handle:
+            data = handle.read(end) if end is not None else handle.read()
+        kept.extend(line + b"\n" for line in data.split(b"\n")[:-1] if keep(line + b"\n"))
+        return list(kept)
     with open(path, "rb") as handle:
         handle.seek(0, os.SEEK_END)
-        size = handle.tell()
+        size = handle.tell() if end is None else min(end, handle.tell())
         block, data = 1 << 16, b""
         while size > 0 and data.count(b"\n") <= count:
             step = min(block, size)
@@ -151,9 +161,13 @@ def last_lines_of(path: Path, count: int) -> list[bytes]:
 
 
 def follow(path: Path, is_done: Callable[[], bool], from_start: bool = True,
-           poll_s: float = 0.2) -> Iterator[bytes]:
-    """Yield whole lines of a growing file until `is_done()` and nothing more arrives."""
-    offset = 0 if from_start else (path.stat().st_size if path.exists() else 0)
+           poll_s: float = 0.2, offset: int | None = None) -> Iterator[bytes]:
+    """Yield whole lines of a growing file until `is_done()` and nothing more arrives.
+
+    Starts at byte `offset` when given, else at the start or (from_start=False) the end.
+    """
+    if offset is None:
+        offset = 0 if from_start else (path.stat().st_size if path.exists() else 0)
     partial = b""
     while True:
         done = is_done()  # read before the file, so no line written before `done` is lost

@@ -52,6 +52,8 @@ class FrameParser:
                 continue
             kind, fields = words[0], tuple(words[1:])
             if kind in self.WITH_PAYLOAD:
+                if not fields or not fields[-1].isdigit():
+                    raise ValueError(f"bad frame header from the agent: {words!r}")
                 size = int(fields[-1])
                 end = newline + 1 + size
                 if len(self.buf) < end:

@@ -203,9 +203,7 @@ def _master_port(spec: JobSpec, master_facts: NodeFacts | None) -> tuple[int, st
         return spec.master_port, ("--master-port, checked free on the master" if checked
                                   else "--master-port (not checked)")
     if master_facts is not None and master_facts.free_port is not None:
-        port = master_facts.free_port
-        why = "default" if port == DEFAULT_MASTER_PORT else f"{DEFAULT_MASTER_PORT} was busy"
-        return port, f"auto: free on the master ({why})"
+        return master_facts.free_port, "auto: a free port the master's kernel picked"
     return DEFAULT_MASTER_PORT, "auto, not probed: the default"
 
 

@@ -17,7 +17,7 @@ from orchestrator.execute import run_on_nodes
 from orchestrator.hostfile import Cluster
 from orchestrator.plan import NodeFacts
 from orchestrator.render import render_template
-from orchestrator.spec import DEFAULT_MASTER_PORT, JobSpec
+from orchestrator.spec import JobSpec
 
 PROBE_TIME_LIMIT_S = 60.0
 
@@ -31,8 +31,7 @@ class ProbeResult:
 def probe_script(host: str, python: str, master_addr: str, *, check_port: bool,
                  port: int | None, ifname: str | None) -> str:
     return render_template("probe.sh.j2", host=host, python=python, master_addr=master_addr,
-                           check_port=check_port, port=port, default_port=DEFAULT_MASTER_PORT,
-                           ifname=ifname)
+                           check_port=check_port, port=port, ifname=ifname)
 
 
 def parse_probe_output(text: str) -> dict[str, str]:

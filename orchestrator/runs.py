@@ -19,7 +19,7 @@ from orchestrator.errors import ConfigError
 
 DEFAULT_RUN_DIR = "runs"
 RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
-ACTIVE_STATES = frozenset({"starting", "running", "stopping"})
+ACTIVE_STATES = frozenset({"starting", "queued", "running", "stopping"})  # queued: SLURM
 FINAL_STATES = frozenset({"succeeded", "failed", "stopped", "lost"})
 
 
@@ -63,6 +63,10 @@ class RunRecord:
         path = Path(run_dir) / check_run_id(run_id)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:  # e.g. --run-dir names a file
+            raise ConfigError(f"cannot create the run folder {path}: {exc.strerror}; "
+                              "choose another --run-dir") from None
+        try:
             path.mkdir()
         except FileExistsError:
             raise ConfigError(f"run {run_id!r} already exists in {path.parent}; choose "
@@ -83,9 +87,12 @@ class RunRecord:
 
     def read_status(self) -> dict:
         try:
-            return json.loads(self.status_path.read_text(encoding="utf-8"))
+            status = json.loads(self.status_path.read_text(encoding="utf-8"))
         except (OSError, ValueError) as exc:
             raise ConfigError(f"cannot read {self.status_path}: {exc}") from None
+        if not isinstance(status, dict):
+            raise ConfigError(f"cannot read {self.status_path}: not a JSON object")
+        return status
 
     def write_status(self, status: dict) -> None:
         tmp = self.status_path.with_name(f".status.json.{os.getpid()}.tmp")
@@ -103,9 +110,11 @@ def list_runs(run_dir: str | Path) -> list[tuple[str, dict]]:
         status_path = path / "status.json"
         if status_path.is_file():
             try:
-                found.append((path.name, json.loads(status_path.read_text(encoding="utf-8"))))
+                status = json.loads(status_path.read_text(encoding="utf-8"))
             except (OSError, ValueError):
                 continue
+            if isinstance(status, dict):
+                found.append((path.name, status))
     found.sort(key=lambda item: item[1].get("started_at") or "")
     return found
 

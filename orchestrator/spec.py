@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +35,10 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 RESERVED_ENV = frozenset({
     "MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "NODE_RANK",
     "GROUP_RANK", "LOCAL_WORLD_SIZE",
+})
+# Read-only in bash: `export UID=5` would end the node script.
+BASH_READONLY = frozenset({
+    "UID", "EUID", "PPID", "SHELLOPTS", "BASHOPTS", "BASH_VERSINFO", "BASHPID", "GROUPS",
 })
 
 
@@ -71,7 +76,7 @@ class Program:
 
     def describe(self) -> str:
         return ("bundled trainer (python -m orchestrator.trainer)" if self.is_bundled_trainer
-                else " ".join(self.argv()))
+                else shlex.join(self.argv()))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -148,14 +153,12 @@ def load_env_file(path: str | Path) -> list[tuple[str, str]]:
         if not sep:
             raise SourceError(shown, lineno, f"expected NAME=VALUE, got {line!r}")
         name = name.strip()
-        if not _ENV_NAME.fullmatch(name):
-            raise SourceError(shown, lineno, f"{name!r} is not a valid variable name")
+        problem = env_name_problem(name)
+        if problem:
+            raise SourceError(shown, lineno, problem)
         value = value.strip()
         if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
             value = value[1:-1]
-        if name in RESERVED_ENV:
-            raise SourceError(shown, lineno, f"{name} is set by the orchestrator for each "
-                              "node; use the matching flag instead")
         pairs.append((name, value))
     return pairs
 
@@ -178,10 +181,20 @@ def merge_env(*layers: Iterable[tuple[str, str]]) -> tuple[tuple[str, str], ...]
     return tuple(merged.items())
 
 
-def _check_env_name(name: str, where: str) -> str:
+def env_name_problem(name: str) -> str | None:
+    """Why `name` cannot be set on the nodes, or None."""
     if not _ENV_NAME.fullmatch(name):
-        raise ConfigError(f"{where}: {name!r} is not a valid variable name")
+        return f"{name!r} is not a valid variable name"
     if name in RESERVED_ENV:
-        raise ConfigError(f"{where}: {name} is set by the orchestrator for each node; "
-                          "use the matching flag (--master-addr, --master-port, ...) instead")
+        return (f"{name} is set by the orchestrator for each node; use the matching flag "
+                "(--master-addr, --master-port, ...) instead")
+    if name in BASH_READONLY:
+        return f"{name} is read-only in the node scripts' shell and cannot be set"
+    return None
+
+
+def _check_env_name(name: str, where: str) -> str:
+    problem = env_name_problem(name)
+    if problem:
+        raise ConfigError(f"{where}: {problem}")
     return name

@@ -6,7 +6,9 @@ import json
 import os
 import subprocess
 import sys
+import textwrap
 import time
+import zlib
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
@@ -83,3 +85,31 @@ def assert_nothing_left(run_id: str, within: float = 10.0) -> None:
 
 def status_of(run_dir: Path, run_id: str) -> dict:
     return json.loads((run_dir / run_id / "status.json").read_text())
+
+
+# A rank that prints LINES lines of random length, some reaching its file in pieces;
+# check_lines proves each line arrived whole, once, in order.
+SPLICE = textwrap.dedent("""
+    import os, random, sys, zlib
+    rank = int(os.environ["RANK"])
+    rng = random.Random(rank)
+    out = sys.stdout
+    for i in range(LINES):
+        body = "".join(rng.choice("abcdefgh") for _ in range(rng.randint(0, 4000)))
+        line = f"R{rank} #{i} {zlib.crc32(body.encode())} {body}\\n"
+        cut = rng.randint(0, len(line))
+        out.write(line[:cut])
+        if rng.random() < 0.3:
+            out.flush()   # a partial line reaches the file
+        out.write(line[cut:])
+    out.flush()
+""")
+
+
+def check_lines(lines: list[str], rank: int, count: int) -> None:
+    assert len(lines) == count, f"rank {rank}: {len(lines)} lines, expected {count}"
+    for i, line in enumerate(lines):
+        head, number, crc, *body = line.split(" ", 3)
+        body_text = body[0] if body else ""
+        assert (head, number) == (f"R{rank}", f"#{i}"), f"rank {rank} line {i}: {line[:80]!r}"
+        assert int(crc) == zlib.crc32(body_text.encode()), f"spliced: {line[:80]!r}"

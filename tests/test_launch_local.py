@@ -14,7 +14,9 @@ import yaml
 
 from tests.cli_helpers import (
     REPO,
+    SPLICE,
     assert_nothing_left,
+    check_lines,
     run_cli,
     start_cli,
     status_of,
@@ -132,32 +134,6 @@ def test_failing_rank_is_named_with_its_code_and_last_lines(tmp_path: Path) -> N
     assert ranks[1]["state"] == "failed" and ranks[1]["exit_code"] == 3
     assert ranks[0]["state"] in ("stopped", "killed")
     assert_nothing_left("fails")
-
-
-SPLICE = textwrap.dedent("""
-    import os, random, sys, zlib
-    rank = int(os.environ["RANK"])
-    rng = random.Random(rank)
-    out = sys.stdout
-    for i in range(LINES):
-        body = "".join(rng.choice("abcdefgh") for _ in range(rng.randint(0, 4000)))
-        line = f"R{rank} #{i} {zlib.crc32(body.encode())} {body}\\n"
-        cut = rng.randint(0, len(line))
-        out.write(line[:cut])
-        if rng.random() < 0.3:
-            out.flush()   # a partial line reaches the file
-        out.write(line[cut:])
-    out.flush()
-""")
-
-
-def check_lines(lines: list[str], rank: int, count: int) -> None:
-    assert len(lines) == count, f"rank {rank}: {len(lines)} lines, expected {count}"
-    for i, line in enumerate(lines):
-        head, number, crc, *body = line.split(" ", 3)
-        body_text = body[0] if body else ""
-        assert (head, number) == (f"R{rank}", f"#{i}"), f"rank {rank} line {i}: {line[:80]!r}"
-        assert int(crc) == __import__("zlib").crc32(body_text.encode()), f"spliced: {line[:80]!r}"
 
 
 def test_rank_lines_are_never_spliced_and_none_is_lost(tmp_path: Path) -> None:

@@ -2,7 +2,21 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol
+
+DEFAULT_CONNECT_TIMEOUT_S = 10.0
+
+
+@dataclass(frozen=True)
+class SshOptions:
+    """How to reach nodes over SSH: the --ssh-config, --known-hosts, ... flags."""
+
+    config_path: str = "~/.ssh/config"
+    known_hosts: str = "~/.ssh/known_hosts"
+    accept_new_host_keys: bool = False
+    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT_S
+    identity_files: tuple[str, ...] = ()
 
 
 class AgentChannel(Protocol):

@@ -26,21 +26,12 @@ from pathlib import Path
 import paramiko
 
 from orchestrator.agent import BOOTSTRAP
+from orchestrator.backends.base import DEFAULT_CONNECT_TIMEOUT_S, SshOptions
 from orchestrator.errors import NodeError, NodeErrors
 from orchestrator.hostfile import Host
 
-DEFAULT_CONNECT_TIMEOUT_S = 10.0
 KEEPALIVE_S = 5
 SYSTEM_KNOWN_HOSTS = "/etc/ssh/ssh_known_hosts"
-
-
-@dataclass(frozen=True)
-class SshOptions:
-    config_path: str = "~/.ssh/config"
-    known_hosts: str = "~/.ssh/known_hosts"
-    accept_new_host_keys: bool = False
-    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT_S
-    identity_files: tuple[str, ...] = ()
 
 
 class UnknownHostKey(paramiko.SSHException):

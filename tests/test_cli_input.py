@@ -1,0 +1,280 @@
+"""Bad input through the real command line, as a user meets it.
+
+Each case must exit 2 with a message naming the file:line or the flag, and never print a
+traceback. The cases of the issue run `python -m orchestrator ...` as subprocesses, all in
+parallel once per module (they are independent), so the set stays fast; further cases
+call the same entry point, `orchestrator.cli.main`, in this process. `launch --dry-run`
+gets a command past parsing; on a localhost hostfile it probes only this machine and
+starts nothing, and must leave no run folder behind.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+
+CLI = [sys.executable, "-m", "orchestrator"]
+CONSOLE_SCRIPT = Path(sys.executable).with_name("orchestrator")
+
+HOSTFILES = {
+    "local.txt": "# this machine\nlocalhost slots=2\n",
+    "empty.txt": "",
+    "comments.txt": "# nothing here\n\n   # still nothing\n",
+    "empty.yaml": "hosts: []\n",
+    "unparsable.txt": "node1 slots=2\nnode2 slots 4\n",
+    "slots0.txt": "node1\nnode2 slots=0\n",
+    "negative.txt": "node1:-2\n",
+    "duplicate.txt": "node1 slots=2\nnode2\nnode1\n",
+    "metachar.txt": "node1\nnode$(reboot)\n",
+    "backtick.txt": "`reboot`\n",
+    "semicolon.yaml": "- host: 'node1;rm'\n",
+    "space.yaml": "- host: node1\n- host: 'node 2'\n",
+    "tab.txt": "node1\tnode2\n",
+    "unknown_key.yaml": "- host: node1\n  slotz: 2\n",
+    "unknown_key.txt": "node1 gpus=8\n",
+    "bad.yaml": "- host: node1\n  slots: [1\n",
+    "two_remote.txt": "node-a slots=2\nnode-b\n",
+    "loopback_multi.txt": "localhost\nnode-b\n",
+    "max_slots.txt": "node-a max_slots=2\n",
+}
+
+
+@dataclass(frozen=True)
+class Case:
+    argv: tuple[str, ...]
+    words: tuple[str, ...]  # all must appear in stderr
+    exit_code: int = 2
+
+
+def launch(hostfile: str, *args: str) -> tuple[str, ...]:
+    return ("launch", hostfile, "--dry-run", "--run-dir", "runs", *args)
+
+
+BAD = {  # run as subprocesses
+    "missing hostfile": Case(launch("nonexistent.txt"),
+                             ("nonexistent.txt: hostfile not found",)),
+    "empty hostfile": Case(launch("empty.txt"),
+                           ("empty.txt: no hosts", "no fallback to localhost")),
+    "unparsable line": Case(launch("unparsable.txt"),
+                            ("unparsable.txt:2:", "expected key=value, got 'slots'")),
+    "slots=0": Case(launch("slots0.txt"),
+                    ("slots0.txt:2:", "slots must be a positive integer, got 0")),
+    "negative slots": Case(launch("negative.txt"),
+                           ("negative.txt:1:", "slots must be a positive integer, got -2")),
+    "duplicate host": Case(launch("duplicate.txt"),
+                           ("duplicate.txt:3:", "duplicate host 'node1'",
+                            "first at duplicate.txt:1")),
+    "shell metacharacters": Case(launch("metachar.txt"),
+                                 ("metachar.txt:2:", "not a valid host name", "'$'")),
+    "whitespace in host": Case(launch("space.yaml"),
+                               ("space.yaml:2:", "host 'node 2' is not a valid host name",
+                                "' '")),
+    "unknown yaml key": Case(launch("unknown_key.yaml"),
+                             ("unknown_key.yaml:2:", "unknown key 'slotz'",
+                              "valid keys: host, slots, max_slots, user, port, ifname, "
+                              "python")),
+    "--env without =": Case(launch("local.txt", "--env", "FOO"),
+                            ("--env 'FOO': expected NAME=VALUE",)),
+    "missing local script": Case(launch("local.txt", "--", "nosuch.py"),
+                                 ("script 'nosuch.py' not found", "--workdir")),
+    "--master-port 0": Case(launch("local.txt", "--master-port", "0"),
+                            ("--master-port", "got '0'")),
+    "--master-port 70000": Case(launch("local.txt", "--master-port", "70000"),
+                                ("--master-port", "got '70000'")),
+    "--master-port abc": Case(launch("local.txt", "--master-port", "abc"),
+                              ("--master-port", "got 'abc'")),
+    "--run-id with slash": Case(launch("local.txt", "--run-id", "a/b"), ("--run-id 'a/b'",)),
+    "--workdir with --sync": Case(launch("local.txt", "--workdir", ".", "--sync", "."),
+                                  ("--workdir and --sync",)),
+}
+
+MORE_BAD = {  # run in this process through orchestrator.cli.main
+    "hostfile is a directory": Case(launch("subdir"), ("subdir: is a directory",)),
+    "comments-only hostfile": Case(launch("comments.txt"),
+                                   ("comments.txt: no hosts", "no fallback to localhost")),
+    "empty yaml hostfile": Case(launch("empty.yaml"), ("empty.yaml: no hosts",)),
+    "backticks": Case(launch("backtick.txt"), ("backtick.txt:1:", "'`'")),
+    "semicolon in yaml host": Case(launch("semicolon.yaml"), ("semicolon.yaml:1:", "';'")),
+    "tab between hosts": Case(launch("tab.txt"), ("tab.txt:1:", "expected key=value")),
+    "unknown text key": Case(launch("unknown_key.txt"),
+                             ("unknown_key.txt:1:", "unknown key 'gpus'",
+                              "valid keys: ifname, max_slots, port, python, slots, user")),
+    "invalid yaml": Case(launch("bad.yaml"), ("bad.yaml:", "invalid YAML")),
+    "--env bad name": Case(launch("local.txt", "--env", "1X=2"), ("--env '1X=2'",)),
+    "--env reserved": Case(launch("local.txt", "--env", "WORLD_SIZE=8"),
+                           ("WORLD_SIZE is set by the orchestrator",)),
+    "--env-file missing": Case(launch("local.txt", "--env-file", "none.env"),
+                               ("none.env: env file not found",)),
+    "--env-file bad line": Case(launch("local.txt", "--env-file", "bad.env"),
+                                ("bad.env:2:", "expected NAME=VALUE")),
+    "-m without module": Case(launch("local.txt", "--", "-m"), ("'-m' needs a module name",)),
+    "--master-port unicode digit": Case(launch("local.txt", "--master-port", "²"),
+                                        ("--master-port",)),
+    "--nproc-per-node 0": Case(launch("local.txt", "--nproc-per-node", "0"),
+                               ("--nproc-per-node must be a positive integer",)),
+    "--nproc-per-node abc": Case(launch("local.txt", "--nproc-per-node", "abc"),
+                                 ("--nproc-per-node", "abc")),
+    "--run-id dot-dot": Case(launch("local.txt", "--run-id", ".."), ("--run-id '..'",)),
+    "--run-id with space": Case(launch("local.txt", "--run-id", "a b"), ("--run-id 'a b'",)),
+    "--run-id with newline": Case(launch("local.txt", "--run-id", "ab\n"), ("--run-id",)),
+    "--sync not a directory": Case(launch("local.txt", "--sync", "local.txt"),
+                                   ("--sync", "not a directory")),
+    "render: bad hostfile": Case(("render", "unparsable.txt", "-o", "out-bad"),
+                                 ("unparsable.txt:2:",)),
+    "render: loopback master in 2 nodes": Case(
+        ("render", "loopback_multi.txt", "-o", "out-loop"), ("loopback", "--master-addr")),
+    "render: max_slots": Case(("render", "max_slots.txt", "-o", "out-max", "--nproc-per-node",
+                               "4"), ("max_slots.txt:1:", "max_slots=2")),
+    "render: --run-id": Case(("render", "local.txt", "-o", "out-id", "--run-id", "x;y"),
+                             ("--run-id 'x;y'",)),
+    "exec: empty hostfile": Case(("exec", "empty.txt", "--", "true"),
+                                 ("empty.txt: no hosts",)),
+    "logs: unknown run": Case(("logs", "nosuchrun", "--run-dir", "runs"),
+                              ("no run 'nosuchrun'",)),
+    "status: bad run id": Case(("status", "../etc", "--run-dir", "runs"), ("no run '../etc'",)),
+}
+
+GOOD = {
+    "dry run": Case(launch("local.txt", "--no-forward-env", "--run-id", "dry1", "--",
+                           "-m", "mypkg.train"), (), exit_code=0),
+    "render one node": Case(("render", "local.txt", "-o", "out-local", "--run-id", "r-local",
+                             "--no-forward-env", "--", "train.py", "--epochs", "3"), (),
+                            exit_code=0),
+    "render two nodes": Case(("render", "two_remote.txt", "-o", "out dir", "--run-id", "r2",
+                              "--workdir", "/srv/my project", "--env", "MSG=a b $c",
+                              "--env", "API_TOKEN=tok-hidden-42", "--", "-m", "pkg.main"), (),
+                             exit_code=0),
+}
+
+
+def prepare_inputs(directory: Path) -> None:
+    for name, text in HOSTFILES.items():
+        (directory / name).write_text(text, encoding="utf-8")
+    (directory / "subdir").mkdir()
+    (directory / "bad.env").write_text("A=1\nNOVALUE\n", encoding="utf-8")
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory) -> Path:
+    directory = tmp_path_factory.mktemp("cli")
+    prepare_inputs(directory)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def results(workdir: Path) -> dict[str, subprocess.CompletedProcess]:
+    env = {**os.environ, "NO_COLOR": "1"}
+
+    def run(case: Case) -> subprocess.CompletedProcess:
+        return subprocess.run([*CLI, *case.argv], cwd=workdir, env=env, capture_output=True,
+                              text=True, timeout=120)
+
+    cases = {**BAD, **GOOD}
+    assert not set(BAD) & set(MORE_BAD)
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        futures = {name: pool.submit(run, case) for name, case in cases.items()}
+    return {name: future.result() for name, future in futures.items()}
+
+
+def check_refused(case: Case, code: int, stdout: str, stderr: str, workdir: Path) -> None:
+    output = stdout + stderr
+    assert code == case.exit_code, output
+    assert "Traceback" not in output
+    for word in case.words:
+        assert word in stderr, stderr
+    assert stderr.startswith(("orchestrator: error: ", "Usage: ", "Error: ")), output
+    assert "{line}" not in stderr and "{path}" not in stderr  # no unformatted placeholder
+    assert not (workdir / "runs").exists(), "a bad launch created a run folder"
+
+
+@pytest.mark.parametrize("name", list(BAD))
+def test_bad_input_exits_2_with_a_clear_message(results, workdir: Path, name: str) -> None:
+    result = results[name]
+    check_refused(BAD[name], result.returncode, result.stdout, result.stderr, workdir)
+
+
+@pytest.mark.parametrize("name", list(MORE_BAD))
+def test_more_bad_input_through_main(workdir: Path, capsys, monkeypatch, name: str) -> None:
+    from orchestrator.cli import main
+
+    monkeypatch.chdir(workdir)
+    monkeypatch.setenv("NO_COLOR", "1")
+    with pytest.raises(SystemExit) as info:  # anything else escaping main is a traceback
+        main(list(MORE_BAD[name].argv))
+    captured = capsys.readouterr()
+    check_refused(MORE_BAD[name], info.value.code, captured.out, captured.err, workdir)
+
+
+def test_dry_run_prints_the_plan_and_starts_nothing(results, workdir: Path) -> None:
+    result = results["dry run"]
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stdout + result.stderr
+    plan_text, _, script = result.stdout.partition("# ---- node0.sh (runs on localhost) ----\n")
+    plan = yaml.safe_load(plan_text.split("# plan.yaml\n", 1)[1])
+    assert plan["run_id"] == "dry1" and plan["world_size"] == 2
+    assert plan["program"] == "-m mypkg.train"
+    assert script.startswith("#!/usr/bin/env bash\n")
+    assert "--nnodes=1 --node_rank=0 --nproc_per_node=2" in script
+    syntax = subprocess.run(["bash", "-n"], input=script, text=True, capture_output=True)
+    assert syntax.returncode == 0, syntax.stderr
+    assert not (workdir / "runs").exists()  # --dry-run writes no run record
+
+
+def test_render_writes_plan_and_one_executable_script_per_node(results, workdir: Path) -> None:
+    for name, folder, count in (("render one node", "out-local", 1),
+                                ("render two nodes", "out dir", 2)):
+        result = results[name]
+        assert result.returncode == 0, result.stderr
+        out = workdir / folder
+        expected = ["plan.yaml"] + [f"node{i}.sh" for i in range(count)]
+        assert sorted(p.name for p in out.iterdir()) == sorted(expected)
+        assert result.stdout.splitlines() == [str(Path(folder) / n) for n in expected]
+        plan = yaml.safe_load((out / "plan.yaml").read_text())
+        assert plan["nnodes"] == count
+        for index in range(count):
+            script = out / f"node{index}.sh"
+            assert script.stat().st_mode & stat.S_IXUSR
+            text = script.read_text()
+            assert f"--node_rank={index}" in text
+            syntax = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
+            assert syntax.returncode == 0, syntax.stderr
+
+
+def test_render_keeps_secrets_out_and_quotes_values(results, workdir: Path) -> None:
+    assert results["render two nodes"].returncode == 0
+    out = workdir / "out dir"
+    for path in out.iterdir():
+        assert "tok-hidden-42" not in path.read_text(), path
+    node1 = (out / "node1.sh").read_text()
+    assert "export MSG='a b $c'" in node1 and "cd '/srv/my project'" in node1
+    assert "API_TOKEN=***" in node1.splitlines()[1]
+    assert yaml.safe_load((out / "plan.yaml").read_text())["secrets"] == ["API_TOKEN"]
+
+
+def test_console_script_reports_errors_the_same_way(workdir: Path) -> None:
+    if not CONSOLE_SCRIPT.exists():
+        pytest.skip(f"no console script next to {sys.executable}")
+    result = subprocess.run([str(CONSOLE_SCRIPT), "launch", "empty.txt", "--dry-run"],
+                            cwd=workdir, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "empty.txt: no hosts" in result.stderr
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["launch", "--help"]])
+def test_help_does_not_import_torch(argv: list[str]) -> None:
+    result = subprocess.run([sys.executable, "-X", "importtime", "-m", "orchestrator", *argv],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and "Usage:" in result.stdout
+    imported = [line.rsplit("|", 1)[-1].strip() for line in result.stderr.splitlines()
+                if line.startswith("import time:")]
+    assert "click" in imported  # the check sees real imports
+    torch_modules = [m for m in imported if m == "torch" or m.startswith("torch.")]
+    assert torch_modules == []

@@ -1,0 +1,143 @@
+"""The agent protocol: frames (agent -> controller) and the length-prefixed bootstrap.
+
+Frames are encoded by orchestrator.agent.frame and decoded by orchestrator.nodes.FrameParser;
+whatever way the bytes are cut on the way (byte by byte, random chunks), the same frames
+come out.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from orchestrator.agent import BOOTSTRAP, frame, length_prefixed
+from orchestrator.nodes import FrameParser
+
+PROPERTY = settings(max_examples=60, deadline=None)
+
+FIELD = st.one_of(st.integers(-5, 10**9),
+                  st.builds("{}.{:06d}".format, st.integers(0, 2 * 10**9), st.integers(0, 999999)))
+
+
+@st.composite
+def frames(draw) -> tuple[str, tuple[str, ...], bytes]:
+    """(kind, fields, payload) as the agent sends them."""
+    kind = draw(st.sampled_from("SONEFMHX"))
+    if kind in FrameParser.WITH_PAYLOAD:
+        fields = tuple(draw(st.lists(FIELD, max_size=1 if kind in "OF" else 0)))
+        payload = draw(st.binary(max_size=60) | st.sampled_from([b"\n", b"a\nb\n", b"H 1\n"]))
+    else:
+        fields = tuple(draw(st.lists(FIELD, min_size=1, max_size=3)))
+        payload = b""
+    return kind, tuple(str(f) for f in fields), payload
+
+
+def encode(kind: str, fields, payload: bytes) -> bytes:
+    if kind in FrameParser.WITH_PAYLOAD:
+        return frame(kind, *fields, payload=payload)
+    return frame(kind, *fields)
+
+
+def test_frame_encoding() -> None:
+    assert frame("H", "12.5") == b"H 12.5\n"
+    assert frame("E", 3, 1, "9.000000") == b"E 3 1 9.000000\n"
+    assert frame("O", 2, payload=b"a\nb\n") == b"O 2 4\na\nb\n"
+    assert frame("M", payload=b"") == b"M 0\n"
+
+
+def test_parser_decodes_each_kind() -> None:
+    data = (frame("S", 4242, "1.5") + frame("O", 0, payload=b"line\n")
+            + frame("N", payload=b"torchrun\n") + frame("E", 0, 1, "2.0")
+            + frame("F", 0, payload=b'{"message": "boom"}') + frame("M", payload=b"note\n")
+            + frame("H", "3.0") + frame("X", 1, "4.0"))
+    assert FrameParser().feed(data) == [
+        ("S", ("4242", "1.5"), b""), ("O", ("0",), b"line\n"), ("N", (), b"torchrun\n"),
+        ("E", ("0", "1", "2.0"), b""), ("F", ("0",), b'{"message": "boom"}'),
+        ("M", (), b"note\n"), ("H", ("3.0",), b""), ("X", ("1", "4.0"), b"")]
+
+
+def test_payload_may_hold_newlines_and_look_like_frames() -> None:
+    payload = b"X 0 1.0\nH 2\n\n\x00\xff"
+    data = frame("O", 1, payload=payload) + frame("X", 0, "5.0")
+    assert FrameParser().feed(data) == [("O", ("1",), payload), ("X", ("0", "5.0"), b"")]
+
+
+def test_blank_lines_between_frames_are_skipped() -> None:
+    assert FrameParser().feed(b"\n\nH 1\n\n") == [("H", ("1",), b"")]
+
+
+def test_partial_frames_wait_for_the_rest() -> None:
+    parser = FrameParser()
+    data = frame("O", 7, payload=b"hello\n")
+    assert parser.feed(data[:3]) == []  # header not complete
+    assert parser.feed(data[3:7]) == []  # header complete, payload not
+    assert parser.feed(data[7:]) == [("O", ("7",), b"hello\n")]
+    assert parser.buf == b""
+
+
+@PROPERTY
+@given(st.lists(frames(), max_size=8))
+def test_frames_survive_byte_by_byte(items) -> None:
+    data = b"".join(encode(*item) for item in items)
+    parser = FrameParser()
+    got = []
+    for i in range(len(data)):
+        got += parser.feed(data[i:i + 1])
+    assert got == items and parser.buf == b""
+
+
+@PROPERTY
+@given(st.lists(frames(), max_size=8), st.data())
+def test_frames_survive_random_chunks(items, data) -> None:
+    stream = b"".join(encode(*item) for item in items)
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(stream)), max_size=10)))
+    parser = FrameParser()
+    got = []
+    for start, end in zip([0, *cuts], [*cuts, len(stream)], strict=True):
+        got += parser.feed(stream[start:end])
+    assert got == items and parser.buf == b""
+
+
+@pytest.mark.parametrize("header", [b"O\n", b"O -5\n", b"N x\n", b"M 1.5\n"])
+def test_malformed_payload_header_is_a_value_error(header: bytes) -> None:
+    with pytest.raises(ValueError):
+        FrameParser().feed(header)
+
+
+def test_non_numeric_payload_length_is_a_value_error() -> None:
+    # The node reader turns a ValueError into an EOF event for that node.
+    with pytest.raises(ValueError):
+        FrameParser().feed(b"O 1 lots\n")
+
+
+# --- length-prefixed bootstrap -----------------------------------------------------------
+
+
+@PROPERTY
+@given(st.binary(max_size=3000))
+def test_length_prefixed(data: bytes) -> None:
+    encoded = length_prefixed(data)
+    assert len(encoded) == 8 + len(data)
+    assert int(encoded[:8]) == len(data) and encoded[8:] == data
+
+
+def test_bootstrap_runs_the_source_it_is_sent() -> None:
+    source = b"import sys, json\nconfig = json.loads(read_exact(int(read_exact(8))))\n" \
+             b"sys.stdout.write(config['say'] + ' \\u00e9')\n"
+    stdin = length_prefixed(source) + length_prefixed(b'{"say": "hello"}')
+    result = subprocess.run([sys.executable, "-c", BOOTSTRAP], input=stdin,
+                            capture_output=True, timeout=30)
+    assert result.returncode == 0, result.stderr.decode()
+    assert result.stdout.decode() == "hello \u00e9"
+
+
+def test_bootstrap_ends_cleanly_when_the_controller_goes_away() -> None:
+    stdin = length_prefixed(b"print('never')\n")[:12]  # cut short: stdin closes
+    result = subprocess.run([sys.executable, "-c", BOOTSTRAP], input=stdin,
+                            capture_output=True, timeout=30)
+    assert result.returncode == 1 and b"the controller went away" in result.stderr
+    assert b"never" not in result.stdout and b"Traceback" not in result.stderr
