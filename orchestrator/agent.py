@@ -21,6 +21,10 @@ types with a length field, by exactly that many payload bytes:
   F rank n + data    rank error file   M n + data        a message from the agent
   H t                heartbeat         X rc t            finished; nothing follows
 Commands from the controller (stdin lines): `hb`, `stop GRACE`, `kill`.
+
+After X the agent waits (up to IDLE_S) for another step of the same run: a `next` line and
+a length-prefixed config. So the launch's preflight probe and its job share one agent, and
+one SSH session (one login shell), per node. It ends when stdin closes.
 """
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ MAX_PENDING_OUT = 8 << 20  # stop reading rank files while this much waits for t
 MAX_LINE = 1 << 20  # a longer line without newline is passed on in pieces of this size
 POLL_S = 0.02
 HEARTBEAT_S = 1.0
+IDLE_S = 30.0  # how long a finished agent waits for the controller's next step
 PR_SET_CHILD_SUBREAPER = 36
 
 
@@ -137,6 +142,7 @@ class Agent:
         self.stopping = False
         self.stop_deadline = 0.0
         self.killing = False
+        self.controller_silent = False
         self.signalled: set[int] = set()
         self.last_hb_in = time.monotonic()
         self.last_hb_out = 0.0
@@ -188,6 +194,11 @@ class Agent:
     def start(self) -> None:
         config = self.config
         env = dict(os.environ)
+        # As if started by the login shell that ran the agent: its `exec` lowered SHLVL to
+        # 0, and a `bash -c` seeing SHLVL 0 and SSH_CLIENT takes itself for sshd's session
+        # shell and reads ~/.bashrc again, for every command and every rank (with pyenv or
+        # conda in it, a second or more each). The session shell has read it already.
+        env["SHLVL"] = str(max(1, shell_level(env)))
         env.update(config.get("env", {}))
         cwd = self.node_dir or os.path.expanduser("~")
         if self.node_dir:
@@ -248,6 +259,11 @@ class Agent:
     def grace(self) -> float:
         return float(self.config.get("grace", 10))
 
+    def may_wait_for_next(self) -> bool:
+        """After run(): the controller got everything and is still there to send more."""
+        return self.stdin_open and self.stdout_open and not self.out and \
+            not self.controller_silent
+
     def step(self) -> None:
         readers = []
         if self.stdin_open:
@@ -278,6 +294,7 @@ class Agent:
             self.send(frame("H", f"{time.time():.6f}"))
         timeout = float(self.config.get("heartbeat_timeout", 30))
         if timeout > 0 and now - self.last_hb_in > timeout and not self.stopping:
+            self.controller_silent = True
             self.begin_stop(self.grace(), f"no word from the controller for {timeout:g} s")
         if self.stopping or self.script_rc is not None:
             self.enforce_stop(now)
@@ -420,6 +437,12 @@ class Agent:
             for pid in set(pids) - self.signalled:  # started since the stop began
                 signal_pid(pid, signal.SIGTERM)
             self.signalled.update(pids)
+            if self.ranks and len(self.exited_ranks) == len(self.ranks) and \
+                    self.proc is not None and self.script_rc is None:
+                # Every rank has ended. What is left of the node script is torchrun's own
+                # exit (a traceback for the signal, then unloading torch: a second or more
+                # of CPU per node), which the stop need not wait for.
+                signal_pid(self.proc.pid, signal.SIGKILL)
 
 
 def descendants_of(root: int) -> list[int]:
@@ -459,6 +482,14 @@ def signal_group(pgid: int, signum: int) -> None:
         pass
 
 
+def shell_level(env: dict[str, str]) -> int:
+    """SHLVL (bash's nesting depth) of an environment; 0 when unset or not a number."""
+    try:
+        return int(env.get("SHLVL", "0"))
+    except ValueError:
+        return 0
+
+
 def become_subreaper() -> None:
     """Orphans of the run re-parent to the agent instead of init, so none escape a stop."""
     try:
@@ -470,9 +501,39 @@ def become_subreaper() -> None:
         pass
 
 
+def next_config(idle_s: float) -> dict | None:
+    """The config of the controller's next step, or None when stdin closes or none comes
+    within `idle_s`. Lines before `next` were meant for the step that ended (a late `hb`)."""
+    for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        signal.signal(signum, signal.SIG_DFL)  # nothing runs now: a signal just ends the agent
+    deadline = time.monotonic() + idle_s
+    line = b""
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([0], [], [], left)[0]:
+            return None
+        try:
+            byte = os.read(0, 1)
+        except OSError:
+            return None
+        if not byte:
+            return None
+        if byte != b"\n":
+            line += byte
+        elif line == b"next":
+            return json.loads(read_exact(int(read_exact(8))))
+        else:
+            line = b""
+
+
 def main() -> int:
-    config = json.loads(read_exact(int(read_exact(8))))
-    return Agent(config).run()
+    config: dict | None = json.loads(read_exact(int(read_exact(8))))
+    while True:
+        agent = Agent(config)
+        rc = agent.run()
+        config = next_config(IDLE_S) if agent.may_wait_for_next() else None
+        if config is None:
+            return rc
 
 
 if __name__ == "__main__":

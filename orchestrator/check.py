@@ -119,15 +119,22 @@ def busbw_gbs(op: str, size: int, seconds: float, world_size: int) -> float:
     return algbw_gbs(size, seconds) * bus_factor(op, world_size)
 
 
-def iterations(size: int) -> tuple[int, int]:
-    """(warm-up, timed) iterations for one size: many for small messages, a few for big."""
-    if size <= 64 << 10:
-        return 5, 20
-    if size <= 1 << 20:
-        return 2, 10
-    if size <= 16 << 20:
-        return 1, 5
-    return 1, 3
+TIME_PER_SIZE_S = 0.25  # how long the timed iterations of one size should take, roughly
+MIN_ITERS, MAX_ITERS = 2, 20
+
+
+def warmup_iterations(size: int) -> int:
+    """Warm-up iterations before timing one size: two for small messages, one for big."""
+    return 2 if size <= 1 << 20 else 1
+
+
+def timed_iterations(warmup_seconds: float) -> int:
+    """How many iterations to time, given the slowest rank's last warm-up: as many as fit
+    in TIME_PER_SIZE_S, from MIN_ITERS to MAX_ITERS (nccl-tests always times 20; a
+    preflight keeps the big sizes short). Every rank must pass the same value."""
+    if warmup_seconds <= 0:
+        return MAX_ITERS
+    return max(MIN_ITERS, min(MAX_ITERS, int(TIME_PER_SIZE_S / warmup_seconds)))
 
 
 @dataclass(frozen=True)
@@ -150,8 +157,8 @@ class BandwidthRow:
 
     def to_dict(self) -> dict:
         return {"op": self.op, "size_bytes": self.size, "count": self.count,
-                "time_us": round(self.seconds * 1e6, 3), "algbw_gbs": round(self.algbw, 6),
-                "busbw_gbs": round(self.busbw, 6), "warmup": self.warmup, "iters": self.iters}
+                "time_us": self.seconds * 1e6, "algbw_gbs": self.algbw,
+                "busbw_gbs": self.busbw, "warmup": self.warmup, "iters": self.iters}
 
 
 # --- expected values -------------------------------------------------------------------

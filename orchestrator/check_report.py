@@ -155,7 +155,8 @@ def _one_node(node: NodeReport, master: Master, backend: str) -> list[Problem]:
     if free is not None and free < MIN_FREE_DISK:
         found.append(Problem(host, f"only {human_bytes(free)} free in {node.get('disk_path')}, "
                              f"where runs keep their files; free at least "
-                             f"{human_bytes(MIN_FREE_DISK)}", blocks_job=False, column="DISK"))
+                             f"{human_bytes(MIN_FREE_DISK)}", blocks_job=False,
+                             column="DISK FREE"))
     return found
 
 

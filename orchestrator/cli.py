@@ -7,146 +7,31 @@ failure, the failing rank's code for a failed job, 130/143 after Ctrl-C/SIGTERM)
 
 from __future__ import annotations
 
-import functools
 import os
 import sys
 
 import click
 
 from orchestrator import __version__
+from orchestrator.cli_backend import (
+    HostfileOptional,
+    backend_options,
+    check_backend,
+    make_slurm_options,
+    split_hostfile,
+)
+from orchestrator.cli_options import (
+    job_options,
+    make_spec,
+    make_ssh_options,
+    run_dir_option,
+    run_options,
+    split_ssh,
+    ssh_options,
+)
 from orchestrator.errors import ConfigError, OrchestratorError
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
-
-
-# --- shared options ----------------------------------------------------------------------
-
-
-def job_options(func):
-    """Options that describe the job itself; shared by launch and render."""
-    options = [
-        click.option("--nproc-per-node", type=int, default=None, metavar="N",
-                     help="Ranks per node. Default: each host's slots (1 for a bare host)."),
-        click.option("--master-addr", metavar="ADDR",
-                     help="Rendezvous address. Default: the first node (as reached by ssh; "
-                          "127.0.0.1 for a local job). Must be reachable from every node."),
-        click.option("--master-port", default="auto", show_default=True, metavar="PORT|auto",
-                     help="Rendezvous port. 'auto' takes 29500 when it is free on the master "
-                          "node, else a free one; an explicit busy port is an error."),
-        click.option("--ifname", metavar="IFACE",
-                     help="Network interface for NCCL and gloo (NCCL_SOCKET_IFNAME, "
-                          "GLOO_SOCKET_IFNAME) on every node. Default: on each node, the one "
-                          "whose route reaches MASTER_ADDR. A hostfile ifname wins for its node."),
-        click.option("--env", "env", multiple=True, metavar="NAME=VALUE",
-                     help="Set a variable on every node (repeatable)."),
-        click.option("--env-file", "env_files", multiple=True, metavar="FILE",
-                     type=click.Path(dir_okay=False),
-                     help="NAME=VALUE lines to set on every node (repeatable; --env wins)."),
-        click.option("--secret-env", "secret_names", multiple=True, metavar="NAME",
-                     help="Treat NAME as a secret: its value is handed to the job at start, "
-                          "never written to scripts, plan or run record, and masked in logs. "
-                          "Names containing TOKEN, SECRET, PASSWORD, API_KEY, CREDENTIAL... "
-                          "are secrets already."),
-        click.option("--forward-env/--no-forward-env", default=True, show_default=True,
-                     help="Forward this shell's NCCL_*, GLOO_*, TORCH_*, CUDA_*, PYTHON* and "
-                          "OMP_* variables to every node."),
-        click.option("--python", metavar="PATH",
-                     help="Interpreter (and its torchrun) on the nodes. Default: this "
-                          "orchestrator's own interpreter path, as on a shared file system. "
-                          "A hostfile python wins for its node."),
-        click.option("--workdir", metavar="DIR",
-                     help="Directory the ranks start in on every node. Default: the current "
-                          "directory."),
-    ]
-    return functools.reduce(lambda f, option: option(f), reversed(options), func)
-
-
-def run_options(func):
-    options = [
-        click.option("--run-id", metavar="NAME", help="Name of the run. Default: the time "
-                     "and a random suffix, e.g. 20261122-153012-a3f9."),
-        click.option("--run-dir", default="runs", show_default=True, metavar="DIR",
-                     help="Where run records are kept."),
-    ]
-    return functools.reduce(lambda f, option: option(f), reversed(options), func)
-
-
-def ssh_options(func):
-    """How to reach nodes over SSH; shared by launch, exec and check."""
-    options = [
-        click.option("--ssh-config", default="~/.ssh/config", show_default=True,
-                     metavar="FILE", help="OpenSSH client config to honour (Host aliases, "
-                     "HostName, User, Port, IdentityFile, ProxyJump, ProxyCommand)."),
-        click.option("-i", "--identity", "identity_files", multiple=True, metavar="FILE",
-                     help="Private key to try first (repeatable); the ssh-agent and "
-                          "~/.ssh/id_* are tried too."),
-        click.option("--known-hosts", default="~/.ssh/known_hosts", show_default=True,
-                     metavar="FILE", help="Host keys to verify nodes against."),
-        click.option("--accept-new-host-keys", is_flag=True,
-                     help="Accept and record the host key of a node not yet in known_hosts "
-                          "(a changed key is still refused), like ssh's "
-                          "StrictHostKeyChecking=accept-new."),
-        click.option("--connect-timeout", type=click.FloatRange(min=0.1), default=10.0,
-                     show_default=True, metavar="SECONDS",
-                     help="Give up on a node that does not answer within this time."),
-    ]
-    return functools.reduce(lambda f, option: option(f), reversed(options), func)
-
-
-def make_ssh_options(ssh_config, identity_files, known_hosts, accept_new_host_keys,
-                     connect_timeout):
-    from orchestrator.backends.ssh import SshOptions
-
-    return SshOptions(config_path=ssh_config, known_hosts=known_hosts,
-                      accept_new_host_keys=accept_new_host_keys,
-                      connect_timeout=connect_timeout, identity_files=tuple(identity_files))
-
-
-SSH_KEYS = ("ssh_config", "identity_files", "known_hosts", "accept_new_host_keys",
-            "connect_timeout")
-
-
-def split_ssh(kwargs: dict) -> dict:
-    """Take the ssh options out of a command's keyword arguments."""
-    return {key: kwargs.pop(key) for key in SSH_KEYS}
-
-
-def run_dir_option(func):
-    return click.option("--run-dir", default="runs", show_default=True, metavar="DIR",
-                        help="Where run records are kept.")(func)
-
-
-def make_spec(program_argv, *, nproc_per_node, master_addr, master_port, ifname, env,
-              env_files, secret_names, forward_env, python, workdir, sync_dir=None):
-    from orchestrator.spec import (
-        JobSpec,
-        Program,
-        forwarded_env,
-        load_env_file,
-        merge_env,
-        parse_env_assignments,
-        parse_master_port,
-    )
-
-    layers = [forwarded_env()] if forward_env else []
-    layers += [load_env_file(path) for path in env_files]
-    layers.append(parse_env_assignments(env))
-    if workdir is not None and not workdir.strip():
-        raise ConfigError("--workdir must not be empty")
-    if workdir is not None and sync_dir is not None:
-        raise ConfigError("--workdir and --sync both say where ranks start; give one of them")
-    return JobSpec(
-        program=Program.from_argv(program_argv),
-        python=python or sys.executable,
-        workdir=os.path.abspath(workdir) if workdir else os.getcwd(),
-        nproc_per_node=nproc_per_node,
-        master_addr=master_addr,
-        master_port=parse_master_port(master_port),
-        ifname=ifname,
-        env=merge_env(*layers),
-        secret_names=frozenset(secret_names),
-        sync_dir=os.path.abspath(sync_dir) if sync_dir else None,
-    )
 
 
 # --- commands ----------------------------------------------------------------------------
@@ -164,10 +49,14 @@ def cli() -> None:
     """
 
 
-@cli.command(context_settings=CONTEXT)
-@click.argument("hostfile", type=click.Path())
+@cli.command(cls=HostfileOptional, context_settings=CONTEXT)
+@click.argument("hostfile", type=click.Path(), required=False)
 @click.argument("program", nargs=-1, type=click.UNPROCESSED, metavar="[-- SCRIPT ARGS...]")
 @job_options
+@backend_options
+@click.option("--login", metavar="HOST",
+              help="[slurm] Run sbatch/squeue/scancel on this login node over SSH; --run-dir "
+                   "must then be on a file system the cluster shares (same path).")
 @click.option("--sync", "sync_dir", metavar="DIR",
               help="Copy DIR into every node's run directory (over SFTP) before starting; "
                    "the ranks start in the copy. Default: the script is expected at the same "
@@ -191,50 +80,77 @@ def cli() -> None:
 @click.option("--color", type=click.Choice(["auto", "always", "never"]), default="auto",
               show_default=True, help="Colour the rank prefixes.")
 def launch(hostfile, program, dry_run, detach, preflight, grace, heartbeat_timeout, color,
-           run_id, run_dir, **job):
+           run_id, run_dir, backend, login, **job):
     """Run a job on every node of HOSTFILE.
 
     Without a script, runs the bundled DDP trainer (python -m orchestrator.trainer).
     Give your own after `--`: `orchestrator launch hosts.txt -- train.py --lr 0.1`
     (or `-- -m package.module ...`). Exit status: 0 when every rank succeeded, else the
     first failing rank's exit code (130 after Ctrl-C, 2 for bad input).
+
+    With --backend slurm, one sbatch job runs it (`launch --backend slurm --nodes 2
+    --partition gpu -- train.py`): the job id is printed, then its state and the ranks'
+    output; Ctrl-C cancels the job.
     """
-    from orchestrator.hostfile import load_hostfile
     from orchestrator.launcher import LaunchOptions
     from orchestrator.launcher import launch as run_launch
     from orchestrator.runs import check_run_id, new_run_id
 
     ssh = make_ssh_options(**split_ssh(job))
-    cluster = load_hostfile(hostfile)
+    hostfile, program = split_hostfile(hostfile, program)
+    slurm = make_slurm_options(job, login)
+    if backend != "slurm" and login:
+        raise ConfigError("--login applies to --backend slurm only")
+    cluster = None if backend == "slurm" else check_backend(backend, slurm, hostfile)
     spec = make_spec(program, **job)
     options = LaunchOptions(
         run_dir=run_dir, run_id=check_run_id(run_id) if run_id else new_run_id(),
         argv=tuple(["orchestrator", *sys.argv[1:]]), grace=grace,
         heartbeat_timeout=heartbeat_timeout, color=color, preflight=preflight, ssh=ssh,
     )
+    if backend == "slurm":
+        from orchestrator.hostfile import load_hostfile
+        from orchestrator.slurm_launch import launch_slurm
+
+        cluster = load_hostfile(hostfile) if hostfile else None
+        return launch_slurm(cluster, spec, slurm, options, dry_run=dry_run, detach=detach)
     return run_launch(cluster, spec, options, dry_run=dry_run, detach=detach)
 
 
-@cli.command(context_settings=CONTEXT)
-@click.argument("hostfile", type=click.Path())
+@cli.command(cls=HostfileOptional, context_settings=CONTEXT)
+@click.argument("hostfile", type=click.Path(), required=False)
 @click.argument("program", nargs=-1, type=click.UNPROCESSED, metavar="[-- SCRIPT ARGS...]")
 @click.option("-o", "--output", "out_dir", required=True, metavar="DIR",
-              help="Folder to write plan.yaml and node0.sh, node1.sh, ... into.")
+              help="Folder to write plan.yaml and node0.sh, node1.sh, ... (or job.sbatch) "
+                   "into.")
 @click.option("--run-id", metavar="NAME", help="Run id written into the scripts.")
 @job_options
-def render(hostfile, program, out_dir, run_id, **job):
+@backend_options
+def render(hostfile, program, out_dir, run_id, backend, **job):
     """Write the plan and one torchrun script per node, without touching any node.
 
     Each script runs by hand on its node: `bash DIR/node0.sh` on the first node, and so on.
     Interfaces are picked by the scripts when they start (no probe here); MASTER_PORT is
-    29500 unless given.
+    29500 unless given. With --backend slurm: DIR/job.sbatch, to submit with
+    `sbatch DIR/job.sbatch` (the ranks' output then goes to slurm-<jobid>.out).
     """
     from orchestrator.hostfile import load_hostfile
     from orchestrator.launcher import LaunchOptions, prepare
     from orchestrator.render import write_rendered
     from orchestrator.runs import check_run_id, new_run_id
 
-    cluster = load_hostfile(hostfile)
+    hostfile, program = split_hostfile(hostfile, program)
+    slurm = make_slurm_options(job)
+    if backend == "slurm":
+        from orchestrator.slurm_launch import write_slurm_render
+
+        cluster = load_hostfile(hostfile) if hostfile else None
+        for path in write_slurm_render(out_dir, cluster, make_spec(program, **job), slurm,
+                                       check_run_id(run_id) if run_id else new_run_id(),
+                                       tuple(["orchestrator", *sys.argv[1:]])):
+            click.echo(str(path))
+        return 0
+    cluster = check_backend(backend, slurm, hostfile)
     spec = make_spec(program, **job)
     options = LaunchOptions(run_dir="", run_id=check_run_id(run_id) if run_id else new_run_id(),
                             argv=tuple(["orchestrator", *sys.argv[1:]]))
@@ -313,11 +229,11 @@ def logs(run_id, run_dir, follow, rank, node, grep, tail):
         return current.get("state") in FINAL_STATES or not controller_alive(current)
 
     if tail is not None:
-        for line in last_lines_of(path, tail):
-            if keep(line):
-                out.write(line)
+        end = path.stat().st_size if path.exists() else 0  # the tail, then follow from here
+        for line in last_lines_of(path, tail, end=end, keep=keep if grep or node else None):
+            out.write(line)
         out.flush()
-        lines = follow_file(path, done, from_start=False) if follow else iter(())
+        lines = follow_file(path, done, offset=end) if follow else iter(())
     else:
         lines = follow_file(path, done if follow else (lambda: True))
     try:
@@ -341,7 +257,12 @@ def status(run_id, run_dir, as_json):
     from orchestrator.runs import RunRecord
     from orchestrator.status_view import status_text
 
-    current = RunRecord.open(run_dir, run_id).read_status()
+    record = RunRecord.open(run_dir, run_id)
+    current = record.read_status()
+    if current.get("backend") == "slurm":  # squeue/sacct's word on a run not yet ended
+        from orchestrator.backends.slurm import refresh_status
+
+        current = refresh_status(record, current)
     click.echo(json.dumps(current, indent=2) if as_json else status_text(current))
     return 0
 

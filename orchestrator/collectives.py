@@ -39,7 +39,8 @@ class Reporter:
         if fields.get("ok") is False:
             self.ok = False
         with self.lock:
-            print(check.report_line({"kind": kind, "rank": self.rank, **fields}), flush=True)
+            record = {"kind": kind, "rank": self.rank, "t": round(time.time(), 3), **fields}
+            print(check.report_line(record), flush=True)
 
 
 def start_watchdog(reporter: Reporter, timeout: float) -> threading.Timer:
@@ -147,6 +148,7 @@ def run(args: argparse.Namespace, reporter: Reporter) -> int:
     barrier()
     reporter.emit("done", ok=reporter.ok)
     dist.destroy_process_group()
+    reporter.emit("destroyed")
     return 0 if reporter.ok else 1
 
 
@@ -193,9 +195,10 @@ def run_case(torch, dist, op: str, case: str, rank: int, world_size: int,
 def time_op(torch, dist, op: str, size: int, world_size: int, device, sync,
             barrier) -> check.BandwidthRow:
     """Time one op at one size: warm-up, then the mean of the timed iterations on this
-    rank, averaged over all ranks (as nccl-tests reports it)."""
+    rank, averaged over all ranks (as nccl-tests reports it). The number of timed
+    iterations follows the slowest rank's last warm-up (see check.timed_iterations)."""
     count = check.elements_per_rank(op, size, world_size)
-    warmup, iters = check.iterations(size)
+    warmup = check.warmup_iterations(size)
     if op == "all_reduce":
         buffer = torch.zeros(count, dtype=torch.float32, device=device)
 
@@ -209,8 +212,12 @@ def time_op(torch, dist, op: str, size: int, world_size: int, device, sync,
         def once() -> None:
             gather(receive, send)
     for _ in range(warmup):
+        began = time.perf_counter()
         once()
-    sync()
+        sync()
+    slowest = torch.tensor([time.perf_counter() - began], dtype=torch.float64, device=device)
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    iters = check.timed_iterations(slowest.item())
     barrier()
     started = time.perf_counter()
     for _ in range(iters):
@@ -225,4 +232,9 @@ def time_op(torch, dist, op: str, size: int, world_size: int, device, sync,
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Everything is reported and the process group is gone; skip the interpreter's
+    # teardown of torch, which takes seconds on a busy node and only delays the run's end.
+    os._exit(code)

@@ -56,6 +56,17 @@ class NodeErrors(OrchestratorError):
         super().__init__("\n".join(lines))
 
 
+class Interrupted(OrchestratorError):
+    """Ctrl-C or SIGTERM before the job ran; whatever had started was stopped."""
+
+    def __init__(self, signum: int, during: str) -> None:
+        import signal
+
+        self.exit_code = 128 + signum
+        super().__init__(f"{signal.Signals(signum).name} during {during}; stopped on every "
+                         "node, nothing was left running")
+
+
 class JobFailed(OrchestratorError):
     """The job ran and did not succeed; the message is the failure summary."""
 

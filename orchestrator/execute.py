@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from orchestrator.backends import close_all, connect_cluster
 from orchestrator.backends.base import NodeConnection
+from orchestrator.errors import Interrupted
 from orchestrator.hostfile import Cluster
 from orchestrator.logs import LogSink, use_color
 from orchestrator.nodes import Event, NodeSession
@@ -31,6 +32,8 @@ class NodeResult:
     def describe(self) -> str:
         if self.state == "lost":
             return f"lost: {self.detail}"
+        if self.detail:
+            return f"{self.detail} ({describe_exit(self.exit_code)})"
         return describe_exit(self.exit_code)
 
 
@@ -61,10 +64,12 @@ class CaptureSink:
 def run_on_nodes(connections: Sequence[NodeConnection], pythons: Sequence[str],
                  argvs: Sequence[Sequence[str]], *, sink: LogSink | CaptureSink | None = None,
                  grace: float = 5.0, heartbeat_timeout: float = 30.0,
-                 time_limit: float | None = None, tag: str = "command") -> list[NodeResult]:
+                 time_limit: float | None = None, tag: str = "command",
+                 what: str = "the command") -> list[NodeResult]:
     """Run argvs[i] on connections[i] with the interpreter pythons[i] running its agent.
 
-    `tag` is the agents' ORCHESTRATOR_RUN_ID, so that their processes can be found.
+    `tag` is the agents' ORCHESTRATOR_RUN_ID, so that their processes can be found; `what`
+    names the step in the message when Ctrl-C interrupts it (raised as `Interrupted`).
     """
     capture = sink if sink is not None else CaptureSink()
     events: queue.Queue[Event] = queue.Queue()
@@ -84,6 +89,8 @@ def run_on_nodes(connections: Sequence[NodeConnection], pythons: Sequence[str],
     finally:
         for session in sessions:
             session.close()
+    if supervisor.interrupted_by is not None:
+        raise Interrupted(supervisor.interrupted_by, what)
     results = []
     for node in nodes:
         text = b"".join(capture.output.get(node.index, [])).decode(errors="replace") \

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import BinaryIO
 
 from orchestrator.backends import close_all, connect_cluster
-from orchestrator.backends.base import NodeConnection
+from orchestrator.backends.base import NodeConnection, SshOptions
 from orchestrator.detach import run_detached
 from orchestrator.errors import ConfigError, NodeError, NodeErrors, OrchestratorError
 from orchestrator.hostfile import Cluster
@@ -45,7 +45,7 @@ class LaunchOptions:
     heartbeat_timeout: float = 30.0
     color: str = "auto"
     preflight: bool = True
-    ssh: object | None = None  # orchestrator.backends.ssh.SshOptions
+    ssh: SshOptions | None = None
 
 
 def prepare(cluster: Cluster, spec: JobSpec, options: LaunchOptions,

@@ -1,15 +1,23 @@
-"""The controller's side of each node agent: start it, talk to it, turn its frames into events."""
+"""The controller's side of each node agent: start it, talk to it, turn its frames into events.
+
+An agent that finished its step cleanly is kept on its connection, and the next step of the
+same run there reuses it (see orchestrator.agent): the launch's preflight probe and its job
+cost one SSH session per node, not two.
+"""
 
 from __future__ import annotations
 
 import json
 import queue
 import threading
+import time
 from dataclasses import dataclass
 from importlib import resources
 
-from orchestrator.agent import length_prefixed
-from orchestrator.backends.base import AgentChannel, NodeConnection
+from orchestrator.agent import IDLE_S, length_prefixed
+from orchestrator.backends.base import AgentChannel, IdleAgent, NodeConnection
+
+REUSE_WITHIN_S = IDLE_S / 3  # an agent idle for longer may be about to leave: start another
 
 _AGENT_SOURCE: bytes | None = None
 
@@ -71,11 +79,14 @@ class NodeSession:
     """A started agent on one node; its frames go to a shared queue as `Event`s."""
 
     def __init__(self, index: int, connection: NodeConnection, channel: AgentChannel,
-                 events: queue.Queue[Event]) -> None:
+                 events: queue.Queue[Event], python: str = "", tag: str = "") -> None:
         self.index = index
         self.connection = connection
         self.channel = channel
         self.events = events
+        self.python = python
+        self.tag = tag
+        self.finished = False  # the agent said X: it now waits for another step
         self.lock = threading.Lock()
         self.thread = threading.Thread(target=self._read, name=f"node{index}-reader",
                                        daemon=True)
@@ -83,10 +94,14 @@ class NodeSession:
     @classmethod
     def start(cls, index: int, connection: NodeConnection, python: str, tag: str,
               config: dict, events: queue.Queue[Event]) -> NodeSession:
-        channel = connection.start_agent(python, tag)
-        session = cls(index, connection, channel, events)
-        channel.write(length_prefixed(agent_source()) +
-                      length_prefixed(json.dumps(config).encode()))
+        channel = take_idle_agent(connection, python, tag)
+        if channel is not None:
+            head = b"next\n"
+        else:
+            channel = connection.start_agent(python, tag)
+            head = length_prefixed(agent_source())
+        session = cls(index, connection, channel, events, python, tag)
+        channel.write(head + length_prefixed(json.dumps(config).encode()))
         session.thread.start()
         return session
 
@@ -102,11 +117,37 @@ class NodeSession:
                 if not data:
                     break
                 for kind, fields, payload in parser.feed(data):
+                    self.finished = kind == "X"  # nothing follows until another step
                     self.events.put(Event(self.index, kind, fields, payload))
+                    if self.finished:
+                        return
         except (OSError, EOFError, ValueError) as exc:
             self.events.put(Event(self.index, "EOF", (), f"{exc}\n".encode()))
             return
         self.events.put(Event(self.index, "EOF", (), self.channel.errors().encode()))
 
     def close(self) -> None:
-        self.channel.close()
+        """Keep the agent on its connection for another step when it finished cleanly;
+        otherwise close its channel, which ends it (and stops what it runs)."""
+        if self.finished:
+            self.thread.join(timeout=5)
+        if not self.finished or self.thread.is_alive():
+            self.channel.close()
+            return
+        previous = self.connection.idle_agent
+        self.connection.idle_agent = IdleAgent(self.python, self.tag, self.channel,
+                                               time.monotonic())
+        if previous is not None:
+            previous.channel.close()
+
+
+def take_idle_agent(connection: NodeConnection, python: str, tag: str) -> AgentChannel | None:
+    """The connection's idle agent if it can run a step for `tag` with `python`."""
+    idle, connection.idle_agent = connection.idle_agent, None
+    if idle is None:
+        return None
+    if (idle.python, idle.tag) == (python, tag) and \
+            time.monotonic() - idle.since < REUSE_WITHIN_S:
+        return idle.channel
+    idle.channel.close()
+    return None

@@ -60,7 +60,7 @@ def probe_nodes(cluster: Cluster, spec: JobSpec, connections: Sequence[NodeConne
         for index, (host, python) in enumerate(zip(cluster.hosts, pythons, strict=True))
     ]
     results = run_on_nodes(connections, pythons, [["bash", "-c", s] for s in scripts],
-                           time_limit=PROBE_TIME_LIMIT_S, tag=tag)
+                           time_limit=PROBE_TIME_LIMIT_S, tag=tag, what="the preflight probe")
     errors: list[NodeError] = []
     facts: dict[str, NodeFacts] = {}
     torch_versions: dict[str, str] = {}

@@ -34,7 +34,7 @@ def say(key: str, value: object) -> None:
 
 
 def describe(exc: BaseException) -> str:
-    if isinstance(exc, socket.timeout | TimeoutError):
+    if isinstance(exc, TimeoutError):
         return "timed out"
     code = getattr(exc, "errno", None)
     if code is not None and code in errno.errorcode:
@@ -110,7 +110,7 @@ def connect(host: str, port: int, source: str | None, token: str, node: str,
             took = attempt(address, family, source, token, node, deadline - time.monotonic())
         except ConnectionRefusedError as exc:  # nothing listens yet: the master is starting
             last = exc
-        except (socket.timeout, TimeoutError) as exc:
+        except TimeoutError as exc:
             last = exc
             break
         except OSError as exc:
@@ -163,9 +163,10 @@ def main(argv: list[str]) -> int:
                                     args=(args.port, args.listen, lifetime, args.token, ready))
         listener.start()
         ready.wait()
-    if not args.no_connect:
-        if not connect(args.host, args.port, source, args.token, args.node, args.timeout):
-            sshd_port(args.host, args.sshd_port, source)
+    connected = args.no_connect or connect(args.host, args.port, source, args.token,
+                                           args.node, args.timeout)
+    if not connected:
+        sshd_port(args.host, args.sshd_port, source)
     if listener is not None:
         listener.join()
     return 0

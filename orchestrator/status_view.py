@@ -31,6 +31,12 @@ def status_text(status: dict) -> str:
         f"  backend {status.get('backend')}, {status.get('nnodes')} node(s), "
         f"{status.get('world_size')} rank(s), master {status.get('master')}",
         f"  program {status.get('program')}",
+    ]
+    if status.get("slurm_job_id") is not None:
+        lines.append(f"  slurm job {status['slurm_job_id']}: {status.get('slurm_state') or '?'}"
+                     + (f", restart {status['attempt']}" if status.get("attempt") else "")
+                     + (f", via {status['slurm_login']}" if status.get("slurm_login") else ""))
+    lines += [
         f"  started {status.get('started_at')}"
         + (f", ended {status['ended_at']}" if status.get("ended_at") else ""),
     ]

@@ -271,6 +271,8 @@ class Supervisor:
         rank = self.first_failed_rank()
         if rank is not None:
             return Outcome("failed", rank.exit_code or 1, self.rank_summary(rank))
+        if self.timed_out:
+            return Outcome("failed", 124, f"stopped: {self.stop_reason}")
         failed = [n for n in self.nodes if n.state in ("failed", "lost")]
         if failed:
             first = min(failed, key=lambda n: n.ended_at or float("inf"))

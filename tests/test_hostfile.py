@@ -468,3 +468,14 @@ def test_range_expansion_limit_counts_all_groups_and_items() -> None:
         expand_range(f"n[0-{half}]x[0-2]")
     with pytest.raises(ValueError, match="expands to more than"):  # many items in one group
         expand_range("n[" + ",".join([f"0-{half}"] * 3) + "]")
+
+
+def test_every_example_hostfile_parses() -> None:
+    from pathlib import Path
+
+    from orchestrator.hostfile import load_hostfile
+
+    examples = sorted((Path(__file__).resolve().parent.parent / "hostfiles").iterdir())
+    assert len(examples) >= 5
+    for path in examples:
+        assert load_hostfile(path).hosts, path

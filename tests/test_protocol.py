@@ -141,3 +141,56 @@ def test_bootstrap_ends_cleanly_when_the_controller_goes_away() -> None:
                             capture_output=True, timeout=30)
     assert result.returncode == 1 and b"the controller went away" in result.stderr
     assert b"never" not in result.stdout and b"Traceback" not in result.stderr
+
+
+# --- the agent itself: further steps, and what its commands inherit -----------------------
+
+
+def start_agent(env: dict | None = None) -> subprocess.Popen:
+    from orchestrator.nodes import agent_source
+
+    proc = subprocess.Popen([sys.executable, "-u", "-c", BOOTSTRAP], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    proc.stdin.write(length_prefixed(agent_source()))
+    return proc
+
+
+def run_step(proc: subprocess.Popen, head: bytes, argv: list[str]) -> dict:
+    """Send one step's config; read frames up to X; returns {kind: [(fields, data)]}."""
+    import json
+
+    proc.stdin.write(head + length_prefixed(json.dumps({"argv": argv}).encode()))
+    proc.stdin.flush()
+    parser, seen = FrameParser(), {}
+    while "X" not in seen:
+        chunk = proc.stdout.read1(65536)
+        assert chunk, proc.stderr.read().decode()
+        for kind, fields, data in parser.feed(chunk):
+            seen.setdefault(kind, []).append((fields, data))
+    return seen
+
+
+def test_agent_runs_another_step_after_next_and_ends_when_stdin_closes() -> None:
+    proc = start_agent()
+    first = run_step(proc, b"", ["bash", "-c", "echo one $PPID"])
+    # Commands meant for the finished step (a late heartbeat, a stop) are skipped.
+    second = run_step(proc, b"hb\nstop 1\nnext\n", ["bash", "-c", "echo two $PPID; exit 3"])
+    assert first["N"][0][1] == f"one {proc.pid}\n".encode()
+    assert second["N"][0][1] == f"two {proc.pid}\n".encode()  # the same agent ran both
+    assert first["X"][0][0][0] == "0" and second["X"][0][0][0] == "3"
+    proc.stdin.close()
+    assert proc.wait(timeout=30) == 0
+
+
+def test_commands_do_not_read_the_login_shell_rc_file_again(tmp_path) -> None:
+    # Started by `exec python` from sshd's session shell, the agent has SHLVL=0 and
+    # SSH_CLIENT; a `bash -c` it starts must not take itself for that session shell.
+    (tmp_path / ".bashrc").write_text(f"touch {tmp_path}/bashrc-was-read\n")
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "SSH_CLIENT": "10.0.0.1 5000 22",
+           "SHLVL": "0"}
+    proc = start_agent(env)
+    seen = run_step(proc, b"", ["bash", "-c", "echo level $SHLVL"])
+    proc.stdin.close()
+    proc.wait(timeout=30)
+    assert seen["N"][0][1] == b"level 2\n"
+    assert not (tmp_path / "bashrc-was-read").exists()

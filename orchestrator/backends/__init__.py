@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from orchestrator.backends.base import NodeConnection
+from orchestrator.backends.base import NodeConnection, SshOptions
 from orchestrator.hostfile import Cluster
 
 
-def connect_cluster(cluster: Cluster, ssh_options: object | None) -> list[NodeConnection]:
+def connect_cluster(cluster: Cluster, ssh_options: SshOptions | None) -> list[NodeConnection]:
     """A connection to every node: this machine directly, others over SSH in parallel."""
     if cluster.is_local:
         from orchestrator.backends.local import LocalConnection

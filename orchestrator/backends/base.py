@@ -36,11 +36,23 @@ class AgentChannel(Protocol):
         makes the agent stop its node's processes)."""
 
 
+@dataclass(frozen=True)
+class IdleAgent:
+    """An agent that finished a step and waits for the next one of the same run (see
+    orchestrator.agent): kept on its connection by orchestrator.nodes, closed with it."""
+
+    python: str
+    tag: str
+    channel: AgentChannel
+    since: float  # time.monotonic() when it became idle
+
+
 class NodeConnection(Protocol):
     """An open connection to one node."""
 
     host: str  # the name the hostfile uses
     address: str  # the address the controller reached it at (127.0.0.1 for this machine)
+    idle_agent: IdleAgent | None  # closed by close()
 
     def start_agent(self, python: str, tag: str) -> AgentChannel:
         """Start `python -c BOOTSTRAP orchestrator-agent TAG` on the node, with

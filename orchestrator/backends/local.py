@@ -7,6 +7,7 @@ import shutil
 import subprocess
 
 from orchestrator.agent import BOOTSTRAP
+from orchestrator.backends.base import IdleAgent
 from orchestrator.errors import NodeError
 
 
@@ -58,6 +59,7 @@ class LocalConnection:
     def __init__(self, host: str) -> None:
         self.host = host
         self.address = "127.0.0.1"
+        self.idle_agent: IdleAgent | None = None
 
     def start_agent(self, python: str, tag: str) -> LocalChannel:
         return LocalChannel(self.host, python, tag)
@@ -69,4 +71,6 @@ class LocalConnection:
         return sum(len(files) for _, _, files in os.walk(target))
 
     def close(self) -> None:
-        pass
+        if self.idle_agent is not None:
+            self.idle_agent.channel.close()
+            self.idle_agent = None

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import errno
 import getpass
 import os
 import shlex
@@ -26,7 +27,7 @@ from pathlib import Path
 import paramiko
 
 from orchestrator.agent import BOOTSTRAP
-from orchestrator.backends.base import DEFAULT_CONNECT_TIMEOUT_S, SshOptions
+from orchestrator.backends.base import DEFAULT_CONNECT_TIMEOUT_S, IdleAgent, SshOptions
 from orchestrator.errors import NodeError, NodeErrors
 from orchestrator.hostfile import Host
 
@@ -159,6 +160,7 @@ class SshConnection:
         direct = not hops and not target.proxy_command
         peer = client.get_transport().getpeername()[0] if direct else target.hostname
         self.address = peer
+        self.idle_agent: IdleAgent | None = None
 
     def start_agent(self, python: str, tag: str) -> SshChannel:
         command = (
@@ -193,6 +195,9 @@ class SshConnection:
         return copied
 
     def close(self) -> None:
+        if self.idle_agent is not None:
+            self.idle_agent.channel.close()
+            self.idle_agent = None
         for client in [self.client, *reversed(self.hops)]:
             try:
                 client.close()
@@ -260,10 +265,14 @@ def _open_client(target: Target, known: KnownHosts, options: SshOptions,
                         "(node down, or unreachable from here?)") from None
     except paramiko.ssh_exception.NoValidConnectionsError as exc:
         client.close()
-        reason = "connection refused" if all(
-            getattr(e, "errno", None) == 111 for e in exc.errors.values()) else str(exc)
-        raise NodeError(shown, f"{reason} at {where} (is sshd running there, and is the "
-                        "port right?)") from None
+        codes = {getattr(e, "errno", None) for e in exc.errors.values()}
+        if codes == {errno.ECONNREFUSED}:
+            raise NodeError(shown, f"connection refused at {where} (is sshd running there, "
+                            "and is the port right?)") from None
+        reasons = "; ".join(sorted({os.strerror(e.errno) if getattr(e, "errno", None)
+                                    else str(e) for e in exc.errors.values()}))
+        raise NodeError(shown, f"cannot connect to {where}: {reasons} (node down, or "
+                        "unreachable from here?)") from None
     except (OSError, EOFError, paramiko.SSHException) as exc:
         client.close()
         raise NodeError(shown, f"cannot connect to {where}: {exc}") from None

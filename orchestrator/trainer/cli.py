@@ -23,7 +23,7 @@ from orchestrator.trainer.config import (
     resolve_topology,
 )
 from orchestrator.trainer.errors import EXIT_INTERRUPTED, EXIT_USAGE, TrainerUsageError
-from orchestrator.trainer.stopping import StopRequest
+from orchestrator.trainer.reporting import emit
 
 PROG = "python -m orchestrator.trainer"
 
@@ -61,8 +61,10 @@ exit codes:
   130  interrupted by Ctrl-C (no checkpoint)
 
 signals:
-  SIGTERM or SIGUSR1 (e.g. SLURM's --signal=USR1@120) make all ranks agree on one step
-  to stop after, save a checkpoint there from rank 0, and exit 128+N without a traceback.
+  During training, SIGTERM or SIGUSR1 (e.g. SLURM's --signal=USR1@120) make all ranks
+  agree on one step to stop after (within about 50 ms, or one step if steps are slower),
+  save a checkpoint there from rank 0, and exit 128+N without a traceback. Before the
+  first step they keep their default action and end the process at once.
 
 CPU threads:
   OMP_NUM_THREADS wins when set (torchrun sets 1 when it starts several ranks per node);
@@ -268,8 +270,6 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
 
 def main(argv: list[str] | None = None) -> int:
     started_at = time.perf_counter()
-    # Armed before the slow torch import, so an early SIGTERM still means "stop cleanly".
-    stop = StopRequest()
     # The launcher reads each rank's output from files line by line.
     sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
     parser = build_parser()
@@ -279,12 +279,10 @@ def main(argv: list[str] | None = None) -> int:
         topology = resolve_topology(os.environ, args.init_method, args.rank, args.world_size)
         from orchestrator.trainer.loop import run  # imports torch: only for valid input
 
-        return run(config, topology, stop, started_at)
+        return run(config, topology, started_at)
     except TrainerUsageError as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr, flush=True)
+        emit(f"{PROG}: error: {exc}", sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
-        print(f"{PROG}: interrupted", file=sys.stderr, flush=True)
+        emit(f"{PROG}: interrupted", sys.stderr)
         return EXIT_INTERRUPTED
-    finally:
-        stop.restore()

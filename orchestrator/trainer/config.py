@@ -1,7 +1,8 @@
 """The trainer's validated settings and process topology (pure: no torch import).
 
-Everything a user can get wrong is checked here, before torch is imported, so a typo
-costs a tenth of a second instead of three and every rank reports it the same way.
+Whatever can be checked without torch is checked here, before torch is imported, so a
+typo costs a tenth of a second instead of three. Problems only the data or a checkpoint
+reveal are found later, in ``setup``, and reported the same way (exit code 2).
 """
 
 from __future__ import annotations

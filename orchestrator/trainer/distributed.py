@@ -121,8 +121,8 @@ def start_runtime(topology: Topology, device_preference: str) -> Runtime:
     if device.type == "cuda":
         init_kwargs["device_id"] = device
     dist.init_process_group(**init_kwargs)
-    # A separate group even under gloo, so a stop check in flight never queues in
-    # front of (or behind) DDP's gradient buckets.
+    # A separate gloo group even when training on gloo: control messages then never
+    # queue behind (or in front of) DDP's gradient buckets.
     control = dist.new_group(backend="gloo")
     return Runtime(topology, device, backend, threads, control)
 

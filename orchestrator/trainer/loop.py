@@ -27,21 +27,21 @@ from orchestrator.trainer.datasets import Split
 from orchestrator.trainer.distributed import Runtime, StopAgreement, start_runtime
 from orchestrator.trainer.errors import EXIT_OK
 from orchestrator.trainer.models import parameter_count
-from orchestrator.trainer.reporting import WindowStats, progress_line, summary_line
+from orchestrator.trainer.reporting import WindowStats, emit, progress_line, summary_line
 from orchestrator.trainer.setup import Session, build_session
 from orchestrator.trainer.stopping import StopRequest, signal_name
 
 EVAL_BATCH = 1024
 
 
-def run(config: TrainConfig, topology: Topology, stop: StopRequest, started_at: float) -> int:
+def run(config: TrainConfig, topology: Topology, started_at: float) -> int:
     """Train as configured; returns the process exit code (0, or 128+signal after a stop)."""
     runtime = start_runtime(topology, config.device)
     try:
         _announce(runtime)
         session = build_session(config, runtime)
         try:
-            return Trainer(session, stop, started_at).train()
+            return Trainer(session, started_at).train()
         finally:
             session.metrics.close()
     finally:
@@ -50,11 +50,15 @@ def run(config: TrainConfig, topology: Topology, stop: StopRequest, started_at: 
 
 def _announce(rt: Runtime) -> None:
     """Every rank's one line: enough to match a log file to a process and a device."""
-    print(
+    emit(
         f"rank {rt.rank}/{rt.world_size} started: pid {os.getpid()}, {rt.device}, "
-        f"{rt.backend or 'no process group'}, {rt.threads} thread(s)",
-        flush=True,
+        f"{rt.backend or 'no process group'}, {rt.threads} thread(s)"
     )
+
+
+def _cpu_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The plain state_dict on CPU, so the file loads on machines without a GPU."""
+    return {name: tensor.detach().cpu() for name, tensor in model.state_dict().items()}
 
 
 @dataclass
@@ -67,11 +71,10 @@ class Window:
 
 
 class Trainer:
-    def __init__(self, session: Session, stop: StopRequest, started_at: float) -> None:
+    def __init__(self, session: Session, started_at: float) -> None:
         self.s = session
         self.config = session.config
         self.runtime = session.runtime
-        self.stop = stop
         self.started_at = started_at
         self.ddp: DistributedDataParallel | None = None
         if self.runtime.distributed:
@@ -87,7 +90,7 @@ class Trainer:
 
     def say(self, line: str) -> None:
         if self.runtime.is_main:
-            print(line, flush=True)
+            emit(line)
 
     def _header(self) -> None:
         s, rt, cfg = self.s, self.runtime, self.config
@@ -111,14 +114,24 @@ class Trainer:
     # -- the loop --------------------------------------------------------------
 
     def train(self) -> int:
-        s, rt, cfg = self.s, self.runtime, self.config
         self._header()
+        # Armed only now: until here SIGTERM/SIGUSR1 keep their default action and end
+        # the process at once, which is right while there is nothing to save and a
+        # rank may be stuck waiting for peers that never come.
+        stop = StopRequest()
+        try:
+            return self._train(stop)
+        finally:
+            stop.restore()
+
+    def _train(self, stop: StopRequest) -> int:
+        s, rt, cfg = self.s, self.runtime, self.config
         log_every = cfg.log_every or max(1, s.total_steps // 10)
         accum, world, batch = cfg.grad_accum, rt.world_size, cfg.batch_size
-        agreement = StopAgreement(rt, self.stop, cfg.stop_check_every)
-        # Sum of micro-batch mean losses since the last report, kept on the device so
-        # no step waits for a GPU->CPU copy; read only when reporting.
-        loss_sum = torch.zeros((), device=rt.device)
+        agreement = StopAgreement(rt, stop, cfg.stop_check_every)
+        # Micro-batch mean losses since the last report, left on the device so no step
+        # waits for a GPU->CPU copy; summed and read only when reporting.
+        losses: list[torch.Tensor] = []
         train_start = time.perf_counter()
         window, data_total = Window(train_start), 0.0
         completed = s.start_step
@@ -137,9 +150,9 @@ class Trainer:
                 with sync:
                     with s.autocast():
                         loss = F.cross_entropy(self.model(x), y)
-                    scaled = loss / accum
+                    scaled = loss / accum if accum > 1 else loss
                     (s.scaler.scale(scaled) if s.scaler is not None else scaled).backward()
-                loss_sum += loss.detach()
+                losses.append(loss.detach())
             if s.scaler is not None:
                 s.scaler.step(s.optimizer)
                 s.scaler.update()
@@ -151,9 +164,9 @@ class Trainer:
 
             signum = agreement.poll(completed)
             if signum or completed % log_every == 0 or completed == s.total_steps:
-                self._report(completed, window, loss_sum)
+                self._report(completed, window, torch.stack(losses).sum())
                 data_total += window.data_s
-                loss_sum.zero_()
+                losses.clear()
                 window = Window()
             if signum:
                 return self._stopped(completed, signum)
@@ -166,8 +179,8 @@ class Trainer:
         """Sum the window's loss over ranks (the only per-window sync) and report it."""
         rt, plan = self.runtime, self.s.plan
         micro_batches = window.steps * self.config.grad_accum
-        rank_loss = loss_sum.item() / micro_batches
-        global_loss = rt.all_reduce_sum(loss_sum.clone()).item() / (micro_batches * rt.world_size)
+        rank_loss = loss_sum.item() / micro_batches  # read before the in-place all-reduce
+        global_loss = rt.all_reduce_sum(loss_sum).item() / (micro_batches * rt.world_size)
         wall = time.perf_counter() - window.start
         stats = WindowStats(
             step=completed,
@@ -203,7 +216,7 @@ class Trainer:
             "step": completed,
             "epoch": epoch,  # 0-based, like step_in_epoch
             "step_in_epoch": within,
-            "model": s.model.state_dict(),
+            "model": _cpu_state(s.model),
             "optimizer": s.optimizer.state_dict(),
             "scaler": s.scaler.state_dict() if s.scaler is not None else None,
             "rng": rng,
@@ -227,10 +240,9 @@ class Trainer:
                 else f"checkpoint saved to {path or self.config.checkpoint_dir}; "
                 "continue with --resume"
             )
-            print(f"stopped by {name} after step {completed}/{self.s.total_steps}; {saved}",
-                  flush=True)  # fmt: skip
+            emit(f"stopped by {name} after step {completed}/{self.s.total_steps}; {saved}")
         else:
-            print(f"rank {self.runtime.rank}: stopped by {name} after step {completed}", flush=True)
+            emit(f"rank {self.runtime.rank}: stopped by {name} after step {completed}")
         # Nobody exits before rank 0's checkpoint is on disk: under torchrun, the first
         # rank to exit non-zero gets the others killed.
         self.runtime.barrier()
@@ -242,7 +254,7 @@ class Trainer:
         accuracy = self._evaluate(test) if test is not None else None
         self._checkpoint(completed)
         if rt.is_main and cfg.checkpoint_dir is not None:
-            save_final_model(cfg.checkpoint_dir, s.model.state_dict())
+            save_final_model(cfg.checkpoint_dir, _cpu_state(s.model))
         steps = completed - s.start_step
         self.say(
             summary_line(

@@ -8,7 +8,8 @@ files line by line)::
 ``loss`` is the mean loss over every sample of every global batch since the previous
 line (all ranks, all micro-steps), so it does not depend on how the batch is split.
 ``samples/s`` counts global samples, ``step_ms`` is wall time per optimizer step and
-``data_wait`` the share of that time this rank spent gathering and copying batches.
+``data_wait`` the share of that time this rank spent gathering and copying batches
+(host time: on CUDA the copy itself runs asynchronously).
 
 Metrics (``--metrics FILE``): one JSON object per progress line. If FILE contains
 ``{rank}``, every rank writes its own file with that placeholder filled in; otherwise
@@ -20,10 +21,23 @@ mean), rank_loss (this rank's own samples), samples_per_s, step_time_s, data_wai
 from __future__ import annotations
 
 import json
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, TextIO
+
+
+def emit(line: str, stream: TextIO | None = None) -> None:
+    """Write ``line`` and its newline in one write() call, then flush.
+
+    print() hands the text and the newline over separately; with PYTHONUNBUFFERED set
+    (launchers often set it) they become two writes, and ranks sharing one stdout can
+    splice their lines together.
+    """
+    out = stream if stream is not None else sys.stdout
+    out.write(line + "\n")
+    out.flush()
 
 
 @dataclass(frozen=True)

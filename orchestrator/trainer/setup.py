@@ -29,7 +29,7 @@ from orchestrator.trainer.datasets import Dataset, InputTransform, load_dataset
 from orchestrator.trainer.distributed import Runtime
 from orchestrator.trainer.errors import CheckpointError, TrainerUsageError
 from orchestrator.trainer.models import build_model
-from orchestrator.trainer.reporting import MetricsWriter
+from orchestrator.trainer.reporting import MetricsWriter, emit
 
 
 @dataclass
@@ -64,10 +64,12 @@ class Session:
 
 def agree_on_errors(runtime: Runtime, error: str | None) -> None:
     """Raise the same TrainerUsageError on every rank if any rank reported one."""
-    errors = runtime.all_gather_objects(error)
-    for rank, message in enumerate(errors):
+    if error is not None:
+        runtime.all_gather_objects(error)
+        raise TrainerUsageError(error)
+    for rank, message in enumerate(runtime.all_gather_objects(None)):
         if message is not None:
-            raise TrainerUsageError(message if rank == runtime.rank else f"rank {rank}: {message}")
+            raise TrainerUsageError(f"rank {rank} failed: {message}")
 
 
 def autocast_factory(
@@ -76,8 +78,9 @@ def autocast_factory(
     """A context-manager factory for the forward pass under ``precision``.
 
     fp32: nothing. bf16: autocast on CUDA (needs bf16 support) and on CPU, where it
-    works but is usually slower than fp32 unless the CPU has native bf16 (AMX/AVX512-BF16).
-    fp16: CUDA only, with a GradScaler; CPUs have no fast fp16 path.
+    works but only pays off on CPUs with native bf16 (AMX, AVX512-BF16); parameters,
+    gradients and optimizer state stay fp32 either way. fp16: CUDA only, with a
+    GradScaler; CPUs have no fast fp16 path.
     """
     if precision == "fp32":
         return nullcontext
@@ -96,12 +99,11 @@ def autocast_factory(
 def build_session(config: TrainConfig, runtime: Runtime) -> Session:
     """Build everything on every rank; any rank's bad input fails all ranks alike."""
     try:
-        session, error = _build(config, runtime), None
+        session = _build(config, runtime)
     except TrainerUsageError as exc:
-        session, error = None, str(exc)
-    agree_on_errors(runtime, error)
-    if session is None:  # unreachable: agree_on_errors raised on this rank's own error
-        raise TrainerUsageError(error or "setup failed")
+        agree_on_errors(runtime, str(exc))
+        raise
+    agree_on_errors(runtime, None)
     _resume(session)
     return session
 
@@ -122,7 +124,11 @@ def _build(config: TrainConfig, runtime: Runtime) -> Session:
     torch.manual_seed(config.seed)
     model = build_model(config.model, dataset.sample_shape, dataset.num_classes)
     model.to(runtime.device)
-    optimizer = torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum)
+    # foreach: one batched update for all parameters instead of a Python loop over them;
+    # torch picks it on its own only for CUDA tensors, but it pays on CPU as well.
+    optimizer = torch.optim.SGD(
+        model.parameters(), lr=config.lr, momentum=config.momentum, foreach=True
+    )
     scaler = torch.amp.GradScaler("cuda") if config.precision == "fp16" else None
     total = config.epochs * plan.steps_per_epoch
     if config.max_steps is not None:
@@ -187,6 +193,13 @@ def _resume(session: Session) -> None:
     rng = state["rng"]
     if len(rng) == runtime.world_size:
         restore_rng_state(rng[runtime.rank])
+    elif runtime.is_main:
+        # Training itself draws no random numbers after setup (the sample order comes
+        # from the seed and epoch), so only user additions would notice.
+        emit(
+            f"note: {path} holds RNG states for {len(rng)} rank(s), this run has "
+            f"{runtime.world_size}; random number streams start from --seed instead"
+        )
     session.start_step = int(state["step"])
     session.resumed_from = path
     session.resumed_loss = state.get("loss")
@@ -197,10 +210,7 @@ def _read_resume_checkpoint(config: TrainConfig, identity: dict[str, Any]) -> di
     if path is None and config.checkpoint_dir is not None:  # --resume without a path
         path = find_latest(config.checkpoint_dir)
         if path is None:
-            print(
-                f"no checkpoint in {config.checkpoint_dir} yet; starting from step 0",
-                flush=True,
-            )
+            emit(f"no checkpoint in {config.checkpoint_dir} yet; starting from step 0")
             return None
     if path is None:
         raise CheckpointError("--resume needs a PATH or --checkpoint-dir")

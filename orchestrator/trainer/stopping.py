@@ -1,4 +1,4 @@
-"""Catching stop signals early (torch-free, so it can be armed before torch is imported)."""
+"""Catching stop signals during training, so the loop can end at a step all ranks agree on."""
 
 from __future__ import annotations
 

@@ -1,0 +1,143 @@
+"""Options shared by several commands, and turning them into the values the logic takes.
+
+The commands themselves are in orchestrator.cli; the backend and SLURM options in
+orchestrator.cli_backend.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+
+import click
+
+from orchestrator.errors import ConfigError
+
+
+def job_options(func):
+    """Options that describe the job itself; shared by launch and render."""
+    options = [
+        click.option("--nproc-per-node", type=int, default=None, metavar="N",
+                     help="Ranks per node. Default: each host's slots (1 for a bare host)."),
+        click.option("--master-addr", metavar="ADDR",
+                     help="Rendezvous address. Default: the first node (as reached by ssh; "
+                          "127.0.0.1 for a local job). Must be reachable from every node."),
+        click.option("--master-port", default="auto", show_default=True, metavar="PORT|auto",
+                     help="Rendezvous port. 'auto': a free port that the master node's "
+                          "kernel picks (so runs sharing nodes never collide; 29500 when not "
+                          "probed, as by `render`). An explicit port is checked free first."),
+        click.option("--ifname", metavar="IFACE",
+                     help="Network interface for NCCL and gloo (NCCL_SOCKET_IFNAME, "
+                          "GLOO_SOCKET_IFNAME) on every node. Default: on each node, the one "
+                          "whose route reaches MASTER_ADDR. A hostfile ifname wins for its node."),
+        click.option("--env", "env", multiple=True, metavar="NAME=VALUE",
+                     help="Set a variable on every node (repeatable)."),
+        click.option("--env-file", "env_files", multiple=True, metavar="FILE",
+                     type=click.Path(dir_okay=False),
+                     help="NAME=VALUE lines to set on every node (repeatable; --env wins)."),
+        click.option("--secret-env", "secret_names", multiple=True, metavar="NAME",
+                     help="Treat NAME as a secret: its value is handed to the job at start, "
+                          "never written to scripts, plan or run record, and masked in logs. "
+                          "Names containing TOKEN, SECRET, PASSWORD, API_KEY, CREDENTIAL... "
+                          "are secrets already."),
+        click.option("--forward-env/--no-forward-env", default=True, show_default=True,
+                     help="Forward this shell's NCCL_*, GLOO_*, TORCH_*, CUDA_*, PYTHON* and "
+                          "OMP_* variables to every node."),
+        click.option("--python", metavar="PATH",
+                     help="Interpreter (and its torchrun) on the nodes. Default: this "
+                          "orchestrator's own interpreter path, as on a shared file system. "
+                          "A hostfile python wins for its node."),
+        click.option("--workdir", metavar="DIR",
+                     help="Directory the ranks start in on every node. Default: the current "
+                          "directory."),
+    ]
+    return functools.reduce(lambda f, option: option(f), reversed(options), func)
+
+
+def run_options(func):
+    options = [
+        click.option("--run-id", metavar="NAME", help="Name of the run. Default: the time "
+                     "and a random suffix, e.g. 20261122-153012-a3f9."),
+        click.option("--run-dir", default="runs", show_default=True, metavar="DIR",
+                     help="Where run records are kept."),
+    ]
+    return functools.reduce(lambda f, option: option(f), reversed(options), func)
+
+
+def ssh_options(func):
+    """How to reach nodes over SSH; shared by launch, exec and check."""
+    options = [
+        click.option("--ssh-config", default="~/.ssh/config", show_default=True,
+                     metavar="FILE", help="OpenSSH client config to honour (Host aliases, "
+                     "HostName, User, Port, IdentityFile, ProxyJump, ProxyCommand)."),
+        click.option("-i", "--identity", "identity_files", multiple=True, metavar="FILE",
+                     help="Private key to try first (repeatable); the ssh-agent and "
+                          "~/.ssh/id_* are tried too."),
+        click.option("--known-hosts", default="~/.ssh/known_hosts", show_default=True,
+                     metavar="FILE", help="Host keys to verify nodes against."),
+        click.option("--accept-new-host-keys", is_flag=True,
+                     help="Accept and record the host key of a node not yet in known_hosts "
+                          "(a changed key is still refused), like ssh's "
+                          "StrictHostKeyChecking=accept-new."),
+        click.option("--connect-timeout", type=click.FloatRange(min=0.1), default=10.0,
+                     show_default=True, metavar="SECONDS",
+                     help="Give up on a node that does not answer within this time."),
+    ]
+    return functools.reduce(lambda f, option: option(f), reversed(options), func)
+
+
+def make_ssh_options(ssh_config, identity_files, known_hosts, accept_new_host_keys,
+                     connect_timeout):
+    from orchestrator.backends.base import SshOptions
+
+    return SshOptions(config_path=ssh_config, known_hosts=known_hosts,
+                      accept_new_host_keys=accept_new_host_keys,
+                      connect_timeout=connect_timeout, identity_files=tuple(identity_files))
+
+
+SSH_KEYS = ("ssh_config", "identity_files", "known_hosts", "accept_new_host_keys",
+            "connect_timeout")
+
+
+def split_ssh(kwargs: dict) -> dict:
+    """Take the ssh options out of a command's keyword arguments."""
+    return {key: kwargs.pop(key) for key in SSH_KEYS}
+
+
+def run_dir_option(func):
+    return click.option("--run-dir", default="runs", show_default=True, metavar="DIR",
+                        help="Where run records are kept.")(func)
+
+
+def make_spec(program_argv, *, nproc_per_node, master_addr, master_port, ifname, env,
+              env_files, secret_names, forward_env, python, workdir, sync_dir=None):
+    from orchestrator.spec import (
+        JobSpec,
+        Program,
+        forwarded_env,
+        load_env_file,
+        merge_env,
+        parse_env_assignments,
+        parse_master_port,
+    )
+
+    layers = [forwarded_env()] if forward_env else []
+    layers += [load_env_file(path) for path in env_files]
+    layers.append(parse_env_assignments(env))
+    if workdir is not None and not workdir.strip():
+        raise ConfigError("--workdir must not be empty")
+    if workdir is not None and sync_dir is not None:
+        raise ConfigError("--workdir and --sync both say where ranks start; give one of them")
+    return JobSpec(
+        program=Program.from_argv(program_argv),
+        python=python or sys.executable,
+        workdir=os.path.abspath(workdir) if workdir else os.getcwd(),
+        nproc_per_node=nproc_per_node,
+        master_addr=master_addr,
+        master_port=parse_master_port(master_port),
+        ifname=ifname,
+        env=merge_env(*layers),
+        secret_names=frozenset(secret_names),
+        sync_dir=os.path.abspath(sync_dir) if sync_dir else None,
+    )
