@@ -100,11 +100,13 @@ class RankFile:
                 return b""
         chunks = []
         while budget > 0:
-            chunk = os.read(self.fd, min(READ_CHUNK, budget))
-            if not chunk:
+            wanted = min(READ_CHUNK, budget)
+            chunk = os.read(self.fd, wanted)
+            if chunk:
+                chunks.append(chunk)
+                budget -= len(chunk)
+            if len(chunk) < wanted:  # caught up with the rank: the next step reads on
                 break
-            chunks.append(chunk)
-            budget -= len(chunk)
         if not chunks:
             return b""
         data = self.partial + b"".join(chunks)

@@ -69,11 +69,14 @@ class LogSink:
             handle = self.files[name] = open(self.logs_dir / name, "ab")  # noqa: SIM115
         return handle
 
-    def _to_console(self, prefix: bytes, data: bytes) -> None:
+    def _to_console(self, prefix: bytes, data: bytes, prefixed: bytes) -> None:
+        """`prefixed` is data with `prefix`, as the combined log has it: reused unless the
+        console shows a coloured prefix (one pass less over every byte)."""
         if self.console is None:
             return
+        shown = self.color_prefix.get(prefix, prefix)
         try:
-            self.console.write(prefix_lines(data, self.color_prefix.get(prefix, prefix)))
+            self.console.write(prefixed if shown == prefix else prefix_lines(data, shown))
         except (BrokenPipeError, ValueError, OSError):
             self.console = None  # the reader went away (e.g. `| head`); the files go on
 
@@ -83,10 +86,11 @@ class LogSink:
         own = self._file(own_file)
         if own is not None:
             own.write(data)
+        prefixed = prefix_lines(data, prefix)
         combined = self._file("combined.log")
         if combined is not None:
-            combined.write(prefix_lines(data, prefix))
-        self._to_console(prefix, data)
+            combined.write(prefixed)
+        self._to_console(prefix, data, prefixed)
         tail.extend(data.rsplit(b"\n", TAIL_LINES + 1)[-TAIL_LINES - 1:-1])
 
     def rank_output(self, rank: int, data: bytes) -> None:
@@ -103,10 +107,11 @@ class LogSink:
         """A line from the orchestrator itself, into the combined log and the console."""
         data = self.mask(text.rstrip("\n").encode() + b"\n")
         prefix = b"[orchestrator] "
+        prefixed = prefix_lines(data, prefix)
         combined = self._file("combined.log")
         if combined is not None:
-            combined.write(prefix_lines(data, prefix))
-        self._to_console(prefix, data)
+            combined.write(prefixed)
+        self._to_console(prefix, data, prefixed)
 
     def last_lines(self, rank: int | None = None, node: int | None = None) -> list[str]:
         tails = self.rank_tails.get(rank) if rank is not None else self.node_tails.get(node)

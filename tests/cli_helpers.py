@@ -87,7 +87,7 @@ def status_of(run_dir: Path, run_id: str) -> dict:
     return json.loads((run_dir / run_id / "status.json").read_text())
 
 
-# A rank that prints LINES lines of random length, some reaching its file in pieces;
+# A rank that prints LINES lines of random length up to MAXLEN, some reaching its file in pieces;
 # check_lines proves each line arrived whole, once, in order.
 SPLICE = textwrap.dedent("""
     import os, random, sys, zlib
@@ -95,7 +95,7 @@ SPLICE = textwrap.dedent("""
     rng = random.Random(rank)
     out = sys.stdout
     for i in range(LINES):
-        body = "".join(rng.choice("abcdefgh") for _ in range(rng.randint(0, 4000)))
+        body = "".join(rng.choice("abcdefgh") for _ in range(rng.randint(0, MAXLEN)))
         line = f"R{rank} #{i} {zlib.crc32(body.encode())} {body}\\n"
         cut = rng.randint(0, len(line))
         out.write(line[:cut])

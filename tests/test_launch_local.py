@@ -138,7 +138,7 @@ def test_failing_rank_is_named_with_its_code_and_last_lines(tmp_path: Path) -> N
 
 def test_rank_lines_are_never_spliced_and_none_is_lost(tmp_path: Path) -> None:
     lines = 3000
-    write(tmp_path, "chatty.py", SPLICE.replace("LINES", str(lines)))
+    write(tmp_path, "chatty.py", SPLICE.replace("LINES", str(lines)).replace("MAXLEN", "4000"))
     done = launch(tmp_path, "chatty", "--", "chatty.py")
     assert done.returncode == 0, done.stderr
     logs = tmp_path / "runs" / "chatty" / "logs"

@@ -207,7 +207,8 @@ def test_rank_ignoring_sigterm_is_killed_after_the_grace(cluster, job) -> None:
 
 def test_chatty_ranks_lose_no_line_and_splice_none(cluster, tmp_path: Path) -> None:
     lines = 20000
-    (tmp_path / "chatty.py").write_text(SPLICE.replace("LINES", str(lines)))
+    script = SPLICE.replace("LINES", str(lines)).replace("MAXLEN", "300")
+    (tmp_path / "chatty.py").write_text(script)
     hostfile = cluster.write_hostfile(tmp_path / "hosts.txt", slots=2)
     done = run_cli(["launch", str(hostfile), "--run-dir", str(tmp_path / "runs"), "--run-id",
                     "chatty", "--color", "never", "--", "chatty.py"], cwd=tmp_path,

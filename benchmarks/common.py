@@ -1,0 +1,161 @@
+"""What the cluster benchmarks share: the namespace cluster, timing helpers, the table.
+
+The nodes are network namespaces of this machine (tests/lab): they share its file system,
+its clock and its pid namespace, so a remote process can time-stamp its own start into a
+shared file, and the process table shows every process of a run on every node. Each
+benchmark runs its contenders interleaved (one repetition of each, then the next), so a
+change in the machine's load hits them alike, and prints medians and ratios of the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import pwd
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))  # the lab lives in tests/lab
+
+PYTHON = sys.executable  # the nodes run this interpreter too (they share the file system)
+ORCHESTRATOR = [PYTHON, "-m", "orchestrator"]
+
+
+def int_list(text: str) -> list[int]:
+    return [int(part) for part in text.split(",") if part.strip()]
+
+
+def parser(description: str, nodes: str, repeat: int) -> argparse.ArgumentParser:
+    args = argparse.ArgumentParser(description=description)
+    args.add_argument(
+        "--nodes",
+        type=int_list,
+        default=int_list(nodes),
+        metavar="N,N,...",
+        help=f"node counts (default {nodes})",
+    )
+    args.add_argument(
+        "--repeat",
+        type=int,
+        default=repeat,
+        metavar="N",
+        help=f"repetitions of every contender per node count (default {repeat})",
+    )
+    return args
+
+
+@contextlib.contextmanager
+def lab_cluster(n: int) -> Iterator[object]:
+    """A namespace cluster of `n` nodes with sshd (tests.lab), torn down afterwards."""
+    from tests.lab import LabUnavailable, make_cluster
+
+    try:
+        with make_cluster(n) as cluster:
+            yield cluster
+    except LabUnavailable as exc:
+        raise SystemExit(f"cannot build the namespace cluster here: {exc}") from None
+
+
+@contextlib.contextmanager
+def scratch(prefix: str) -> Iterator[Path]:
+    """A temporary directory every node can read and write (they share this file system)."""
+    path = Path(tempfile.mkdtemp(prefix=prefix))
+    path.chmod(0o755)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def remove_node_dirs(run_ids: Sequence[str]) -> None:
+    """Delete what runs left in the nodes' home (the lab's nodes log in as root)."""
+    home = Path(pwd.getpwuid(os.getuid()).pw_dir)
+    for run_id in run_ids:
+        shutil.rmtree(home / ".orchestrator" / "runs" / run_id, ignore_errors=True)
+
+
+def read_stamps(path: Path) -> dict[str, float]:
+    """`KEY TIME` lines -> {KEY: earliest TIME}."""
+    stamps: dict[str, float] = {}
+    if not path.exists():
+        return stamps
+    for line in path.read_text().splitlines():
+        key, _, when = line.rpartition(" ")
+        if key and when:
+            stamps[key] = min(float(when), stamps.get(key, float("inf")))
+    return stamps
+
+
+def wait_until(
+    predicate: Callable[[], object], timeout: float, what: str, poll: float = 0.01
+) -> object:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(poll)
+    raise RuntimeError(f"timed out after {timeout:g} s waiting for {what}")
+
+
+def run_command(
+    argv: Sequence[str], env: dict[str, str], cwd: Path | None = None, timeout: float = 300
+) -> tuple[float, float, subprocess.CompletedProcess]:
+    """Run argv to its end, output discarded (stderr kept); (wall start, wall end, result)."""
+    start = time.time()
+    done = subprocess.run(
+        list(argv),
+        env=env,
+        cwd=cwd,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        timeout=timeout,
+    )
+    return start, time.time(), done
+
+
+def median(values: Sequence[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def spread(values: Sequence[float]) -> str:
+    """'median (min-max)' in seconds, or '-' when nothing was measured."""
+    if not values:
+        return "-"
+    return f"{median(values):.2f} ({min(values):.2f}-{max(values):.2f})"
+
+
+def ratio(a: Sequence[float], b: Sequence[float]) -> str:
+    if not a or not b or median(b) == 0:
+        return "-"
+    return f"{median(a) / median(b):.2f}x"
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    cells = [[str(c) for c in headers]] + [[str(c) for c in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    lines = [
+        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells
+    ]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def machine_line() -> str:
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    return f"machine: {os.cpu_count()} cores, load average {load} at start"
+
+
+def say(text: str) -> None:
+    print(text, flush=True)

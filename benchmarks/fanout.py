@@ -1,0 +1,290 @@
+"""Fan-out over SSH: from the command's start until every node's remote process has started.
+
+    python benchmarks/fanout.py [--nodes 1,8,16] [--repeat 3] [--part a|b|both]
+    (as root: it builds a namespace cluster of N nodes with sshd per node count, tests/lab)
+
+(a) a trivial command on every node: `orchestrator exec`, a sequential `ssh` loop, `pdsh`.
+    The command is the same for all three, run by bash on the node; its first (and only)
+    action appends the node's address and $EPOCHREALTIME (a bash builtin, no process) to a
+    file every node shares. "Started" = the latest of those stamps - the command's start.
+(b) a torchrun job with one rank per node: `orchestrator launch` (default: with its
+    preflight probe; and with --no-preflight) and `pdsh` running the same torchrun command
+    (static rendezvous at node 0, node rank from the node's address). The rank's program
+    appends its node rank and time.time() as its first statement, before any import but os
+    and time. "Started" = the latest stamp - the command's start: so it includes starting
+    torchrun (which imports torch) and torchrun's rendezvous of all nodes, for everyone.
+    Without the probe nothing picks a free port, so --no-preflight runs get --master-port.
+"Finished" = the command's exit - its start. Every contender runs once per repetition,
+in a rotating order; medians (min-max) over the repetitions, ratios of medians. Each SSH
+session runs the node user's login shell, which reads ~/.bashrc: every contender pays that
+once per session and node (pdsh keeps its default fan-out of 32 sessions at a time).
+"""
+
+from __future__ import annotations
+
+import itertools
+import shlex
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from common import (
+    ORCHESTRATOR,
+    PYTHON,
+    lab_cluster,
+    machine_line,
+    parser,
+    ratio,
+    read_stamps,
+    remove_node_dirs,
+    run_command,
+    say,
+    scratch,
+    spread,
+    table,
+)
+
+STAMP_COMMAND = 'set -- $SSH_CONNECTION; echo "$3 $EPOCHREALTIME" >> {stamps}'
+
+RANK_PROGRAM = """\
+import os, time
+with open({stamps!r}, "a") as stamps:
+    stamps.write(f"{{os.environ['GROUP_RANK']}} {{time.time():.6f}}\\n")
+"""
+
+PORTS = itertools.count(21000)
+
+
+@dataclass
+class Contender:
+    name: str
+    command: Callable[[Path], tuple[list[str], dict[str, str]]]  # stamps file -> argv, env
+    started: list[float] = field(default_factory=list)
+    finished: list[float] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+
+
+class Bench:
+    """The contenders of one node count, on one cluster."""
+
+    def __init__(self, cluster, work: Path) -> None:
+        self.cluster = cluster
+        self.work = work
+        self.names = [node.name for node in cluster.nodes]
+        self.addresses = [node.address for node in cluster.nodes]
+        self.hostfile = cluster.write_hostfile(work / "hosts.txt", slots=1)
+        self.env = cluster.environ()
+        self.config = str(cluster.ssh.config_path)
+        self.pdsh_env = {**self.env, "PDSH_SSH_ARGS_APPEND": f"-F {self.config}"}
+        self.runs = work / "runs"
+        self.run_ids: list[str] = []
+
+    # --- (a) a trivial command --------------------------------------------------------
+
+    def exec_contenders(self) -> list[Contender]:
+        def stamp(stamps: Path) -> str:
+            return STAMP_COMMAND.format(stamps=shlex.quote(str(stamps)))
+
+        def orchestrator_exec(stamps: Path):
+            return [
+                *ORCHESTRATOR,
+                "exec",
+                str(self.hostfile),
+                "--color",
+                "never",
+                "--",
+                stamp(stamps),
+            ], self.env
+
+        def ssh_loop(stamps: Path):
+            loop = (
+                f"for host in {shlex.join(self.names)}; do "
+                f'ssh -F {shlex.quote(self.config)} "$host" {shlex.quote(stamp(stamps))}'
+                " || exit 1; done"
+            )
+            return ["bash", "-c", loop], self.env
+
+        def pdsh(stamps: Path):
+            return [
+                "pdsh",
+                "-R",
+                "ssh",
+                "-S",
+                "-w",
+                ",".join(self.names),
+                stamp(stamps),
+            ], self.pdsh_env
+
+        return [
+            Contender("orchestrator exec", orchestrator_exec),
+            Contender("ssh loop", ssh_loop),
+            Contender("pdsh", pdsh),
+        ]
+
+    # --- (b) a torchrun job -----------------------------------------------------------
+
+    def program(self, stamps: Path) -> str:
+        path = stamps.with_suffix(".py")
+        path.write_text(RANK_PROGRAM.format(stamps=str(stamps)))
+        return path.name
+
+    def launch_contenders(self) -> list[Contender]:
+        def launch(*extra: str):
+            def command(stamps: Path):
+                run_id = f"bench-fanout-{stamps.stem}"
+                self.run_ids.append(run_id)
+                return [
+                    *ORCHESTRATOR,
+                    "launch",
+                    str(self.hostfile),
+                    "--run-dir",
+                    str(self.runs),
+                    "--run-id",
+                    run_id,
+                    "--color",
+                    "never",
+                    *extra,
+                    "--",
+                    self.program(stamps),
+                ], self.env
+
+            return command
+
+        def no_preflight(stamps: Path):
+            return launch("--no-preflight", "--master-port", str(next(PORTS)))(stamps)
+
+        def pdsh_torchrun(stamps: Path):
+            cases = " ".join(f"{a}) r={i};;" for i, a in enumerate(self.addresses))
+            torchrun = shlex.join(
+                [
+                    PYTHON,
+                    "-m",
+                    "torch.distributed.run",
+                    f"--nnodes={len(self.names)}",
+                    "--nproc_per_node=1",
+                    f"--master_addr={self.addresses[0]}",
+                    f"--master_port={next(PORTS)}",
+                ]
+            )
+            remote = (
+                f"set -- $SSH_CONNECTION; case $3 in {cases} esac; "
+                f"cd {shlex.quote(str(self.work))} && exec {torchrun} --node_rank=$r "
+                f"{shlex.quote(self.program(stamps))}"
+            )
+            return ["pdsh", "-R", "ssh", "-S", "-w", ",".join(self.names), remote], self.pdsh_env
+
+        return [
+            Contender("orchestrator launch", launch()),
+            Contender("launch --no-preflight", no_preflight),
+            Contender("pdsh + torchrun", pdsh_torchrun),
+        ]
+
+    # --- running ----------------------------------------------------------------------
+
+    def measure(self, contenders: list[Contender], keys: set[str], repeat: int, tag: str) -> None:
+        for rep in range(repeat):
+            shift = rep % len(contenders)
+            for index, contender in enumerate(contenders[shift:] + contenders[:shift]):
+                stamps = self.work / f"{tag}-{rep}-{index}.stamps"
+                argv, env = contender.command(stamps)
+                start, end, done = run_command(argv, env, cwd=self.work)
+                found = read_stamps(stamps)
+                if done.returncode != 0 or set(found) != keys:
+                    tail = " | ".join(done.stderr.strip().splitlines()[-3:])
+                    contender.failures.append(
+                        f"exit {done.returncode}, {len(found)} of {len(keys)} started: {tail}"
+                    )
+                    continue
+                contender.started.append(max(found.values()) - start)
+                contender.finished.append(end - start)
+
+
+def report(n: int, title: str, contenders: list[Contender], baseline: Contender) -> None:
+    rows = []
+    for c in contenders:
+        rows.append(
+            [
+                c.name,
+                spread(c.started),
+                ratio(c.started, baseline.started),
+                spread(c.finished),
+                ratio(c.finished, baseline.finished),
+                f"{len(c.started)}" + (f" ({len(c.failures)} failed)" if c.failures else ""),
+            ]
+        )
+    say(f"\n{n} node(s), {title}")
+    say(
+        table(
+            [
+                "contender",
+                "all started s",
+                f"vs {baseline.name}",
+                "finished s",
+                f"vs {baseline.name}",
+                "runs",
+            ],
+            rows,
+        )
+    )
+    for c in contenders:
+        for failure in c.failures:
+            say(f"  {c.name} failed: {failure}")
+
+
+def main() -> None:
+    cli = parser(__doc__.splitlines()[0], "1,8,16", 3)
+    cli.add_argument(
+        "--part",
+        choices=["a", "b", "both"],
+        default="both",
+        help="(a) the trivial command, (b) the torchrun job, or both (default)",
+    )
+    args = cli.parse_args()
+    say(__doc__.split("\n\n", 2)[2].rstrip())
+    say(machine_line())
+    say(f"repetitions per contender: {args.repeat}")
+    summary = []
+    for n in args.nodes:
+        with lab_cluster(n) as cluster, scratch("orchestrator-bench-fanout-") as work:
+            bench = Bench(cluster, work)
+            exec_side, launch_side = bench.exec_contenders(), bench.launch_contenders()
+            try:
+                if args.part in ("a", "both"):
+                    bench.measure(exec_side, set(bench.addresses), args.repeat, f"exec{n}")
+                    report(n, "(a) trivial command", exec_side, exec_side[2])
+                if args.part in ("b", "both"):
+                    bench.measure(launch_side, {str(i) for i in range(n)}, args.repeat, f"job{n}")
+                    report(n, "(b) torchrun job, one rank per node", launch_side, launch_side[2])
+            finally:
+                remove_node_dirs(bench.run_ids)
+            summary.append((n, exec_side, launch_side))
+    say(
+        "\nall started, ratio of medians (target at 16 nodes: exec <= 1.0x pdsh, "
+        "launch <= 1.1x pdsh + torchrun)"
+    )
+    rows = [
+        [
+            n,
+            ratio(e[0].started, e[2].started),
+            ratio(e[1].started, e[2].started),
+            ratio(j[0].started, j[2].started),
+            ratio(j[1].started, j[2].started),
+        ]
+        for n, e, j in summary
+    ]
+    say(
+        table(
+            [
+                "nodes",
+                "exec/pdsh",
+                "ssh loop/pdsh",
+                "launch/pdsh+torchrun",
+                "launch --no-preflight/pdsh+torchrun",
+            ],
+            rows,
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
