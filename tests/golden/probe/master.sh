@@ -14,31 +14,38 @@ orchestrator_route_ifname() {
     printf '%s\n' "${dev%%@*}"
 }
 
+# One interpreter start: its version, torch's version (without importing torch),
+# and the port for torchrun's store, bound as torchrun binds it (all interfaces,
+# SO_REUSEADDR): is the given one free, or (auto) which free one does the kernel pick? A
+# kernel-picked port keeps runs that start together on the same nodes from sharing a port.
 python=/usr/bin/python3
-if ! version=$("$python" -c 'import sys; print(sys.version.split()[0])' 2>&1); then
-    echo "python_error=$(printf '%s' "$version" | tail -n 1)"
+if ! facts=$("$python" - auto 2>&1 <<'PY'
+import importlib.metadata, socket, sys
+print("python_version=" + sys.version.split()[0])
+try:
+    print("torch_version=" + importlib.metadata.version("torch"))
+except importlib.metadata.PackageNotFoundError:
+    print("torch_version=none")
+if len(sys.argv) > 1:
+    family = socket.AF_INET6 if socket.has_dualstack_ipv6() else socket.AF_INET
+    def bind(port):
+        return socket.create_server(("", port), family=family,
+                                    dualstack_ipv6=family == socket.AF_INET6)
+    if sys.argv[1] == "auto":
+        with bind(0) as server:
+            print(f"free_port={server.getsockname()[1]}")
+    else:
+        try:
+            bind(int(sys.argv[1])).close()
+            print("port_free=yes")
+        except OSError:
+            print("port_free=no")
+PY
+); then
+    echo "python_error=$(printf '%s' "$facts" | tail -n 1)"
     exit 0
 fi
-echo "python_version=$version"
-echo "torch_version=$("$python" -c 'import importlib.metadata as m; print(m.version("torch"))' 2>/dev/null || echo none)"
+printf '%s\n' "$facts"
 echo "ifname=$(orchestrator_route_ifname 10.1.0.1)"
 echo "route_source=$(ip -o route get "$(getent ahostsv4 10.1.0.1 2>/dev/null | awk 'NR == 1 {print $1}')" 2>/dev/null | sed -n 's/.* src \([^ ]*\).*/\1/p')"
 if [ -e /sys/class/net/ens5 ] || ip link show ens5 >/dev/null 2>&1; then echo "ifname_exists=yes"; else echo "ifname_exists=no"; fi
-# The port for torchrun's store, bound as it binds (all interfaces, SO_REUSEADDR): is the
-# given one free, or (auto) which free one does the kernel pick? A kernel-picked port keeps
-# runs that start at the same time on the same nodes from choosing the same port.
-"$python" - auto <<'PY'
-import socket, sys
-family = socket.AF_INET6 if socket.has_dualstack_ipv6() else socket.AF_INET
-def bind(port):
-    return socket.create_server(("", port), family=family, dualstack_ipv6=family == socket.AF_INET6)
-if sys.argv[1] == "auto":
-    with bind(0) as server:
-        print(f"free_port={server.getsockname()[1]}")
-else:
-    try:
-        bind(int(sys.argv[1])).close()
-        print("port_free=yes")
-    except OSError:
-        print("port_free=no")
-PY
