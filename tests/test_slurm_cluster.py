@@ -12,7 +12,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -65,6 +65,17 @@ checkpoint.write_text(f"checkpoint {rank}")
 print(f"rank {rank} got SIGUSR1", flush=True)
 raise SystemExit(128 + signal.SIGUSR1)
 """
+
+
+@pytest.fixture(autouse=True)
+def no_job_outlives_its_test(slurm_cluster: SlurmCluster) -> Iterator[None]:
+    """A test that fails part-way must not leave its job queued or running for the next:
+    cancel whatever this private cluster still holds, and let the nodes go idle."""
+    yield
+    left = slurm_cluster.run(["squeue", "-h", "-o", "%i"], check=False).stdout.split()
+    if left:
+        slurm_cluster.run(["scancel", "--signal=KILL", *left], check=False)
+        slurm_cluster.wait_idle(timeout=60)
 
 
 @pytest.fixture
@@ -279,11 +290,12 @@ def _release_when_requeued(slurm: SlurmCluster, work: Path, run_id: str) -> int:
 
 def test_signal_before_the_time_limit_checkpoints_and_requeues(
         slurm_cluster: SlurmCluster, work: Path) -> None:
-    """SLURM itself sends SIGUSR1 58 s before a 1-minute limit (its timer runs about every
-    30 s); the ranks save and stop, the script requeues, the ranks resume."""
+    """SLURM itself sends SIGUSR1 90 s before a 2-minute limit: at its first time-limit check
+    after 30 s (it checks about every 30 s), so the ranks are up and have their handlers;
+    they save and stop, the script requeues, the ranks resume."""
     (work / "ckpt").mkdir()
     proc = subprocess.Popen(
-        command(*launch_args(work, "sig", "--nodes", "2", "--time", "1", "--signal", "USR1@58",
+        command(*launch_args(work, "sig", "--nodes", "2", "--time", "2", "--signal", "USR1@90",
                              "--requeue", "--", "checkpointing.py", "ckpt")),
         cwd=work, env=slurm_cluster.environ(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         text=True)

@@ -1,7 +1,7 @@
 """The sbatch script: golden files (tests/golden/slurm/), bash -n, and bad input.
 
 Regenerate the golden files after an intended template change with
-ORCHESTRATOR_UPDATE_GOLDEN=1 pytest tests/test_slurm_render.py, and review the diff.
+UPDATE_GOLDEN=1 pytest tests/test_slurm_render.py, and review the diff.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def spec(*program: str, **kwargs: object) -> JobSpec:
 
 def check_golden(name: str, text: str) -> None:
     path = GOLDEN / name
-    if os.environ.get("ORCHESTRATOR_UPDATE_GOLDEN") == "1":
+    if os.environ.get("UPDATE_GOLDEN") == "1":
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
     assert text == path.read_text(), f"{name} differs from its golden file (see module doc)"

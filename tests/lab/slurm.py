@@ -190,7 +190,9 @@ class SlurmCluster:
             f"SlurmdPort={SLURMD_PORT}",
             "AuthType=auth/munge",
             "CredType=cred/munge",
-            f"AuthInfo=socket={self.munge_socket}",
+            # cred_expire is also how long SLURM holds a requeued job back (120 s by default):
+            # the requeue tests must not wait on it.
+            f"AuthInfo=socket={self.munge_socket},cred_expire=30",
             "SlurmUser=root",
             "SlurmdUser=root",
             f"StateSaveLocation={d}/state",

@@ -14,18 +14,20 @@ orchestrator_route_ifname() {
     printf '%s\n' "${dev%%@*}"
 }
 
-# One interpreter start: its version, torch's version (without importing torch),
+# One interpreter start: its version, torch's version (found where `import torch` looks, and
+# its package metadata; importing torch itself would cost seconds on every launch),
 # and the port for torchrun's store, bound as torchrun binds it (all interfaces,
 # SO_REUSEADDR): is the given one free, or (auto) which free one does the kernel pick? A
 # kernel-picked port keeps runs that start together on the same nodes from sharing a port.
 python=/usr/bin/python3
 if ! facts=$("$python" - auto 2>&1 <<'PY'
-import importlib.metadata, socket, sys
+import importlib.metadata, importlib.util, socket, sys
 print("python_version=" + sys.version.split()[0])
 try:
-    print("torch_version=" + importlib.metadata.version("torch"))
+    torch_version = importlib.metadata.version("torch")
 except importlib.metadata.PackageNotFoundError:
-    print("torch_version=none")
+    torch_version = "unknown"  # importable without metadata, e.g. from PYTHONPATH
+print("torch_version=" + (torch_version if importlib.util.find_spec("torch") else "none"))
 if len(sys.argv) > 1:
     family = socket.AF_INET6 if socket.has_dualstack_ipv6() else socket.AF_INET
     def bind(port):

@@ -24,12 +24,15 @@ cd '/srv/my project'
 # to rank-RANK.exit in that directory: each rank's lines stay whole, and the first rank to
 # fail is known. Run by hand, output goes to this terminal as with plain torchrun.
 run_rank() {
-    local dir=${ORCHESTRATOR_NODE_DIR:-} rc=0
+    local dir=${ORCHESTRATOR_NODE_DIR:-} rc=0 now
     if [ -n "$dir" ]; then exec >>"$dir/rank-$RANK.out" 2>&1; fi
     trap : TERM INT  # let the rank handle the signal and end; then record how it ended
     "$@" || rc=$?
+    trap '' TERM INT  # a further stop signal must not cut the record short
     if [ -n "$dir" ]; then  # builtins only: a new process here would die of the stop's SIGTERM
-        printf '%s %s %s\n' "$rc" "${EPOCHREALTIME:-$(date +%s.%N)}" "${TORCHELASTIC_ERROR_FILE:-}" >"$dir/rank-$RANK.exit"
+        now=${EPOCHREALTIME:-}
+        [ -n "$now" ] || printf -v now '%(%s)T' -1  # bash < 5: whole seconds
+        printf '%s %s %s\n' "$rc" "$now" "${TORCHELASTIC_ERROR_FILE:-}" >"$dir/rank-$RANK.exit"
     fi
     return "$rc"
 }
