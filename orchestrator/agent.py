@@ -254,6 +254,7 @@ class Agent:
                 break
         self.drain_ranks()
         self.check_rank_exits()
+        self.mask_rank_files()
         self.send(frame("X", self.script_rc, f"{time.time():.6f}"))
         self.flush(10 if self.stdin_open else 2)
         return 0
@@ -318,6 +319,20 @@ class Agent:
                 self.send_output(rank.rank, data)
                 self.flush(10 if self.stdin_open else 2)
             self.send_output(rank.rank, rank.rest())
+
+    def mask_rank_files(self) -> None:
+        """The ranks' raw output stays on the node: never with a secret in clear."""
+        if not self.secrets:
+            return
+        for rank in self.ranks:
+            masked = rank.path + ".masking"
+            try:
+                with open(rank.path, "rb") as raw, open(masked, "wb") as out:
+                    for line in raw:
+                        out.write(self.mask(line))
+                os.replace(masked, rank.path)
+            except FileNotFoundError:  # a rank that never started
+                pass
 
     def send_output(self, rank: int, data: bytes) -> None:
         if data:

@@ -52,12 +52,13 @@ def prepare(cluster: Cluster, spec: JobSpec, options: LaunchOptions,
             connections: Sequence[NodeConnection] | None,
             note=lambda text: None) -> tuple[LaunchPlan, dict[str, str]]:
     """Probe (when connected), plan and render; nothing starts."""
-    facts: dict[str, NodeFacts] = {}
+    facts: dict[int, NodeFacts] = {}
     if connections is not None and options.preflight:
         result = probe_nodes(cluster, spec, connections, tag=options.run_id)
         facts = result.facts
-        for host, fact in facts.items():
-            note(f"{host}: python {fact.python_version}, torch {fact.torch_version}")
+        for index, fact in facts.items():
+            note(f"{cluster.hosts[index].name}: python {fact.python_version}, "
+                 f"torch {fact.torch_version}")
         for warning in result.warnings:
             note(f"warning: {warning}")
     plan = make_plan(cluster, spec, options.run_id, facts)

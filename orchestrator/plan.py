@@ -126,12 +126,15 @@ class LaunchPlan:
 
 
 def make_plan(cluster: Cluster, spec: JobSpec, run_id: str,
-              facts: Mapping[str, NodeFacts] | None = None) -> LaunchPlan:
-    """Decide node ranks, ranks, master address/port, interfaces and env for every node."""
+              facts: Mapping[int, NodeFacts] | None = None) -> LaunchPlan:
+    """Decide node ranks, ranks, master address/port, interfaces and env for every node.
+
+    `facts` are the preflight probe's, by node rank (two entries may share a host name).
+    """
     facts = facts or {}
     hosts = cluster.hosts
     master_addr, addr_reason = _master_addr(cluster, spec, facts)
-    master_port, port_reason = _master_port(spec, facts.get(hosts[0].name))
+    master_port, port_reason = _master_port(spec, facts.get(0))
     secret_names = tuple(sorted(name for name, _ in spec.env if spec.is_secret(name)))
     # The plan sets these itself, last; a forwarded copy would only be exported twice.
     own = {"ORCHESTRATOR_RUN_ID", "PYTHONUNBUFFERED"}
@@ -141,7 +144,7 @@ def make_plan(cluster: Cluster, spec: JobSpec, run_id: str,
     rank_start = 0
     for node_rank, host in enumerate(hosts):
         nproc = _nproc(host, spec)
-        ifname, ifname_reason = _ifname(host, spec, facts.get(host.name), master_addr)
+        ifname, ifname_reason = _ifname(host, spec, facts.get(node_rank), master_addr)
         env = list(common_env)
         if ifname:  # an explicit --env NCCL_SOCKET_IFNAME=... is the user's and stays
             env += [(var, ifname) for var in IFNAME_VARS if var not in spec.env_dict]
@@ -176,7 +179,7 @@ def is_loopback(addr: str) -> bool:
 
 
 def _master_addr(cluster: Cluster, spec: JobSpec,
-                 facts: Mapping[str, NodeFacts]) -> tuple[str, str]:
+                 facts: Mapping[int, NodeFacts]) -> tuple[str, str]:
     first = cluster.hosts[0]
     multi = len(cluster.hosts) > 1
     if spec.master_addr:
@@ -184,7 +187,7 @@ def _master_addr(cluster: Cluster, spec: JobSpec,
     elif first.is_local:
         addr, reason = "127.0.0.1", f"first node {first.name} is this machine"
     else:
-        known = facts.get(first.name)
+        known = facts.get(0)
         if known and known.address:
             addr, reason = known.address, f"address of first node {first.name}, as reached by ssh"
         else:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from orchestrator.backends.base import NodeConnection
+from orchestrator.backends.base import MISSING_PYTHON_WORDS, NodeConnection
 from orchestrator.errors import NodeError, NodeErrors
 from orchestrator.execute import run_on_nodes
 from orchestrator.hostfile import Cluster
@@ -20,11 +20,12 @@ from orchestrator.render import render_template
 from orchestrator.spec import JobSpec
 
 PROBE_TIME_LIMIT_S = 60.0
+SET_PYTHON = "pass --python PATH or set python for this node in the hostfile"
 
 
 @dataclass(frozen=True)
 class ProbeResult:
-    facts: dict[str, NodeFacts]
+    facts: dict[int, NodeFacts]  # by node rank: two entries may share a host name
     warnings: tuple[str, ...]
 
 
@@ -62,10 +63,18 @@ def probe_nodes(cluster: Cluster, spec: JobSpec, connections: Sequence[NodeConne
     results = run_on_nodes(connections, pythons, [["bash", "-c", s] for s in scripts],
                            time_limit=PROBE_TIME_LIMIT_S, tag=tag, what="the preflight probe")
     errors: list[NodeError] = []
-    facts: dict[str, NodeFacts] = {}
-    torch_versions: dict[str, str] = {}
+    stopped: list[NodeError] = []
+    facts: dict[int, NodeFacts] = {}
+    torch_versions: list[tuple[str, str]] = []
     for index, (host, python, connection, result) in enumerate(
             zip(cluster.hosts, pythons, connections, results, strict=True)):
+        if result.state == "lost" and MISSING_PYTHON_WORDS in result.detail:
+            errors.append(NodeError(host.name, f"cannot run python {python!r}: "
+                                    f"{MISSING_PYTHON_WORDS}; {SET_PYTHON}", exit_code=2))
+            continue
+        if result.state == "stopped":  # because another node failed, which is named
+            stopped.append(NodeError(host.name, "preflight probe stopped"))
+            continue
         if not result.ok:
             errors.append(NodeError(host.name, f"preflight probe failed ({result.describe()})"
                                     + _last_line(result.output)))
@@ -76,8 +85,8 @@ def probe_nodes(cluster: Cluster, spec: JobSpec, connections: Sequence[NodeConne
         if problem is not None:
             errors.append(problem)
             continue
-        torch_versions[host.name] = values["torch_version"]
-        facts[host.name] = NodeFacts(
+        torch_versions.append((host.name, values["torch_version"]))
+        facts[index] = NodeFacts(
             address=connection.address if not host.is_local else None,
             ifname=values.get("ifname") or None,
             route_source=values.get("route_source") or None,
@@ -86,11 +95,11 @@ def probe_nodes(cluster: Cluster, spec: JobSpec, connections: Sequence[NodeConne
             free_port=int(values["free_port"]) if values.get("free_port") else None,
             port_checked=values.get("port_free") == "yes",
         )
-    if errors:
-        raise NodeErrors(errors, "preflight")
+    if errors or stopped:
+        raise NodeErrors(errors or stopped, "preflight")
     warnings = []
-    if len(set(torch_versions.values())) > 1:
-        listing = ", ".join(f"{h}={v}" for h, v in torch_versions.items())
+    if len({version for _, version in torch_versions}) > 1:
+        listing = ", ".join(f"{h}={v}" for h, v in torch_versions)
         warnings.append(f"torch versions differ between nodes ({listing}); "
                         "ranks may fail to talk to each other")
     return ProbeResult(facts, tuple(warnings))
@@ -100,8 +109,7 @@ def _problem(host: str, python: str, values: dict[str, str], is_master: bool,
              spec: JobSpec, ifname: str | None) -> NodeError | None:
     if "python_error" in values:
         return NodeError(host, f"cannot run python {python!r}: {values['python_error']}; "
-                         "pass --python PATH or set python for this node in the hostfile",
-                         exit_code=2)
+                         f"{SET_PYTHON}", exit_code=2)
     if values.get("torch_version", "none") == "none":
         return NodeError(host, f"torch is not installed for {python} "
                          f"(python {values.get('python_version', '?')}); install it there, "

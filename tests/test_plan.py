@@ -81,9 +81,9 @@ def test_master_addr_choices_and_reasons() -> None:
     assert local.master_addr == "127.0.0.1" and "this machine" in local.master_addr_reason
     named = plan_for("a\nb\n")
     assert (named.master_addr, named.master_addr_reason) == ("a", "first node in hosts.txt")
-    probed = plan_for("a\nb\n", facts={"a": NodeFacts(address="10.0.0.5")})
+    probed = plan_for("a\nb\n", facts={0: NodeFacts(address="10.0.0.5")})
     assert probed.master_addr == "10.0.0.5" and "as reached by ssh" in probed.master_addr_reason
-    given_addr = plan_for("a\nb\n", facts={"a": NodeFacts(address="10.0.0.5")},
+    given_addr = plan_for("a\nb\n", facts={0: NodeFacts(address="10.0.0.5")},
                           master_addr="192.168.1.1")
     assert (given_addr.master_addr, given_addr.master_addr_reason) == ("192.168.1.1",
                                                                        "--master-addr")
@@ -122,15 +122,15 @@ def test_is_loopback(addr: str, loopback: bool) -> None:
 def test_master_port_choices_and_reasons() -> None:
     assert (plan_for("a\n").master_port, plan_for("a\n").master_port_reason) == (
         29500, "auto, not probed: the default")
-    free = plan_for("a\nb\n", facts={"a": NodeFacts(free_port=41234)})
+    free = plan_for("a\nb\n", facts={0: NodeFacts(free_port=41234)})
     assert free.master_port == 41234 and "auto: a free port" in free.master_port_reason
     # facts of a node other than the master do not choose the port
-    other = plan_for("a\nb\n", facts={"b": NodeFacts(free_port=41234)})
+    other = plan_for("a\nb\n", facts={1: NodeFacts(free_port=41234)})
     assert other.master_port == 29500
     explicit = plan_for("a\n", master_port=1234)
     assert (explicit.master_port, explicit.master_port_reason) == (1234,
                                                                    "--master-port (not checked)")
-    checked = plan_for("a\n", facts={"a": NodeFacts(port_checked=True)}, master_port=1234)
+    checked = plan_for("a\n", facts={0: NodeFacts(port_checked=True)}, master_port=1234)
     assert "checked free on the master" in checked.master_port_reason
 
 
@@ -146,7 +146,7 @@ def ifname_env(node) -> dict[str, str]:
        st.none() | st.just("probedeth"))
 def test_hostfile_ifname_wins_over_flag_over_probe(hostfile, flag, probed) -> None:
     text = "a" + (f" ifname={hostfile}" if hostfile else "") + "\nb\n"
-    facts = {"a": NodeFacts(ifname=probed, route_source="10.0.0.2")} if probed else {}
+    facts = {0: NodeFacts(ifname=probed, route_source="10.0.0.2")} if probed else {}
     node = plan_for(text, facts=facts, ifname=flag).nodes[0]
     expected = hostfile or flag or probed
     assert node.ifname == expected
@@ -161,8 +161,17 @@ def test_hostfile_ifname_wins_over_flag_over_probe(hostfile, flag, probed) -> No
 
 def test_each_node_gets_its_own_probed_ifname() -> None:
     plan = plan_for("a\nb\nc ifname=ib0\n",
-                    facts={"a": NodeFacts(ifname="eth0"), "b": NodeFacts(ifname="ens5")})
+                    facts={0: NodeFacts(ifname="eth0"), 1: NodeFacts(ifname="ens5")})
     assert [n.ifname for n in plan.nodes] == ["eth0", "ens5", "ib0"]
+
+
+def test_nodes_sharing_a_host_name_keep_their_own_facts() -> None:
+    # Two sshds behind one gateway (port forwarding): one name, two nodes, two probes.
+    plan = plan_for("gw port=2201\ngw port=2202\n",
+                    facts={0: NodeFacts(address="10.0.0.1", ifname="eth0", free_port=41234),
+                           1: NodeFacts(ifname="ens5", free_port=50000)})
+    assert (plan.master_addr, plan.master_port) == ("10.0.0.1", 41234)
+    assert [n.ifname for n in plan.nodes] == ["eth0", "ens5"]
 
 
 def test_explicit_nccl_socket_ifname_env_is_kept() -> None:

@@ -64,7 +64,7 @@ def two_nodes() -> tuple[LaunchPlan, dict[str, str]]:
         env=(("NCCL_DEBUG", "INFO"), ("GREETING", "hello $USER `id` \"quoted\" it's"),
              ("HF_TOKEN", SECRET)),
     )
-    facts = {"node-a": NodeFacts(address="10.1.0.1", ifname="ens5", route_source="10.1.0.1",
+    facts = {0: NodeFacts(address="10.1.0.1", ifname="ens5", route_source="10.1.0.1",
                                  python_version="3.11.7", torch_version="2.4.0",
                                  free_port=29500)}
     plan = make_plan(cluster, spec, "golden-2node", facts)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 import textwrap
 import time
 from pathlib import Path
@@ -10,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.cli_helpers import assert_nothing_left, run_cli, status_of
+from tests.cli_helpers import assert_nothing_left, run_cli, status_of, wait_until
 
 pytestmark = pytest.mark.cluster
 
@@ -157,8 +159,17 @@ def test_unreachable_node_is_named_before_anything_starts(cluster, workdir: Path
     assert_nothing_left("ghost", within=1)
 
 
-def test_refused_connection_and_wrong_user(cluster, workdir: Path) -> None:
+def test_unknown_host_refused_connection_and_wrong_user(cluster, workdir: Path) -> None:
     node = cluster.nodes[0]
+    unknown_file = workdir / "unknown.txt"
+    unknown_file.write_text(f"{node.name}\nno-such-node.invalid\n")
+    unknown = cli(cluster, workdir, *launch_args(workdir, unknown_file, "unknown", "--",
+                                                 "ddp.py"))
+    assert unknown.returncode == 2, unknown.stdout + unknown.stderr
+    assert "no-such-node.invalid: cannot resolve host name 'no-such-node.invalid'" in \
+        unknown.stderr
+    assert "Traceback" not in unknown.stderr and not (workdir / "runs" / "unknown").exists()
+    assert_nothing_left("unknown", within=1)
     refused_file = workdir / "refused.txt"
     refused_file.write_text(f"{node.name} port=2\n")
     refused = cli(cluster, workdir, "exec", str(refused_file), "--", "true")
@@ -189,31 +200,39 @@ def test_busy_explicit_port_is_an_error_and_auto_picks_another(cluster, workdir:
         assert port != 29500
         plan = yaml.safe_load((workdir / "runs" / "auto" / "plan.yaml").read_text())
         assert "auto: a free port the master's kernel picked" in plan["master_port"]
+        assert_nothing_left("busy", within=1)
+        assert_nothing_left("auto")
     finally:
         listener.kill()
         listener.wait()
 
 
 def test_node_whose_python_lacks_torch_is_named(cluster, workdir: Path) -> None:
-    system_python = "/usr/bin/python3"
-    probe = cluster.exec_in(cluster.nodes[1], [system_python, "-c", "import torch"])
-    if probe.returncode == 0:
-        pytest.skip("the system python has torch here")
+    bare = workdir / "bare-venv"  # an interpreter without torch, on the shared file system
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True)
+    bare_python = str(bare / "bin" / "python")
+    assert cluster.exec_in(cluster.nodes[1], [bare_python, "-c", "import torch"]).returncode
     hostfile = workdir / "hosts.yaml"
     hostfile.write_text(yaml.safe_dump([
         {"host": cluster.nodes[0].name, "slots": 1},
-        {"host": cluster.nodes[1].name, "slots": 1, "python": system_python},
+        {"host": cluster.nodes[1].name, "slots": 1, "python": bare_python},
     ]))
     done = cli(cluster, workdir, *launch_args(workdir, hostfile, "notorch", "--", "ddp.py"))
     assert done.returncode == 2, done.stdout + done.stderr
-    assert f"{cluster.nodes[1].name}: torch is not installed for {system_python}" in done.stderr
-    assert f"{cluster.nodes[0].name}:" not in done.stderr.split("failed on")[1]
+    assert f"{cluster.nodes[1].name}: torch is not installed for {bare_python}" in done.stderr
+    assert f"{cluster.nodes[0].name}:" not in done.stderr, "only the node without torch is named"
+    assert "Traceback" not in done.stderr
+    assert not (workdir / "runs" / "notorch").exists()
     missing = workdir / "missing.yaml"
-    missing.write_text(yaml.safe_dump([{"host": cluster.nodes[0].name, "python": "/nope/py"}]))
+    missing.write_text(yaml.safe_dump([{"host": cluster.nodes[0].name, "python": "/nope/py"},
+                                       {"host": cluster.nodes[1].name}]))
     gone = cli(cluster, workdir, *launch_args(workdir, missing, "nopy", "--", "ddp.py"))
-    assert gone.returncode in (1, 2) and "/nope/py" in gone.stderr, gone.stderr
+    assert gone.returncode == 2, gone.stdout + gone.stderr
+    assert (f"{cluster.nodes[0].name}: cannot run python '/nope/py': not found on this node; "
+            "pass --python PATH") in gone.stderr
     assert "Traceback" not in gone.stderr
     assert_nothing_left("notorch", within=1)
+    assert_nothing_left("nopy", within=1)
 
 
 def test_environment_reaches_every_node_and_secrets_stay_secret(cluster, workdir: Path) -> None:
@@ -235,8 +254,10 @@ def test_environment_reaches_every_node_and_secrets_stay_secret(cluster, workdir
     for path in record.rglob("*"):
         if path.is_file():
             assert secret not in path.read_text(errors="replace"), path
-    for script in Path("/root/.orchestrator/runs/envs").rglob("node*.sh"):  # nodes' copies
-        assert secret not in script.read_text(), script
+    on_nodes = [p for p in Path("/root/.orchestrator/runs/envs").rglob("*") if p.is_file()]
+    assert {p.name for p in on_nodes} >= {"node0.sh", "rank-0.out", "rank-2.out"}
+    for path in on_nodes:  # the nodes' copies of the scripts, the ranks' raw output
+        assert secret not in path.read_text(errors="replace"), path
     plain = cli(cluster, workdir, *launch_args(workdir, hostfile, "noenv", "--no-forward-env",
                                                "--", "env_report.py", "NCCL_DEBUG"),
                 env={"NCCL_DEBUG": "WARN"})
@@ -311,3 +332,36 @@ def test_ssh_config_alias_and_proxy_jump_are_honoured(cluster, workdir: Path) ->
             assert blocked.returncode == 1, "the block must be real for the test to mean anything"
     finally:
         cluster.write_ssh_config()
+
+
+def test_default_key_and_ssh_agent_work_without_any_config(cluster, workdir: Path,
+                                                            tmp_path: Path) -> None:
+    hostfile = cluster.write_hostfile(workdir / "hosts.txt")
+    bare = ["--ssh-config", str(tmp_path / "no-such-config")]
+    # ~/.ssh/id_ed25519 is found as ssh finds it: no config, no -i.
+    by_default_key = cli(cluster, workdir, "exec", str(hostfile), *bare, "--", "true")
+    assert by_default_key.returncode == 0, by_default_key.stderr
+
+    # A home with no key at all: only an ssh-agent holding it lets us in.
+    home = tmp_path / "agent-home"
+    (home / ".ssh").mkdir(parents=True)
+    (home / ".ssh" / "known_hosts").write_text(
+        (cluster.home / ".ssh" / "known_hosts").read_text())
+    socket_path = tmp_path / "agent.sock"
+    agent = subprocess.Popen(["ssh-agent", "-D", "-a", str(socket_path)],
+                             stdout=subprocess.DEVNULL)
+    try:
+        wait_until(socket_path.exists, 10, "the ssh-agent socket")
+        env = {**cluster.environ(), "HOME": str(home), "SSH_AUTH_SOCK": str(socket_path)}
+        without_agent = run_cli(["exec", str(hostfile), *bare, "--", "true"], cwd=workdir,
+                                env={k: v for k, v in env.items() if k != "SSH_AUTH_SOCK"})
+        assert without_agent.returncode == 2, "no key and no agent must not get in"
+        assert "authentication failed" in without_agent.stderr
+        added = subprocess.run(["ssh-add", str(cluster.ssh.key_path)], env=env,
+                               capture_output=True, text=True)
+        assert added.returncode == 0, added.stderr
+        with_agent = run_cli(["exec", str(hostfile), *bare, "--", "true"], cwd=workdir, env=env)
+        assert with_agent.returncode == 0, with_agent.stderr
+    finally:
+        agent.terminate()
+        agent.wait()

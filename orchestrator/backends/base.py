@@ -6,6 +6,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 DEFAULT_CONNECT_TIMEOUT_S = 10.0
+# How a remote node says the interpreter meant to run its agent is not there.
+MISSING_PYTHON_WORDS = "not found on this node"
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,12 @@ from pathlib import Path
 import paramiko
 
 from orchestrator.agent import BOOTSTRAP
-from orchestrator.backends.base import DEFAULT_CONNECT_TIMEOUT_S, IdleAgent, SshOptions
+from orchestrator.backends.base import (
+    DEFAULT_CONNECT_TIMEOUT_S,
+    MISSING_PYTHON_WORDS,
+    IdleAgent,
+    SshOptions,
+)
 from orchestrator.errors import NodeError, NodeErrors
 from orchestrator.hostfile import Host
 
@@ -168,7 +173,8 @@ class SshConnection:
     def start_agent(self, python: str, tag: str) -> SshChannel:
         command = (
             f"command -v {shlex.quote(python)} >/dev/null 2>&1 || "
-            f"{{ echo \"python {shlex.quote(python)} not found on this node\" >&2; exit 127; }}; "
+            f"{{ echo \"python {shlex.quote(python)} {MISSING_PYTHON_WORDS}\" >&2; "
+            "exit 127; }; "
             f"ORCHESTRATOR_RUN_ID={shlex.quote(tag)} exec {shlex.quote(python)} -u -c "
             f"{shlex.quote(BOOTSTRAP)} orchestrator-agent {shlex.quote(tag)}"
         )
@@ -254,10 +260,7 @@ def _open_client(target: Target, known: KnownHosts, options: SshOptions,
                         exit_code=2) from None
     except paramiko.AuthenticationException as exc:
         client.close()
-        raise NodeError(shown, f"authentication failed as {target.user}@{where} ({exc}); "
-                        "check the user (hostfile user=, ~/.ssh/config User) and that your key "
-                        "is in the ssh-agent, a default key, or an IdentityFile",
-                        exit_code=2) from None
+        raise _authentication_failed(shown, target, where, exc) from None
     except socket.gaierror:
         client.close()
         raise NodeError(shown, f"cannot resolve host name {target.hostname!r}; check the "
@@ -278,9 +281,23 @@ def _open_client(target: Target, known: KnownHosts, options: SshOptions,
                         "unreachable from here?)") from None
     except (OSError, EOFError, paramiko.SSHException) as exc:
         client.close()
+        if str(exc) == NO_KEY_TO_OFFER:
+            raise _authentication_failed(shown, target, where, exc) from None
         raise NodeError(shown, f"cannot connect to {where}: {exc}") from None
     client.get_transport().set_keepalive(KEEPALIVE_S)
     return client
+
+
+# paramiko's words when it found no key to try at all: no agent, no default key, no
+# IdentityFile. It raises a plain SSHException for it, not an AuthenticationException.
+NO_KEY_TO_OFFER = "No authentication methods available"
+
+
+def _authentication_failed(shown: str, target: Target, where: str,
+                           exc: Exception) -> NodeError:
+    return NodeError(shown, f"authentication failed as {target.user}@{where} ({exc}); "
+                     "check the user (hostfile user=, ~/.ssh/config User) and that your key "
+                     "is in the ssh-agent, a default key, or an IdentityFile", exit_code=2)
 
 
 def _transport(*args, **kwargs) -> paramiko.Transport:
