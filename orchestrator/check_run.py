@@ -16,6 +16,7 @@ orchestrator.check_report.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -257,6 +258,37 @@ def run_collectives(cluster: Cluster, options: CheckOptions, spec: JobSpec, back
             problems.append(Problem(where, f"rank 0 reported {len(bandwidth)} of {expected} "
                                     f"bandwidth results; see {record.logs_dir}"))
     return job
+
+
+MAX_SWEEP_SIZE = 4 << 30  # every rank holds buffers of this size; beyond it is a typo
+
+
+def parse_max_size(text: str) -> int:
+    """--max-size as bytes: a readable size of at most MAX_SWEEP_SIZE, else ConfigError."""
+    try:
+        size = check.parse_size(text)
+    except ValueError as exc:
+        raise ConfigError(f"--max-size: {exc}") from None
+    if size > MAX_SWEEP_SIZE:
+        raise ConfigError(f"--max-size {text!r}: at most {check.format_size(MAX_SWEEP_SIZE)} "
+                          f"({MAX_SWEEP_SIZE} bytes), as every rank allocates buffers of this "
+                          "size; give e.g. 1G")
+    return size
+
+
+def check_json_path(path: str) -> None:
+    """Refuse a --json FILE that could not be written, before any node is contacted."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        problem = "is not a folder" if os.path.exists(folder) else "does not exist"
+        raise ConfigError(f"--json {path}: {folder} {problem}; create that folder first or "
+                          "give another path")
+    if os.path.isdir(path):
+        raise ConfigError(f"--json {path}: is a folder; give a file path")
+    writable = os.access(path, os.W_OK) if os.path.exists(path) else \
+        os.access(folder, os.W_OK | os.X_OK)
+    if not writable:
+        raise ConfigError(f"--json {path}: cannot write it: permission denied")
 
 
 def write_json(path: str, document: dict) -> None:

@@ -24,6 +24,7 @@ from orchestrator.cli_options import (
     job_options,
     make_spec,
     make_ssh_options,
+    refuse_empty,
     run_dir_option,
     run_options,
     split_ssh,
@@ -135,7 +136,7 @@ def render(hostfile, program, out_dir, run_id, backend, **job):
     `sbatch DIR/job.sbatch` (the ranks' output then goes to slurm-<jobid>.out).
     """
     from orchestrator.hostfile import load_hostfile
-    from orchestrator.launcher import LaunchOptions, prepare
+    from orchestrator.launcher import LaunchOptions, check_script_exists, prepare
     from orchestrator.render import write_rendered
     from orchestrator.runs import check_run_id, new_run_id
 
@@ -152,6 +153,7 @@ def render(hostfile, program, out_dir, run_id, backend, **job):
         return 0
     cluster = check_backend(backend, slurm, hostfile)
     spec = make_spec(program, **job)
+    check_script_exists(cluster, spec)  # as launch does, when every node is this machine
     options = LaunchOptions(run_dir="", run_id=check_run_id(run_id) if run_id else new_run_id(),
                             argv=tuple(["orchestrator", *sys.argv[1:]]))
     plan, scripts = prepare(cluster, spec, options, connections=None)
@@ -184,6 +186,7 @@ def exec_command(hostfile, command, python, grace, timeout, color, **ssh):
     from orchestrator.execute import exec_on_cluster
     from orchestrator.hostfile import load_hostfile
 
+    refuse_empty(python=python)
     cluster = load_hostfile(hostfile)
     return exec_on_cluster(cluster, " ".join(command), python or sys.executable,
                            make_ssh_options(**ssh), grace=grace, time_limit=timeout,
@@ -335,19 +338,16 @@ def check(hostfile, nproc_per_node, master_addr, master_port, ifname, python, ba
     nccl-tests computes them). Exit status 0 only when everything passed; otherwise 1, with
     what to fix.
     """
-    from orchestrator.check import parse_size
-    from orchestrator.check_run import CheckOptions, run_check
+    from orchestrator.check_run import CheckOptions, check_json_path, parse_max_size, run_check
     from orchestrator.hostfile import load_hostfile
     from orchestrator.runs import check_run_id, new_run_id
     from orchestrator.spec import parse_master_port
 
     if max_size is not None:
-        try:
-            max_size = parse_size(max_size)
-        except ValueError as exc:
-            raise ConfigError(f"--max-size: {exc}") from None
-    if ifname is not None and not ifname.strip():
-        raise ConfigError("--ifname must not be empty")
+        max_size = parse_max_size(max_size)
+    refuse_empty(ifname=ifname, python=python)
+    if json_path is not None:
+        check_json_path(json_path)
     cluster = load_hostfile(hostfile)
     options = CheckOptions(
         run_dir=run_dir, run_id=check_run_id(run_id) if run_id else new_run_id(),

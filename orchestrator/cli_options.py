@@ -110,8 +110,19 @@ def run_dir_option(func):
                         help="Where run records are kept.")(func)
 
 
+def refuse_empty(**flags: str | None) -> None:
+    """Refuse a flag given as '' (or blanks) instead of silently taking it as not given.
+
+    Keyword names are the flags' (`python=...` checks --python).
+    """
+    for name, value in flags.items():
+        if value is not None and not value.strip():
+            raise ConfigError(f"--{name.replace('_', '-')} must not be empty")
+
+
 def make_spec(program_argv, *, nproc_per_node, master_addr, master_port, ifname, env,
               env_files, secret_names, forward_env, python, workdir, sync_dir=None):
+    refuse_empty(ifname=ifname, python=python, workdir=workdir)
     from orchestrator.spec import (
         JobSpec,
         Program,
@@ -125,8 +136,6 @@ def make_spec(program_argv, *, nproc_per_node, master_addr, master_port, ifname,
     layers = [forwarded_env()] if forward_env else []
     layers += [load_env_file(path) for path in env_files]
     layers.append(parse_env_assignments(env))
-    if workdir is not None and not workdir.strip():
-        raise ConfigError("--workdir must not be empty")
     if workdir is not None and sync_dir is not None:
         raise ConfigError("--workdir and --sync both say where ranks start; give one of them")
     return JobSpec(

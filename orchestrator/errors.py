@@ -46,11 +46,18 @@ class NodeError(OrchestratorError):
 
 
 class NodeErrors(OrchestratorError):
-    """Several nodes failed in one parallel step; carries every node's error."""
+    """Nodes failed in one parallel step; carries every node's error.
+
+    One failed node reads as its own one-line message; several are grouped under a
+    heading naming the step.
+    """
 
     def __init__(self, errors: list[NodeError], what: str) -> None:
         self.errors = errors
         self.exit_code = max(e.exit_code for e in errors)
+        if len(errors) == 1:
+            super().__init__(str(errors[0]))
+            return
         lines = [f"{what} failed on {len(errors)} node(s):"]
         lines += [f"  {e}" for e in errors]
         super().__init__("\n".join(lines))

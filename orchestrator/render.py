@@ -7,6 +7,7 @@ StrictUndefined; every value that reaches the shell goes through the `q` filter
 
 from __future__ import annotations
 
+import os
 import shlex
 from collections.abc import Iterable
 from functools import cache
@@ -17,6 +18,7 @@ import jinja2
 import yaml
 
 from orchestrator import __version__
+from orchestrator.errors import ConfigError
 from orchestrator.plan import LaunchPlan, NodePlan
 
 
@@ -65,10 +67,29 @@ def plan_yaml(plan: LaunchPlan) -> str:
     return yaml.safe_dump(plan.to_dict(), sort_keys=False, width=1000)
 
 
+def make_output_dir(out_dir: str | Path, option: str = "-o") -> Path:
+    """Create the folder rendered files go into (with its parents); return it.
+
+    Raises ConfigError naming `option` and the path when it is not a folder, cannot be
+    created, or cannot be written to.
+    """
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"{option} {str(out_dir)!r}: exists and is not a folder; give a "
+                          "folder to write into")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"{option} {str(out_dir)!r}: cannot create this folder: "
+                          f"{exc.strerror or exc}") from None
+    if not os.access(out, os.W_OK | os.X_OK):
+        raise ConfigError(f"{option} {str(out_dir)!r}: this folder is not writable")
+    return out
+
+
 def write_rendered(out_dir: str | Path, plan: LaunchPlan, scripts: dict[str, str]) -> list[Path]:
     """Write plan.yaml and the node scripts (executable) into out_dir; return the paths."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    out = make_output_dir(out_dir)
     written = [out / "plan.yaml"]
     written[0].write_text(plan_yaml(plan), encoding="utf-8")
     for name, text in scripts.items():

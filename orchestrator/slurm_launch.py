@@ -18,7 +18,7 @@ from orchestrator.errors import ConfigError, OrchestratorError
 from orchestrator.hostfile import Cluster
 from orchestrator.launcher import LaunchOptions
 from orchestrator.logs import use_color
-from orchestrator.render import command_line, plan_yaml
+from orchestrator.render import command_line, make_output_dir, plan_yaml
 from orchestrator.runs import RunRecord, now_iso, process_start_time
 from orchestrator.slurm_follow import Follower
 from orchestrator.slurm_render import (
@@ -49,8 +49,7 @@ def write_slurm_render(out_dir: str, cluster: Cluster | None, spec: JobSpec,
     if slurm_options.login:
         raise ConfigError("--login applies to launch only")
     job, script = prepare_slurm(cluster, spec, slurm_options, run_id, argv)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    out = make_output_dir(out_dir)
     (out / "plan.yaml").write_text(plan_yaml(job), encoding="utf-8")
     (out / SCRIPT_NAME).write_text(script, encoding="utf-8")
     (out / SCRIPT_NAME).chmod(0o755)

@@ -140,6 +140,23 @@ MORE_BAD = {  # run in this process through orchestrator.cli.main
     "logs: unknown run": Case(("logs", "nosuchrun", "--run-dir", "runs"),
                               ("no run 'nosuchrun'",)),
     "status: bad run id": Case(("status", "../etc", "--run-dir", "runs"), ("no run '../etc'",)),
+    "render: -o is a file": Case(("render", "local.txt", "-o", "local.txt"),
+                                 ("-o 'local.txt'", "not a folder")),
+    "render: -o under a file": Case(("render", "local.txt", "-o", "local.txt/out"),
+                                    ("-o 'local.txt/out'", "cannot create this folder")),
+    "render: -o cannot be created": Case(("render", "local.txt", "-o", "/proc/nope"),
+                                         ("-o '/proc/nope'", "cannot create this folder")),
+    "render: missing local script": Case(("render", "local.txt", "-o", "out-noscript", "--",
+                                          "nosuch.py"),
+                                         ("script 'nosuch.py' not found", "--workdir")),
+    "launch: empty --ifname": Case(launch("local.txt", "--ifname", ""),
+                                   ("--ifname must not be empty",)),
+    "launch: empty --python": Case(launch("local.txt", "--python", " "),
+                                   ("--python must not be empty",)),
+    "render: empty --ifname": Case(("render", "two_remote.txt", "-o", "out-noif", "--ifname",
+                                    ""), ("--ifname must not be empty",)),
+    "exec: empty --python": Case(("exec", "local.txt", "--python", "", "--", "true"),
+                                 ("--python must not be empty",)),
 }
 
 GOOD = {
@@ -160,6 +177,7 @@ def prepare_inputs(directory: Path) -> None:
         (directory / name).write_text(text, encoding="utf-8")
     (directory / "subdir").mkdir()
     (directory / "bad.env").write_text("A=1\nNOVALUE\n", encoding="utf-8")
+    (directory / "train.py").write_text("print('train')\n", encoding="utf-8")
 
 
 @pytest.fixture(scope="module")
@@ -211,6 +229,78 @@ def test_more_bad_input_through_main(workdir: Path, capsys, monkeypatch, name: s
         main(list(MORE_BAD[name].argv))
     captured = capsys.readouterr()
     check_refused(MORE_BAD[name], info.value.code, captured.out, captured.err, workdir)
+
+
+def test_render_of_a_missing_local_script_writes_nothing(workdir: Path, capsys,
+                                                         monkeypatch) -> None:
+    from orchestrator.cli import main
+
+    monkeypatch.chdir(workdir)
+    with pytest.raises(SystemExit) as info:
+        main(["render", "local.txt", "-o", "out-missing", "--", "missing.py"])
+    assert info.value.code == 2
+    assert "script 'missing.py' not found" in capsys.readouterr().err
+    assert not (workdir / "out-missing").exists()
+
+
+CHECK_REFUSED = {  # check's flags, refused before any node is contacted
+    "--json in a missing folder": (("--json", "nodir/report.json"),
+                                   ("--json nodir/report.json", "does not exist")),
+    "--json under a file": (("--json", "local.txt/report.json"),
+                            ("--json local.txt/report.json", "is not a folder")),
+    "--max-size above 4G": (("--max-size", "5G"), ("--max-size '5G'", "at most 4G")),
+    "--max-size one K above 4G": (("--max-size", "4194305K"), ("--max-size", "at most 4G")),
+    "empty --ifname": (("--ifname", ""), ("--ifname must not be empty",)),
+    "empty --python": (("--python", ""), ("--python must not be empty",)),
+}
+
+
+class NodesContacted(Exception):
+    """Raised by the stand-in for check's first contact with the nodes."""
+
+
+@pytest.fixture
+def no_contact(monkeypatch):
+    import orchestrator.check_run
+
+    def contact(*args, **kwargs):
+        raise NodesContacted
+
+    monkeypatch.setattr(orchestrator.check_run, "connect_each", contact)
+
+
+@pytest.mark.parametrize("name", list(CHECK_REFUSED))
+def test_check_refuses_bad_flags_before_contacting_any_node(workdir: Path, capsys, monkeypatch,
+                                                            no_contact, name: str) -> None:
+    from orchestrator.cli import main
+
+    args, words = CHECK_REFUSED[name]
+    monkeypatch.chdir(workdir)
+    with pytest.raises(SystemExit) as info:  # NodesContacted escaping: checked too late
+        main(["check", "two_remote.txt", "--run-dir", "runs", *args])
+    check_refused(Case(("check",), words), info.value.code, *capsys.readouterr(), workdir)
+
+
+def test_check_takes_4g_and_a_writable_json_path(workdir: Path, monkeypatch, no_contact) -> None:
+    from orchestrator.cli import main
+
+    monkeypatch.chdir(workdir)
+    with pytest.raises(NodesContacted):  # got past every flag to the nodes
+        main(["check", "two_remote.txt", "--run-dir", "runs", "--max-size", "4G",
+              "--json", "report.json"])
+    assert not (workdir / "report.json").exists()
+
+
+def test_one_failed_node_reads_as_its_own_line_several_are_grouped() -> None:
+    from orchestrator.errors import NodeError, NodeErrors
+
+    one = NodeErrors([NodeError("node1", "connection refused", exit_code=2)], "connecting")
+    assert str(one) == "node1: connection refused" and one.exit_code == 2
+    assert len(one.errors) == 1
+    two = NodeErrors([NodeError("node1", "refused"), NodeError("node2", "no answer")],
+                     "connecting")
+    assert str(two) == "connecting failed on 2 node(s):\n  node1: refused\n  node2: no answer"
+    assert two.exit_code == 1
 
 
 def test_dry_run_prints_the_plan_and_starts_nothing(results, workdir: Path) -> None:
