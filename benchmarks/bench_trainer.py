@@ -44,6 +44,17 @@ def parse(pattern: re.Pattern[str], output: str) -> tuple[float, float]:
     return float(match.group(1)), float(match.group(2)) / 100
 
 
+def nccl_version() -> str:
+    import torch
+
+    try:
+        version = torch.cuda.nccl.version()
+    except (AttributeError, RuntimeError):  # a build without NCCL
+        return "unavailable"
+    # A tuple (2, 21, 5) in current torch; older releases returned one int (2708).
+    return ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=5, help="repetitions of each variant")
@@ -84,6 +95,10 @@ def main() -> None:
     mode = "GPU, NCCL, bf16" if args.gpu else f"CPU, gloo, {threads} thread(s) per rank"
     print(f"{nproc} rank(s), {mode}; model {args.model}, batch {args.batch_size}/rank, "
           f"{args.steps} steps, {args.reps} repetitions")  # fmt: skip
+    if args.gpu:
+        # GPU numbers mean little without the card and the library versions behind them.
+        print(f"GPU {torch.cuda.get_device_name(0)}; torch {torch.__version__}, "
+              f"CUDA {torch.version.cuda}, NCCL {nccl_version()}")  # fmt: skip
     results: dict[str, list[tuple[float, float]]] = {name: [] for name in variants}
     for rep in range(args.reps):
         for name, (target, pattern) in variants.items():

@@ -138,7 +138,14 @@ def find_latest(directory: Path) -> Path | None:
     """The checkpoint ``latest`` names; without a pointer, the highest-step ckpt file."""
     pointer = directory / LATEST_POINTER
     if pointer.is_file():
-        name = pointer.read_text().strip()
+        try:
+            name = pointer.read_text().strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            reason = getattr(exc, "strerror", None) or exc.__class__.__name__
+            raise CheckpointError(
+                f"--resume: cannot read {pointer} ({reason}); fix or delete it, or pass "
+                "--resume PATH"
+            ) from None
         if not _CHECKPOINT_RE.fullmatch(name):
             raise CheckpointError(
                 f"--resume: {pointer} holds {name!r}, not a checkpoint file name; "
@@ -151,12 +158,24 @@ def find_latest(directory: Path) -> Path | None:
 
 def load_checkpoint(path: Path) -> dict[str, Any]:
     """Read and sanity-check a checkpoint; any problem is a CheckpointError (exit 2)."""
+    if path.is_dir():
+        raise CheckpointError(_directory_problem(path))
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError:
         raise CheckpointError(
             f"--resume {path}: no such file on rank 0's node; pass a checkpoint file, or "
             "--resume alone to take the newest one in --checkpoint-dir"
+        ) from None
+    except PermissionError:
+        raise CheckpointError(
+            f"--resume {path}: permission denied reading it on rank 0's node; make it "
+            "readable by this user, or pass another checkpoint"
+        ) from None
+    except OSError as exc:  # the file is fine as far as we know; reading it is not
+        raise CheckpointError(
+            f"--resume {path}: cannot read it on rank 0's node "
+            f"({exc.strerror or exc.__class__.__name__})"
         ) from None
     except Exception as exc:  # torch/zipfile/pickle raise many types for a damaged file
         reason = (str(exc).strip().splitlines() or [""])[0][:160]
@@ -173,6 +192,22 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
     if missing:
         raise CheckpointError(f"--resume {path}: checkpoint lacks {', '.join(missing)}")
     return state
+
+
+def _directory_problem(path: Path) -> str:
+    try:
+        newest = find_latest(path)
+    except (CheckpointError, OSError):
+        newest = None
+    if newest is not None and newest.is_file():
+        return (
+            f"--resume {path}: is a checkpoint directory, not a checkpoint file; pass "
+            f"--resume {newest} (its newest), or --checkpoint-dir {path} --resume"
+        )
+    return (
+        f"--resume {path}: is a directory holding no checkpoints (ckpt-NNNNNNNN.pt); "
+        "pass a checkpoint file"
+    )
 
 
 def check_compatible(path: Path, saved: dict[str, Any], current: dict[str, Any]) -> None:

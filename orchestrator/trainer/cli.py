@@ -22,7 +22,13 @@ from orchestrator.trainer.config import (
     TrainConfig,
     resolve_topology,
 )
-from orchestrator.trainer.errors import EXIT_INTERRUPTED, EXIT_USAGE, TrainerUsageError
+from orchestrator.trainer.errors import (
+    EXIT_FAILURE,
+    EXIT_INTERRUPTED,
+    EXIT_USAGE,
+    TrainerRuntimeError,
+    TrainerUsageError,
+)
 from orchestrator.trainer.reporting import emit
 
 PROG = "python -m orchestrator.trainer"
@@ -54,8 +60,10 @@ train 1.3 s, total 4.2 s
 
 exit codes:
   0    finished
-  1    unexpected failure (with a traceback)
-  2    bad input: option value, missing dataset, corrupt or mismatched checkpoint
+  1    failed: a rank could not join the process group in time (one line), or an
+       unexpected failure (with a traceback)
+  2    bad input: option value, missing dataset, unreadable, mismatched or already
+       finished checkpoint
   128+N  stopped by signal N (143 for SIGTERM, 138 for SIGUSR1), after saving a
        checkpoint when --checkpoint-dir is set: resumable, but not finished
   130  interrupted by Ctrl-C (no checkpoint)
@@ -170,7 +178,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--device",
         default=d.device,
         metavar="{" + ",".join(DEVICES) + "}",
-        help="auto: cuda:LOCAL_RANK if CUDA is available, else cpu (default: %(default)s)",
+        help="auto: cuda:LOCAL_RANK if this node has a GPU for each of its ranks "
+        "(LOCAL_WORLD_SIZE), else cpu with a note saying why; cuda: fail (exit 2) "
+        "unless it has (default: %(default)s)",
     )
     g = p.add_argument_group("checkpoints")
     g.add_argument(
@@ -283,6 +293,9 @@ def main(argv: list[str] | None = None) -> int:
     except TrainerUsageError as exc:
         emit(f"{PROG}: error: {exc}", sys.stderr)
         return EXIT_USAGE
+    except TrainerRuntimeError as exc:
+        emit(f"{PROG}: error: {exc}", sys.stderr)
+        return EXIT_FAILURE
     except KeyboardInterrupt:
         emit(f"{PROG}: interrupted", sys.stderr)
         return EXIT_INTERRUPTED

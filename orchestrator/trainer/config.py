@@ -8,9 +8,11 @@ reveal are found later, in ``setup``, and reported the same way (exit code 2).
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from orchestrator.trainer.errors import TrainerUsageError
 
@@ -194,6 +196,7 @@ def resolve_topology(
             raise TrainerUsageError(
                 f"--rank {rank} --world-size {world_size}: need 0 <= rank < world size"
             )
+        _check_init_url(init_method)
         local_rank = _env_int(env, "LOCAL_RANK", rank)
         local_world = _env_int(env, "LOCAL_WORLD_SIZE", 1)
         return Topology(rank, world_size, local_rank, local_world, init_method, "explicit")
@@ -220,6 +223,47 @@ def resolve_topology(
             launcher="torchrun",
         )
     return Topology(0, 1, 0, 1, None, "single")
+
+
+def _check_init_url(url: str) -> None:
+    """Refuse what torch would only discover by waiting for its timeout (30 minutes).
+
+    torch retries opening a file:// store whose directory is missing, silently, until
+    the timeout, and a tcp:// URL without a port fails with a bare ValueError. Parsed
+    as torch parses them: a file:// URL's path alone names the file.
+    """
+    parsed = urlsplit(url)
+    if parsed.scheme == "tcp":
+        try:
+            port = parsed.port
+        except ValueError:
+            port = None
+        if not parsed.hostname or not port:
+            raise TrainerUsageError(
+                f"--init-method {url}: needs a host and a port, e.g. tcp://node1:29500"
+            )
+    if parsed.scheme != "file":
+        return
+    if not parsed.path:
+        raise TrainerUsageError(
+            f"--init-method {url}: needs a file path, e.g. file:///shared/dir/rendezvous"
+        )
+    path = Path(parsed.path)
+    if path.is_dir():
+        raise TrainerUsageError(
+            f"--init-method {url}: names a directory, not a file; use a file inside it "
+            "that does not exist yet, e.g. file:///shared/dir/rendezvous"
+        )
+    if not path.parent.is_dir():
+        raise TrainerUsageError(
+            f"--init-method {url}: directory {path.parent} does not exist on this node; "
+            "create it on a filesystem every rank sees, or use tcp://HOST:PORT"
+        )
+    if not os.access(path if path.exists() else path.parent, os.R_OK | os.W_OK):
+        raise TrainerUsageError(
+            f"--init-method {url}: cannot create or write {path} as this user; "
+            "choose a writable shared directory"
+        )
 
 
 def _env_int(env: Mapping[str, str], name: str, default: int) -> int:

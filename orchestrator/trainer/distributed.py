@@ -15,7 +15,8 @@ import torch
 import torch.distributed as dist
 
 from orchestrator.trainer.config import Topology
-from orchestrator.trainer.errors import TrainerUsageError
+from orchestrator.trainer.errors import TrainerRuntimeError, TrainerUsageError
+from orchestrator.trainer.reporting import emit
 from orchestrator.trainer.stopping import StopRequest
 
 
@@ -91,26 +92,69 @@ def configure_threads(topology: Topology, device: torch.device) -> int:
     return threads
 
 
-def choose_device(preference: str, topology: Topology) -> torch.device:
-    if preference == "cpu" or (preference == "auto" and not torch.cuda.is_available()):
-        return torch.device("cpu")
-    if not torch.cuda.is_available():
+@dataclass(frozen=True)
+class DeviceChoice:
+    """The device type every local rank trains on, and why auto fell back to CPU."""
+
+    kind: str  # "cuda" or "cpu"
+    note: str | None = None
+
+
+def decide_device(
+    preference: str, gpu_count: int, local_rank: int, local_world_size: int
+) -> DeviceChoice:
+    """Pick CUDA or CPU from the visible GPU count alone (pure, so it is unit-tested).
+
+    auto decides on the node's rank count, never on this rank's index: every rank of a
+    node sees the same LOCAL_WORLD_SIZE and GPU count, so all of them pick the same
+    backend. (Ranks that chose NCCL and gloo would wait for each other until a timeout.)
+    """
+    if preference == "cpu" or (preference == "auto" and gpu_count == 0):
+        return DeviceChoice("cpu")
+    if preference == "auto" and local_world_size > gpu_count:
+        return DeviceChoice(
+            "cpu",
+            f"note: --device auto chose cpu (gloo): {local_world_size} ranks on this node "
+            f"but {gpu_count} GPU(s) visible, one needed per rank; start at most "
+            f"{gpu_count} rank(s) per node (torchrun --nproc_per_node={gpu_count}) to train "
+            "on the GPU(s), or pass --device cpu to choose CPU explicitly",
+        )
+    if gpu_count == 0:
         raise TrainerUsageError(
             "--device cuda: no CUDA device is visible to this process; use --device cpu"
         )
-    count = torch.cuda.device_count()
-    if topology.local_rank >= count:
+    if local_world_size > gpu_count:
         raise TrainerUsageError(
-            f"local rank {topology.local_rank} has no GPU: only {count} visible; start at most "
-            f"{count} processes per node (torchrun --nproc_per_node={count})"
+            f"--device cuda: {local_world_size} ranks on this node but only {gpu_count} "
+            f"GPU(s) visible, one needed per rank; start at most {gpu_count} rank(s) per "
+            f"node (torchrun --nproc_per_node={gpu_count}), or use --device auto or cpu"
         )
-    torch.cuda.set_device(topology.local_rank)
-    return torch.device("cuda", topology.local_rank)
+    if local_rank >= gpu_count:
+        # Reached with --init-method, where LOCAL_RANK defaults to the global rank and
+        # LOCAL_WORLD_SIZE to 1 unless the user exports them per node.
+        raise TrainerUsageError(
+            f"local rank {local_rank} has no GPU: only {gpu_count} visible; start at most "
+            f"{gpu_count} rank(s) per node, setting LOCAL_RANK and LOCAL_WORLD_SIZE for each "
+            "when starting ranks by hand, or use --device cpu"
+        )
+    return DeviceChoice("cuda")
+
+
+def choose_device(preference: str, topology: Topology) -> DeviceChoice:
+    gpu_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return decide_device(preference, gpu_count, topology.local_rank, topology.local_world_size)
 
 
 def start_runtime(topology: Topology, device_preference: str) -> Runtime:
     """Pick the device and backend (NCCL with CUDA, gloo otherwise) and join the group."""
-    device = choose_device(device_preference, topology)
+    choice = choose_device(device_preference, topology)
+    if choice.note is not None and topology.rank == 0:
+        emit(choice.note)
+    if choice.kind == "cuda":
+        torch.cuda.set_device(topology.local_rank)
+        device = torch.device("cuda", topology.local_rank)
+    else:
+        device = torch.device("cpu")
     threads = configure_threads(topology, device)
     if not topology.is_distributed:
         return Runtime(topology, device, None, threads)
@@ -120,11 +164,36 @@ def start_runtime(topology: Topology, device_preference: str) -> Runtime:
         init_kwargs.update(rank=topology.rank, world_size=topology.world_size)
     if device.type == "cuda":
         init_kwargs["device_id"] = device
-    dist.init_process_group(**init_kwargs)
-    # A separate gloo group even when training on gloo: control messages then never
-    # queue behind (or in front of) DDP's gradient buckets.
-    control = dist.new_group(backend="gloo")
+    try:
+        dist.init_process_group(**init_kwargs)
+        # A separate gloo group even when training on gloo: control messages then never
+        # queue behind (or in front of) DDP's gradient buckets.
+        control = dist.new_group(backend="gloo")
+    except RuntimeError as exc:  # DistNetworkError, DistStoreError, gloo's own errors
+        # Bad URLs were refused before torch was imported (config.resolve_topology);
+        # what is left is a peer or address this rank could not reach in time.
+        raise TrainerRuntimeError(_join_failure(topology, exc)) from None
     return Runtime(topology, device, backend, threads, control)
+
+
+def _join_failure(topology: Topology, exc: BaseException) -> str:
+    if topology.launcher == "torchrun":
+        where = (
+            f"MASTER_ADDR:MASTER_PORT {os.environ.get('MASTER_ADDR')}:"
+            f"{os.environ.get('MASTER_PORT')}"
+        )
+    else:
+        where = f"--init-method {topology.init_method}"
+    reason = (str(exc).strip().splitlines() or [exc.__class__.__name__])[0][:200]
+    if (topology.init_method or "").startswith("file://"):
+        reach = "that the file is on a filesystem every rank's node shares"
+    else:
+        reach = "that its host and port are reachable from this node"
+    return (
+        f"{where}: rank {topology.rank} of {topology.world_size} could not join the "
+        f"process group ({reason}); check that every rank was started with the same "
+        f"address and world size, that rank 0 is running, and {reach}"
+    )
 
 
 class StopAgreement:

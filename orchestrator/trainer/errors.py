@@ -1,4 +1,4 @@
-"""Errors the trainer reports to a user as one line, with exit code 2."""
+"""Errors the trainer reports to a user as one line: exit code 2 for bad input, 1 otherwise."""
 
 from __future__ import annotations
 
@@ -18,3 +18,11 @@ class TrainerUsageError(Exception):
 
 class CheckpointError(TrainerUsageError):
     """A checkpoint that cannot be read or does not fit this run."""
+
+
+class TrainerRuntimeError(Exception):
+    """A foreseeable failure that is not the user's input: a peer rank that never came.
+
+    ``str()`` is the whole message, like TrainerUsageError's, but the CLI exits 1: the
+    same command may well work on a second try.
+    """

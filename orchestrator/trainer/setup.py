@@ -170,7 +170,7 @@ def _resume(session: Session) -> None:
     payload: dict[str, Any] | str | None = None
     if runtime.is_main:
         try:
-            payload = _read_resume_checkpoint(config, session.identity)
+            payload = _read_resume_checkpoint(session)
         except CheckpointError as exc:
             payload = str(exc)
     payload = runtime.broadcast_object(payload)
@@ -205,7 +205,8 @@ def _resume(session: Session) -> None:
     session.resumed_loss = state.get("loss")
 
 
-def _read_resume_checkpoint(config: TrainConfig, identity: dict[str, Any]) -> dict | None:
+def _read_resume_checkpoint(session: Session) -> dict | None:
+    config = session.config
     path = config.resume_path
     if path is None and config.checkpoint_dir is not None:  # --resume without a path
         path = find_latest(config.checkpoint_dir)
@@ -215,5 +216,33 @@ def _read_resume_checkpoint(config: TrainConfig, identity: dict[str, Any]) -> di
     if path is None:
         raise CheckpointError("--resume needs a PATH or --checkpoint-dir")
     state = load_checkpoint(path)
-    check_compatible(path, state["run"], identity)
+    check_compatible(path, state["run"], session.identity)
+    _check_steps_left(path, int(state["step"]), session)
     return {"path": str(path), "state": state}
+
+
+def _check_steps_left(path: Path, step: int, session: Session) -> None:
+    """Refuse a checkpoint beyond this run's total.
+
+    "Finishing" would overwrite the checkpoint and final.pt of a longer run under a
+    shorter run's name. A checkpoint at the total itself resumes to a finished run (the
+    same command run again, or a requeue after the last step), which is no mistake.
+    """
+    total, config = session.total_steps, session.config
+    if step <= total:
+        return
+    per_epoch = session.plan.steps_per_epoch
+    if config.max_steps is not None and config.max_steps == total:
+        limit = f"--max-steps {config.max_steps}"
+    else:
+        limit = f"--epochs {config.epochs} x {per_epoch} steps per epoch"
+    fixes = []
+    if config.max_steps is not None and config.max_steps <= step:
+        fixes.append(f"--max-steps above {step}")
+    if config.epochs * per_epoch <= step:
+        fixes.append(f"--epochs to at least {step // per_epoch + 1}")
+    raise CheckpointError(
+        f"--resume {path}: the checkpoint is at step {step} but this run trains {total} "
+        f"steps in total ({limit}); to train further raise "
+        f"{' and '.join(fixes)} (steps count from 0, resumed ones included)"
+    )
