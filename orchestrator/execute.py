@@ -13,7 +13,7 @@ from orchestrator.backends.base import NodeConnection
 from orchestrator.errors import Interrupted
 from orchestrator.hostfile import Cluster
 from orchestrator.logs import LogSink, use_color
-from orchestrator.nodes import Event, NodeSession
+from orchestrator.nodes import Event, NodeSession, start_sessions
 from orchestrator.supervise import NodeState, Supervisor, describe_exit, signals_to
 
 
@@ -73,13 +73,13 @@ def run_on_nodes(connections: Sequence[NodeConnection], pythons: Sequence[str],
     """
     capture = sink if sink is not None else CaptureSink()
     events: queue.Queue[Event] = queue.Queue()
-    sessions = []
+    sessions: list[NodeSession] = []
     try:
-        nodes_and_commands = zip(connections, pythons, argvs, strict=True)
-        for index, (connection, python, argv) in enumerate(nodes_and_commands):
-            config = {"argv": list(argv), "grace": grace,
-                      "heartbeat_timeout": heartbeat_timeout}
-            sessions.append(NodeSession.start(index, connection, python, tag, config, events))
+        config = {"grace": grace, "heartbeat_timeout": heartbeat_timeout}
+        sessions = start_sessions([
+            (index, connection, python, tag, {**config, "argv": list(argv)})
+            for index, (connection, python, argv) in enumerate(
+                zip(connections, pythons, argvs, strict=True))], events)
         nodes = [NodeState(index=i, host=c.host) for i, c in enumerate(connections)]
         supervisor = Supervisor(nodes, [], sessions, events, capture, grace=grace,
                                 heartbeat_timeout=heartbeat_timeout, stop_on_failure=False,

@@ -21,7 +21,7 @@ from orchestrator.detach import run_detached
 from orchestrator.errors import ConfigError, NodeError, NodeErrors, OrchestratorError
 from orchestrator.hostfile import Cluster
 from orchestrator.logs import LogSink, use_color
-from orchestrator.nodes import Event, NodeSession
+from orchestrator.nodes import Event, NodeSession, start_sessions
 from orchestrator.plan import LaunchPlan, NodeFacts, make_plan
 from orchestrator.probe import probe_nodes
 from orchestrator.render import (
@@ -182,26 +182,24 @@ def run_plan(plan: LaunchPlan, scripts: dict[str, str], spec: JobSpec,
     record.write_status(base)
     try:
         with signals_to(supervisor):
-            for node, connection in zip(plan.nodes, connections, strict=True):
-                config = {
-                    "run_id": plan.run_id,
-                    "node_dir": node.node_dir,
-                    "script": scripts[script_name(node)],
-                    "script_name": script_name(node),
-                    "ranks": list(node.ranks),
-                    "env": secrets,
-                    "secrets": secret_values,
-                    "grace": options.grace,
-                    "heartbeat_timeout": options.heartbeat_timeout,
-                }
-                try:
-                    sessions.append(NodeSession.start(node.node_rank, connection, node.python,
-                                                      plan.run_id, config, events))
-                except OrchestratorError as exc:  # the started nodes stop as their channel closes
-                    record.write_status({**base, **supervisor.status(), "state": "failed",
-                                         "exit_code": exc.exit_code, "ended_at": now_iso(),
-                                         "summary": str(exc)})
-                    raise
+            starts = [(node.node_rank, connection, node.python, plan.run_id, {
+                "run_id": plan.run_id,
+                "node_dir": node.node_dir,
+                "script": scripts[script_name(node)],
+                "script_name": script_name(node),
+                "ranks": list(node.ranks),
+                "env": secrets,
+                "secrets": secret_values,
+                "grace": options.grace,
+                "heartbeat_timeout": options.heartbeat_timeout,
+            }) for node, connection in zip(plan.nodes, connections, strict=True)]
+            try:
+                sessions.extend(start_sessions(starts, events))
+            except OrchestratorError as exc:  # the started nodes were stopped
+                record.write_status({**base, **supervisor.status(), "state": "failed",
+                                     "exit_code": exc.exit_code, "ended_at": now_iso(),
+                                     "summary": str(exc)})
+                raise
             outcome = supervisor.run()
     finally:
         for session in sessions:

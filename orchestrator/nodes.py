@@ -7,14 +7,15 @@ cost one SSH session per node, not two.
 
 from __future__ import annotations
 
-import json
 import queue
 import threading
 import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from importlib import resources
 
-from orchestrator.agent import IDLE_S, length_prefixed
+from orchestrator.agent import IDLE_S, encode_config, length_prefixed
 from orchestrator.backends.base import AgentChannel, IdleAgent, NodeConnection
 
 REUSE_WITHIN_S = IDLE_S / 3  # an agent idle for longer may be about to leave: start another
@@ -101,7 +102,7 @@ class NodeSession:
             channel = connection.start_agent(python, tag)
             head = length_prefixed(agent_source())
         session = cls(index, connection, channel, events, python, tag)
-        channel.write(head + length_prefixed(json.dumps(config).encode()))
+        channel.write(head + encode_config(config))
         session.thread.start()
         return session
 
@@ -139,6 +140,29 @@ class NodeSession:
                                                time.monotonic())
         if previous is not None:
             previous.channel.close()
+
+
+def start_sessions(starts: Sequence[tuple[int, NodeConnection, str, str, dict]],
+                   events: queue.Queue[Event]) -> list[NodeSession]:
+    """Start (index, connection, python, tag, config) agents on all their nodes at once.
+
+    Each start waits for its node to open a channel and run a command: in turn, those
+    round trips would add up with the node count. If any start fails, the others are
+    closed (which stops their agents) and the first error is raised.
+    """
+    with ThreadPoolExecutor(max_workers=min(64, max(1, len(starts)))) as pool:
+        futures = [pool.submit(NodeSession.start, *start, events) for start in starts]
+    sessions, errors = [], []
+    for future in futures:
+        try:
+            sessions.append(future.result())
+        except Exception as exc:
+            errors.append(exc)
+    if errors:
+        for session in sessions:
+            session.close()
+        raise errors[0]
+    return sessions
 
 
 def take_idle_agent(connection: NodeConnection, python: str, tag: str) -> AgentChannel | None:

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchestrator.agent import BOOTSTRAP, frame, length_prefixed
+from orchestrator.agent import BOOTSTRAP, encode_config, frame, length_prefixed
 from orchestrator.nodes import FrameParser
 
 PROPERTY = settings(max_examples=60, deadline=None)
@@ -157,9 +157,7 @@ def start_agent(env: dict | None = None) -> subprocess.Popen:
 
 def run_step(proc: subprocess.Popen, head: bytes, argv: list[str]) -> dict:
     """Send one step's config; read frames up to X; returns {kind: [(fields, data)]}."""
-    import json
-
-    proc.stdin.write(head + length_prefixed(json.dumps({"argv": argv}).encode()))
+    proc.stdin.write(head + encode_config({"argv": argv}))
     proc.stdin.flush()
     parser, seen = FrameParser(), {}
     while "X" not in seen:

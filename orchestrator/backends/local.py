@@ -6,7 +6,7 @@ import os
 import shutil
 import subprocess
 
-from orchestrator.agent import BOOTSTRAP
+from orchestrator.agent import agent_argv
 from orchestrator.backends.base import IdleAgent
 from orchestrator.errors import NodeError
 
@@ -17,7 +17,7 @@ class LocalChannel:
             # A session of its own: Ctrl-C in the terminal reaches the controller only,
             # which then stops the node through the agent, in order.
             self.proc = subprocess.Popen(
-                [python, "-u", "-c", BOOTSTRAP, "orchestrator-agent", tag],
+                agent_argv(python, tag),
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                 start_new_session=True, bufsize=0,
                 env={**os.environ, "ORCHESTRATOR_RUN_ID": tag},

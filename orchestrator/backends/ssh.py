@@ -26,7 +26,7 @@ from pathlib import Path
 
 import paramiko
 
-from orchestrator.agent import BOOTSTRAP
+from orchestrator.agent import agent_argv
 from orchestrator.backends.base import (
     DEFAULT_CONNECT_TIMEOUT_S,
     MISSING_PYTHON_WORDS,
@@ -175,8 +175,7 @@ class SshConnection:
             f"command -v {shlex.quote(python)} >/dev/null 2>&1 || "
             f"{{ echo \"python {shlex.quote(python)} {MISSING_PYTHON_WORDS}\" >&2; "
             "exit 127; }; "
-            f"ORCHESTRATOR_RUN_ID={shlex.quote(tag)} exec {shlex.quote(python)} -u -c "
-            f"{shlex.quote(BOOTSTRAP)} orchestrator-agent {shlex.quote(tag)}"
+            f"ORCHESTRATOR_RUN_ID={shlex.quote(tag)} exec {shlex.join(agent_argv(python, tag))}"
         )
         try:
             channel = self.client.get_transport().open_session(timeout=DEFAULT_CONNECT_TIMEOUT_S)
