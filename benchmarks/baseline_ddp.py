@@ -103,6 +103,7 @@ def main() -> None:
             f"data wait {data_wait / elapsed:.1%}",
             flush=True,
         )
+    dist.barrier()  # no rank tears gloo down while another still talks to it
     dist.destroy_process_group()
 
 

@@ -205,11 +205,13 @@ class StopAgreement:
     so it never waits on a GPU stream) of [its signal number, -its proposed interval]
     and all act on the same result.
 
-    A check costs about half a millisecond on gloo, a tenth of a small model's CPU step,
-    so by default the interval adapts: each check proposes the number of steps that
-    takes about ``target_s`` of training (at least 1, so slow steps check every step),
-    and the smallest proposal wins. A stop therefore lands within about ``target_s`` or
-    one step of the signal, whichever is longer, at roughly 1% of the throughput.
+    A check costs from half a millisecond to a whole small step (it holds every rank
+    still for the slowest: 25-30% of the throughput of a small CPU model when made at
+    every step, benchmarks/bench_trainer.py), so by default the interval adapts: each
+    check proposes the number of steps that takes about ``target_s`` of training (at
+    least 1, so slow steps check every step), and the smallest proposal wins. A stop
+    therefore lands within about ``target_s`` or one step of the signal, whichever is
+    longer, at about 1% of the throughput.
     ``every`` fixes the interval instead.
     """
 
@@ -218,7 +220,7 @@ class StopAgreement:
         runtime: Runtime,
         request: StopRequest,
         every: int | None = None,
-        target_s: float = 0.05,
+        target_s: float = 0.25,
         max_interval: int = 1000,
     ) -> None:
         self.runtime = runtime

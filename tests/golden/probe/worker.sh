@@ -14,17 +14,24 @@ orchestrator_route_ifname() {
     printf '%s\n' "${dev%%@*}"
 }
 
-# One interpreter start: its version, torch's version (found where `import torch` looks, and
-# its package metadata; importing torch itself would cost seconds on every launch).
+# One interpreter start: its version, and torch's: found where `import torch` looks, its
+# version read from torch/version.py (importing torch would cost seconds on every node at
+# every launch, and importlib.metadata more CPU than the rest of the probe).
 python=/opt/conda/bin/python
 if ! facts=$("$python" -  2>&1 <<'PY'
-import importlib.metadata, importlib.util, socket, sys
+import importlib.util, os, socket, sys
 print("python_version=" + sys.version.split()[0])
+spec = importlib.util.find_spec("torch")
+torch_version = "none" if spec is None else "unknown"
 try:
-    torch_version = importlib.metadata.version("torch")
-except importlib.metadata.PackageNotFoundError:
-    torch_version = "unknown"  # importable without metadata, e.g. from PYTHONPATH
-print("torch_version=" + (torch_version if importlib.util.find_spec("torch") else "none"))
+    with open(os.path.join(os.path.dirname(spec.origin), "version.py")) as version_py:
+        for line in version_py:
+            if line.startswith("__version__"):
+                torch_version = line.partition("=")[2].strip().strip("'\"")
+                break
+except (AttributeError, TypeError, OSError):
+    pass
+print("torch_version=" + torch_version)
 if len(sys.argv) > 1:
     family = socket.AF_INET6 if socket.has_dualstack_ipv6() else socket.AF_INET
     def bind(port):
