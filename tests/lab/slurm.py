@@ -191,8 +191,9 @@ class SlurmCluster:
             "AuthType=auth/munge",
             "CredType=cred/munge",
             # cred_expire is also how long SLURM holds a requeued job back (120 s by default):
-            # the requeue tests must not wait on it.
-            f"AuthInfo=socket={self.munge_socket},cred_expire=30",
+            # the requeue tests wait it out (forcing an earlier start races slurmd, which
+            # refuses to relaunch a job within the second its old credential was revoked).
+            f"AuthInfo=socket={self.munge_socket},cred_expire=20",
             "SlurmUser=root",
             "SlurmdUser=root",
             f"StateSaveLocation={d}/state",
@@ -212,6 +213,8 @@ class SlurmCluster:
             # Accept CPUs= above what slurmd detects instead of draining the node.
             "SlurmdParameters=config_overrides",
             "SchedulerType=sched/backfill",
+            # A job whose hold ends starts within seconds, not at the next minute's pass.
+            "SchedulerParameters=sched_interval=2,bf_interval=2",
             "AccountingStorageType=accounting_storage/none",
             "JobAcctGatherType=jobacct_gather/none",
             "JobCompType=jobcomp/filetxt",
