@@ -23,7 +23,7 @@ def stop_run(record: RunRecord, wait_s: float, say=print) -> int:
         say(f"run {record.run_id} already ended: {state}")
         return 0
     if status.get("backend") == "slurm":
-        from orchestrator.backends.slurm import cancel_run
+        from orchestrator.slurm.commands import cancel_run
 
         return cancel_run(record, status, say)
     if not controller_alive(status):

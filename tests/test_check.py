@@ -1,6 +1,6 @@
 """Unit tests of `orchestrator check`'s pure parts: sizes, nccl-tests' bandwidth formulas,
 the exact values every rank must get, report lines, diagnoses and tables. Plus the two
-small programs it ships to nodes (the probe script and orchestrator.reach), run here."""
+small programs it ships to nodes (the probe script and orchestrator.check.reach), run here."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import check
-from orchestrator.check_nodes import reach_source
-from orchestrator.check_report import (
+from orchestrator.check import measure
+from orchestrator.check.nodes import reach_source
+from orchestrator.check.report import (
     Master,
     NodeReport,
     Problem,
@@ -39,33 +39,33 @@ MASTER = Master("node0", "10.0.0.1", 29500, 22)
     ("512KiB", 512 << 10), ("4096", 4096), ("2MB", 2 << 20), (" 1.5K ", 1536), ("1T", 1 << 40),
 ])
 def test_parse_size_reads_binary_units(text: str, size: int) -> None:
-    assert check.parse_size(text) == size
+    assert measure.parse_size(text) == size
 
 
 @pytest.mark.parametrize("text", ["", "M", "-1M", "0", "64X", "1e6", "64 MB extra"])
 def test_parse_size_rejects_what_is_not_a_size(text: str) -> None:
     with pytest.raises(ValueError, match="size"):
-        check.parse_size(text)
+        measure.parse_size(text)
 
 
 def test_sweep_doubles_from_1k_to_the_max_inclusive() -> None:
-    sizes = check.sweep_sizes(64 << 20)
+    sizes = measure.sweep_sizes(64 << 20)
     assert sizes[0] == 1024 and sizes[-1] == 64 << 20 and len(sizes) == 17
     assert all(b == 2 * a for a, b in itertools.pairwise(sizes))
-    assert check.sweep_sizes(3000) == [1024, 2048, 3000]  # the max is always measured
-    assert check.sweep_sizes(1024) == [1024]
-    assert check.sweep_sizes(100) == [100]
-    assert [check.format_size(s) for s in (1024, 3 << 20, 1 << 30, 3000)] == \
+    assert measure.sweep_sizes(3000) == [1024, 2048, 3000]  # the max is always measured
+    assert measure.sweep_sizes(1024) == [1024]
+    assert measure.sweep_sizes(100) == [100]
+    assert [measure.format_size(s) for s in (1024, 3 << 20, 1 << 30, 3000)] == \
         ["1K", "3M", "1G", "3000"]
 
 
 def test_all_gather_size_is_the_gathered_total_rounded_to_whole_elements() -> None:
     # 1 KiB over 6 ranks: 42 float32 each, 1008 bytes gathered (as nccl-tests rounds).
-    assert check.elements_per_rank("all_gather", 1024, 6) == 42
-    assert check.bytes_moved("all_gather", 42, 6) == 1008
-    assert check.elements_per_rank("all_reduce", 1024, 6) == 256
-    assert check.bytes_moved("all_reduce", 256, 6) == 1024
-    assert check.elements_per_rank("all_gather", 4, 8) == 1  # never zero
+    assert measure.elements_per_rank("all_gather", 1024, 6) == 42
+    assert measure.bytes_moved("all_gather", 42, 6) == 1008
+    assert measure.elements_per_rank("all_reduce", 1024, 6) == 256
+    assert measure.bytes_moved("all_reduce", 256, 6) == 1024
+    assert measure.elements_per_rank("all_gather", 4, 8) == 1  # never zero
 
 
 # --- bandwidth formulas ------------------------------------------------------------------
@@ -75,36 +75,36 @@ def test_all_gather_size_is_the_gathered_total_rounded_to_whole_elements() -> No
     (1, 0.0, 0.0), (2, 1.0, 0.5), (4, 1.5, 0.75), (6, 10 / 6, 5 / 6), (8, 1.75, 0.875),
 ])
 def test_bus_factors_are_nccl_tests(n: int, all_reduce: float, all_gather: float) -> None:
-    assert check.bus_factor("all_reduce", n) == pytest.approx(all_reduce)
-    assert check.bus_factor("all_gather", n) == pytest.approx(all_gather)
+    assert measure.bus_factor("all_reduce", n) == pytest.approx(all_reduce)
+    assert measure.bus_factor("all_gather", n) == pytest.approx(all_gather)
 
 
 def test_algbw_and_busbw_in_gb_per_second() -> None:
     # 1 GB in 0.5 s: 2 GB/s algorithm bandwidth; on 8 ranks all_reduce moves 1.75x that.
-    assert check.algbw_gbs(10**9, 0.5) == pytest.approx(2.0)
-    assert check.busbw_gbs("all_reduce", 10**9, 0.5, 8) == pytest.approx(3.5)
-    assert check.busbw_gbs("all_gather", 10**9, 0.5, 8) == pytest.approx(1.75)
-    row = check.BandwidthRow("all_gather", 64 << 20, (64 << 20) // 24, 0.25, 6, 1, 3)
+    assert measure.algbw_gbs(10**9, 0.5) == pytest.approx(2.0)
+    assert measure.busbw_gbs("all_reduce", 10**9, 0.5, 8) == pytest.approx(3.5)
+    assert measure.busbw_gbs("all_gather", 10**9, 0.5, 8) == pytest.approx(1.75)
+    row = measure.BandwidthRow("all_gather", 64 << 20, (64 << 20) // 24, 0.25, 6, 1, 3)
     assert row.algbw == pytest.approx((64 << 20) / 0.25 / 1e9)
     assert row.busbw == pytest.approx(row.algbw * 5 / 6)
     assert row.to_dict()["time_us"] == pytest.approx(250000.0)
     with pytest.raises(ValueError):
-        check.algbw_gbs(1024, 0.0)
+        measure.algbw_gbs(1024, 0.0)
     with pytest.raises(ValueError):
-        check.bus_factor("all_to_all", 4)
+        measure.bus_factor("all_to_all", 4)
 
 
 def test_timed_iterations_fit_a_time_budget_within_bounds() -> None:
-    assert check.timed_iterations(0.001) == check.MAX_ITERS  # tiny messages: 20, as nccl-tests
-    assert check.timed_iterations(0.05) == 5
-    assert check.timed_iterations(3.0) == check.MIN_ITERS  # huge or slow: never fewer than 2
-    assert check.timed_iterations(0.0) == check.MAX_ITERS
-    assert check.warmup_iterations(1024) == 2 and check.warmup_iterations(64 << 20) == 1
+    assert measure.timed_iterations(0.001) == measure.MAX_ITERS  # tiny messages: 20, as nccl-tests
+    assert measure.timed_iterations(0.05) == 5
+    assert measure.timed_iterations(3.0) == measure.MIN_ITERS  # huge or slow: never fewer than 2
+    assert measure.timed_iterations(0.0) == measure.MAX_ITERS
+    assert measure.warmup_iterations(1024) == 2 and measure.warmup_iterations(64 << 20) == 1
 
 
 def test_bandwidth_table_shows_sizes_times_and_both_bandwidths() -> None:
-    rows = [check.BandwidthRow("all_reduce", 1 << 20, 1 << 18, 0.001, 4, 2, 10),
-            check.BandwidthRow("all_gather", 1008, 42, 0.0005, 6, 5, 20)]
+    rows = [measure.BandwidthRow("all_reduce", 1 << 20, 1 << 18, 0.001, 4, 2, 10),
+            measure.BandwidthRow("all_gather", 1008, 42, 0.0005, 6, 5, 20)]
     text = bandwidth_table(rows)
     assert text.splitlines()[0].split() == \
         ["OP", "SIZE", "COUNT", "ITERS", "TIME(us)", "ALGBW(GB/s)", "BUSBW(GB/s)"]
@@ -134,43 +134,43 @@ def simulate(op: str, inputs: list[list[list[int]]], root: int) -> list[list[int
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 6, 7])
-@pytest.mark.parametrize("op", check.OPS)
+@pytest.mark.parametrize("op", measure.OPS)
 def test_expected_values_match_what_the_collective_computes(op: str, n: int) -> None:
-    scalar = [[[check.scalar_input(op, r, n)]] * (n if op == "reduce_scatter" else 1)
+    scalar = [[[measure.scalar_input(op, r, n)]] * (n if op == "reduce_scatter" else 1)
               for r in range(n)]
     for rank, result in enumerate(simulate(op, scalar, root=0)):
-        assert result == check.expected_scalar(op, rank, n)
-    vector = [check.vector_input(op, r, n, length=13) for r in range(n)]
-    for rank, result in enumerate(simulate(op, vector, root=check.broadcast_root(n))):
-        assert result == check.expected_vector(op, rank, n, length=13)
+        assert result == measure.expected_scalar(op, rank, n)
+    vector = [measure.vector_input(op, r, n, length=13) for r in range(n)]
+    for rank, result in enumerate(simulate(op, vector, root=measure.broadcast_root(n))):
+        assert result == measure.expected_vector(op, rank, n, length=13)
 
 
 def test_the_classic_values_for_four_ranks() -> None:
-    assert [check.expected_scalar("all_reduce", r, 4) for r in range(4)] == [[6]] * 4
-    assert [check.expected_scalar("reduce_scatter", r, 4) for r in range(4)] == [[6]] * 4
-    assert check.expected_scalar("all_gather", 2, 4) == [0, 1, 2, 3]
-    assert check.expected_scalar("broadcast", 3, 4) == [4]
-    assert check.describe_expected("all_gather", "scalar", 4) == "[0, 1, 2, 3] on every rank"
+    assert [measure.expected_scalar("all_reduce", r, 4) for r in range(4)] == [[6]] * 4
+    assert [measure.expected_scalar("reduce_scatter", r, 4) for r in range(4)] == [[6]] * 4
+    assert measure.expected_scalar("all_gather", 2, 4) == [0, 1, 2, 3]
+    assert measure.expected_scalar("broadcast", 3, 4) == [4]
+    assert measure.describe_expected("all_gather", "scalar", 4) == "[0, 1, 2, 3] on every rank"
 
 
 def test_patterns_differ_per_rank_chunk_and_index() -> None:
-    values = {check.pattern(r, c, i) for r in range(8) for c in range(8)
-              for i in range(check.PATTERN_LENGTH)}
-    assert len(values) == 8 * 8 * check.PATTERN_LENGTH
+    values = {measure.pattern(r, c, i) for r in range(8) for c in range(8)
+              for i in range(measure.PATTERN_LENGTH)}
+    assert len(values) == 8 * 8 * measure.PATTERN_LENGTH
 
 
 def test_first_mismatch_names_the_element() -> None:
-    assert check.first_mismatch([1, 2, 3], [1, 2, 3]) is None
-    found = check.first_mismatch([1, 9, 3, 8], [1, 2, 3, 4])
+    assert measure.first_mismatch([1, 2, 3], [1, 2, 3]) is None
+    found = measure.first_mismatch([1, 9, 3, 8], [1, 2, 3, 4])
     assert (found.index, found.got, found.expected, found.wrong) == (1, 9, 2, 2)
     assert found.describe() == "element 1 is 9, must be 2 (2 element(s) wrong)"
-    assert check.first_mismatch([1], [1, 2]).describe() == "got 1 element(s), expected 2"
+    assert measure.first_mismatch([1], [1, 2]).describe() == "got 1 element(s), expected 2"
 
 
 def test_a_rank_reports_a_corrupted_element_of_a_collective() -> None:
     """run_case (the rank side) with real tensors and a one-rank 'dist' that corrupts."""
     torch = pytest.importorskip("torch")
-    from orchestrator.collectives import run_case
+    from orchestrator.check.collectives import run_case
 
     class OneRank:
         def all_reduce(self, tensor):
@@ -187,10 +187,10 @@ def test_a_rank_reports_a_corrupted_element_of_a_collective() -> None:
         def broadcast(self, tensor, src):
             pass
 
-    for op in check.OPS:
+    for op in measure.OPS:
         for case in ("scalar", "vector"):
             got, expected = run_case(torch, OneRank(), op, case, 0, 1, torch.device("cpu"))
-            mismatch = check.first_mismatch(got, expected)
+            mismatch = measure.first_mismatch(got, expected)
             if op == "all_gather" and case == "vector":
                 assert mismatch.describe() == "element 17 is 18, must be 17"
             else:
@@ -203,10 +203,10 @@ def test_a_rank_reports_a_corrupted_element_of_a_collective() -> None:
 def test_report_lines_round_trip_through_prefixed_logs() -> None:
     record = {"kind": "result", "op": "all_reduce", "case": "scalar", "rank": 3, "ok": True,
               "got": [15]}
-    line = check.report_line(record)
-    assert line.startswith(check.MARKER) and "\n" not in line
-    lines = ["noise", f"[node1 r3] {line}", f"{check.MARKER}{{broken", f"{check.MARKER}[1]"]
-    assert check.parse_report_lines(lines) == [record]
+    line = measure.report_line(record)
+    assert line.startswith(measure.MARKER) and "\n" not in line
+    lines = ["noise", f"[node1 r3] {line}", f"{measure.MARKER}{{broken", f"{measure.MARKER}[1]"]
+    assert measure.parse_report_lines(lines) == [record]
 
 
 def results_for(world: int, skip: set[int] = frozenset()) -> dict[int, list[dict]]:
@@ -217,8 +217,8 @@ def results_for(world: int, skip: set[int] = frozenset()) -> dict[int, list[dict
             continue
         records[rank] = [
             {"kind": "result", "op": op, "case": case, "rank": rank, "ok": True,
-             **({"got": check.expected_scalar(op, rank, world)} if case == "scalar" else {})}
-            for op in check.OPS for case in ("scalar", "vector")
+             **({"got": measure.expected_scalar(op, rank, world)} if case == "scalar" else {})}
+            for op in measure.OPS for case in ("scalar", "vector")
         ] + [{"kind": "result", "op": "barrier", "case": "", "rank": rank, "ok": True}]
     return records
 

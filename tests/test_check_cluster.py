@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import check
+from orchestrator.check import measure
 from tests.lab.cluster import Cluster
 
 pytestmark = pytest.mark.cluster
@@ -66,7 +66,7 @@ def table_row(text: str, name: str) -> str:
 
 def rank_records(run: CheckRun, world_size: int) -> dict[int, list[dict]]:
     logs = run.run_dir / run.run_id / "logs"
-    return {rank: check.parse_report_lines(
+    return {rank: measure.parse_report_lines(
         (logs / f"rank-{rank}.log").read_text().splitlines()) for rank in range(world_size)}
 
 
@@ -91,7 +91,7 @@ def test_check_passes_on_three_nodes_with_exact_values_and_bandwidth(
 
     # The collectives: every case ok, and the exact values each rank reported.
     assert [(c["op"], c["ok"]) for c in run.report["collectives"]] == \
-        [(op, True) for op in check.OPS for _ in (1, 2)] + [("barrier", True)]
+        [(op, True) for op in measure.OPS for _ in (1, 2)] + [("barrier", True)]
     records = rank_records(run, 6)
     for rank, found in records.items():
         results = {(r["op"], r["case"]): r for r in found if r["kind"] == "result"}
@@ -105,10 +105,10 @@ def test_check_passes_on_three_nodes_with_exact_values_and_bandwidth(
 
     # Bandwidth: 1K to 64M for both ops, nccl-tests' formulas, plausible numbers.
     rows = run.report["bandwidth"]
-    sizes = check.sweep_sizes(64 << 20)
+    sizes = measure.sweep_sizes(64 << 20)
     assert [r["size_bytes"] for r in rows if r["op"] == "all_reduce"] == sizes
     assert [r["size_bytes"] for r in rows if r["op"] == "all_gather"] == [
-        check.bytes_moved("all_gather", check.elements_per_rank("all_gather", s, 6), 6)
+        measure.bytes_moved("all_gather", measure.elements_per_rank("all_gather", s, 6), 6)
         for s in sizes]
     for row in rows:
         seconds = row["time_us"] / 1e6
@@ -117,7 +117,7 @@ def test_check_passes_on_three_nodes_with_exact_values_and_bandwidth(
         factor = 2 * 5 / 6 if row["op"] == "all_reduce" else 5 / 6
         assert row["busbw_gbs"] == pytest.approx(row["algbw_gbs"] * factor)
         assert row["algbw_gbs"] < 100  # veth pairs on one machine, not a supercomputer
-    for op in check.BANDWIDTH_OPS:  # big messages move more bytes per second than tiny ones
+    for op in measure.BANDWIDTH_OPS:  # big messages move more bytes per second than tiny ones
         by_op = [r for r in rows if r["op"] == op]
         assert by_op[-1]["algbw_gbs"] > 10 * by_op[0]["algbw_gbs"], op
     lines = run.stdout.splitlines()
@@ -127,12 +127,12 @@ def test_check_passes_on_three_nodes_with_exact_values_and_bandwidth(
                                 "BUSBW(GB/s)"]
     assert len(table) == 1 + 2 * len(sizes)
     assert [line.split()[1] for line in table[1:1 + len(sizes)]] == \
-        [check.format_size(s) for s in sizes]
+        [measure.format_size(s) for s in sizes]
 
     # The check's job is an ordinary run.
     status = json.loads((run.run_dir / run.run_id / "status.json").read_text())
     assert status["state"] == "succeeded" and status["world_size"] == 6
-    assert "orchestrator.collectives" in status["program"]
+    assert "orchestrator.check.collectives" in status["program"]
     listing = subprocess.run([sys.executable, "-m", "orchestrator", "runs", "--run-dir",
                               str(run.run_dir)], capture_output=True, text=True, timeout=60)
     assert run.run_id in listing.stdout and "succeeded" in listing.stdout

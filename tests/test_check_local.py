@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import check
+from orchestrator.check import measure
 
 
 def orchestrator(*args: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -51,7 +51,7 @@ def test_check_passes_on_localhost(tmp_path: Path) -> None:
     assert report["ok"] and report["world_size"] == 2 and report["problems"] == []
     assert report["nodes"][0]["probe"]["ifname"] == "lo"
     assert all(row["ok"] for row in report["collectives"])
-    assert len(report["bandwidth"]) == 2 * len(check.sweep_sizes(64 << 10))
+    assert len(report["bandwidth"]) == 2 * len(measure.sweep_sizes(64 << 10))
     assert "[0, 1] on every rank" in done.stdout
     runs = orchestrator("runs", cwd=tmp_path)
     assert "local-check" in runs.stdout and "succeeded" in runs.stdout

@@ -261,12 +261,12 @@ class NodesContacted(Exception):
 
 @pytest.fixture
 def no_contact(monkeypatch):
-    import orchestrator.check_run
+    import orchestrator.check.run
 
     def contact(*args, **kwargs):
         raise NodesContacted
 
-    monkeypatch.setattr(orchestrator.check_run, "connect_each", contact)
+    monkeypatch.setattr(orchestrator.check.run, "connect_each", contact)
 
 
 @pytest.mark.parametrize("name", list(CHECK_REFUSED))

@@ -1,4 +1,4 @@
-"""What SLURM prints, read by orchestrator.backends.slurm: outputs captured from SLURM 22.05.
+"""What SLURM prints, read by orchestrator.slurm.commands: outputs captured from SLURM 22.05.
 
 The `scontrol -o show job` records in tests/data/slurm/ were captured on the lab cluster
 (paths replaced). sacct has no accounting storage in the lab; its lines follow
@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.backends.slurm import (
+from orchestrator.errors import ConfigError, OrchestratorError
+from orchestrator.slurm.commands import (
     UNRUNNABLE,
     JobInfo,
     SlurmCommands,
@@ -23,7 +24,6 @@ from orchestrator.backends.slurm import (
     parse_squeue,
     unreachable_or,
 )
-from orchestrator.errors import ConfigError, OrchestratorError
 
 DATA = Path(__file__).parent / "data" / "slurm"
 

@@ -16,8 +16,8 @@ from orchestrator.cli import main
 from orchestrator.errors import ConfigError
 from orchestrator.hostfile import parse_hostfile
 from orchestrator.render import render_template
-from orchestrator.slurm_launch import prepare_slurm
-from orchestrator.slurm_render import SlurmOptions, parse_signal, plan_slurm_job
+from orchestrator.slurm.render import SlurmOptions, parse_signal, plan_slurm_job
+from orchestrator.slurm.submit import prepare_slurm
 from orchestrator.spec import JobSpec, Program
 
 GOLDEN = Path(__file__).parent / "golden" / "slurm"

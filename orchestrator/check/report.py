@@ -7,10 +7,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from orchestrator import check
+from orchestrator.check import measure
 
 MIN_FREE_DISK = 1 << 30
-CASES = tuple((op, case) for op in check.OPS for case in ("scalar", "vector")) + \
+CASES = tuple((op, case) for op in measure.OPS for case in ("scalar", "vector")) + \
     (("barrier", ""),)
 
 
@@ -40,7 +40,7 @@ class NodeReport:
     ssh_rtt_ms: float | None = None  # median SSH keepalive round trip
     probe: Mapping[str, str] = field(default_factory=dict)  # check_probe.sh.j2 key=values
     probe_error: str | None = None  # the probe command itself failed
-    reach: Mapping[str, str] = field(default_factory=dict)  # orchestrator.reach key=values
+    reach: Mapping[str, str] = field(default_factory=dict)  # orchestrator.check.reach key=values
     reach_skipped: str = ""  # why the TCP test did not run here
 
     @property
@@ -262,16 +262,16 @@ def collective_results(records: Mapping[int, Sequence[dict]], world_size: int,
                 continue
             record = found[-1]
             reason = record.get("mismatch") or "reported a wrong result"
-            if case == "scalar" and record.get("got") != check.expected_scalar(op, rank,
+            if case == "scalar" and record.get("got") != measure.expected_scalar(op, rank,
                                                                                world_size):
                 reason = f"got {record.get('got')}, must be " \
-                         f"{check.expected_scalar(op, rank, world_size)}"
+                         f"{measure.expected_scalar(op, rank, world_size)}"
                 record = {**record, "ok": False}
             if not record.get("ok"):
                 wrong.append(rank)
                 label = f"{op} ({case})" if case else op
                 problems.append(Problem(who(rank), f"{label}: {reason}"))
-        expected = check.describe_expected(op, case, world_size) if op != "barrier" \
+        expected = measure.describe_expected(op, case, world_size) if op != "barrier" \
             else "completes on every rank"
         if wrong:
             result = "WRONG on rank " + ", ".join(map(str, wrong))
@@ -283,12 +283,12 @@ def collective_results(records: Mapping[int, Sequence[dict]], world_size: int,
     return rows, problems
 
 
-def bandwidth_rows(records: Sequence[dict], world_size: int) -> list[check.BandwidthRow]:
+def bandwidth_rows(records: Sequence[dict], world_size: int) -> list[measure.BandwidthRow]:
     """Rank 0's bandwidth records, as rows with nccl-tests' algbw and busbw."""
     rows = []
     for record in records:
         if record.get("kind") == "bandwidth" and record.get("seconds", 0) > 0:
-            rows.append(check.BandwidthRow(
+            rows.append(measure.BandwidthRow(
                 op=record["op"], size=int(record["size"]), count=int(record["count"]),
                 seconds=float(record["seconds"]), world_size=world_size,
                 warmup=int(record.get("warmup", 0)), iters=int(record.get("iters", 0))))
@@ -358,9 +358,9 @@ def collectives_table(rows: Sequence[CaseRow]) -> str:
     return table(body)
 
 
-def bandwidth_table(rows: Sequence[check.BandwidthRow]) -> str:
+def bandwidth_table(rows: Sequence[measure.BandwidthRow]) -> str:
     body = [["OP", "SIZE", "COUNT", "ITERS", "TIME(us)", "ALGBW(GB/s)", "BUSBW(GB/s)"]]
-    body += [[r.op, check.format_size(r.size) if r.size % 1024 == 0 else str(r.size),
+    body += [[r.op, measure.format_size(r.size) if r.size % 1024 == 0 else str(r.size),
               str(r.count), str(r.iters), f"{r.seconds * 1e6:.1f}", f"{r.algbw:.3f}",
               f"{r.busbw:.3f}"] for r in rows]
     return table(body, right=(1, 2, 3, 4, 5, 6))

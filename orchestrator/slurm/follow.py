@@ -19,12 +19,12 @@ from pathlib import Path
 from typing import BinaryIO
 
 from orchestrator.agent import RankFile
-from orchestrator.backends import slurm
-from orchestrator.backends.slurm import JobInfo, SlurmCommands
 from orchestrator.errors import ConfigError, OrchestratorError
 from orchestrator.logs import LogSink, last_lines_of
 from orchestrator.runs import RunRecord, now_iso
-from orchestrator.slurm_render import PORT_BASE, PORT_SPAN, SCRIPT_NAME, SlurmJob
+from orchestrator.slurm import commands as slurm
+from orchestrator.slurm.commands import JobInfo, SlurmCommands
+from orchestrator.slurm.render import PORT_BASE, PORT_SPAN, SCRIPT_NAME, SlurmJob
 from orchestrator.supervise import NodeState, Outcome, RankState, Supervisor, describe_exit
 
 POLL_S = 1.0  # squeue at most this often

@@ -1,4 +1,4 @@
-"""The job `orchestrator check` runs on every rank: `python -m orchestrator.collectives`.
+"""The job `orchestrator check` runs on every rank: `python -m orchestrator.check.collectives`.
 
 Started by torchrun (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT in the environment)
 through the same launch path as any job. Every rank runs all_reduce, reduce_scatter,
@@ -21,7 +21,7 @@ import time
 import traceback
 from datetime import timedelta
 
-from orchestrator import check
+from orchestrator.check import measure
 
 EXIT_TIMEOUT = 124
 
@@ -40,7 +40,7 @@ class Reporter:
             self.ok = False
         with self.lock:
             record = {"kind": kind, "rank": self.rank, "t": round(time.time(), 3), **fields}
-            print(check.report_line(record), flush=True)
+            print(measure.report_line(record), flush=True)
 
 
 def start_watchdog(reporter: Reporter, timeout: float) -> threading.Timer:
@@ -58,10 +58,10 @@ def start_watchdog(reporter: Reporter, timeout: float) -> threading.Timer:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m orchestrator.collectives",
+    parser = argparse.ArgumentParser(prog="python -m orchestrator.check.collectives",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
-    parser.add_argument("--max-size", type=check.parse_size, default=None,
+    parser.add_argument("--max-size", type=measure.parse_size, default=None,
                         help="largest bandwidth message, e.g. 64M (default: 64M on gloo, "
                              "1G on nccl)")
     parser.add_argument("--skip-bandwidth", action="store_true")
@@ -111,7 +111,7 @@ def run(args: argparse.Namespace, reporter: Reporter) -> int:
         else:
             dist.barrier()
 
-    for op in check.OPS:
+    for op in measure.OPS:
         for case in ("scalar", "vector"):
             reporter.phase = f"{op} ({case})"
             barrier()
@@ -119,7 +119,7 @@ def run(args: argparse.Namespace, reporter: Reporter) -> int:
             got, expected = run_case(torch, dist, op, case, rank, world_size, device)
             sync()
             elapsed_ms = (time.perf_counter() - started) * 1e3
-            mismatch = check.first_mismatch(got, expected)
+            mismatch = measure.first_mismatch(got, expected)
             fields: dict[str, object] = {"op": op, "case": case, "ok": mismatch is None,
                                          "ms": round(elapsed_ms, 3)}
             if case == "scalar":
@@ -135,10 +135,10 @@ def run(args: argparse.Namespace, reporter: Reporter) -> int:
                   ms=round((time.perf_counter() - started) * 1e3, 3))
 
     if not args.skip_bandwidth:
-        max_size = args.max_size or check.DEFAULT_MAX_SIZE[args.backend]
-        for op in check.BANDWIDTH_OPS:
-            for size in check.sweep_sizes(max_size):
-                reporter.phase = f"bandwidth {op} {check.format_size(size)}"
+        max_size = args.max_size or measure.DEFAULT_MAX_SIZE[args.backend]
+        for op in measure.BANDWIDTH_OPS:
+            for size in measure.sweep_sizes(max_size):
+                reporter.phase = f"bandwidth {op} {measure.format_size(size)}"
                 row = time_op(torch, dist, op, size, world_size, device, sync, barrier)
                 if rank == 0:
                     reporter.emit("bandwidth", op=op, size=row.size, count=row.count,
@@ -160,15 +160,15 @@ def run_case(torch, dist, op: str, case: str, rank: int, world_size: int,
 
     n = world_size
     if case == "scalar":
-        mine = [check.scalar_input(op, rank, n)]
-        expected = check.expected_scalar(op, rank, n)
+        mine = [measure.scalar_input(op, rank, n)]
+        expected = measure.expected_scalar(op, rank, n)
         inputs = [mine] * n  # reduce_scatter: every chunk of the input list is the rank
         root = 0
     else:
-        inputs = check.vector_input(op, rank, n)
+        inputs = measure.vector_input(op, rank, n)
         mine = inputs[0]
-        expected = check.expected_vector(op, rank, n)
-        root = check.broadcast_root(n)
+        expected = measure.expected_vector(op, rank, n)
+        root = measure.broadcast_root(n)
     length = len(mine)
     if op == "all_reduce":
         result = tensor(mine)
@@ -193,12 +193,12 @@ def run_case(torch, dist, op: str, case: str, rank: int, world_size: int,
 
 
 def time_op(torch, dist, op: str, size: int, world_size: int, device, sync,
-            barrier) -> check.BandwidthRow:
+            barrier) -> measure.BandwidthRow:
     """Time one op at one size: warm-up, then the mean of the timed iterations on this
     rank, averaged over all ranks (as nccl-tests reports it). The number of timed
-    iterations follows the slowest rank's last warm-up (see check.timed_iterations)."""
-    count = check.elements_per_rank(op, size, world_size)
-    warmup = check.warmup_iterations(size)
+    iterations follows the slowest rank's last warm-up (see measure.timed_iterations)."""
+    count = measure.elements_per_rank(op, size, world_size)
+    warmup = measure.warmup_iterations(size)
     if op == "all_reduce":
         buffer = torch.zeros(count, dtype=torch.float32, device=device)
 
@@ -217,7 +217,7 @@ def time_op(torch, dist, op: str, size: int, world_size: int, device, sync,
         sync()
     slowest = torch.tensor([time.perf_counter() - began], dtype=torch.float64, device=device)
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-    iters = check.timed_iterations(slowest.item())
+    iters = measure.timed_iterations(slowest.item())
     barrier()
     started = time.perf_counter()
     for _ in range(iters):
@@ -227,7 +227,7 @@ def time_op(torch, dist, op: str, size: int, world_size: int, device, sync,
                         device=device)
     dist.all_reduce(mean)
     seconds = mean.item() / world_size
-    return check.BandwidthRow(op, check.bytes_moved(op, count, world_size), count, seconds,
+    return measure.BandwidthRow(op, measure.bytes_moved(op, count, world_size), count, seconds,
                               world_size, warmup, iters)
 
 

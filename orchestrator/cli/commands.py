@@ -13,14 +13,14 @@ import sys
 import click
 
 from orchestrator import __version__
-from orchestrator.cli_backend import (
+from orchestrator.cli.backend_options import (
     HostfileOptional,
     backend_options,
     check_backend,
     make_slurm_options,
     split_hostfile,
 )
-from orchestrator.cli_options import (
+from orchestrator.cli.options import (
     job_options,
     make_spec,
     make_ssh_options,
@@ -111,7 +111,7 @@ def launch(hostfile, program, dry_run, detach, preflight, grace, heartbeat_timeo
     )
     if backend == "slurm":
         from orchestrator.hostfile import load_hostfile
-        from orchestrator.slurm_launch import launch_slurm
+        from orchestrator.slurm.submit import launch_slurm
 
         cluster = load_hostfile(hostfile) if hostfile else None
         return launch_slurm(cluster, spec, slurm, options, dry_run=dry_run, detach=detach)
@@ -143,7 +143,7 @@ def render(hostfile, program, out_dir, run_id, backend, **job):
     hostfile, program = split_hostfile(hostfile, program)
     slurm = make_slurm_options(job)
     if backend == "slurm":
-        from orchestrator.slurm_launch import write_slurm_render
+        from orchestrator.slurm.submit import write_slurm_render
 
         cluster = load_hostfile(hostfile) if hostfile else None
         for path in write_slurm_render(out_dir, cluster, make_spec(program, **job), slurm,
@@ -257,13 +257,13 @@ def status(run_id, run_dir, as_json):
     """Show a run's state, per node and per rank."""
     import json
 
+    from orchestrator.cli.views import status_text
     from orchestrator.runs import RunRecord
-    from orchestrator.status_view import status_text
 
     record = RunRecord.open(run_dir, run_id)
     current = record.read_status()
     if current.get("backend") == "slurm":  # squeue/sacct's word on a run not yet ended
-        from orchestrator.backends.slurm import refresh_status
+        from orchestrator.slurm.commands import refresh_status
 
         current = refresh_status(record, current)
     click.echo(json.dumps(current, indent=2) if as_json else status_text(current))
@@ -290,8 +290,8 @@ def stop(run_id, run_dir, wait):
 @run_dir_option
 def runs(run_dir):
     """List the runs in --run-dir with their state."""
+    from orchestrator.cli.views import runs_table
     from orchestrator.runs import list_runs
-    from orchestrator.status_view import runs_table
 
     click.echo(runs_table(list_runs(run_dir), run_dir))
     return 0
@@ -338,7 +338,7 @@ def check(hostfile, nproc_per_node, master_addr, master_port, ifname, python, ba
     nccl-tests computes them). Exit status 0 only when everything passed; otherwise 1, with
     what to fix.
     """
-    from orchestrator.check_run import CheckOptions, check_json_path, parse_max_size, run_check
+    from orchestrator.check.run import CheckOptions, check_json_path, parse_max_size, run_check
     from orchestrator.hostfile import load_hostfile
     from orchestrator.runs import check_run_id, new_run_id
     from orchestrator.spec import parse_master_port

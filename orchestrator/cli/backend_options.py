@@ -1,7 +1,7 @@
 """Command-line options for choosing the backend, and the SLURM job's options.
 
 Shared by `launch` and `render` (orchestrator.cli); no logic beyond turning flags into an
-`orchestrator.slurm_render.SlurmOptions` and checking that they fit the chosen backend.
+`orchestrator.slurm.render.SlurmOptions` and checking that they fit the chosen backend.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def backend_options(func):
 
 def make_slurm_options(kwargs: dict, login: str | None = None):
     """Take --backend's SLURM options out of a command's keyword arguments."""
-    from orchestrator.slurm_render import SlurmOptions
+    from orchestrator.slurm.render import SlurmOptions
 
     values = {key: kwargs.pop(key) for key in SLURM_KEYS}
     return SlurmOptions(**{**values, "sbatch_args": tuple(values["sbatch_args"])}, login=login)

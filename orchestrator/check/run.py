@@ -1,16 +1,16 @@
 """`orchestrator check HOSTFILE`: prove a cluster is ready, in three steps.
 
-1. Node facts (orchestrator.check_nodes): SSH round trip, python, torch, NCCL, CUDA devices,
+1. Node facts (orchestrator.check.nodes): SSH round trip, python, torch, NCCL, CUDA devices,
    the NCCL/gloo interface, free disk, and the rendezvous port on the master.
-2. Rendezvous reachability (orchestrator.check_nodes + orchestrator.reach): can every node
+2. Rendezvous reachability (orchestrator.check.nodes + orchestrator.check.reach): can every node
    open a TCP connection to MASTER_ADDR:MASTER_PORT from its chosen interface?
 3. Unless a problem above makes it pointless, a real job over every slot, launched like
    `launch` (prepare + run_plan, so it is an ordinary run record that `runs` lists):
-   orchestrator.collectives checks the exact per-rank values and times the bandwidth
+   orchestrator.check.collectives checks the exact per-rank values and times the bandwidth
    sweep; its report lines are read back from runs/<run-id>/logs/rank-N.log.
 
 The report (tables, problems with what to fix, optional JSON) is built by
-orchestrator.check_report.
+orchestrator.check.report.
 """
 
 from __future__ import annotations
@@ -23,16 +23,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TextIO
 
-from orchestrator import check
 from orchestrator.backends import close_all
-from orchestrator.check_nodes import (
+from orchestrator.check import measure
+from orchestrator.check.nodes import (
     REACH_TIMEOUT_S,
     connect_each,
     probe_facts,
     reach_master,
     ssh_rtts,
 )
-from orchestrator.check_report import (
+from orchestrator.check.report import (
     CaseRow,
     Master,
     NodeReport,
@@ -63,7 +63,7 @@ class CheckOptions:
     master_port: int | None = None  # None: auto
     ifname: str | None = None
     backend: str = "auto"
-    max_size: int | None = None  # None: check.DEFAULT_MAX_SIZE of the backend
+    max_size: int | None = None  # None: measure.DEFAULT_MAX_SIZE of the backend
     skip_bandwidth: bool = False
     timeout: float = 180.0
     json_path: str | None = None
@@ -78,7 +78,7 @@ class JobResult:
     state: str = "not run"
     exit_code: int = 0
     rows: list[CaseRow] = field(default_factory=list)
-    bandwidth: list[check.BandwidthRow] = field(default_factory=list)
+    bandwidth: list[measure.BandwidthRow] = field(default_factory=list)
     problems: list[Problem] = field(default_factory=list)
 
     @property
@@ -205,14 +205,14 @@ def inspect_nodes(cluster: Cluster, options: CheckOptions, slots: list[int],
 
 
 def job_spec(options: CheckOptions) -> JobSpec:
-    """The collectives job as a JobSpec, as `launch -- -m orchestrator.collectives` makes it."""
+    """The collectives job as a JobSpec, as `launch -- -m orchestrator.check.collectives`."""
     args = ["--timeout", f"{options.timeout:g}"]
     if options.max_size is not None:
         args += ["--max-size", str(options.max_size)]
     if options.skip_bandwidth:
         args.append("--skip-bandwidth")
     return JobSpec(
-        program=Program("orchestrator.collectives", tuple(args), is_module=True),
+        program=Program("orchestrator.check.collectives", tuple(args), is_module=True),
         python=options.python, workdir="/", nproc_per_node=options.nproc_per_node,
         master_addr=options.master_addr, master_port=options.master_port,
         ifname=options.ifname,
@@ -222,7 +222,7 @@ def job_spec(options: CheckOptions) -> JobSpec:
 
 def run_collectives(cluster: Cluster, options: CheckOptions, spec: JobSpec, backend: str,
                     connections: list) -> JobResult:
-    """Step 3: launch orchestrator.collectives on every slot; read its reports back."""
+    """Step 3: launch orchestrator.check.collectives on every slot; read its reports back."""
     from orchestrator.launcher import LaunchOptions, prepare, run_plan
     from orchestrator.render import write_rendered
     from orchestrator.runs import RunRecord
@@ -240,7 +240,7 @@ def run_collectives(cluster: Cluster, options: CheckOptions, spec: JobSpec, back
     for rank in range(plan.world_size):
         path = record.logs_dir / f"rank-{rank}.log"
         text = path.read_text(encoding="utf-8", errors="replace") if path.exists() else ""
-        records[rank] = check.parse_report_lines(text.splitlines())
+        records[rank] = measure.parse_report_lines(text.splitlines())
     hosts = {rank: plan.node_of_rank(rank).name for rank in range(plan.world_size)}
     rows, problems = collective_results(records, plan.world_size, hosts)
     bandwidth = bandwidth_rows(records.get(0, []), plan.world_size)
@@ -252,8 +252,8 @@ def run_collectives(cluster: Cluster, options: CheckOptions, spec: JobSpec, back
         problems.append(Problem(where, f"the collectives job {outcome.state}: "
                                 f"{outcome.summary}\n    its logs are in {record.logs_dir}"))
     elif outcome.state == "succeeded" and not options.skip_bandwidth:
-        expected = 2 * len(check.sweep_sizes(options.max_size
-                                             or check.DEFAULT_MAX_SIZE[backend]))
+        expected = 2 * len(measure.sweep_sizes(options.max_size
+                                             or measure.DEFAULT_MAX_SIZE[backend]))
         if len(bandwidth) < expected:
             problems.append(Problem(where, f"rank 0 reported {len(bandwidth)} of {expected} "
                                     f"bandwidth results; see {record.logs_dir}"))
@@ -266,11 +266,11 @@ MAX_SWEEP_SIZE = 4 << 30  # every rank holds buffers of this size; beyond it is 
 def parse_max_size(text: str) -> int:
     """--max-size as bytes: a readable size of at most MAX_SWEEP_SIZE, else ConfigError."""
     try:
-        size = check.parse_size(text)
+        size = measure.parse_size(text)
     except ValueError as exc:
         raise ConfigError(f"--max-size: {exc}") from None
     if size > MAX_SWEEP_SIZE:
-        raise ConfigError(f"--max-size {text!r}: at most {check.format_size(MAX_SWEEP_SIZE)} "
+        raise ConfigError(f"--max-size {text!r}: at most {measure.format_size(MAX_SWEEP_SIZE)} "
                           f"({MAX_SWEEP_SIZE} bytes), as every rank allocates buffers of this "
                           "size; give e.g. 1G")
     return size

@@ -6,7 +6,7 @@ a step is reported, never the end of the check.
 The rendezvous test needs two phases: with --master-port auto the nodes learn the port only
 from the master's probe. In the second phase the master opens a short-lived listener on
 that port and every node (the master too) connects to it from the address of the interface
-chosen for NCCL/gloo, retrying while the listener comes up (see orchestrator.reach).
+chosen for NCCL/gloo, retrying while the listener comes up (see orchestrator.check.reach).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from dataclasses import replace
 from importlib import resources
 
 from orchestrator.backends.base import NodeConnection
-from orchestrator.check_report import Master, NodeReport
+from orchestrator.check.report import Master, NodeReport
 from orchestrator.errors import NodeError, OrchestratorError
 from orchestrator.execute import NodeResult, run_on_nodes
 from orchestrator.hostfile import Cluster
@@ -160,7 +160,7 @@ def _failure(result: NodeResult, python: str) -> str:
 
 
 def reach_source() -> str:
-    return resources.files("orchestrator").joinpath("reach.py").read_text(encoding="utf-8")
+    return resources.files("orchestrator.check").joinpath("reach.py").read_text(encoding="utf-8")
 
 
 def reach_master(reports: list[NodeReport], connections: list, master: Master, *,

@@ -1,6 +1,6 @@
 """`launch --backend slurm` and `render --backend slurm`: plan and render job.sbatch, write
 it into the run record, submit it (here, or on a login node over SSH), then follow the job
-(orchestrator.slurm_follow) in the foreground or, with --detach, in the background.
+(orchestrator.slurm.follow) in the foreground or, with --detach, in the background.
 """
 
 from __future__ import annotations
@@ -11,8 +11,6 @@ import sys
 from pathlib import Path
 from typing import BinaryIO
 
-from orchestrator.backends import slurm
-from orchestrator.backends.slurm import SlurmCommands
 from orchestrator.detach import run_detached
 from orchestrator.errors import ConfigError, OrchestratorError
 from orchestrator.hostfile import Cluster
@@ -20,8 +18,10 @@ from orchestrator.launcher import LaunchOptions
 from orchestrator.logs import use_color
 from orchestrator.render import command_line, make_output_dir, plan_yaml
 from orchestrator.runs import RunRecord, now_iso, process_start_time
-from orchestrator.slurm_follow import Follower
-from orchestrator.slurm_render import (
+from orchestrator.slurm import commands as slurm
+from orchestrator.slurm.commands import SlurmCommands
+from orchestrator.slurm.follow import Follower
+from orchestrator.slurm.render import (
     SCRIPT_NAME,
     SlurmJob,
     SlurmOptions,

@@ -1,7 +1,7 @@
 """Options shared by several commands, and turning them into the values the logic takes.
 
 The commands themselves are in orchestrator.cli; the backend and SLURM options in
-orchestrator.cli_backend.
+orchestrator.cli.backend_options.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """What `orchestrator check` expects and measures, as pure functions (standard library only).
 
-Shared by the ranks of the collectives job (orchestrator.collectives), which compute and
+Shared by the ranks of the collectives job (orchestrator.check.collectives), which compute and
 compare with these, and by the controller, which reads their reports back. Nothing here
 touches torch, the network or a file.
 

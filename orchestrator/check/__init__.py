@@ -1,0 +1,7 @@
+"""`orchestrator check`: prove a cluster is ready.
+
+run.py drives the three steps; nodes.py gathers per-node facts and the rendezvous test (with
+reach.py, shipped to the nodes); collectives.py is the job every rank runs; measure.py holds
+the exact expected values and the bandwidth formulas; report.py turns it all into tables.
+Only collectives.py imports torch, and only when a rank runs it.
+"""
