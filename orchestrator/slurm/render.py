@@ -174,6 +174,17 @@ def _uniform(cluster: Cluster, attribute: str, flag: str) -> str | int | None:
     return first
 
 
+def _uniform_selection(cluster: Cluster) -> int:
+    """The ranks per node a selection left, the same on every node of a SLURM job."""
+    first = cluster.hosts[0]
+    for host in cluster.hosts[1:]:
+        if host.slots != first.slots:
+            raise ConfigError(f"{cluster.selection}: leaves {host.slots} slot(s) on {host.name} "
+                              f"but {first.slots} on {first.name}; a SLURM job runs the same "
+                              "number of ranks on every node, so choose as many on each")
+    return int(first.slots or 1)
+
+
 def plan_slurm_job(spec: JobSpec, options: SlurmOptions, run_id: str,
                    cluster: Cluster | None = None, job_dir: str | None = None,
                    output: str | None = None) -> SlurmJob:
@@ -189,7 +200,9 @@ def plan_slurm_job(spec: JobSpec, options: SlurmOptions, run_id: str,
         if options.nodes is not None and options.nodes != len(nodelist):
             raise ConfigError(f"--nodes {options.nodes} but {cluster.path} lists "
                               f"{len(nodelist)} host(s); give one or the other")
-        if spec.nproc_per_node is None or cluster.selection:  # a selection counted them
+        if cluster.selection:
+            slots = _uniform_selection(cluster)
+        elif spec.nproc_per_node is None:
             slots = _uniform(cluster, "slots", "--nproc-per-node")
         python = _uniform(cluster, "python", "--python")
         if spec.ifname is None or len({h.ifname for h in cluster.hosts}) == 1:
