@@ -40,11 +40,11 @@ def workdir(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def launch(cluster, workdir: Path, run_id: str, *args: str):
+def launch(cluster, workdir: Path, run_id: str, *args: str, environ: dict | None = None):
     hostfile = cluster.write_hostfile(workdir / "hosts.txt", slots=4)
     done = run_cli(["launch", str(hostfile), "--run-dir", str(workdir / "runs"), "--run-id",
                     run_id, "--color", "never", *args, "--", "report.py"],
-                   cwd=workdir, env=cluster.environ(), timeout=300)
+                   cwd=workdir, env=environ or cluster.environ(), timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     assert_nothing_left(run_id)
     reports = {}
@@ -113,3 +113,20 @@ def test_num_nodes_takes_the_first_hosts_with_all_their_slots(cluster, workdir: 
     _, reports = launch(cluster, workdir, "habits-nodes", "--num_nodes", "2")
     assert by_node(reports) == [(n0.address, "0,1,2,3", [0, 1, 2, 3]),
                                 (n1.address, "0,1,2,3", [0, 1, 2, 3])]
+
+
+@pytest.mark.slurm
+def test_slurm_selection_is_a_node_list_with_each_nodes_ids(slurm_cluster,
+                                                            workdir: Path) -> None:
+    """Under SLURM the chosen hosts become --nodelist, and each node (SLURM orders them its
+    own way) sets its own slot ids; --bind-cores is computed on each node."""
+    n0, n1, n2 = slurm_cluster.cluster.nodes
+    done, reports = launch(slurm_cluster.cluster, workdir, "habits-slurm", "--backend",
+                           "slurm", "--partition", "debug", "--exclude",
+                           f"{n0.name}@{n1.name}:0,1@{n2.name}:0,3", "--bind-cores",
+                           environ=slurm_cluster.environ())
+    assert sorted(by_node(reports)) == sorted([(n1.address, "2,3", [0, 1]),
+                                               (n2.address, "1,2", [0, 1])])
+    assert_disjoint_per_node(reports)
+    sbatch = (workdir / "runs" / "habits-slurm" / "job.sbatch").read_text()
+    assert f"#SBATCH --nodelist={n1.name},{n2.name}" in sbatch

@@ -107,8 +107,10 @@ def launch(hostfile, program, dry_run, detach, preflight, grace, heartbeat_timeo
     slurm = make_slurm_options(job, login)
     if backend != "slurm" and login:
         raise ConfigError("--login applies to --backend slurm only")
-    cluster = None if backend == "slurm" else check_backend(backend, slurm, hostfile)
-    cluster = select(cluster, selection, job["nproc_per_node"])
+    cluster = None
+    if backend != "slurm":
+        cluster = select(check_backend(backend, slurm, hostfile), selection,
+                         job["nproc_per_node"])
     spec = make_spec(program, **job)
     options = LaunchOptions(
         run_dir=run_dir, run_id=check_run_id(run_id) if run_id else new_run_id(),
