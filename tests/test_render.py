@@ -24,6 +24,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from orchestrator.cores import Topology
 from orchestrator.hostfile import parse_hostfile
 from orchestrator.plan import LaunchPlan, NodeFacts, make_plan
 from orchestrator.probe import probe_script
@@ -35,6 +36,7 @@ from orchestrator.render import (
     render_template,
     write_rendered,
 )
+from orchestrator.select import Selection, select_hosts
 from orchestrator.spec import JobSpec, Program
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -83,9 +85,27 @@ def single_local() -> tuple[LaunchPlan, dict[str, str]]:
     return plan, render_node_scripts(plan, command_line(argv))
 
 
+def selected() -> tuple[LaunchPlan, dict[str, str]]:
+    """DeepSpeed habits: --include of 2 of 3 hosts (slots 0,2 of the second), --bind-cores
+    with node 0's topology probed (two NUMA nodes) and node 1's computed at its start."""
+    cluster = parse_hostfile("worker-0 slots=4\nworker-1 slots=4\nworker-2 slots=4\n",
+                             "hosts.txt")
+    cluster = select_hosts(cluster, Selection(include="worker-0@worker-1:0,2"))
+    argv = ("orchestrator", "launch", "hosts.txt", "--include", "worker-0@worker-1:0,2",
+            "--bind-cores")
+    spec = JobSpec(program=Program.from_argv([]), python="/usr/bin/python3",
+                   workdir="/home/user/proj", bind_cores=True,
+                   env=(("CUDA_VISIBLE_DEVICES", "7"),))  # forwarded; the selection wins
+    facts = {0: NodeFacts(address="10.1.0.1", ifname="ens5", free_port=29500,
+                          topology=Topology.decode("0-7|0:0-3;1:4-7"))}
+    plan = make_plan(cluster, spec, "golden-selected", facts)
+    return plan, render_node_scripts(plan, command_line(argv))
+
+
 def rendered_files() -> dict[str, str]:
     files = {}
-    for folder, make in (("two_nodes", two_nodes), ("local", single_local)):
+    for folder, make in (("two_nodes", two_nodes), ("local", single_local),
+                         ("selected", selected)):
         plan, scripts = make()
         files[f"{folder}/plan.yaml"] = plan_yaml(plan)
         files.update({f"{folder}/{name}": text for name, text in scripts.items()})
@@ -93,11 +113,16 @@ def rendered_files() -> dict[str, str]:
                                             check_port=True, port=None, ifname="ens5")
     files["probe/worker.sh"] = probe_script("node-b", "/opt/conda/bin/python", "10.1.0.1",
                                             check_port=False, port=29500, ifname=None)
+    files["probe/cores.sh"] = probe_script("node-b", "/usr/bin/python3", "10.1.0.1",
+                                           check_port=False, port=None, ifname=None,
+                                           bind_cores=True)
     return files
 
 
 GOLDEN_NAMES = ["two_nodes/plan.yaml", "two_nodes/node0.sh", "two_nodes/node1.sh",
-                "local/plan.yaml", "local/node0.sh", "probe/master.sh", "probe/worker.sh"]
+                "local/plan.yaml", "local/node0.sh", "probe/master.sh", "probe/worker.sh",
+                "selected/plan.yaml", "selected/node0.sh", "selected/node1.sh",
+                "probe/cores.sh"]
 
 
 def test_golden_set_is_complete() -> None:
