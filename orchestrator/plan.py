@@ -78,6 +78,7 @@ class LaunchPlan:
     program: Program
     secret_names: tuple[str, ...]  # passed to the job at launch, never written down
     sync_dir: str | None = None  # copied into every node's node_dir before the start
+    max_restarts: int = 0  # torchrun's --max-restarts; > 0 means c10d rendezvous
 
     @property
     def nnodes(self) -> int:
@@ -108,6 +109,8 @@ class LaunchPlan:
             "master_addr": f"{self.master_addr}  # {self.master_addr_reason}",
             "master_port": f"{self.master_port}  # {self.master_port_reason}",
             "secrets": list(self.secret_names),
+            **({"max_restarts": f"{self.max_restarts}  # torchrun --max-restarts, c10d "
+                                "rendezvous at the master"} if self.max_restarts else {}),
             "nodes": [
                 {
                     "node_rank": node.node_rank,
@@ -163,7 +166,7 @@ def make_plan(cluster: Cluster, spec: JobSpec, run_id: str,
         run_id=run_id, nodes=tuple(nodes), master_addr=master_addr,
         master_addr_reason=addr_reason, master_port=master_port,
         master_port_reason=port_reason, program=spec.program, secret_names=secret_names,
-        sync_dir=spec.sync_dir,
+        sync_dir=spec.sync_dir, max_restarts=spec.max_restarts,
     )
 
 

@@ -93,8 +93,11 @@ class JobSpec:
     env: tuple[tuple[str, str], ...] = ()
     secret_names: frozenset[str] = field(default_factory=frozenset)
     sync_dir: str | None = None  # copied to every node; the ranks start in the copy
+    max_restarts: int = 0  # torchrun's --max-restarts: worker-group restarts per node
 
     def __post_init__(self) -> None:
+        if self.max_restarts < 0:
+            raise ConfigError(f"--max-restarts must be 0 or more, got {self.max_restarts}")
         if self.nproc_per_node is not None and self.nproc_per_node <= 0:
             raise ConfigError(f"--nproc-per-node must be a positive integer, "
                               f"got {self.nproc_per_node}")

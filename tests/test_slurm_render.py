@@ -70,6 +70,15 @@ def test_golden_bundled_trainer_with_default_ranks() -> None:
     check_golden("trainer.sbatch", script)
 
 
+def test_golden_restarts_use_c10d_in_node_order() -> None:
+    """`--max-restarts 3`: torchrun's c10d rendezvous on node 0, ranks in SLURM_NODEID order."""
+    job, script = prepare_slurm(None, spec("train.py", max_restarts=3),
+                                SlurmOptions(nodes=2), "run-restarts", ARGV)
+    check_golden("restarts.sbatch", script)
+    assert job.max_restarts == 3 and "--max-restarts=3" in script
+    assert '--rdzv-id="$SLURM_JOB_ID"' in script and "--node_rank" not in script
+
+
 def test_sbatch_lines_only_when_given_or_needed() -> None:
     job = plan_slurm_job(spec("t.py"), SlurmOptions(nodes=4), "r1")
     assert job.sbatch_lines == ("--job-name=r1", "--nodes=4", "--ntasks-per-node=1")

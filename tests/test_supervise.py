@@ -180,3 +180,92 @@ def test_loop_stops_every_node_when_a_rank_fails(tmp_path: Path) -> None:
     assert status["stop_reason"] == "rank 2 on b failed"
     assert [r["state"] for r in status["ranks"]] == ["killed", "killed", "failed", "killed"]
     assert "stopping" in states
+
+
+# --- restarts (torchrun --max-restarts) ----------------------------------------------
+
+
+def restarting_detector() -> tuple[Detector, Stopper, Notes]:
+    nodes, ranks = two_nodes()
+    notes = Notes()
+    stopper = Stopper(nodes, [], notes, grace=1)
+    return Detector(nodes, ranks, notes, stopper, max_restarts=2), stopper, notes
+
+
+def one_round(det: Detector, t0: float, failing: int, code: int = 3) -> None:
+    """Every rank ends once: `failing` first, the others stopped by their torchrun after."""
+    assert det.rank_exited(failing, code, t0) is None
+    for rank in range(4):
+        if rank != failing:
+            assert det.rank_exited(rank, 143, t0 + 0.5 + rank) is None
+
+
+def test_a_failure_with_restarts_left_is_a_restart_named_by_its_first_rank() -> None:
+    det, stopper, notes = restarting_detector()
+    t0 = det.started_wall
+    det.rank_exited(1, 143, t0 + 6)  # reported first, but rank 2 failed before it
+    det.rank_exited(2, 3, t0 + 5)
+    det.rank_exited(0, 143, t0 + 6.1)
+    det.rank_exited(3, 143, t0 + 6.2)
+    assert not stopper.stopping
+    assert {r.state for r in det.ranks.values()} == {"restarting"}
+    assert len([n for n in notes.notes if "torchrun restarts the workers" in n]) == 1
+    assert det.restart_lines() == ["restart 1: rank 2 on b ended with exit code 3 after 5.0 s"]
+    for rank in range(4):  # the second attempt succeeds
+        det.rank_exited(rank, 0, t0 + 20)
+    for node in det.nodes:
+        assert det.node_exited(node, 0, t0 + 21) is None
+    outcome = det.outcome()
+    assert (outcome.state, outcome.exit_code) == ("succeeded", 0)
+    assert outcome.summary == ("restarted 1 time(s) (--max-restarts 2):\n"
+                               "  restart 1: rank 2 on b ended with exit code 3 after 5.0 s")
+
+
+def test_when_torchrun_gives_up_the_last_round_is_the_failure() -> None:
+    det, stopper, _ = restarting_detector()
+    t0 = det.started_wall
+    one_round(det, t0 + 1, failing=2)
+    one_round(det, t0 + 10, failing=0, code=-11)
+    one_round(det, t0 + 20, failing=2, code=4)
+    # torchrun on b has used its 2 restarts: its node script fails, the run stops.
+    assert det.node_exited(det.nodes[1], 1, t0 + 25) == "b failed"
+    stopper.begin(1, "b failed")
+    det.node_exited(det.nodes[0], 143, t0 + 26)
+    outcome = det.outcome()
+    assert (outcome.state, outcome.exit_code) == ("failed", 4)
+    assert outcome.summary.startswith("job failed: rank 2 (local rank 0) on b ended with exit "
+                                      "code 4 after 20.0 s")
+    assert outcome.summary.endswith(
+        "restarted 2 time(s) (--max-restarts 2):\n"
+        "  restart 1: rank 2 on b ended with exit code 3 after 1.0 s\n"
+        "  restart 2: rank 0 on a ended with signal SIGSEGV after 10.0 s")
+    assert det.ranks[2].state == "failed"
+
+
+def test_exits_from_our_own_stop_are_not_restarts() -> None:
+    det, stopper, _ = restarting_detector()
+    stopper.begin(1, "SIGINT to the orchestrator")
+    det.rank_exited(0, 143, time.time() + 1)
+    assert det.ranks[0].state == "stopped" and det.restart_lines() == []
+
+
+def test_loop_counts_a_restart_and_sees_the_rank_again(tmp_path: Path) -> None:
+    nodes, ranks = two_nodes()
+    events: queue.Queue[Event] = queue.Queue()
+    sink = LogSink(tmp_path, {r: f"r{r}" for r in range(4)}, {0: "a", 1: "b"}, None, False)
+    seen: list[dict] = []
+    sup = Supervisor(nodes, ranks, [FakeSession(0), FakeSession(1)], events, sink, grace=3,
+                     heartbeat_timeout=30, max_restarts=1,
+                     on_change=lambda s: seen.append(s.status()))
+    now = time.time()
+    events.put(Event(1, "E", ("3", "1", f"{now:.6f}")))
+    events.put(Event(1, "O", ("3",), b"attempt 1\n"))
+    for rank in range(4):
+        events.put(Event(rank // 2, "E", (str(rank), "0", f"{now + 5:.6f}")))
+    for node in (0, 1):
+        events.put(Event(node, "X", ("0", f"{now + 6:.6f}")))
+    outcome = sup.run()
+    assert outcome.state == "succeeded" and "restart 1: rank 3 on b" in outcome.summary
+    assert any(s["restarts"] == 1 and s["ranks"][3]["state"] == "restarting" for s in seen)
+    assert any(s["ranks"][3]["state"] == "running" for s in seen)  # its output came again
+    assert sup.status()["restarts"] == 1 and not sup.stopping

@@ -51,6 +51,12 @@ def job_options(func):
         click.option("--workdir", metavar="DIR",
                      help="Directory the ranks start in on every node. Default: the current "
                           "directory."),
+        click.option("--max-restarts", "--max_restarts", "max_restarts", type=int, default=0,
+                     show_default=True, metavar="N",
+                     help="torchrun's --max-restarts: after a rank fails, torchrun restarts "
+                          "the workers on every node, up to N times per node (the job "
+                          "resumes from its own checkpoint); the run fails once torchrun "
+                          "gives up. N > 0 uses torchrun's c10d rendezvous."),
     ]
     return functools.reduce(lambda f, option: option(f), reversed(options), func)
 
@@ -121,7 +127,8 @@ def refuse_empty(**flags: str | None) -> None:
 
 
 def make_spec(program_argv, *, nproc_per_node, master_addr, master_port, ifname, env,
-              env_files, secret_names, forward_env, python, workdir, sync_dir=None):
+              env_files, secret_names, forward_env, python, workdir, sync_dir=None,
+              max_restarts=0):
     refuse_empty(ifname=ifname, python=python, workdir=workdir)
     from orchestrator.spec import (
         JobSpec,
@@ -149,4 +156,5 @@ def make_spec(program_argv, *, nproc_per_node, master_addr, master_port, ifname,
         env=merge_env(*layers),
         secret_names=frozenset(secret_names),
         sync_dir=os.path.abspath(sync_dir) if sync_dir else None,
+        max_restarts=max_restarts,
     )

@@ -89,6 +89,7 @@ class SlurmJob:
     requeue: bool
     job_dir: str | None  # ORCHESTRATOR_JOB_DIR: where nodes keep rank files (launch only)
     output: str | None  # the batch script's own output file (%j = job id)
+    max_restarts: int = 0  # torchrun's --max-restarts; > 0 means c10d rendezvous
 
     @property
     def world_size(self) -> int:
@@ -235,6 +236,7 @@ def plan_slurm_job(spec: JobSpec, options: SlurmOptions, run_id: str,
         master_port=spec.master_port, ifname=ifname, ifname_reason=reason,
         sbatch_lines=tuple(lines), srun_args=tuple(srun_args), signal_name=signal_name,
         requeue=options.requeue, job_dir=job_dir, output=output,
+        max_restarts=spec.max_restarts,
     )
 
 

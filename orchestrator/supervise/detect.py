@@ -12,6 +12,7 @@ import time
 from collections.abc import Sequence
 from typing import Protocol
 
+from orchestrator.supervise.restarts import Rounds, describe_restart
 from orchestrator.supervise.state import NodeState, Outcome, RankState, describe_exit
 from orchestrator.supervise.stopping import Stopper
 
@@ -26,19 +27,35 @@ class Detector:
     """Keeps every node's and rank's state from their reports; says who failed first."""
 
     def __init__(self, nodes: Sequence[NodeState], ranks: Sequence[RankState], sink: Sink,
-                 stopper: Stopper, *, stop_on_failure: bool = True) -> None:
+                 stopper: Stopper, *, stop_on_failure: bool = True,
+                 max_restarts: int = 0) -> None:
         self.nodes = list(nodes)
         self.ranks = {r.rank: r for r in ranks}
         self.sink = sink
         self.stopper = stopper
         self.stop_on_failure = stop_on_failure
         self.started_wall = time.time()
+        # torchrun --max-restarts: a rank failing is a restart until its torchrun gives up
+        # (its node script then fails); see restarts.py.
+        self.max_restarts = max_restarts
+        self.rounds = Rounds.empty()
+        self.gave_up = False
 
     # --- reports ------------------------------------------------------------------------
 
     def rank_exited(self, rank: int, code: int, when: float) -> str | None:
         state = self.ranks[rank]
         state.exit_code, state.ended_at = code, when
+        failed = code != 0 and not self.stopper.caused(when)
+        if self.max_restarts:
+            _, first = self.rounds.ended(state, code, when, failed)
+            if failed:
+                state.state = "restarting"
+                if first and not self.stopper.stopping:
+                    self.sink.note(f"rank {rank} on {state.host} failed with "
+                                   f"{describe_exit(code)}; torchrun restarts the workers "
+                                   f"(--max-restarts {self.max_restarts} per node)")
+                return None
         if code == 0:
             state.state = "succeeded"
         elif self.stopper.caused(when):
@@ -54,8 +71,8 @@ class Detector:
     def node_exited(self, node: NodeState, code: int | None, when: float) -> str | None:
         node.done, node.exit_code, node.ended_at = True, code, when
         stopping = self.stopper.stopping
-        for rank in node.ranks:
-            if self.ranks[rank].exit_code is None and self.ranks[rank].state != "failed":
+        for rank in node.ranks:  # ranks still running had no chance to say how they ended
+            if self.ranks[rank].state in ("starting", "running"):
                 self.ranks[rank].state = "killed" if stopping else "unknown"
         if code == 0:
             node.state = "succeeded"
@@ -98,7 +115,34 @@ class Detector:
         failed = [r for r in self.ranks.values() if r.state == "failed"]
         return min(failed, key=lambda r: (r.ended_at or float("inf"), r.rank), default=None)
 
+    def settle_restarts(self) -> None:
+        """At the end: a node script that failed means its torchrun gave up, and ranks that
+        failed in the last round failed the run; earlier ones were stopped mid-restart."""
+        if not self.max_restarts:
+            return
+        self.gave_up = any(node.state == "failed" for node in self.nodes)
+        last = self.rounds.last()
+        for rank in self.ranks.values():
+            if rank.state == "restarting":
+                final = self.gave_up and self.rounds.round_of(rank.rank) == last
+                rank.state = "failed" if final else "stopped"
+
+    def restart_lines(self) -> list[str]:
+        causes = self.rounds.restarts(self.gave_up)
+        return [describe_restart(n, cause, self.started_wall)
+                for n, cause in enumerate(causes, start=1)]
+
     def outcome(self, timed_out: bool = False) -> Outcome:
+        self.settle_restarts()
+        outcome = self._outcome(timed_out)
+        restarts = self.restart_lines()
+        if restarts:
+            head = f"restarted {len(restarts)} time(s) (--max-restarts {self.max_restarts}):"
+            outcome.summary = "\n".join([outcome.summary, head] if outcome.summary else [head])
+            outcome.summary += "".join(f"\n  {line}" for line in restarts)
+        return outcome
+
+    def _outcome(self, timed_out: bool) -> Outcome:
         interrupted_by = self.stopper.interrupted_by
         if interrupted_by is not None:
             return Outcome("stopped", 128 + interrupted_by,

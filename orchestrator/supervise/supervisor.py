@@ -30,7 +30,7 @@ class Supervisor:
     def __init__(self, nodes: Sequence[NodeState], ranks: Sequence[RankState],
                  sessions: Sequence[NodeSession], events: queue.Queue[Event], sink: LogSink,
                  *, grace: float, heartbeat_timeout: float, stop_on_failure: bool = True,
-                 time_limit: float | None = None,
+                 time_limit: float | None = None, max_restarts: int = 0,
                  on_change: Callable[[Supervisor], None] = lambda sup: None) -> None:
         self.events = events
         self.sink = sink
@@ -42,7 +42,7 @@ class Supervisor:
         self.stopper = Stopper(nodes, sessions, sink, grace,
                                on_first_stop=lambda: self.on_change(self))
         self.detector = Detector(nodes, ranks, sink, self.stopper,
-                                 stop_on_failure=stop_on_failure)
+                                 stop_on_failure=stop_on_failure, max_restarts=max_restarts)
         self.nodes = self.detector.nodes
         self.ranks = self.detector.ranks
         self.stopper.nodes = self.nodes
@@ -123,7 +123,10 @@ class Supervisor:
         node.last_heard = time.monotonic()
         kind = event.kind
         if kind == "O":
-            self.sink.rank_output(int(event.fields[0]), event.data)
+            rank = int(event.fields[0])
+            self.sink.rank_output(rank, event.data)
+            if rank in self.ranks and self.ranks[rank].state == "restarting":
+                self.rank_restarted(self.ranks[rank])
         elif kind == "N":
             self.sink.node_output(node.index, event.data)
         elif kind == "H":
@@ -159,6 +162,11 @@ class Supervisor:
     def node_lost(self, node: NodeState, why: str) -> None:
         self._stop_if(self.detector.node_lost(node, why))
 
+    def rank_restarted(self, rank: RankState) -> None:
+        """Output after a rank's exit: torchrun started it again."""
+        rank.state, rank.exit_code, rank.ended_at = "running", None, None
+        self.on_change(self)
+
     def _stop_if(self, reason: str | None) -> None:
         if reason is not None:
             self.begin_stop(self.grace, reason)
@@ -177,6 +185,8 @@ class Supervisor:
         return {
             "stopping": self.stopping,
             "stop_reason": self.stop_reason or None,
+            "restarts": len(self.detector.rounds.restarts(self.detector.gave_up)),
+            "restart_causes": self.detector.restart_lines(),
             "nodes": [
                 {"node_rank": n.index, "host": n.host, "state": n.state,
                  "exit_code": n.exit_code, "pid": n.pid, "started_at": when(n.started_at),
