@@ -175,6 +175,7 @@ class Agent:
         self.ranks = [RankFile(r, os.path.join(self.node_dir, f"rank-{r}.out"))
                       for r in config.get("ranks", [])] if self.node_dir else []
         self.exited_ranks: set[int] = set()
+        self.exit_records: dict[int, str] = {}  # rank -> its rank-N.exit line last reported
 
     # --- output to the controller ------------------------------------------------------
 
@@ -378,15 +379,15 @@ class Agent:
         if not self.node_dir:
             return
         for rank in self.ranks:
-            if rank.rank in self.exited_ranks:
-                continue
             path = os.path.join(self.node_dir, f"rank-{rank.rank}.exit")
             try:
                 with open(path, encoding="utf-8") as handle:
                     text = handle.read()
             except FileNotFoundError:
                 continue
-            if not text.endswith("\n"):  # still being written
+            # Not yet complete, or reported already: a new line is the rank's next attempt
+            # (torchrun --max-restarts restarted it) ending.
+            if not text.endswith("\n") or self.exit_records.get(rank.rank) == text:
                 continue
             rc, when, *error_file = text.strip().split(" ", 2)
             # The rank has ended; report it once all its output is on the way.
@@ -394,6 +395,7 @@ class Agent:
                 continue
             self.send_output(rank.rank, rank.rest())
             self.exited_ranks.add(rank.rank)
+            self.exit_records[rank.rank] = text
             if error_file and os.path.isfile(error_file[0]):
                 with open(error_file[0], "rb") as handle:
                     self.send(frame("F", rank.rank, payload=self.mask(handle.read(1 << 16))))

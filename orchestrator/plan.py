@@ -85,6 +85,7 @@ class LaunchPlan:
     secret_names: tuple[str, ...]  # passed to the job at launch, never written down
     sync_dir: str | None = None  # copied into every node's node_dir before the start
     selection: str = ""  # --include/--exclude/--num-nodes/--num-gpus as given
+    max_restarts: int = 0  # torchrun's --max-restarts; > 0 means c10d rendezvous
 
     @property
     def nnodes(self) -> int:
@@ -116,6 +117,8 @@ class LaunchPlan:
             "master_port": f"{self.master_port}  # {self.master_port_reason}",
             "secrets": list(self.secret_names),
             **({"selection": self.selection} if self.selection else {}),
+            **({"max_restarts": f"{self.max_restarts}  # torchrun --max-restarts, c10d "
+                                "rendezvous at the master"} if self.max_restarts else {}),
             "nodes": [_node_dict(node) for node in self.nodes],
         }
 
@@ -187,6 +190,7 @@ def make_plan(cluster: Cluster, spec: JobSpec, run_id: str,
         master_addr_reason=addr_reason, master_port=master_port,
         master_port_reason=port_reason, program=spec.program, secret_names=secret_names,
         sync_dir=spec.sync_dir, selection=cluster.selection,
+        max_restarts=spec.max_restarts,
     )
 
 

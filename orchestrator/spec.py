@@ -95,8 +95,11 @@ class JobSpec:
     secret_names: frozenset[str] = field(default_factory=frozenset)
     sync_dir: str | None = None  # copied to every node; the ranks start in the copy
     bind_cores: bool = False  # --bind-cores: each local rank on its own cores (orchestrator.cores)
+    max_restarts: int = 0  # torchrun's --max-restarts: worker-group restarts per node
 
     def __post_init__(self) -> None:
+        if self.max_restarts < 0:
+            raise ConfigError(f"--max-restarts must be 0 or more, got {self.max_restarts}")
         if self.nproc_per_node is not None and self.nproc_per_node <= 0:
             raise ConfigError(f"--nproc-per-node must be a positive integer, "
                               f"got {self.nproc_per_node}")

@@ -92,6 +92,26 @@ def test_selection_with_uneven_slots_is_refused() -> None:
         plan_slurm_job(spec("t.py"), SlurmOptions(), "r1", cluster)
 
 
+def test_golden_restarts_use_c10d_in_node_order() -> None:
+    """`--max-restarts 3`: torchrun's c10d rendezvous on node 0, ranks in SLURM_NODEID order."""
+    job, script = prepare_slurm(None, spec("train.py", max_restarts=3),
+                                SlurmOptions(nodes=2), "run-restarts", ARGV)
+    check_golden("restarts.sbatch", script)
+    assert job.max_restarts == 3 and "--max-restarts=3" in script
+    assert '--rdzv-id="$SLURM_JOB_ID"' in script and "--node_rank" not in script
+
+
+def test_launch_with_restarts_is_refused_until_followed(tmp_path: Path) -> None:
+    from orchestrator.launcher import LaunchOptions
+    from orchestrator.slurm.submit import launch_slurm
+
+    options = LaunchOptions(run_dir=str(tmp_path), run_id="r", argv=ARGV)
+    with pytest.raises(ConfigError, match="--max-restarts with `launch --backend slurm` is "
+                                          "not supported yet: use `render --backend slurm"):
+        launch_slurm(None, spec("-m", "pkg", max_restarts=1), SlurmOptions(nodes=2), options)
+    assert not any(tmp_path.iterdir())
+
+
 def test_sbatch_lines_only_when_given_or_needed() -> None:
     job = plan_slurm_job(spec("t.py"), SlurmOptions(nodes=4), "r1")
     assert job.sbatch_lines == ("--job-name=r1", "--nodes=4", "--ntasks-per-node=1")

@@ -57,6 +57,12 @@ def job_options(func):
         click.option("--workdir", metavar="DIR",
                      help="Directory the ranks start in on every node. Default: the current "
                           "directory."),
+        click.option("--max-restarts", "--max_restarts", "max_restarts", type=int, default=0,
+                     show_default=True, metavar="N",
+                     help="torchrun's --max-restarts: after a rank fails, torchrun restarts "
+                          "the workers on every node, up to N times per node (the job "
+                          "resumes from its own checkpoint); the run fails once torchrun "
+                          "gives up. N > 0 uses torchrun's c10d rendezvous."),
         click.option("--bind-cores", "--bind_cores_to_rank", "bind_cores", is_flag=True,
                      help="Pin each local rank to its own disjoint set of cores (and its NUMA "
                           "node, with numactl) from the node's own topology, before the rank "
@@ -196,7 +202,7 @@ def refuse_empty(**flags: str | None) -> None:
 
 def make_spec(program_argv, *, nproc_per_node, master_addr, master_port, ifname, env,
               env_files, no_env_file, secret_names, forward_env, python, workdir,
-              bind_cores=False, sync_dir=None):
+              bind_cores=False, sync_dir=None, max_restarts=0):
     refuse_empty(ifname=ifname, python=python, workdir=workdir)
     from orchestrator.spec import (
         JobSpec,
@@ -224,4 +230,5 @@ def make_spec(program_argv, *, nproc_per_node, master_addr, master_port, ifname,
         secret_names=frozenset(secret_names),
         sync_dir=os.path.abspath(sync_dir) if sync_dir else None,
         bind_cores=bind_cores,
+        max_restarts=max_restarts,
     )

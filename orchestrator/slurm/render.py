@@ -93,6 +93,7 @@ class SlurmJob:
     visible_devices: tuple[tuple[str, str], ...] = ()
     selection: str = ""  # the selection flags as given
     bind_cores: bool = False  # --bind-cores: core sets computed on each node at its start
+    max_restarts: int = 0  # torchrun's --max-restarts; > 0 means c10d rendezvous
 
     @property
     def world_size(self) -> int:
@@ -262,6 +263,7 @@ def plan_slurm_job(spec: JobSpec, options: SlurmOptions, run_id: str,
         requeue=options.requeue, job_dir=job_dir, output=output,
         visible_devices=visible_devices, selection=cluster.selection if cluster else "",
         bind_cores=spec.bind_cores,
+        max_restarts=spec.max_restarts,
     )
 
 
