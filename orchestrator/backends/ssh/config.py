@@ -47,7 +47,7 @@ _NO_EFFECT = """
     kbdinteractiveauthentication kbdinteractivedevices challengeresponseauthentication
     numberofpasswordprompts addkeystoagent usekeychain ipqos localforward remoteforward
     dynamicforward exitonforwardfailure clearallforwardings gatewayports permitlocalcommand
-    localcommand updatehostkeys gssapiauthentication gssapidelegatecredentials
+    localcommand gssapiauthentication gssapidelegatecredentials
     streamlocalbindmask streamlocalbindunlink forkafterauthentication sessiontype stdinnull
     ignoreunknown permitremoteopen xauthlocation enableescapecommandline obscurekeystroketiming
 """
@@ -99,7 +99,8 @@ class SshConfig:
     def lookup(self, alias: str) -> paramiko.SSHConfigDict:
         found = self._config.lookup(alias)
         for keyword, value in found.items():
-            if keyword not in HONOURED and keyword not in NO_EFFECT:
+            switched_off = isinstance(value, str) and value.lower() in ("no", "none")
+            if keyword not in HONOURED and keyword not in NO_EFFECT and not switched_off:
                 where = self._origin(keyword, value)
                 warn_once(f"{where}: ssh option {keyword!r} is not supported here; going on "
                           "as ssh would without it")

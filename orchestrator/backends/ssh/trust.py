@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import paramiko
 
-from orchestrator.backends.ssh.certs import CERT_SUFFIX, host_certificate
+from orchestrator.backends.ssh.certs import CERT_SUFFIX, HostCertificate, host_certificate
 from orchestrator.backends.ssh.config import Target
 from orchestrator.backends.ssh.known_hosts import (
     CERT_AUTHORITY,
@@ -31,7 +31,7 @@ from orchestrator.backends.ssh.known_hosts import (
 )
 from orchestrator.backends.ssh.notices import warn_once
 
-OK, NEW, CHANGED = "ok", "new", "changed"
+OK, NEW, CHANGED, REVOKED_STATUS = "ok", "new", "changed", "revoked"
 # OpenSSH's default HostKeyAlgorithms, certificates first (those paramiko can verify).
 PLAIN_ALGORITHMS = ("ssh-ed25519", "ecdsa-sha2-nistp256", "ecdsa-sha2-nistp384",
                     "ecdsa-sha2-nistp521", "rsa-sha2-512", "rsa-sha2-256")
@@ -54,6 +54,7 @@ class Names:
     """The names a host's key is looked up under."""
 
     host: str  # HostKeyAlias, or host / [host]:port
+    bare: str | None  # host without the port, also tried off port 22 (no HostKeyAlias)
     principal: str  # what a host certificate must name
     ip: str | None  # [address]:port form, when CheckHostIP applies
 
@@ -73,7 +74,8 @@ class Trust:
         # ssh skips the address check through a proxy or when the name is an address.
         if target.trust.check_host_ip and address and not _is_address(target.hostname):
             ip = host_port(address, target.port)
-        return Names(host, (alias or target.hostname).lower(), ip)
+        bare = target.hostname.lower() if not alias and target.port != 22 else None
+        return Names(host, bare, (alias or target.hostname).lower(), ip)
 
     def algorithms(self, target: Target) -> tuple[str, ...]:
         """Host key algorithms to offer, ordered as ssh's order_hostkeyalgs() would."""
@@ -99,29 +101,36 @@ class Trust:
         keys = self._keys(target)
         plain = key.asbytes()
         cert = host_certificate(key)
-        revoked = {k.blob for k in keys if k.marker == REVOKED and k.matches(names.host)}
-        if plain in revoked or (cert is not None and cert.ca_blob in revoked):
+        status = _judge(keys, names.host, names.principal, plain, cert)
+        if status == NEW and names.bare and \
+                _judge(keys, names.bare, names.principal, plain, cert) == OK:
+            status = OK  # ssh also accepts the key listed under the name without the port
+        if names.ip is None:
+            ip_status = None
+        elif cert is not None:
+            ip_status = status  # ssh reads no address keys once shown a certificate
+        else:
+            ip_status = _status(keys, names.ip, plain)
+        if status in (REVOKED_STATUS, CHANGED):
             if settings.strict != "no":
-                raise HostKeyRefused("revoked", names.host, key)
+                reason = "revoked" if status == REVOKED_STATUS else "changed"
+                raise HostKeyRefused(reason, names.host, key, _listed_at(keys, names.host, plain))
             return self._unverified(shown)
-        if cert is not None and not cert.problem(names.principal) and any(
-                k.marker == CERT_AUTHORITY and k.blob == cert.ca_blob and k.matches(names.host)
-                for k in keys):
-            return self._check_ip(target, names, keys, plain, key, cert_ok=True)
-        status = _status(keys, names.host, plain)
-        if status == CHANGED:
+        if ip_status == CHANGED and names.ip:
             if settings.strict != "no":
-                raise HostKeyRefused("changed", names.host, key,
-                                     _listed_at(keys, names.host, plain))
-            return self._unverified(shown)
+                raise HostKeyRefused("changed", names.ip, key, _listed_at(keys, names.ip, plain))
+            warn_once(f"the host key for {names.host} differs from the key for the IP "
+                      f"address {names.ip}")
         if status == NEW:
             if settings.strict == "yes":
                 raise HostKeyRefused("unknown", names.host, key)
-            self._record(target, tuple(n for n in (names.host, names.ip) if n), plain)
+            recorded = (names.host, names.ip) if ip_status == NEW and names.ip else \
+                (names.host,)
+            self._record(target, recorded, plain)
             if settings.strict == "no":
-                return self._unverified(shown)
-            return None
-        return self._check_ip(target, names, keys, plain, key, cert_ok=False)
+                self._unverified(shown)
+        elif ip_status == NEW and names.ip and cert is None:
+            self._record(target, (names.ip,), plain)
 
     def report(self) -> None:
         """One warning naming every host whose key was taken without verification."""
@@ -133,19 +142,6 @@ class Trust:
 
     def _keys(self, target: Target) -> list[KnownKey]:
         return self.files.keys(target.trust.user_files + target.trust.global_files)
-
-    def _check_ip(self, target: Target, names: Names, keys: list[KnownKey], plain: bytes,
-                  key: paramiko.PKey, cert_ok: bool) -> None:
-        if names.ip is None:
-            return
-        status = _status(keys, names.ip, plain)
-        if status == NEW and not cert_ok:
-            self._record(target, (names.ip,), plain)
-        elif status == CHANGED:
-            if target.trust.strict != "no":
-                raise HostKeyRefused("changed", names.ip, key, _listed_at(keys, names.ip, plain))
-            warn_once(f"the host key for {names.host} differs from the key for the IP "
-                      f"address {names.ip}")
 
     def _record(self, target: Target, names: tuple[str, ...], plain: bytes) -> None:
         if not target.trust.user_files:
@@ -160,6 +156,19 @@ class Trust:
     def _unverified(self, shown: str) -> None:
         with self._lock:
             self.unverified.append(shown)
+
+
+def _judge(keys: list[KnownKey], name: str, principal: str, plain: bytes,
+           cert: HostCertificate | None) -> str:
+    """The status of a key under one name: revoked, a valid certificate, else as plain."""
+    revoked = {k.blob for k in keys if k.marker == REVOKED and k.matches(name)}
+    if plain in revoked or (cert is not None and cert.ca_blob in revoked):
+        return REVOKED_STATUS
+    if cert is not None and not cert.problem(principal) and any(
+            k.marker == CERT_AUTHORITY and k.blob == cert.ca_blob and k.matches(name)
+            for k in keys):
+        return OK
+    return _status(keys, name, plain)
 
 
 def _status(keys: list[KnownKey], name: str, plain: bytes) -> str:
