@@ -216,3 +216,39 @@ def test_mount_trick_gives_ssh_the_scenario_home(fleet: Fleet) -> None:
         done = in_home(Path(root), "sh", "-c", "cat ~/marker; echo $HOME")
     assert done.stdout.split() == ["here", "/root"], done.stderr
     assert not Path("/root/marker").exists(), "the mount must stay inside its namespace"
+
+
+def test_launch_and_check_through_a_config_only_ssh_understands(fleet: Fleet,
+                                                                 tmp_path: Path) -> None:
+    """The issue's cluster: nodes reachable only by alias, user, key and known_hosts file
+    that ~/.ssh/config names (nothing in ~/.ssh/known_hosts, no default key)."""
+    root = tmp_path / "home"
+    (root / ".ssh").mkdir(parents=True, mode=0o700)
+    (root / "keys").mkdir(mode=0o700)
+    fleet.client.write(root / "keys" / "cluster")
+    home = Home(root)
+    home.write(".ssh/config", "Include ~/.ssh/config.d/*\n")
+    home.write(".ssh/config.d/cluster", "".join(
+        f"Host gpu{n.index}\n    HostName {n.name}\n" for n in fleet.n[:2]) + (
+        "Host gpu*\n    User root\n    IdentityFile ~/keys/cluster\n"
+        "    UserKnownHostsFile ~/keys/cluster_known_hosts\n    StrictHostKeyChecking yes\n"))
+    home.write("keys/cluster_known_hosts", "".join(
+        f"{n.name} {n.host_public_key}\n" for n in fleet.n[:2]))
+    home.hash("keys/cluster_known_hosts")
+    (root / "hosts.txt").write_text("gpu0 slots=1\ngpu1 slots=1\n")
+    script = tmp_path / "hello.py"  # outside the mounted home: the nodes see the real /root
+    script.write_text(
+        "import os\nprint('hello from', os.environ['RANK'], 'of', os.environ['WORLD_SIZE'])\n")
+    assert in_home(root, "ssh", "-o", "BatchMode=yes", "gpu1", "true").returncode == 0
+
+    launched = in_home(root, sys.executable, "-m", "orchestrator", "launch", "hosts.txt",
+                       "--run-id", "viaconfig", "--color", "never", "--", str(script),
+                       timeout=300)
+    assert launched.returncode == 0, launched.stdout + launched.stderr
+    assert "[gpu0 r0] hello from 0 of 2" in launched.stdout, launched.stdout
+    assert "[gpu1 r1] hello from 1 of 2" in launched.stdout, launched.stdout
+    checked = in_home(root, sys.executable, "-m", "orchestrator", "check", "hosts.txt",
+                      "--skip-bandwidth", "--run-id", "checkviaconfig", timeout=300)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert "RESULT: passed (2 node(s), 2 rank(s), gloo)" in checked.stdout, checked.stdout
+    assert "warning" not in launched.stderr + checked.stderr
