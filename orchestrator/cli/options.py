@@ -148,21 +148,20 @@ def run_options(func):
 def ssh_options(func):
     """How to reach nodes over SSH; shared by launch, exec and check."""
     options = [
-        click.option("--ssh-config", default="~/.ssh/config", show_default=True,
-                     metavar="FILE", help="OpenSSH client config to honour (Host aliases, "
-                     "HostName, User, Port, IdentityFile, ProxyJump, ProxyCommand)."),
+        click.option("--ssh-config", metavar="FILE", help="OpenSSH client config to use "
+                     "instead of ~/.ssh/config and /etc/ssh/ssh_config, like ssh -F."),
         click.option("-i", "--identity", "identity_files", multiple=True, metavar="FILE",
                      help="Private key to try first (repeatable); the ssh-agent and "
                           "~/.ssh/id_* are tried too."),
-        click.option("--known-hosts", default="~/.ssh/known_hosts", show_default=True,
-                     metavar="FILE", help="Host keys to verify nodes against."),
+        click.option("--known-hosts", metavar="FILE", help="Host keys to verify nodes "
+                     "against, instead of the ssh config's UserKnownHostsFile."),
         click.option("--accept-new-host-keys", is_flag=True,
                      help="Accept and record the host key of a node not yet in known_hosts "
                           "(a changed key is still refused), like ssh's "
                           "StrictHostKeyChecking=accept-new."),
-        click.option("--connect-timeout", type=click.FloatRange(min=0.1), default=10.0,
-                     show_default=True, metavar="SECONDS",
-                     help="Give up on a node that does not answer within this time."),
+        click.option("--connect-timeout", type=click.FloatRange(min=0.1), metavar="SECONDS",
+                     help="Give up on a node that does not answer within this time "
+                          "[default: the ssh config's ConnectTimeout, else 10]."),
     ]
     return functools.reduce(lambda f, option: option(f), reversed(options), func)
 
