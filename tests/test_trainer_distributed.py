@@ -2,19 +2,17 @@
 
 from __future__ import annotations
 
-import functools
 import socket
-from datetime import timedelta
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
 
-from orchestrator.trainer import distributed
 from orchestrator.trainer.cli import main
 from orchestrator.trainer.config import Topology, resolve_topology
-from orchestrator.trainer.distributed import DeviceChoice, decide_device, start_runtime
+from orchestrator.trainer.distributed import start_runtime
+from orchestrator.trainer.placement import DeviceChoice, decide_device
 from orchestrator.trainer.errors import EXIT_FAILURE, TrainerUsageError
 from tests.trainer_helpers import FAST, assert_clean_failure, run_trainer
 
@@ -55,8 +53,8 @@ def test_auto_falls_back_to_cpu_on_every_rank_when_gpus_are_fewer_than_ranks() -
         (0, 0, 1, ["--device cuda", "no CUDA device", "--device cpu"]),
         (1, 0, 2, ["--device cuda", "2 ranks on this node", "1 GPU(s)", "--nproc_per_node=1"]),
         (1, 1, 2, ["--device cuda", "2 ranks on this node"]),
-        # --init-method without LOCAL_RANK: the local rank defaults to the global one.
-        (1, 3, 1, ["local rank 3 has no GPU", "LOCAL_RANK"]),
+        # A hand-given --local-rank that does not fit the node's GPUs.
+        (1, 3, 1, ["local rank 3 has no GPU", "--local-rank"]),
     ],
 )
 def test_explicit_cuda_without_enough_gpus_is_a_usage_error(
@@ -77,7 +75,7 @@ def test_only_rank_0_prints_why_auto_chose_cpu(
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # leave this process's thread count alone
     topology = Topology(rank, 2, rank, 2, None, "torchrun")  # no group: nothing to join
-    runtime = start_runtime(topology, "auto")
+    runtime = start_runtime(topology, "auto", 60.0)
     assert runtime.device == torch.device("cpu")
     out = capsys.readouterr().out
     assert out.count("--device auto chose cpu") == (1 if rank == 0 else 0), out
@@ -125,20 +123,13 @@ def _closed_port() -> int:
 def test_unreachable_rank_0_exits_1_with_one_line(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    # The real rendezvous against a port nobody listens on, with torch's 30-minute
-    # default wait shortened to one second.
-    real_init = dist.init_process_group
-    monkeypatch.setattr(
-        distributed.dist,
-        "init_process_group",
-        functools.partial(real_init, timeout=timedelta(seconds=1)),
-    )
+    # The real rendezvous against a port nobody listens on, given up after --timeout.
     for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     url = f"tcp://127.0.0.1:{_closed_port()}"
     code = main([*FAST, "--device", "cpu", "--init-method", url, "--rank", "1",
-                 "--world-size", "2"])  # fmt: skip
+                 "--world-size", "2", "--timeout", "1"])  # fmt: skip
     assert code == EXIT_FAILURE
     lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert len(lines) == 1, lines
