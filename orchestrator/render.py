@@ -35,6 +35,10 @@ def _environment() -> jinja2.Environment:
     env.filters["q"] = lambda value: shlex.quote(str(value))
     env.filters["qjoin"] = lambda values: " ".join(shlex.quote(str(v)) for v in values)
     env.filters["comment"] = comment_safe
+    # Shipped inside the scripts that pick an interface, for nodes without `ip`.
+    env.globals["route_py"] = resources.files("orchestrator").joinpath("route.py").read_text(
+        encoding="utf-8"
+    )
     return env
 
 

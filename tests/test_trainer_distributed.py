@@ -12,8 +12,13 @@ import torch.distributed as dist
 from orchestrator.trainer.cli import main
 from orchestrator.trainer.config import Topology, resolve_topology
 from orchestrator.trainer.distributed import start_runtime
-from orchestrator.trainer.placement import DeviceChoice, decide_device
 from orchestrator.trainer.errors import EXIT_FAILURE, TrainerUsageError
+from orchestrator.trainer.placement import (
+    DeviceChoice,
+    agree_on_kind,
+    decide_device,
+    local_placement,
+)
 from tests.trainer_helpers import FAST, assert_clean_failure, run_trainer
 
 
@@ -45,6 +50,39 @@ def test_auto_falls_back_to_cpu_on_every_rank_when_gpus_are_fewer_than_ranks() -
     for needle in ("--device auto chose cpu", "2 ranks on this node", "1 GPU(s)",
                    "--nproc_per_node=1"):  # fmt: skip
         assert needle in note, (needle, note)
+
+
+@pytest.mark.parametrize(
+    ("hosts", "expected"),
+    [
+        (["a"], [(0, 1)]),
+        (["a", "a"], [(0, 2), (1, 2)]),
+        (["a", "b", "a", "b"], [(0, 2), (0, 2), (1, 2), (1, 2)]),
+        (["n1", "n1", "n1", "n2"], [(0, 3), (1, 3), (2, 3), (0, 1)]),
+    ],
+)
+def test_local_ranks_follow_global_rank_order_among_ranks_of_one_host(
+    hosts: list[str], expected: list[tuple[int, int]]
+) -> None:
+    assert [local_placement(hosts, rank) for rank in range(len(hosts))] == expected
+
+
+@pytest.mark.parametrize("gpus", [0, 1])
+def test_two_init_method_ranks_on_a_machine_with_fewer_gpus_both_choose_cpu(gpus: int) -> None:
+    # The 1-GPU machine that hung: two ranks by hand, no LOCAL_RANK. Derived from their
+    # shared host name they are local ranks 0 and 1 of 2, so neither claims cuda:1.
+    choices = [decide_device("auto", gpus, *local_placement(["h", "h"], r)) for r in (0, 1)]
+    assert [c.kind for c in choices] == ["cpu", "cpu"]
+    with_two = [decide_device("auto", 2, *local_placement(["h", "h"], r)) for r in (0, 1)]
+    assert [c.kind for c in with_two] == ["cuda", "cuda"]
+
+
+def test_auto_on_mixed_nodes_chooses_cpu_for_every_rank() -> None:
+    choice = agree_on_kind(["cuda", "cuda", "cpu"], ["gpu1", "gpu1", "cpu1"])
+    assert choice is not None and choice.kind == "cpu"
+    assert choice.note is not None and "cpu1 cannot give each of its ranks a GPU" in choice.note
+    assert agree_on_kind(["cuda", "cuda"], ["a", "b"]) is None
+    assert agree_on_kind(["cpu", "cpu"], ["a", "b"]) is None
 
 
 @pytest.mark.parametrize(
