@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any
@@ -221,12 +222,24 @@ def _agree_on_device(
     hosts = [host for host, _ in answers]
     for rank, (host, answer) in enumerate(answers):
         if answer.startswith("error "):
+            _wait_until_all_read(store, topology)
             message = answer.removeprefix("error ")
             raise TrainerUsageError(
                 message if rank == topology.rank else f"rank {rank} ({host}): {message}"
             )
     assert choice is not None
     return agree_on_kind([kind for _, kind in answers], hosts) or choice
+
+
+def _wait_until_all_read(store: Any, topology: Topology) -> None:
+    """Before exiting on an agreed error, let every rank read it: rank 0 serves the
+    tcp:// and env:// store, and a rank still reading would see a lost connection instead."""
+    key = f"{STORE_PREFIX}/error-read"
+    count = store.add(key, 1)
+    deadline = time.monotonic() + store.timeout.total_seconds()
+    while topology.rank == 0 and count < topology.world_size and time.monotonic() < deadline:
+        time.sleep(0.05)
+        count = store.add(key, 0)
 
 
 # How gloo and NCCL word a collective that failed because of a peer (torch raises some of
