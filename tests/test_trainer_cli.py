@@ -183,7 +183,8 @@ def test_bf16_on_cpu_trains_and_evaluates_through_the_cli(tmp_path: Path) -> Non
     out = tmp_path / "ckpt"
     result = run_trainer(
         ["--synthetic-samples", "512", "--precision", "bf16", "--batch-size", "16",
-         "--max-steps", "30", "--log-every", "10", "--checkpoint-dir", str(out)],
+         "--max-steps", "30", "--log-every", "10", "--checkpoint-dir", str(out),
+         "--device", "cpu"],
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
     assert "; bf16" in result.stdout.splitlines()[1], result.stdout

@@ -112,3 +112,23 @@ def test_torchrun_job_ends_when_one_rank_is_killed(tmp_path: Path) -> None:
         kill_group(proc)
         proc.wait()
     assert code != 0
+
+
+def test_one_ranks_device_error_ends_every_rank_with_it(tmp_path: Path) -> None:
+    # Only rank 1 insists on CUDA (none here): rank 0 must not wait for it in the group,
+    # both exit 2, rank 0 naming rank 1 and its reason.
+    url = f"file://{tmp_path / 'rdzv'}"
+    procs = []
+    for rank, device in ((0, "auto"), (1, "cuda")):
+        cmd = [*TRAINER, *FAST, "--device", device, "--init-method", url, "--rank", str(rank),
+               "--world-size", "2", "--timeout", "60"]  # fmt: skip
+        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                      text=True, env=trainer_env(CUDA_VISIBLE_DEVICES="")))
+    errors = []
+    for proc in procs:
+        code, _ = _exit_within(proc, 60)
+        errors.append(proc.stderr.read() if proc.stderr else "")
+        assert code == 2, errors[-1]
+    assert "--device cuda: no CUDA device" in _one_line_error(errors[1])
+    line = _one_line_error(errors[0])
+    assert "rank 1 (" in line and "--device cuda: no CUDA device" in line, line
