@@ -58,10 +58,13 @@ class StopAgreement:
     finished on every rank that kept up. Each rank reads it at the same step, so all
     ranks still stop after the same step, one step later than a blocking check would.
 
-    The interval adapts: each check proposes the number of steps that takes about
-    ``target_s`` of training (at least 1), and the smallest proposal wins, so a stop
-    lands within about ``target_s`` or two steps of the signal, whichever is longer.
-    ``every`` fixes the interval instead.
+    A check still costs CPU time (gloo's thread, the tensor) and lines the ranks' hosts
+    up; on CPU ranks that already use every core, a check at every step costs about a
+    quarter of a small model's throughput (benchmarks/bench_trainer.py). So the interval
+    adapts: each check proposes the number of steps that takes about ``target_s`` of
+    training (at least 1), and the smallest proposal wins, so a stop lands within about
+    ``target_s`` or two steps of the signal, whichever is longer. ``every`` fixes the
+    interval instead.
     """
 
     def __init__(
