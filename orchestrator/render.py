@@ -36,10 +36,15 @@ def _environment() -> jinja2.Environment:
     env.filters["qjoin"] = lambda values: " ".join(shlex.quote(str(v)) for v in values)
     env.filters["comment"] = comment_safe
     env.filters["core_words"] = lambda sets: " ".join(s.encode() for s in sets)
-    # --bind-cores in scripts rendered without a probe: the nodes run this very file.
-    env.globals["cores_source"] = resources.files("orchestrator").joinpath(
-        "cores.py").read_text(encoding="utf-8")
+    # Shipped as source inside the scripts, so the nodes run these very files: core sets
+    # for --bind-cores without a probe, and interface detection on nodes without `ip`.
+    env.globals["cores_source"] = _package_source("cores.py")
+    env.globals["route_py"] = _package_source("route.py")
     return env
+
+
+def _package_source(name: str) -> str:
+    return resources.files("orchestrator").joinpath(name).read_text(encoding="utf-8")
 
 
 def render_template(name: str, **context: object) -> str:

@@ -365,7 +365,13 @@ def test_nccl_needs_a_gpu_per_rank() -> None:
     gpu = {"nccl": "yes", "cuda_devices": "8", "nccl_version": "2.21.5"}
     nodes = [node(0, probe=facts(port="29500", port_free="yes", **gpu)),
              node(1, probe=facts(**{**gpu, "cuda_devices": "1"}))]
-    assert choose_backend(nodes) == ("nccl", "every node has CUDA devices and NCCL")
+    # auto: like the trainer's --device auto, gloo when a node has fewer GPUs than ranks
+    # (a 1-GPU machine with slots=2) ...
+    assert choose_backend(nodes) == ("gloo", "node1 has 1 CUDA device(s) for 2 rank(s) and "
+                                     "NCCL needs one per rank")
+    enough = [nodes[0], node(1, probe=facts(**{**gpu, "cuda_devices": "2"}))]
+    assert choose_backend(enough) == ("nccl", "every node has a CUDA device per rank and NCCL")
+    # ... and --backend nccl there is a problem that says what to change.
     problems = [str(p) for p in node_problems(nodes, MASTER, "nccl")]
     assert problems == ["node1: 1 CUDA device(s) for 2 rank(s): NCCL needs one GPU per rank; "
                         "lower slots= / --nproc-per-node"]

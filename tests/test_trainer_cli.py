@@ -56,6 +56,8 @@ def test_help_explains_every_option() -> None:
         (["--init-method", "tcp://127.0.0.1:1"], ["--init-method", "--rank"]),
         (["--rank", "1"], ["--rank/--world-size", "--init-method"]),
         (["--metrics", "m-{node}.jsonl"], ["--metrics m-{node}.jsonl", "{rank}"]),
+        (["--timeout", "0"], ["--timeout 0", "positive number of seconds"]),
+        (["--local-rank", "0", "--local-world-size", "1"], ["--local-rank", "--init-method"]),
     ],
 )
 def test_bad_option_values_exit_2_with_one_line(args: list[str], needles: list[str]) -> None:
@@ -124,6 +126,21 @@ def test_topology_from_torchrun_environment() -> None:
         resolve_topology({}, "tcp://h:1", 2, 2)
 
 
+def test_local_placement_with_init_method_from_flags_env_or_derived() -> None:
+    derived = resolve_topology({}, "tcp://h:1234", 1, 2)
+    assert (derived.local_rank, derived.local_world_size) == (None, None)
+    from_env = resolve_topology({"LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"}, "tcp://h:1", 1, 2)
+    assert (from_env.local_rank, from_env.local_world_size) == (1, 2)
+    flags = resolve_topology({"LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"}, "tcp://h:1", 1, 4, 0, 1)
+    assert (flags.local_rank, flags.local_world_size) == (0, 1)  # flags win
+    with pytest.raises(TrainerUsageError, match="go together"):
+        resolve_topology({}, "tcp://h:1", 1, 2, 1, None)
+    with pytest.raises(TrainerUsageError, match="--local-rank 2 --local-world-size 2"):
+        resolve_topology({}, "tcp://h:1", 1, 2, 2, 2)
+    with pytest.raises(TrainerUsageError, match="only used with --init-method"):
+        resolve_topology({}, None, None, None, 0, 1)
+
+
 def test_config_rejects_what_the_cli_would() -> None:
     assert TrainConfig().lr > 0  # the defaults themselves are valid
     with pytest.raises(TrainerUsageError, match="--checkpoint-every 5 needs --checkpoint-dir"):
@@ -166,7 +183,8 @@ def test_bf16_on_cpu_trains_and_evaluates_through_the_cli(tmp_path: Path) -> Non
     out = tmp_path / "ckpt"
     result = run_trainer(
         ["--synthetic-samples", "512", "--precision", "bf16", "--batch-size", "16",
-         "--max-steps", "30", "--log-every", "10", "--checkpoint-dir", str(out)],
+         "--max-steps", "30", "--log-every", "10", "--checkpoint-dir", str(out),
+         "--device", "cpu"],
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
     assert "; bf16" in result.stdout.splitlines()[1], result.stdout

@@ -2,20 +2,23 @@
 
 from __future__ import annotations
 
-import functools
 import socket
-from datetime import timedelta
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
 
-from orchestrator.trainer import distributed
 from orchestrator.trainer.cli import main
 from orchestrator.trainer.config import Topology, resolve_topology
-from orchestrator.trainer.distributed import DeviceChoice, decide_device, start_runtime
+from orchestrator.trainer.distributed import start_runtime
 from orchestrator.trainer.errors import EXIT_FAILURE, TrainerUsageError
+from orchestrator.trainer.placement import (
+    DeviceChoice,
+    agree_on_kind,
+    decide_device,
+    local_placement,
+)
 from tests.trainer_helpers import FAST, assert_clean_failure, run_trainer
 
 
@@ -50,13 +53,46 @@ def test_auto_falls_back_to_cpu_on_every_rank_when_gpus_are_fewer_than_ranks() -
 
 
 @pytest.mark.parametrize(
+    ("hosts", "expected"),
+    [
+        (["a"], [(0, 1)]),
+        (["a", "a"], [(0, 2), (1, 2)]),
+        (["a", "b", "a", "b"], [(0, 2), (0, 2), (1, 2), (1, 2)]),
+        (["n1", "n1", "n1", "n2"], [(0, 3), (1, 3), (2, 3), (0, 1)]),
+    ],
+)
+def test_local_ranks_follow_global_rank_order_among_ranks_of_one_host(
+    hosts: list[str], expected: list[tuple[int, int]]
+) -> None:
+    assert [local_placement(hosts, rank) for rank in range(len(hosts))] == expected
+
+
+@pytest.mark.parametrize("gpus", [0, 1])
+def test_two_init_method_ranks_on_a_machine_with_fewer_gpus_both_choose_cpu(gpus: int) -> None:
+    # The 1-GPU machine that hung: two ranks by hand, no LOCAL_RANK. Derived from their
+    # shared host name they are local ranks 0 and 1 of 2, so neither claims cuda:1.
+    choices = [decide_device("auto", gpus, *local_placement(["h", "h"], r)) for r in (0, 1)]
+    assert [c.kind for c in choices] == ["cpu", "cpu"]
+    with_two = [decide_device("auto", 2, *local_placement(["h", "h"], r)) for r in (0, 1)]
+    assert [c.kind for c in with_two] == ["cuda", "cuda"]
+
+
+def test_auto_on_mixed_nodes_chooses_cpu_for_every_rank() -> None:
+    choice = agree_on_kind(["cuda", "cuda", "cpu"], ["gpu1", "gpu1", "cpu1"])
+    assert choice is not None and choice.kind == "cpu"
+    assert choice.note is not None and "cpu1 cannot give each of its ranks a GPU" in choice.note
+    assert agree_on_kind(["cuda", "cuda"], ["a", "b"]) is None
+    assert agree_on_kind(["cpu", "cpu"], ["a", "b"]) is None
+
+
+@pytest.mark.parametrize(
     ("gpus", "local_rank", "local_world", "needles"),
     [
         (0, 0, 1, ["--device cuda", "no CUDA device", "--device cpu"]),
         (1, 0, 2, ["--device cuda", "2 ranks on this node", "1 GPU(s)", "--nproc_per_node=1"]),
         (1, 1, 2, ["--device cuda", "2 ranks on this node"]),
-        # --init-method without LOCAL_RANK: the local rank defaults to the global one.
-        (1, 3, 1, ["local rank 3 has no GPU", "LOCAL_RANK"]),
+        # A hand-given --local-rank that does not fit the node's GPUs.
+        (1, 3, 1, ["local rank 3 has no GPU", "--local-rank"]),
     ],
 )
 def test_explicit_cuda_without_enough_gpus_is_a_usage_error(
@@ -77,7 +113,7 @@ def test_only_rank_0_prints_why_auto_chose_cpu(
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # leave this process's thread count alone
     topology = Topology(rank, 2, rank, 2, None, "torchrun")  # no group: nothing to join
-    runtime = start_runtime(topology, "auto")
+    runtime = start_runtime(topology, "auto", 60.0)
     assert runtime.device == torch.device("cpu")
     out = capsys.readouterr().out
     assert out.count("--device auto chose cpu") == (1 if rank == 0 else 0), out
@@ -125,20 +161,13 @@ def _closed_port() -> int:
 def test_unreachable_rank_0_exits_1_with_one_line(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    # The real rendezvous against a port nobody listens on, with torch's 30-minute
-    # default wait shortened to one second.
-    real_init = dist.init_process_group
-    monkeypatch.setattr(
-        distributed.dist,
-        "init_process_group",
-        functools.partial(real_init, timeout=timedelta(seconds=1)),
-    )
+    # The real rendezvous against a port nobody listens on, given up after --timeout.
     for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     url = f"tcp://127.0.0.1:{_closed_port()}"
     code = main([*FAST, "--device", "cpu", "--init-method", url, "--rank", "1",
-                 "--world-size", "2"])  # fmt: skip
+                 "--world-size", "2", "--timeout", "1"])  # fmt: skip
     assert code == EXIT_FAILURE
     lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert len(lines) == 1, lines

@@ -28,13 +28,17 @@ from tests.trainer_helpers import (
 )
 
 STEPS = ["--max-steps", "20"]
+# Every run on the CPU, whatever the machine has: on one GPU a single process would train
+# on it while two ranks fall back to CPU, and the comparison would measure the devices'
+# float differences instead of the split's.
+ON_CPU = [*FAST, "--device", "cpu"]
 SPLIT_TOLERANCE = 1e-5
 RESUME_TOLERANCE = 1e-6
 
 
 def _train(tmp: Path, name: str, args: list[str], *, nproc: int = 0) -> dict[str, torch.Tensor]:
     out = tmp / name
-    argv = [*FAST, *args, "--checkpoint-dir", str(out)]
+    argv = [*ON_CPU, *args, "--checkpoint-dir", str(out)]
     result = run_torchrun(nproc, argv) if nproc else run_trainer(argv)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "Traceback" not in result.stderr
@@ -46,7 +50,7 @@ def reference_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """torchrun, 2 ranks x batch 4 x accum 1 (global batch 8), 20 steps, checkpoint at 10."""
     out = tmp_path_factory.mktemp("reference") / "run"
     result = run_torchrun(
-        2, [*FAST, *STEPS, "--batch-size", "4", "--checkpoint-every", "10",
+        2, [*ON_CPU, *STEPS, "--batch-size", "4", "--checkpoint-every", "10",
             "--checkpoint-dir", str(out), "--metrics", str(out / "metrics-{rank}.jsonl")],
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
@@ -87,7 +91,7 @@ def test_each_rank_writes_its_own_metrics(reference_run: Path) -> None:
 def test_ranks_times_accumulation_equals_one_big_batch(reference_run: Path, tmp_path: Path) -> None:
     # 2 ranks (joined by --init-method file://, no torchrun) x batch 4 x accum 2 ...
     procs = start_ranks(
-        2, [*FAST, *STEPS, "--batch-size", "4", "--grad-accum", "2",
+        2, [*ON_CPU, *STEPS, "--batch-size", "4", "--grad-accum", "2",
             "--checkpoint-dir", str(tmp_path / "w2b4a2")],
         tmp_path / "rendezvous", tmp_path / "logs",
     )  # fmt: skip
@@ -103,7 +107,7 @@ def test_ranks_times_accumulation_equals_one_big_batch(reference_run: Path, tmp_
 
 def test_resume_from_step_10_equals_straight_run_to_20(reference_run: Path, tmp_path: Path) -> None:
     first = tmp_path / "resumed"
-    args = [*FAST, "--batch-size", "4", "--checkpoint-dir", str(first)]
+    args = [*ON_CPU, "--batch-size", "4", "--checkpoint-dir", str(first)]
     result = run_torchrun(2, [*args, "--max-steps", "10"])
     assert result.returncode == 0, result.stdout + result.stderr
     state = load_checkpoint(first / "ckpt-00000010.pt")
@@ -129,7 +133,7 @@ def test_resume_into_a_different_split_of_the_same_global_batch(
     directory.mkdir()
     shutil.copy(reference_run / "ckpt-00000010.pt", directory)
     result = run_trainer(
-        [*FAST, *STEPS, "--batch-size", "4", "--grad-accum", "2", "--checkpoint-dir",
+        [*ON_CPU, *STEPS, "--batch-size", "4", "--grad-accum", "2", "--checkpoint-dir",
          str(directory), "--resume", str(directory / "ckpt-00000010.pt")],
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
@@ -141,7 +145,7 @@ def test_resume_into_a_different_split_of_the_same_global_batch(
 
 def test_resume_refuses_a_different_global_batch(reference_run: Path, tmp_path: Path) -> None:
     checkpoint = reference_run / "ckpt-00000010.pt"
-    result = run_trainer([*FAST, *STEPS, "--batch-size", "16", "--resume", str(checkpoint)])
+    result = run_trainer([*ON_CPU, *STEPS, "--batch-size", "16", "--resume", str(checkpoint)])
     assert result.returncode == 2, result.stdout + result.stderr
     assert "Traceback" not in result.stderr
     assert "checkpoint has global_batch=8 but this run has global_batch=16" in result.stderr

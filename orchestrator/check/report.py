@@ -91,14 +91,23 @@ class Master:
 
 
 def choose_backend(nodes: Sequence[NodeReport], requested: str = "auto") -> tuple[str, str]:
-    """(backend, why): NCCL when every node has CUDA devices and NCCL, else gloo."""
+    """(backend, why): NCCL when every node has a CUDA device per slot and NCCL, else gloo.
+
+    The trainer's --device auto rule: a node with fewer GPUs than ranks runs them on CPU,
+    and one job has one backend.
+    """
     if requested != "auto":
         return requested, f"--backend {requested}"
     usable = [n for n in nodes if n.usable]
-    if usable and all(n.cuda_devices > 0 and n.get("nccl") == "yes" for n in usable):
-        return "nccl", "every node has CUDA devices and NCCL"
-    return "gloo", "no CUDA devices" if not any(n.cuda_devices for n in usable) \
-        else "not every node has CUDA devices"
+    if not any(n.cuda_devices for n in usable):
+        return "gloo", "no CUDA devices"
+    if not all(n.cuda_devices > 0 and n.get("nccl") == "yes" for n in usable):
+        return "gloo", "not every node has CUDA devices"
+    short = [n for n in usable if n.cuda_devices < n.slots]
+    if short:
+        return "gloo", (f"{short[0].host} has {short[0].cuda_devices} CUDA device(s) for "
+                        f"{short[0].slots} rank(s) and NCCL needs one per rank")
+    return "nccl", "every node has a CUDA device per rank and NCCL"
 
 
 # --- node problems ---------------------------------------------------------------------

@@ -60,8 +60,8 @@ train 1.3 s, total 4.2 s
 
 exit codes:
   0    finished
-  1    failed: a rank could not join the process group in time (one line), or an
-       unexpected failure (with a traceback)
+  1    failed: a rank could not join the process group in time, or lost a peer
+       during training (one line each), or an unexpected failure (with a traceback)
   2    bad input: option value, missing dataset, unreadable, mismatched or already
        finished checkpoint
   128+N  stopped by signal N (143 for SIGTERM, 138 for SIGUSR1), after saving a
@@ -70,9 +70,19 @@ exit codes:
 
 signals:
   During training, SIGTERM or SIGUSR1 (e.g. SLURM's --signal=USR1@120) make all ranks
-  agree on one step to stop after (within about 50 ms, or one step if steps are slower),
+  agree on one step to stop after (within about 0.25 s, or two steps if slower),
   save a checkpoint there from rank 0, and exit 128+N without a traceback. Before the
   first step they keep their default action and end the process at once.
+
+peers:
+  A rank whose peer exits ends with exit 1 within seconds (its next collective
+  fails); a peer that stops answering without exiting ends it within --timeout.
+
+devices:
+  --device auto trains on cuda:LOCAL_RANK when this node has a GPU for each of its
+  ranks (GPUs counted after CUDA_VISIBLE_DEVICES), and on CPU otherwise; with
+  --init-method and no local rank given, ranks sharing a host name share its GPUs.
+  Every rank prints its choice in its start line.
 
 CPU threads:
   OMP_NUM_THREADS wins when set (torchrun sets 1 when it starts several ranks per node);
@@ -219,7 +229,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         metavar="N",
         help="steps between the ranks' checks for a stop signal (default: adaptive, "
-        "about every 50 ms of training and at least every step)",
+        "about every 0.25 s of training and at least every step)",
     )
     g = p.add_argument_group("reporting")
     g.add_argument(
@@ -249,6 +259,29 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g.add_argument("--rank", type=int, help="this process's rank, with --init-method")
     g.add_argument("--world-size", type=int, help="number of processes, with --init-method")
+    g.add_argument(
+        "--local-rank",
+        type=int,
+        metavar="L",
+        help="this process's index among the ranks on its node, with --init-method "
+        "(default: LOCAL_RANK if set, else derived from the ranks' host names)",
+    )
+    g.add_argument(
+        "--local-world-size",
+        type=int,
+        metavar="N",
+        help="ranks on this node, with --init-method (default: LOCAL_WORLD_SIZE if set, "
+        "else derived from the ranks' host names)",
+    )
+    g.add_argument(
+        "--timeout",
+        dest="timeout_s",
+        type=float,
+        default=d.timeout_s,
+        metavar="SECONDS",
+        help="longest wait for the other ranks in the rendezvous or any collective "
+        "before exiting 1 (default: %(default)g)",
+    )
     return p
 
 
@@ -275,6 +308,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         log_every=args.log_every,
         stop_check_every=args.stop_check_every,
         evaluate=args.evaluate,
+        timeout_s=args.timeout_s,
     )
 
 
@@ -286,7 +320,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         config = config_from_args(args)
-        topology = resolve_topology(os.environ, args.init_method, args.rank, args.world_size)
+        topology = resolve_topology(
+            os.environ,
+            args.init_method,
+            args.rank,
+            args.world_size,
+            args.local_rank,
+            args.local_world_size,
+        )
         from orchestrator.trainer.loop import run  # imports torch: only for valid input
 
         return run(config, topology, started_at)

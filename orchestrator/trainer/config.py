@@ -48,8 +48,12 @@ class TrainConfig:
     resume: str | None = None  # None, RESUME_LATEST, or a path
     metrics: str | None = None
     log_every: int | None = None
-    stop_check_every: int | None = None  # None: adaptive, about every 50 ms
+    stop_check_every: int | None = None  # None: adaptive, about every 0.25 s
     evaluate: bool = True
+    # Seconds any rendezvous or collective may wait for a peer before this rank gives up
+    # (exit 1): the bound on how long a silent peer (hung, stopped, cut off) can hold
+    # the others. A peer that exits is noticed at once on gloo.
+    timeout_s: float = 300.0
 
     def __post_init__(self) -> None:
         _check_choice("--model", self.model, MODELS)
@@ -66,6 +70,11 @@ class TrainConfig:
             _check_positive("--max-steps", self.max_steps, "or leave it out to run --epochs")
         if self.log_every is not None:
             _check_positive("--log-every", self.log_every, "e.g. --log-every 20")
+        if not (math.isfinite(self.timeout_s) and self.timeout_s > 0):
+            raise TrainerUsageError(
+                f"--timeout {self.timeout_s:g}: must be a positive number of seconds, "
+                "e.g. --timeout 300"
+            )
         if not (math.isfinite(self.lr) and self.lr > 0):
             raise TrainerUsageError(
                 f"--lr {self.lr}: the learning rate must be a positive number, e.g. --lr 0.05"
@@ -162,12 +171,15 @@ class Topology:
     """Where this process sits in the job and how it joins the process group.
 
     ``init_method`` is None for a plain single process (no process group at all).
+    ``local_rank``/``local_world_size`` are None when ranks were started by hand without
+    saying how they share nodes; the ranks then derive them from each other's host
+    names when they meet (``placement.place_ranks``).
     """
 
     rank: int
     world_size: int
-    local_rank: int
-    local_world_size: int
+    local_rank: int | None
+    local_world_size: int | None
     init_method: str | None
     launcher: str  # "torchrun", "explicit" or "single"
 
@@ -181,8 +193,15 @@ def resolve_topology(
     init_method: str | None,
     rank: int | None,
     world_size: int | None,
+    local_rank: int | None = None,
+    local_world_size: int | None = None,
 ) -> Topology:
     """Decide how to initialise: torchrun's env://, an explicit --init-method, or alone."""
+    if init_method is None and (local_rank is not None or local_world_size is not None):
+        raise TrainerUsageError(
+            "--local-rank/--local-world-size are only used with --init-method "
+            "(torchrun sets LOCAL_RANK and LOCAL_WORLD_SIZE itself)"
+        )
     if init_method is not None:
         if not init_method.startswith(("tcp://", "file://", "env://")):
             raise TrainerUsageError(
@@ -197,9 +216,25 @@ def resolve_topology(
                 f"--rank {rank} --world-size {world_size}: need 0 <= rank < world size"
             )
         _check_init_url(init_method)
-        local_rank = _env_int(env, "LOCAL_RANK", rank)
-        local_world = _env_int(env, "LOCAL_WORLD_SIZE", 1)
-        return Topology(rank, world_size, local_rank, local_world, init_method, "explicit")
+        # Flags, then the environment (a job script may export them per node); neither:
+        # derived from the ranks' host names once they meet.
+        if local_rank is None:
+            local_rank = _env_optional_int(env, "LOCAL_RANK")
+        if local_world_size is None:
+            local_world_size = _env_optional_int(env, "LOCAL_WORLD_SIZE")
+        if (local_rank is None) != (local_world_size is None):
+            raise TrainerUsageError(
+                "--local-rank and --local-world-size (or LOCAL_RANK and LOCAL_WORLD_SIZE) "
+                "go together; give both, or neither to derive them from the ranks' host names"
+            )
+        if local_rank is not None and local_world_size is not None and not (
+            0 <= local_rank < local_world_size <= world_size
+        ):
+            raise TrainerUsageError(
+                f"--local-rank {local_rank} --local-world-size {local_world_size}: need "
+                f"0 <= local rank < local world size <= --world-size {world_size}"
+            )
+        return Topology(rank, world_size, local_rank, local_world_size, init_method, "explicit")
     if rank is not None or world_size is not None:
         raise TrainerUsageError(
             "--rank/--world-size are only used with --init-method tcp://HOST:PORT or file://PATH"
@@ -267,9 +302,14 @@ def _check_init_url(url: str) -> None:
 
 
 def _env_int(env: Mapping[str, str], name: str, default: int) -> int:
+    value = _env_optional_int(env, name)
+    return default if value is None else value
+
+
+def _env_optional_int(env: Mapping[str, str], name: str) -> int | None:
     raw = env.get(name)
     if raw is None or raw == "":
-        return default
+        return None
     try:
         return int(raw)
     except ValueError:

@@ -1,4 +1,4 @@
-"""Process group setup, the few collectives the trainer needs, and agreeing to stop.
+"""Process group setup and the few collectives the trainer needs.
 
 A plain ``python -m orchestrator.trainer`` runs as world size 1 with no process group;
 every collective here is then a no-op, so the training loop has one code path.
@@ -7,8 +7,10 @@ every collective here is then a no-op, so the training loop has one code path.
 from __future__ import annotations
 
 import os
+import socket
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -16,8 +18,17 @@ import torch.distributed as dist
 
 from orchestrator.trainer.config import Topology
 from orchestrator.trainer.errors import TrainerRuntimeError, TrainerUsageError
+from orchestrator.trainer.placement import (
+    DeviceChoice,
+    agree_on_kind,
+    decide_device,
+    describe_device,
+    local_placement,
+)
 from orchestrator.trainer.reporting import emit
-from orchestrator.trainer.stopping import StopRequest
+
+# Keys of the trainer's own exchanges in the rendezvous store (torch's groups use others).
+STORE_PREFIX = "orchestrator-trainer"
 
 
 @dataclass
@@ -31,6 +42,7 @@ class Runtime:
     # Small CPU-side messages (stop flags, setup errors, RNG states, checkpoint
     # broadcast) go over a gloo group, so they never wait on the GPU stream.
     control_group: Any = None
+    device_info: str = ""  # how the device was chosen, for the start line
 
     @property
     def rank(self) -> int:
@@ -87,93 +99,169 @@ def configure_threads(topology: Topology, device: torch.device) -> int:
     if "OMP_NUM_THREADS" in os.environ or device.type != "cpu":
         return torch.get_num_threads()
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    threads = max(1, (cores or 1) // max(1, topology.local_world_size))
+    threads = max(1, (cores or 1) // max(1, topology.local_world_size or 1))
     torch.set_num_threads(threads)
     return threads
 
 
-@dataclass(frozen=True)
-class DeviceChoice:
-    """The device type every local rank trains on, and why auto fell back to CPU."""
-
-    kind: str  # "cuda" or "cpu"
-    note: str | None = None
+def visible_gpus() -> int:
+    """GPUs this process may use: torch counts only those CUDA_VISIBLE_DEVICES lets through."""
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-def decide_device(
-    preference: str, gpu_count: int, local_rank: int, local_world_size: int
-) -> DeviceChoice:
-    """Pick CUDA or CPU from the visible GPU count alone (pure, so it is unit-tested).
+def start_runtime(topology: Topology, device_preference: str, timeout_s: float) -> Runtime:
+    """Meet the other ranks, agree on the device and backend, and join the process group.
 
-    auto decides on the node's rank count, never on this rank's index: every rank of a
-    node sees the same LOCAL_WORLD_SIZE and GPU count, so all of them pick the same
-    backend. (Ranks that chose NCCL and gloo would wait for each other until a timeout.)
+    Every wait here (the rendezvous, the exchanges through its store, the groups'
+    collectives) gives up after ``timeout_s``, so a rank that never comes, or that dies
+    on the way, ends the others with exit 1 instead of a hang.
     """
-    if preference == "cpu" or (preference == "auto" and gpu_count == 0):
-        return DeviceChoice("cpu")
-    if preference == "auto" and local_world_size > gpu_count:
-        return DeviceChoice(
-            "cpu",
-            f"note: --device auto chose cpu (gloo): {local_world_size} ranks on this node "
-            f"but {gpu_count} GPU(s) visible, one needed per rank; start at most "
-            f"{gpu_count} rank(s) per node (torchrun --nproc_per_node={gpu_count}) to train "
-            "on the GPU(s), or pass --device cpu to choose CPU explicitly",
+    gpus = visible_gpus()
+    if not topology.is_distributed:
+        local_rank, local_world = topology.local_rank or 0, topology.local_world_size or 1
+        choice = decide_device(device_preference, gpus, local_rank, local_world)
+        return _runtime(topology, choice, gpus, None)
+    # What torchrun's agent sets for its workers, for ranks started without it too: a
+    # failed or timed-out NCCL collective aborts the communicator and ends the process
+    # instead of leaving it blocked on the GPU. A value the user set wins.
+    os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
+    timeout = timedelta(seconds=timeout_s)
+    try:
+        store = _rendezvous(topology, timeout)
+        topology = _place(store, topology)
+    except RuntimeError as exc:  # DistNetworkError, DistStoreError: a peer not reached
+        raise TrainerRuntimeError(_join_failure(topology, exc)) from None
+    choice = _agree_on_device(store, topology, device_preference, gpus)
+    backend = "nccl" if choice.kind == "cuda" else "gloo"
+    init_kwargs: dict[str, Any] = {}
+    if choice.kind == "cuda":  # NCCL connects eagerly, bound to this rank's GPU
+        init_kwargs["device_id"] = torch.device("cuda", topology.local_rank)
+    try:
+        # The store is the one the rendezvous made, prefixed as torch prefixes its own.
+        dist.init_process_group(
+            backend,
+            store=dist.PrefixStore("default_pg", store),
+            rank=topology.rank,
+            world_size=topology.world_size,
+            timeout=timeout,
+            **init_kwargs,
         )
-    if gpu_count == 0:
-        raise TrainerUsageError(
-            "--device cuda: no CUDA device is visible to this process; use --device cpu"
-        )
-    if local_world_size > gpu_count:
-        raise TrainerUsageError(
-            f"--device cuda: {local_world_size} ranks on this node but only {gpu_count} "
-            f"GPU(s) visible, one needed per rank; start at most {gpu_count} rank(s) per "
-            f"node (torchrun --nproc_per_node={gpu_count}), or use --device auto or cpu"
-        )
-    if local_rank >= gpu_count:
-        # Reached with --init-method, where LOCAL_RANK defaults to the global rank and
-        # LOCAL_WORLD_SIZE to 1 unless the user exports them per node.
-        raise TrainerUsageError(
-            f"local rank {local_rank} has no GPU: only {gpu_count} visible; start at most "
-            f"{gpu_count} rank(s) per node, setting LOCAL_RANK and LOCAL_WORLD_SIZE for each "
-            "when starting ranks by hand, or use --device cpu"
-        )
-    return DeviceChoice("cuda")
+        # A separate gloo group even when training on gloo: control messages then never
+        # queue behind (or in front of) DDP's gradient buckets. Its timeout is given
+        # again: new_group would otherwise take gloo's default of 30 minutes.
+        control = dist.new_group(backend="gloo", timeout=timeout)
+    except RuntimeError as exc:
+        raise TrainerRuntimeError(_join_failure(topology, exc)) from None
+    return _runtime(topology, choice, gpus, backend, control)
 
 
-def choose_device(preference: str, topology: Topology) -> DeviceChoice:
-    gpu_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    return decide_device(preference, gpu_count, topology.local_rank, topology.local_world_size)
-
-
-def start_runtime(topology: Topology, device_preference: str) -> Runtime:
-    """Pick the device and backend (NCCL with CUDA, gloo otherwise) and join the group."""
-    choice = choose_device(device_preference, topology)
+def _runtime(
+    topology: Topology,
+    choice: DeviceChoice,
+    gpus: int,
+    backend: str | None,
+    control: Any = None,
+) -> Runtime:
+    local_rank = topology.local_rank or 0
     if choice.note is not None and topology.rank == 0:
         emit(choice.note)
     if choice.kind == "cuda":
-        torch.cuda.set_device(topology.local_rank)
-        device = torch.device("cuda", topology.local_rank)
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
     else:
         device = torch.device("cpu")
     threads = configure_threads(topology, device)
-    if not topology.is_distributed:
-        return Runtime(topology, device, None, threads)
-    backend = "nccl" if device.type == "cuda" else "gloo"
-    init_kwargs: dict[str, Any] = {"backend": backend, "init_method": topology.init_method}
-    if topology.launcher == "explicit":
-        init_kwargs.update(rank=topology.rank, world_size=topology.world_size)
-    if device.type == "cuda":
-        init_kwargs["device_id"] = device
+    where = describe_device(choice.kind, local_rank, gpus)
+    return Runtime(topology, device, backend, threads, control, where)
+
+
+def _rendezvous(topology: Topology, timeout: timedelta) -> Any:
+    """The rendezvous store (torch's own handlers for env://, tcp:// and file://)."""
+    explicit = topology.launcher == "explicit"
+    rank, world = (topology.rank, topology.world_size) if explicit else (-1, -1)
+    assert topology.init_method is not None
+    store, _, _ = next(dist.rendezvous(topology.init_method, rank, world, timeout=timeout))
+    store.set_timeout(timeout)
+    return store
+
+
+def _exchange(store: Any, topology: Topology, name: str, value: str) -> list[str]:
+    """Every rank's ``value``, in rank order; waits for all of them up to the timeout."""
+    store.set(f"{STORE_PREFIX}/{name}/{topology.rank}", value)
+    return [
+        store.get(f"{STORE_PREFIX}/{name}/{r}").decode() for r in range(topology.world_size)
+    ]
+
+
+def _place(store: Any, topology: Topology) -> Topology:
+    """Fill in local rank and local world size from the ranks' host names when unknown."""
+    if topology.local_rank is not None:
+        return topology
+    hosts = _exchange(store, topology, "host", socket.gethostname())
+    local_rank, local_world = local_placement(hosts, topology.rank)
+    return replace(topology, local_rank=local_rank, local_world_size=local_world)
+
+
+def _agree_on_device(
+    store: Any, topology: Topology, preference: str, gpus: int
+) -> DeviceChoice:
+    """Each rank decides for its node; any rank's error, or a CPU fallback, holds for all."""
+    assert topology.local_rank is not None and topology.local_world_size is not None
     try:
-        dist.init_process_group(**init_kwargs)
-        # A separate gloo group even when training on gloo: control messages then never
-        # queue behind (or in front of) DDP's gradient buckets.
-        control = dist.new_group(backend="gloo")
-    except RuntimeError as exc:  # DistNetworkError, DistStoreError, gloo's own errors
-        # Bad URLs were refused before torch was imported (config.resolve_topology);
-        # what is left is a peer or address this rank could not reach in time.
+        choice = decide_device(preference, gpus, topology.local_rank, topology.local_world_size)
+        mine = choice.kind
+    except TrainerUsageError as exc:
+        choice, mine = None, f"error {exc}"
+    try:
+        answers = [
+            answer.split("\t", 1)
+            for answer in _exchange(store, topology, "device", f"{socket.gethostname()}\t{mine}")
+        ]
+    except RuntimeError as exc:
         raise TrainerRuntimeError(_join_failure(topology, exc)) from None
-    return Runtime(topology, device, backend, threads, control)
+    hosts = [host for host, _ in answers]
+    for rank, (host, answer) in enumerate(answers):
+        if answer.startswith("error "):
+            _wait_until_all_read(store, topology)
+            message = answer.removeprefix("error ")
+            raise TrainerUsageError(
+                message if rank == topology.rank else f"rank {rank} ({host}): {message}"
+            )
+    assert choice is not None
+    return agree_on_kind([kind for _, kind in answers], hosts) or choice
+
+
+def _wait_until_all_read(store: Any, topology: Topology) -> None:
+    """Before exiting on an agreed error, let every rank read it: rank 0 serves the
+    tcp:// and env:// store, and a rank still reading would see a lost connection instead."""
+    key = f"{STORE_PREFIX}/error-read"
+    count = store.add(key, 1)
+    deadline = time.monotonic() + store.timeout.total_seconds()
+    while topology.rank == 0 and count < topology.world_size and time.monotonic() < deadline:
+        time.sleep(0.05)
+        count = store.add(key, 0)
+
+
+# How gloo and NCCL word a collective that failed because of a peer (torch raises some of
+# these as a plain RuntimeError, not a DistError).
+PEER_FAILURE_MARKERS = (
+    "Connection reset by peer",
+    "Connection closed by peer",
+    "Broken pipe",
+    "Timed out waiting",
+    "timed out",
+    "Watchdog caught collective operation timeout",
+    "NCCL communicator was aborted",
+    "remote process exited",
+)
+
+
+def is_peer_failure(exc: BaseException) -> bool:
+    """Whether ``exc`` says a collective failed because another rank died or went silent."""
+    if isinstance(exc, dist.DistError):
+        return True
+    text = str(exc)
+    return any(marker in text for marker in PEER_FAILURE_MARKERS)
 
 
 def _join_failure(topology: Topology, exc: BaseException) -> str:
@@ -194,69 +282,3 @@ def _join_failure(topology: Topology, exc: BaseException) -> str:
         f"process group ({reason}); check that every rank was started with the same "
         f"address and world size, that rank 0 is running, and {reach}"
     )
-
-
-class StopAgreement:
-    """Lets all ranks stop after the same optimizer step, whoever got the signal.
-
-    Ranks see a signal at slightly different times, and a rank that left the loop
-    alone would leave the others blocked in the next gradient all-reduce. So at agreed
-    steps every rank takes part in a tiny MAX all-reduce (on the gloo control group,
-    so it never waits on a GPU stream) of [its signal number, -its proposed interval]
-    and all act on the same result.
-
-    A check costs from half a millisecond to a whole small step (it holds every rank
-    still for the slowest: 25-30% of the throughput of a small CPU model when made at
-    every step, benchmarks/bench_trainer.py), so by default the interval adapts: each
-    check proposes the number of steps that takes about ``target_s`` of training (at
-    least 1, so slow steps check every step), and the smallest proposal wins. A stop
-    therefore lands within about ``target_s`` or one step of the signal, whichever is
-    longer, at about 1% of the throughput.
-    ``every`` fixes the interval instead.
-    """
-
-    def __init__(
-        self,
-        runtime: Runtime,
-        request: StopRequest,
-        every: int | None = None,
-        target_s: float = 0.25,
-        max_interval: int = 1000,
-    ) -> None:
-        self.runtime = runtime
-        self.request = request
-        self.every = every
-        self.target_s = target_s
-        self.max_interval = max_interval
-        self.interval = every or 1
-        self.checks = 0
-        self._next: int | None = None
-        self._last: tuple[int, float] | None = None  # (step, time) of the previous check
-
-    def poll(self, completed_steps: int) -> int:
-        """Call after every optimizer step on every rank; returns the agreed signal or 0."""
-        if not self.runtime.distributed:
-            return self.request.signum
-        if self._next is None:
-            self._next = completed_steps
-        if completed_steps < self._next:
-            return 0
-        now = time.perf_counter()
-        message = torch.tensor(
-            [self.request.signum, -self._propose(completed_steps, now)], dtype=torch.int64
-        )
-        dist.all_reduce(message, op=dist.ReduceOp.MAX, group=self.runtime.control_group)
-        self.checks += 1
-        signum, interval = int(message[0]), -int(message[1])
-        self.interval = interval
-        self._next = completed_steps + interval
-        self._last = (completed_steps, now)
-        return signum
-
-    def _propose(self, step: int, now: float) -> int:
-        if self.every is not None:
-            return self.every
-        if self._last is None or step == self._last[0]:
-            return 1
-        step_s = (now - self._last[1]) / (step - self._last[0])
-        return max(1, min(self.max_interval, int(self.target_s / max(step_s, 1e-9))))

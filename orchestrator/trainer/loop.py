@@ -24,19 +24,20 @@ from orchestrator.trainer.checkpoint import (
 )
 from orchestrator.trainer.config import Topology, TrainConfig
 from orchestrator.trainer.datasets import Split
-from orchestrator.trainer.distributed import Runtime, StopAgreement, start_runtime
-from orchestrator.trainer.errors import EXIT_OK
+from orchestrator.trainer.distributed import Runtime, is_peer_failure, start_runtime
+from orchestrator.trainer.errors import EXIT_OK, TrainerRuntimeError
 from orchestrator.trainer.models import parameter_count
 from orchestrator.trainer.reporting import WindowStats, emit, progress_line, summary_line
 from orchestrator.trainer.setup import Session, build_session
-from orchestrator.trainer.stopping import StopRequest, signal_name
+from orchestrator.trainer.stopping import StopAgreement, StopRequest, signal_name
 
 EVAL_BATCH = 1024
 
 
 def run(config: TrainConfig, topology: Topology, started_at: float) -> int:
     """Train as configured; returns the process exit code (0, or 128+signal after a stop)."""
-    runtime = start_runtime(topology, config.device)
+    runtime = start_runtime(topology, config.device, config.timeout_s)
+    peer_lost = False
     try:
         _announce(runtime)
         session = build_session(config, runtime)
@@ -44,14 +45,33 @@ def run(config: TrainConfig, topology: Topology, started_at: float) -> int:
             return Trainer(session, started_at).train()
         finally:
             session.metrics.close()
+    except RuntimeError as exc:
+        if not (runtime.distributed and is_peer_failure(exc)):
+            raise
+        peer_lost = True
+        raise TrainerRuntimeError(_peer_lost(runtime, exc, config.timeout_s)) from None
     finally:
-        runtime.shutdown()
+        # With a peer gone, tearing the group down could wait on it again; the process
+        # is about to exit, which frees everything anyway.
+        if not peer_lost:
+            runtime.shutdown()
+
+
+def _peer_lost(rt: Runtime, exc: BaseException, timeout_s: float) -> str:
+    reason = (str(exc).strip().splitlines() or [exc.__class__.__name__])[0]
+    # Without gloo's source location and its generic advice.
+    reason = reason.split("] ", 1)[-1].split(". ", 1)[0][:160]
+    return (
+        f"rank {rt.rank} of {rt.world_size}: lost contact with the other ranks ({reason}); "
+        f"a peer rank exited, or did not answer within --timeout {timeout_s:g} s: its own "
+        "output says why"
+    )
 
 
 def _announce(rt: Runtime) -> None:
     """Every rank's one line: enough to match a log file to a process and a device."""
     emit(
-        f"rank {rt.rank}/{rt.world_size} started: pid {os.getpid()}, {rt.device}, "
+        f"rank {rt.rank}/{rt.world_size} started: pid {os.getpid()}, {rt.device_info}, "
         f"{rt.backend or 'no process group'}, {rt.threads} thread(s)"
     )
 
@@ -172,6 +192,7 @@ class Trainer:
                 return self._stopped(completed, signum)
             if cfg.checkpoint_every and completed % cfg.checkpoint_every == 0:
                 self._checkpoint(completed)
+        agreement.close()
         data_total += window.data_s
         return self._finish(completed, time.perf_counter() - train_start, data_total)
 

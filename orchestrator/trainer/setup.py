@@ -122,6 +122,10 @@ def _build(config: TrainConfig, runtime: Runtime) -> Session:
     # Same seed on every rank, so every rank builds identical initial weights (DDP
     # would broadcast rank 0's anyway) and every split starts from the same model.
     torch.manual_seed(config.seed)
+    if runtime.device.type == "cuda":
+        # Every training batch has the same shape (a short last batch is dropped), so
+        # cuDNN's one-time search for the fastest convolution pays off from then on.
+        torch.backends.cudnn.benchmark = True
     model = build_model(config.model, dataset.sample_shape, dataset.num_classes)
     model.to(runtime.device)
     # foreach: one batched update for all parameters instead of a Python loop over them;
