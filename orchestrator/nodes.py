@@ -26,7 +26,7 @@ _AGENT_SOURCE: bytes | None = None
 def agent_source() -> bytes:
     global _AGENT_SOURCE
     if _AGENT_SOURCE is None:
-        _AGENT_SOURCE = resources.files("orchestrator").joinpath("agent.py").read_bytes()
+        _AGENT_SOURCE = resources.files("orchestrator.agent").joinpath("main.py").read_bytes()
     return _AGENT_SOURCE
 
 
