@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import BinaryIO
 
-from orchestrator.agent import RankFile
+from orchestrator.agent.ranks import RankFile
 from orchestrator.errors import ConfigError, OrchestratorError
 from orchestrator.logs import LogSink, last_lines_of
 from orchestrator.runs import RunRecord, now_iso
