@@ -56,6 +56,9 @@ class Host:
     ifname: str | None = None
     python: str | None = None
     source: str = ""  # "path:line", for messages
+    # Set by a selection (--include/--exclude/--num-gpus, orchestrator.select), never by the
+    # hostfile: the slot ids this node runs, its CUDA_VISIBLE_DEVICES.
+    slot_ids: tuple[int, ...] | None = None
 
     @property
     def is_local(self) -> bool:
@@ -74,6 +77,7 @@ class Cluster:
 
     hosts: tuple[Host, ...]
     path: str
+    selection: str = ""  # the selection flags that chose these hosts (orchestrator.select)
 
     @property
     def is_local(self) -> bool:

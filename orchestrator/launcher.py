@@ -177,7 +177,8 @@ def run_plan(plan: LaunchPlan, scripts: dict[str, str], spec: JobSpec,
     sink.note(f"run {plan.run_id}: {plan.world_size} rank(s) on {plan.nnodes} node(s), "
               f"master {plan.master_addr}:{plan.master_port}; logs in {record.logs_dir}")
     supervisor = Supervisor(nodes, ranks, sessions, events, sink, grace=options.grace,
-                            heartbeat_timeout=options.heartbeat_timeout, on_change=on_change)
+                            heartbeat_timeout=options.heartbeat_timeout,
+                            max_restarts=plan.max_restarts, on_change=on_change)
     started = time.monotonic()
     record.write_status(base)
     try:
@@ -206,6 +207,8 @@ def run_plan(plan: LaunchPlan, scripts: dict[str, str], spec: JobSpec,
             session.close()
     elapsed = time.monotonic() - started
     if outcome.state == "succeeded":
+        if outcome.summary:  # the restarts it took
+            sink.note(outcome.summary)
         sink.note(f"run {plan.run_id} succeeded in {elapsed:.1f} s")
     else:
         sink.note(outcome.summary)

@@ -12,11 +12,14 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from orchestrator.cores import CoreSet, TooFewCores, Topology, core_sets
 from orchestrator.errors import ConfigError
 from orchestrator.hostfile import LOCAL_NAMES, Cluster, Host
+from orchestrator.select import slot_count
 from orchestrator.spec import DEFAULT_MASTER_PORT, JobSpec, Program
 
 IFNAME_VARS = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
+VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
 
 
 def node_dir(run_id: str, node_rank: int) -> str:
@@ -35,6 +38,7 @@ class NodeFacts:
     torch_version: str | None = None
     free_port: int | None = None  # master only: the port chosen as free
     port_checked: bool = False  # master only: the explicit port was found free
+    topology: Topology | None = None  # usable cores and NUMA nodes (probed for --bind-cores)
 
 
 @dataclass(frozen=True)
@@ -51,6 +55,8 @@ class NodePlan:
     env: tuple[tuple[str, str], ...]  # exported by the node script (no secrets)
     workdir: str  # where the ranks start; `~/...` is relative to the node's home
     node_dir: str
+    bind_cores: bool = False  # --bind-cores: each local rank on cores of its own
+    core_sets: tuple[CoreSet, ...] | None = None  # by local rank; None: computed at start
 
     @property
     def name(self) -> str:
@@ -78,6 +84,8 @@ class LaunchPlan:
     program: Program
     secret_names: tuple[str, ...]  # passed to the job at launch, never written down
     sync_dir: str | None = None  # copied into every node's node_dir before the start
+    selection: str = ""  # --include/--exclude/--num-nodes/--num-gpus as given
+    max_restarts: int = 0  # torchrun's --max-restarts; > 0 means c10d rendezvous
 
     @property
     def nnodes(self) -> int:
@@ -108,21 +116,34 @@ class LaunchPlan:
             "master_addr": f"{self.master_addr}  # {self.master_addr_reason}",
             "master_port": f"{self.master_port}  # {self.master_port_reason}",
             "secrets": list(self.secret_names),
-            "nodes": [
-                {
-                    "node_rank": node.node_rank,
-                    "host": node.name,
-                    "backend": "local" if node.is_local else "ssh",
-                    "ranks": f"{node.ranks.start}-{node.ranks.stop - 1}",
-                    "nproc": node.nproc,
-                    "python": node.python,
-                    "workdir": node.workdir,
-                    "ifname": f"{node.ifname or '(detected at start)'}  # {node.ifname_reason}",
-                    "env": dict(node.env),
-                }
-                for node in self.nodes
-            ],
+            **({"selection": self.selection} if self.selection else {}),
+            **({"max_restarts": f"{self.max_restarts}  # torchrun --max-restarts, c10d "
+                                "rendezvous at the master"} if self.max_restarts else {}),
+            "nodes": [_node_dict(node) for node in self.nodes],
         }
+
+
+def _node_dict(node: NodePlan) -> dict:
+    shown = {
+        "node_rank": node.node_rank,
+        "host": node.name,
+        "backend": "local" if node.is_local else "ssh",
+        "ranks": f"{node.ranks.start}-{node.ranks.stop - 1}",
+        "nproc": node.nproc,
+    }
+    if node.host.slot_ids is not None:
+        shown["slots"] = ",".join(map(str, node.host.slot_ids))
+    if node.bind_cores:
+        shown["cores"] = ({f"local rank {i}": s.describe() for i, s in enumerate(node.core_sets)}
+                          if node.core_sets is not None else
+                          "(computed at start from the node's own topology)")
+    return {
+        **shown,
+        "python": node.python,
+        "workdir": node.workdir,
+        "ifname": f"{node.ifname or '(detected at start)'}  # {node.ifname_reason}",
+        "env": dict(node.env),
+    }
 
 
 def make_plan(cluster: Cluster, spec: JobSpec, run_id: str,
@@ -138,6 +159,8 @@ def make_plan(cluster: Cluster, spec: JobSpec, run_id: str,
     secret_names = tuple(sorted(name for name, _ in spec.env if spec.is_secret(name)))
     # The plan sets these itself, last; a forwarded copy would only be exported twice.
     own = {"ORCHESTRATOR_RUN_ID", "PYTHONUNBUFFERED"}
+    if any(host.slot_ids is not None for host in hosts):  # the selection's GPUs win
+        own.add(VISIBLE_DEVICES)
     common_env = [(k, v) for k, v in spec.env if k not in secret_names and k not in own]
 
     nodes = []
@@ -146,6 +169,8 @@ def make_plan(cluster: Cluster, spec: JobSpec, run_id: str,
         nproc = _nproc(host, spec)
         ifname, ifname_reason = _ifname(host, spec, facts.get(node_rank), master_addr)
         env = list(common_env)
+        if host.slot_ids is not None:  # LOCAL_RANK i runs on the i-th chosen slot
+            env.append((VISIBLE_DEVICES, ",".join(map(str, host.slot_ids))))
         if ifname:  # an explicit --env NCCL_SOCKET_IFNAME=... is the user's and stays
             env += [(var, ifname) for var in IFNAME_VARS if var not in spec.env_dict]
         env += [("ORCHESTRATOR_RUN_ID", run_id), ("PYTHONUNBUFFERED", "1")]
@@ -156,14 +181,16 @@ def make_plan(cluster: Cluster, spec: JobSpec, run_id: str,
         nodes.append(NodePlan(
             node_rank=node_rank, host=host, nproc=nproc, rank_start=rank_start,
             python=host.python or spec.python, ifname=ifname, ifname_reason=ifname_reason,
-            env=tuple(env), workdir=workdir, node_dir=directory,
+            env=tuple(env), workdir=workdir, node_dir=directory, bind_cores=spec.bind_cores,
+            core_sets=_core_sets(host, nproc, facts.get(node_rank)) if spec.bind_cores else None,
         ))
         rank_start += nproc
     return LaunchPlan(
         run_id=run_id, nodes=tuple(nodes), master_addr=master_addr,
         master_addr_reason=addr_reason, master_port=master_port,
         master_port_reason=port_reason, program=spec.program, secret_names=secret_names,
-        sync_dir=spec.sync_dir,
+        sync_dir=spec.sync_dir, selection=cluster.selection,
+        max_restarts=spec.max_restarts,
     )
 
 
@@ -211,14 +238,19 @@ def _master_port(spec: JobSpec, master_facts: NodeFacts | None) -> tuple[int, st
 
 
 def _nproc(host: Host, spec: JobSpec) -> int:
-    if spec.nproc_per_node is not None:
-        nproc, origin = spec.nproc_per_node, "--nproc-per-node"
-    else:
-        nproc, origin = host.slots or 1, "slots"
-    if host.max_slots is not None and nproc > host.max_slots:
-        raise ConfigError(f"{host.source}: {origin} asks for {nproc} ranks on {host.name}, "
-                          f"but max_slots={host.max_slots}")
-    return nproc
+    if host.slot_ids is not None:  # chosen by a selection, --nproc-per-node included
+        return len(host.slot_ids)
+    return slot_count(host, spec.nproc_per_node)
+
+
+def _core_sets(host: Host, nproc: int, facts: NodeFacts | None) -> tuple[CoreSet, ...] | None:
+    """--bind-cores from the probed topology; None when not probed (the script computes)."""
+    if facts is None or facts.topology is None:
+        return None
+    try:
+        return core_sets(facts.topology, nproc)
+    except TooFewCores as exc:
+        raise ConfigError(f"--bind-cores on {host.name} ({host.source}): {exc}") from None
 
 
 def _ifname(host: Host, spec: JobSpec, facts: NodeFacts | None,

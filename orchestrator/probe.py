@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from orchestrator.backends.base import MISSING_PYTHON_WORDS, NodeConnection
+from orchestrator.cores import Topology
 from orchestrator.errors import NodeError, NodeErrors
 from orchestrator.execute import run_on_nodes
 from orchestrator.hostfile import Cluster
@@ -30,9 +31,10 @@ class ProbeResult:
 
 
 def probe_script(host: str, python: str, master_addr: str, *, check_port: bool,
-                 port: int | None, ifname: str | None) -> str:
+                 port: int | None, ifname: str | None, bind_cores: bool = False) -> str:
     return render_template("probe.sh.j2", host=host, python=python, master_addr=master_addr,
-                           check_port=check_port, port=port, ifname=ifname)
+                           check_port=check_port, port=port, ifname=ifname,
+                           bind_cores=bind_cores)
 
 
 def parse_probe_output(text: str) -> dict[str, str]:
@@ -57,7 +59,8 @@ def probe_nodes(cluster: Cluster, spec: JobSpec, connections: Sequence[NodeConne
     pythons = [host.python or spec.python for host in cluster.hosts]
     scripts = [
         probe_script(host.name, python, master_addr, check_port=index == 0,
-                     port=spec.master_port, ifname=host.ifname or spec.ifname)
+                     port=spec.master_port, ifname=host.ifname or spec.ifname,
+                     bind_cores=spec.bind_cores)
         for index, (host, python) in enumerate(zip(cluster.hosts, pythons, strict=True))
     ]
     results = run_on_nodes(connections, pythons, [["bash", "-c", s] for s in scripts],
@@ -94,6 +97,8 @@ def probe_nodes(cluster: Cluster, spec: JobSpec, connections: Sequence[NodeConne
             torch_version=values.get("torch_version"),
             free_port=int(values["free_port"]) if values.get("free_port") else None,
             port_checked=values.get("port_free") == "yes",
+            topology=(Topology.decode(values["cores_topology"])
+                      if values.get("cores_topology") else None),
         )
     if errors or stopped:
         raise NodeErrors(errors or stopped, "preflight")

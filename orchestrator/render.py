@@ -35,6 +35,10 @@ def _environment() -> jinja2.Environment:
     env.filters["q"] = lambda value: shlex.quote(str(value))
     env.filters["qjoin"] = lambda values: " ".join(shlex.quote(str(v)) for v in values)
     env.filters["comment"] = comment_safe
+    env.filters["core_words"] = lambda sets: " ".join(s.encode() for s in sets)
+    # --bind-cores in scripts rendered without a probe: the nodes run this very file.
+    env.globals["cores_source"] = resources.files("orchestrator").joinpath(
+        "cores.py").read_text(encoding="utf-8")
     return env
 
 

@@ -16,6 +16,7 @@ from orchestrator.errors import ConfigError, SourceError
 
 DEFAULT_MASTER_PORT = 29500
 BUNDLED_TRAINER = "orchestrator.trainer"
+DEEPSPEED_ENV_NAME = ".deepspeed_env"  # DeepSpeed's env file: NAME=VALUE lines for every node
 
 # Controller variables forwarded to every node unless --no-forward-env: the knobs users
 # set for NCCL, gloo, torch, CUDA, Python and OpenMP.
@@ -93,8 +94,12 @@ class JobSpec:
     env: tuple[tuple[str, str], ...] = ()
     secret_names: frozenset[str] = field(default_factory=frozenset)
     sync_dir: str | None = None  # copied to every node; the ranks start in the copy
+    bind_cores: bool = False  # --bind-cores: each local rank on its own cores (orchestrator.cores)
+    max_restarts: int = 0  # torchrun's --max-restarts: worker-group restarts per node
 
     def __post_init__(self) -> None:
+        if self.max_restarts < 0:
+            raise ConfigError(f"--max-restarts must be 0 or more, got {self.max_restarts}")
         if self.nproc_per_node is not None and self.nproc_per_node <= 0:
             raise ConfigError(f"--nproc-per-node must be a positive integer, "
                               f"got {self.nproc_per_node}")
@@ -161,6 +166,23 @@ def load_env_file(path: str | Path) -> list[tuple[str, str]]:
             value = value[1:-1]
         pairs.append((name, value))
     return pairs
+
+
+def deepspeed_env_files(cwd: str | Path, home: str | Path,
+                        environ: Mapping[str, str] | None = None) -> list[Path]:
+    """DeepSpeed's `.deepspeed_env` files, as its launcher finds them: in home, then in cwd.
+
+    The name is `$DS_ENV_FILE` when set, as for DeepSpeed; the cwd's file is read last, so
+    its values win. One file when cwd is home.
+    """
+    environ = os.environ if environ is None else environ
+    name = environ.get("DS_ENV_FILE") or DEEPSPEED_ENV_NAME
+    found: list[Path] = []
+    for folder in (Path(home), Path(cwd)):
+        path = folder / name
+        if path.is_file() and all(not path.samefile(p) for p in found):
+            found.append(path)
+    return found
 
 
 def forwarded_env(environ: Mapping[str, str] | None = None) -> list[tuple[str, str]]:

@@ -110,13 +110,13 @@ def test_rank_file_reads_no_more_than_its_budget(tmp_path: Path) -> None:
     assert rank.read_lines(1 << 20) == b"line\n" * 98
 
 
-@pytest.mark.parametrize(("text", "fields"), [
-    ("0 12.5\n", ["0", "12.5"]), ("1 12.5 /tmp/an err.json\n", ["1", "12.5", "/tmp/an err.json"]),
+@pytest.mark.parametrize(("text", "line"), [
+    ("0 12.5\n", "0 12.5\n"), ("1 12.5 /tmp/err.json\n", "1 12.5 /tmp/err.json\n"),
     ("1 12.5", None), ("", None)])
-def test_read_exit_waits_for_the_whole_line(tmp_path: Path, text, fields) -> None:
+def test_read_exit_waits_for_the_whole_line(tmp_path: Path, text, line) -> None:
     path = tmp_path / "rank-0.exit"
     path.write_text(text)
-    assert read_exit(str(path)) == fields
+    assert read_exit(str(path)) == line
     assert read_exit(str(tmp_path / "missing.exit")) is None
 
 
@@ -140,6 +140,25 @@ def test_a_rank_exit_follows_all_of_its_output(tmp_path: Path) -> None:
     ranks.ship_exits()
     assert frames(outbox) == [("E", ("1", "0", "6.0"), b"")]  # once
     assert ranks.all_exited()
+
+
+def test_a_restarted_rank_reports_each_of_its_exits(tmp_path: Path) -> None:
+    outbox = Outbox([])
+    ranks = NodeRanks(str(tmp_path), [0], outbox)
+    (tmp_path / "rank-0.out").write_bytes(b"attempt 0\n")
+    (tmp_path / "rank-0.exit").write_text("1 5.0\n")
+    ranks.ship_output()
+    ranks.ship_exits()
+    ranks.ship_exits()
+    # torchrun --max-restarts started it again; run_rank writes the exit file anew.
+    with (tmp_path / "rank-0.out").open("ab") as out:
+        out.write(b"attempt 1\n")
+    (tmp_path / "rank-0.exit").write_text("0 9.0\n")
+    ranks.ship_exits()  # its new output is not read yet
+    ranks.ship_output()
+    ranks.ship_exits()
+    assert frames(outbox) == [("O", ("0",), b"attempt 0\n"), ("E", ("0", "1", "5.0"), b""),
+                              ("O", ("0",), b"attempt 1\n"), ("E", ("0", "0", "9.0"), b"")]
 
 
 def test_output_waits_while_the_outbox_is_full(tmp_path: Path) -> None:

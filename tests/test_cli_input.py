@@ -97,6 +97,11 @@ BAD = {  # run as subprocesses
 }
 
 MORE_BAD = {  # run in this process through orchestrator.cli.main
+    "negative --max-restarts": Case(launch("local.txt", "--max-restarts", "-1"),
+                                    ("--max-restarts must be 0 or more, got -1",)),
+    "render: --max_restarts not a number": Case(("render", "local.txt", "-o", "out-mr",
+                                                 "--max_restarts", "many"),
+                                                ("--max-restarts", "'many'")),
     "hostfile is a directory": Case(launch("subdir"), ("subdir: is a directory",)),
     "comments-only hostfile": Case(launch("comments.txt"),
                                    ("comments.txt: no hosts", "no fallback to localhost")),

@@ -13,6 +13,7 @@ hands over arrive byte for byte.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -24,6 +25,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from orchestrator.cores import Topology
 from orchestrator.hostfile import parse_hostfile
 from orchestrator.plan import LaunchPlan, NodeFacts, make_plan
 from orchestrator.probe import probe_script
@@ -35,6 +37,7 @@ from orchestrator.render import (
     render_template,
     write_rendered,
 )
+from orchestrator.select import Selection, select_hosts
 from orchestrator.spec import JobSpec, Program
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -83,9 +86,39 @@ def single_local() -> tuple[LaunchPlan, dict[str, str]]:
     return plan, render_node_scripts(plan, command_line(argv))
 
 
+def selected() -> tuple[LaunchPlan, dict[str, str]]:
+    """DeepSpeed habits: --include of 2 of 3 hosts (slots 0,2 of the second), --bind-cores
+    with node 0's topology probed (two NUMA nodes) and node 1's computed at its start."""
+    cluster = parse_hostfile("worker-0 slots=4\nworker-1 slots=4\nworker-2 slots=4\n",
+                             "hosts.txt")
+    cluster = select_hosts(cluster, Selection(include="worker-0@worker-1:0,2"))
+    argv = ("orchestrator", "launch", "hosts.txt", "--include", "worker-0@worker-1:0,2",
+            "--bind-cores")
+    spec = JobSpec(program=Program.from_argv([]), python="/usr/bin/python3",
+                   workdir="/home/user/proj", bind_cores=True,
+                   env=(("CUDA_VISIBLE_DEVICES", "7"),))  # forwarded; the selection wins
+    facts = {0: NodeFacts(address="10.1.0.1", ifname="ens5", free_port=29500,
+                          topology=Topology.decode("0-7|0:0-3;1:4-7"))}
+    plan = make_plan(cluster, spec, "golden-selected", facts)
+    return plan, render_node_scripts(plan, command_line(argv))
+
+
+def restarts() -> tuple[LaunchPlan, dict[str, str]]:
+    """--max-restarts 2 on three nodes: torchrun's c10d rendezvous, node order kept."""
+    cluster = parse_hostfile("node-a slots=2\nnode-b slots=2\nnode-c slots=2\n", "hosts.txt")
+    argv = ("orchestrator", "launch", "hosts.txt", "--max-restarts", "2", "--", "-m",
+            "orchestrator.trainer", "--checkpoint-dir", "ckpt", "--resume")
+    spec = JobSpec(program=Program.from_argv(list(argv[argv.index("--") + 1:])),
+                   python="/usr/bin/python3", workdir="/srv/proj", max_restarts=2)
+    facts = {0: NodeFacts(address="10.1.0.1", free_port=29500)}
+    plan = make_plan(cluster, spec, "golden-restarts", facts)
+    return plan, render_node_scripts(plan, command_line(argv))
+
+
 def rendered_files() -> dict[str, str]:
     files = {}
-    for folder, make in (("two_nodes", two_nodes), ("local", single_local)):
+    for folder, make in (("two_nodes", two_nodes), ("local", single_local),
+                         ("selected", selected), ("restarts", restarts)):
         plan, scripts = make()
         files[f"{folder}/plan.yaml"] = plan_yaml(plan)
         files.update({f"{folder}/{name}": text for name, text in scripts.items()})
@@ -93,11 +126,18 @@ def rendered_files() -> dict[str, str]:
                                             check_port=True, port=None, ifname="ens5")
     files["probe/worker.sh"] = probe_script("node-b", "/opt/conda/bin/python", "10.1.0.1",
                                             check_port=False, port=29500, ifname=None)
+    files["probe/cores.sh"] = probe_script("node-b", "/usr/bin/python3", "10.1.0.1",
+                                           check_port=False, port=None, ifname=None,
+                                           bind_cores=True)
     return files
 
 
 GOLDEN_NAMES = ["two_nodes/plan.yaml", "two_nodes/node0.sh", "two_nodes/node1.sh",
-                "local/plan.yaml", "local/node0.sh", "probe/master.sh", "probe/worker.sh"]
+                "local/plan.yaml", "local/node0.sh", "probe/master.sh", "probe/worker.sh",
+                "selected/plan.yaml", "selected/node0.sh", "selected/node1.sh",
+                "probe/cores.sh",
+                "restarts/plan.yaml", "restarts/node0.sh", "restarts/node1.sh",
+                "restarts/node2.sh"]
 
 
 def test_golden_set_is_complete() -> None:
@@ -338,3 +378,19 @@ def test_write_rendered_writes_plan_and_executable_scripts(tmp_path) -> None:
 def test_templates_use_strict_undefined() -> None:
     with pytest.raises(jinja2.UndefinedError):
         render_template("node.sh.j2", plan=two_nodes()[0])
+
+
+def test_restarts_use_c10d_with_node_order_and_only_when_asked() -> None:
+    plan, scripts = restarts()
+    for k, name in enumerate(["node0.sh", "node1.sh", "node2.sh"]):
+        script = scripts[name]
+        assert "--max-restarts=2" in script and "--rdzv-backend=c10d" in script
+        assert "--rdzv-id=golden-restarts" in script and "--node_rank" not in script
+        assert f"--rdzv-conf=is_host={1 if k == 0 else 0}" in script
+    # c10d sorts nodes by --local-addr: node 0 first, then the others in node_rank order.
+    addrs = [re.search(r'--local-addr="\$MASTER_ADDR([^"]*)"', scripts[f"node{k}.sh"]).group(1)
+             for k in range(3)]
+    assert addrs[0] == "" and sorted(addrs) == addrs
+    assert "max_restarts: '2  # torchrun --max-restarts" in plan_yaml(plan)
+    _, plain = two_nodes()
+    assert "rdzv" not in plain["node0.sh"] and "--node_rank=0" in plain["node0.sh"]

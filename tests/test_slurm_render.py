@@ -16,6 +16,7 @@ from orchestrator.cli import main
 from orchestrator.errors import ConfigError
 from orchestrator.hostfile import parse_hostfile
 from orchestrator.render import render_template
+from orchestrator.select import Selection, select_hosts
 from orchestrator.slurm.render import SlurmOptions, parse_signal, plan_slurm_job
 from orchestrator.slurm.submit import prepare_slurm
 from orchestrator.spec import JobSpec, Program
@@ -68,6 +69,47 @@ def test_golden_bundled_trainer_with_default_ranks() -> None:
     _, script = prepare_slurm(None, spec(), SlurmOptions(nodes=3), "run-trainer", ARGV,
                               Path("/scratch/runs/run-trainer"))
     check_golden("trainer.sbatch", script)
+
+
+def test_golden_selection_and_bind_cores() -> None:
+    """--exclude drops a host and a slot: the node list and each node's CUDA_VISIBLE_DEVICES
+    (by SLURMD_NODENAME, as SLURM orders nodes its own way); --bind-cores on each node."""
+    cluster = parse_hostfile("gpu-a slots=4\ngpu-b slots=4\ngpu-c slots=3\n", "hosts.txt")
+    cluster = select_hosts(cluster, Selection(exclude="gpu-a:3@gpu-b:1@gpu-c"))
+    job, script = prepare_slurm(cluster, spec("train.py", bind_cores=True),
+                                SlurmOptions(), "run-sel", ARGV)
+    check_golden("selected.sbatch", script)
+    assert job.nodelist == ("gpu-a", "gpu-b") and job.nproc == 3
+    assert job.visible_devices == (("gpu-a", "0,1,2"), ("gpu-b", "0,2,3"))
+    assert job.to_dict()["selection"] == "--exclude gpu-a:3@gpu-b:1@gpu-c"
+
+
+def test_selection_with_uneven_slots_is_refused() -> None:
+    cluster = parse_hostfile("gpu-a slots=4\ngpu-b slots=4\n", "hosts.txt")
+    cluster = select_hosts(cluster, Selection(include="gpu-a@gpu-b:0,2"))
+    with pytest.raises(ConfigError, match=r"^--include gpu-a@gpu-b:0,2: leaves 2 slot\(s\) "
+                       r"on gpu-b but 4 on gpu-a"):
+        plan_slurm_job(spec("t.py"), SlurmOptions(), "r1", cluster)
+
+
+def test_golden_restarts_use_c10d_in_node_order() -> None:
+    """`--max-restarts 3`: torchrun's c10d rendezvous on node 0, ranks in SLURM_NODEID order."""
+    job, script = prepare_slurm(None, spec("train.py", max_restarts=3),
+                                SlurmOptions(nodes=2), "run-restarts", ARGV)
+    check_golden("restarts.sbatch", script)
+    assert job.max_restarts == 3 and "--max-restarts=3" in script
+    assert '--rdzv-id="$SLURM_JOB_ID"' in script and "--node_rank" not in script
+
+
+def test_launch_with_restarts_is_refused_until_followed(tmp_path: Path) -> None:
+    from orchestrator.launcher import LaunchOptions
+    from orchestrator.slurm.submit import launch_slurm
+
+    options = LaunchOptions(run_dir=str(tmp_path), run_id="r", argv=ARGV)
+    with pytest.raises(ConfigError, match="--max-restarts with `launch --backend slurm` is "
+                                          "not supported yet: use `render --backend slurm"):
+        launch_slurm(None, spec("-m", "pkg", max_restarts=1), SlurmOptions(nodes=2), options)
+    assert not any(tmp_path.iterdir())
 
 
 def test_sbatch_lines_only_when_given_or_needed() -> None:

@@ -1,8 +1,9 @@
 """This node's ranks: each one's output file tailed as whole lines, then its exit.
 
 The script's run_rank writes rank-N.out as the rank runs and rank-N.exit (`rc time
-[error_file]` and a newline) when it ends. A rank's exit is shipped only once all its
-output is on the way, so the controller never sees a rank end before its last line.
+[error_file]` and a newline) when it ends, anew each time torchrun restarts it. A rank's
+exit is shipped only once all its output is on the way, so the controller never sees a rank
+end before its last line.
 
 Standard library only: this module runs on the nodes too (see orchestrator.agent.bootstrap).
 """
@@ -74,6 +75,7 @@ class NodeRanks:
                       for r in ranks] if node_dir else []
         self.outbox = outbox
         self.exited: set[int] = set()
+        self.reported: dict[int, str] = {}  # rank -> its rank-N.exit line last shipped
 
     def all_exited(self) -> bool:
         return bool(self.files) and len(self.exited) == len(self.files)
@@ -91,17 +93,18 @@ class NodeRanks:
         if not self.node_dir:
             return
         for rank in self.files:
-            if rank.rank in self.exited:
+            line = read_exit(os.path.join(self.node_dir, f"rank-{rank.rank}.exit"))
+            # Not there yet, or shipped already: a new line is the rank's next attempt
+            # (torchrun --max-restarts restarted it) ending.
+            if line is None or self.reported.get(rank.rank) == line:
                 continue
-            fields = read_exit(os.path.join(self.node_dir, f"rank-{rank.rank}.exit"))
-            if fields is None:
-                continue
-            rc, when, *error_file = fields
+            rc, when, *error_file = line.strip().split(" ", 2)
             # The rank has ended; report it once all its output is on the way.
             if not rank.at_end():
                 continue
             self.outbox.output(rank.rank, rank.rest())
             self.exited.add(rank.rank)
+            self.reported[rank.rank] = line
             if error_file and os.path.isfile(error_file[0]):
                 with open(error_file[0], "rb") as handle:
                     self.outbox.send_masked("F", rank.rank, payload=handle.read(1 << 16))
@@ -130,13 +133,11 @@ class NodeRanks:
                 pass
 
 
-def read_exit(path: str) -> list[str] | None:
-    """`rc time [error_file]` from a rank's exit file; None until it is there and whole."""
+def read_exit(path: str) -> str | None:
+    """A rank's exit file, `rc time [error_file]` and a newline; None until it is whole."""
     try:
         with open(path, encoding="utf-8") as handle:
             text = handle.read()
     except FileNotFoundError:
         return None
-    if not text.endswith("\n"):  # still being written
-        return None
-    return text.strip().split(" ", 2)
+    return text if text.endswith("\n") else None  # else still being written

@@ -14,10 +14,10 @@ MISSING_PYTHON_WORDS = "not found on this node"
 class SshOptions:
     """How to reach nodes over SSH: the --ssh-config, --known-hosts, ... flags."""
 
-    config_path: str = "~/.ssh/config"
-    known_hosts: str = "~/.ssh/known_hosts"
+    config_path: str | None = None  # None: ~/.ssh/config then /etc/ssh/ssh_config, as ssh
+    known_hosts: str | None = None  # None: UserKnownHostsFile of the ssh config
     accept_new_host_keys: bool = False
-    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT_S
+    connect_timeout: float | None = None  # None: ConnectTimeout, else the default
     identity_files: tuple[str, ...] = ()
 
 

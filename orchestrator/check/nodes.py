@@ -46,23 +46,22 @@ def connect_each(cluster: Cluster, ssh: object | None) -> list[NodeConnection | 
 
     if cluster.is_local:
         return [LocalConnection(host.name) for host in cluster.hosts]
-    from orchestrator.backends.base import SshOptions
-    from orchestrator.backends.ssh import KnownHosts, connect, load_config
+    from orchestrator.backends.ssh import SshSession
 
-    options = ssh or SshOptions()
-    config, known = load_config(options), KnownHosts(options)
+    session = SshSession(ssh)  # type: ignore[arg-type]
 
     def one(host) -> NodeConnection | NodeError:
         try:
-            return LocalConnection(host.name) if host.is_local else \
-                connect(host, options, config, known)
+            return LocalConnection(host.name) if host.is_local else session.connect(host)
         except NodeError as exc:
             return exc
         except Exception as exc:  # still name the host
             return NodeError(host.name, f"cannot connect: {exc!r}")
 
     with ThreadPoolExecutor(max_workers=min(64, len(cluster.hosts))) as pool:
-        return list(pool.map(one, cluster.hosts))
+        found = list(pool.map(one, cluster.hosts))
+    session.report()
+    return found
 
 
 def ssh_rtts(connections: Sequence[NodeConnection]) -> dict[int, float]:

@@ -195,8 +195,8 @@ def inspect_nodes(cluster: Cluster, options: CheckOptions, slots: list[int],
                     sshd_port)
     if master.port is not None and reports[0].get("port_free") == "yes":
         say(f"[check] TCP from every node to {master.endpoint} (the rendezvous)")
-        timeout = min(REACH_TIMEOUT_S, float(getattr(options.ssh, "connect_timeout",
-                                                     REACH_TIMEOUT_S)))
+        timeout = min(REACH_TIMEOUT_S, float(getattr(options.ssh, "connect_timeout", None)
+                                                     or REACH_TIMEOUT_S))
         reports = reach_master(reports, connections, master, timeout=timeout, tag=options.run_id)
     else:
         reports = [replace(r, reach_skipped="no usable rendezvous port on the master")

@@ -27,6 +27,9 @@ from orchestrator.cli.options import (
     refuse_empty,
     run_dir_option,
     run_options,
+    select,
+    selection_options,
+    split_selection,
     split_ssh,
     ssh_options,
 )
@@ -54,6 +57,7 @@ def cli() -> None:
 @click.argument("hostfile", type=click.Path(), required=False)
 @click.argument("program", nargs=-1, type=click.UNPROCESSED, metavar="[-- SCRIPT ARGS...]")
 @job_options
+@selection_options
 @backend_options
 @click.option("--login", metavar="HOST",
               help="[slurm] Run sbatch/squeue/scancel on this login node over SSH; --run-dir "
@@ -98,11 +102,15 @@ def launch(hostfile, program, dry_run, detach, preflight, grace, heartbeat_timeo
     from orchestrator.runs import check_run_id, new_run_id
 
     ssh = make_ssh_options(**split_ssh(job))
+    selection = split_selection(job)
     hostfile, program = split_hostfile(hostfile, program)
     slurm = make_slurm_options(job, login)
     if backend != "slurm" and login:
         raise ConfigError("--login applies to --backend slurm only")
-    cluster = None if backend == "slurm" else check_backend(backend, slurm, hostfile)
+    cluster = None
+    if backend != "slurm":
+        cluster = select(check_backend(backend, slurm, hostfile), selection,
+                         job["nproc_per_node"])
     spec = make_spec(program, **job)
     options = LaunchOptions(
         run_dir=run_dir, run_id=check_run_id(run_id) if run_id else new_run_id(),
@@ -113,7 +121,8 @@ def launch(hostfile, program, dry_run, detach, preflight, grace, heartbeat_timeo
         from orchestrator.hostfile import load_hostfile
         from orchestrator.slurm.submit import launch_slurm
 
-        cluster = load_hostfile(hostfile) if hostfile else None
+        cluster = select(load_hostfile(hostfile) if hostfile else None, selection,
+                         job["nproc_per_node"])
         return launch_slurm(cluster, spec, slurm, options, dry_run=dry_run, detach=detach)
     return run_launch(cluster, spec, options, dry_run=dry_run, detach=detach)
 
@@ -126,6 +135,7 @@ def launch(hostfile, program, dry_run, detach, preflight, grace, heartbeat_timeo
                    "into.")
 @click.option("--run-id", metavar="NAME", help="Run id written into the scripts.")
 @job_options
+@selection_options
 @backend_options
 def render(hostfile, program, out_dir, run_id, backend, **job):
     """Write the plan and one torchrun script per node, without touching any node.
@@ -142,16 +152,18 @@ def render(hostfile, program, out_dir, run_id, backend, **job):
 
     hostfile, program = split_hostfile(hostfile, program)
     slurm = make_slurm_options(job)
+    selection = split_selection(job)
     if backend == "slurm":
         from orchestrator.slurm.submit import write_slurm_render
 
-        cluster = load_hostfile(hostfile) if hostfile else None
+        cluster = select(load_hostfile(hostfile) if hostfile else None, selection,
+                         job["nproc_per_node"])
         for path in write_slurm_render(out_dir, cluster, make_spec(program, **job), slurm,
                                        check_run_id(run_id) if run_id else new_run_id(),
                                        tuple(["orchestrator", *sys.argv[1:]])):
             click.echo(str(path))
         return 0
-    cluster = check_backend(backend, slurm, hostfile)
+    cluster = select(check_backend(backend, slurm, hostfile), selection, job["nproc_per_node"])
     spec = make_spec(program, **job)
     check_script_exists(cluster, spec)  # as launch does, when every node is this machine
     options = LaunchOptions(run_dir="", run_id=check_run_id(run_id) if run_id else new_run_id(),
@@ -325,6 +337,7 @@ def runs(run_dir):
 @click.option("--run-id", metavar="NAME", help="Name of the check's run. Default: the time "
               "and a random suffix.")
 @run_dir_option
+@selection_options
 @ssh_options
 def check(hostfile, nproc_per_node, master_addr, master_port, ifname, python, backend,
           max_size, skip_bandwidth, json_path, timeout, run_id, run_dir, **ssh):
@@ -348,7 +361,8 @@ def check(hostfile, nproc_per_node, master_addr, master_port, ifname, python, ba
     refuse_empty(ifname=ifname, python=python)
     if json_path is not None:
         check_json_path(json_path)
-    cluster = load_hostfile(hostfile)
+    selection = split_selection(ssh)
+    cluster = select(load_hostfile(hostfile), selection, nproc_per_node)
     options = CheckOptions(
         run_dir=run_dir, run_id=check_run_id(run_id) if run_id else new_run_id(),
         argv=tuple(["orchestrator", *sys.argv[1:]]), python=python or sys.executable,

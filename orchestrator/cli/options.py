@@ -35,7 +35,13 @@ def job_options(func):
                      help="Set a variable on every node (repeatable)."),
         click.option("--env-file", "env_files", multiple=True, metavar="FILE",
                      type=click.Path(dir_okay=False),
-                     help="NAME=VALUE lines to set on every node (repeatable; --env wins)."),
+                     help="NAME=VALUE lines to set on every node (repeatable; --env wins); "
+                          "DeepSpeed's .deepspeed_env format. Without it, a .deepspeed_env in "
+                          "the home and current directories (or $DS_ENV_FILE) is used, as "
+                          "DeepSpeed does, and said so."),
+        click.option("--no-env-file", "no_env_file", is_flag=True,
+                     help="Do not read a .deepspeed_env found in the home or current "
+                          "directory."),
         click.option("--secret-env", "secret_names", multiple=True, metavar="NAME",
                      help="Treat NAME as a secret: its value is handed to the job at start, "
                           "never written to scripts, plan or run record, and masked in logs. "
@@ -51,8 +57,82 @@ def job_options(func):
         click.option("--workdir", metavar="DIR",
                      help="Directory the ranks start in on every node. Default: the current "
                           "directory."),
+        click.option("--max-restarts", "--max_restarts", "max_restarts", type=int, default=0,
+                     show_default=True, metavar="N",
+                     help="torchrun's --max-restarts: after a rank fails, torchrun restarts "
+                          "the workers on every node, up to N times per node (the job "
+                          "resumes from its own checkpoint); the run fails once torchrun "
+                          "gives up. N > 0 uses torchrun's c10d rendezvous."),
+        click.option("--bind-cores", "--bind_cores_to_rank", "bind_cores", is_flag=True,
+                     help="Pin each local rank to its own disjoint set of cores (and its NUMA "
+                          "node, with numactl) from the node's own topology, before the rank "
+                          "starts; the plan shows the sets. More local ranks than cores is "
+                          "refused. DeepSpeed's --bind_cores_to_rank."),
     ]
     return functools.reduce(lambda f, option: option(f), reversed(options), func)
+
+
+def selection_options(func):
+    """Choosing hosts and slots out of the hostfile, DeepSpeed's way; launch, render, check."""
+    options = [
+        click.option("--include", metavar="NAME[:SLOTS][@NAME...]",
+                     help="Use only these hosts, and of a host given as NAME:0,2 only those "
+                          "slot ids, e.g. 'worker-0@worker-1:0,2'. Each node's "
+                          "CUDA_VISIBLE_DEVICES lists its chosen slot ids; LOCAL_RANK i runs on "
+                          "the i-th. DeepSpeed's --include."),
+        click.option("--exclude", metavar="NAME[:SLOTS][@NAME...]",
+                     help="Use every host and slot but these, e.g. 'worker-1:0' (a NAME alone "
+                          "drops the whole host). DeepSpeed's --exclude."),
+        click.option("--num-nodes", "--num_nodes", "num_nodes", type=int, default=None,
+                     metavar="N", help="Use the first N hosts of the hostfile. DeepSpeed's "
+                     "--num_nodes."),
+        click.option("--num-gpus", "--num_gpus", "num_gpus", type=int, default=None,
+                     metavar="N", help="Use slots 0..N-1 of every host (CUDA_VISIBLE_DEVICES "
+                     "0,...,N-1). DeepSpeed's --num_gpus."),
+    ]
+    return functools.reduce(lambda f, option: option(f), reversed(options), func)
+
+
+SELECTION_KEYS = ("include", "exclude", "num_nodes", "num_gpus")
+
+
+def split_selection(kwargs: dict):
+    """Take the selection flags out of a command's keyword arguments: a `Selection`."""
+    from orchestrator.select import Selection
+
+    return Selection(**{key: kwargs.pop(key) for key in SELECTION_KEYS})
+
+
+def select(cluster, selection, nproc_per_node: int | None):
+    """The hosts and slots the selection flags leave (the cluster itself without them)."""
+    from orchestrator.select import select_hosts
+
+    if cluster is None:
+        if selection.given:
+            raise ConfigError(f"{selection.describe().split()[0]} chooses hosts out of a "
+                              "hostfile: give HOSTFILE (with --backend slurm and no hostfile, "
+                              "use --nodes)")
+        return None
+    return select_hosts(cluster, selection, nproc_per_node)
+
+
+def env_file_layers(env_files, no_env_file: bool, say=None) -> list[list[tuple[str, str]]]:
+    """--env-file's pairs; without it, DeepSpeed's .deepspeed_env files (said, in one line)."""
+    from orchestrator.spec import deepspeed_env_files, load_env_file
+
+    if env_files and no_env_file:
+        raise ConfigError("--env-file and --no-env-file together: give one of them")
+    if not env_files and not no_env_file:
+        env_files = deepspeed_env_files(os.getcwd(), os.path.expanduser("~"))
+        if env_files:
+            (say or _note)(f"env file {', '.join(map(str, env_files))} (DeepSpeed's "
+                           ".deepspeed_env) sets variables on every node; --no-env-file "
+                           "ignores it")
+    return [load_env_file(path) for path in env_files]
+
+
+def _note(text: str) -> None:
+    click.echo(f"[orchestrator] {text}", err=True)
 
 
 def run_options(func):
@@ -68,21 +148,20 @@ def run_options(func):
 def ssh_options(func):
     """How to reach nodes over SSH; shared by launch, exec and check."""
     options = [
-        click.option("--ssh-config", default="~/.ssh/config", show_default=True,
-                     metavar="FILE", help="OpenSSH client config to honour (Host aliases, "
-                     "HostName, User, Port, IdentityFile, ProxyJump, ProxyCommand)."),
+        click.option("--ssh-config", metavar="FILE", help="OpenSSH client config to use "
+                     "instead of ~/.ssh/config and /etc/ssh/ssh_config, like ssh -F."),
         click.option("-i", "--identity", "identity_files", multiple=True, metavar="FILE",
                      help="Private key to try first (repeatable); the ssh-agent and "
                           "~/.ssh/id_* are tried too."),
-        click.option("--known-hosts", default="~/.ssh/known_hosts", show_default=True,
-                     metavar="FILE", help="Host keys to verify nodes against."),
+        click.option("--known-hosts", metavar="FILE", help="Host keys to verify nodes "
+                     "against, instead of the ssh config's UserKnownHostsFile."),
         click.option("--accept-new-host-keys", is_flag=True,
                      help="Accept and record the host key of a node not yet in known_hosts "
                           "(a changed key is still refused), like ssh's "
                           "StrictHostKeyChecking=accept-new."),
-        click.option("--connect-timeout", type=click.FloatRange(min=0.1), default=10.0,
-                     show_default=True, metavar="SECONDS",
-                     help="Give up on a node that does not answer within this time."),
+        click.option("--connect-timeout", type=click.FloatRange(min=0.1), metavar="SECONDS",
+                     help="Give up on a node that does not answer within this time "
+                          "[default: the ssh config's ConnectTimeout, else 10]."),
     ]
     return functools.reduce(lambda f, option: option(f), reversed(options), func)
 
@@ -121,20 +200,20 @@ def refuse_empty(**flags: str | None) -> None:
 
 
 def make_spec(program_argv, *, nproc_per_node, master_addr, master_port, ifname, env,
-              env_files, secret_names, forward_env, python, workdir, sync_dir=None):
+              env_files, no_env_file, secret_names, forward_env, python, workdir,
+              bind_cores=False, sync_dir=None, max_restarts=0):
     refuse_empty(ifname=ifname, python=python, workdir=workdir)
     from orchestrator.spec import (
         JobSpec,
         Program,
         forwarded_env,
-        load_env_file,
         merge_env,
         parse_env_assignments,
         parse_master_port,
     )
 
     layers = [forwarded_env()] if forward_env else []
-    layers += [load_env_file(path) for path in env_files]
+    layers += env_file_layers(env_files, no_env_file)
     layers.append(parse_env_assignments(env))
     if workdir is not None and sync_dir is not None:
         raise ConfigError("--workdir and --sync both say where ranks start; give one of them")
@@ -149,4 +228,6 @@ def make_spec(program_argv, *, nproc_per_node, master_addr, master_port, ifname,
         env=merge_env(*layers),
         secret_names=frozenset(secret_names),
         sync_dir=os.path.abspath(sync_dir) if sync_dir else None,
+        bind_cores=bind_cores,
+        max_restarts=max_restarts,
     )

@@ -42,6 +42,10 @@ def status_text(status: dict) -> str:
     ]
     if status.get("stop_reason"):
         lines.append(f"  stop: {status['stop_reason']}")
+    if status.get("restarts"):  # torchrun --max-restarts
+        lines.append(f"  restarts: {status['restarts']}")
+        if not status.get("summary"):  # which names them when the run has ended
+            lines += [f"    {cause}" for cause in status.get("restart_causes") or []]
     nodes = status.get("nodes") or []
     if nodes:
         rows = [["NODE", "HOST", "STATE", "EXIT", "DETAIL"]]

@@ -133,13 +133,12 @@ class SlurmCommands:
         self.where = f"on {login}" if login else "on this machine"
         self._connection = None
         if login:
-            from orchestrator.backends.base import SshOptions
-            from orchestrator.backends.ssh import KnownHosts, connect, load_config
+            from orchestrator.backends.ssh import SshSession
             from orchestrator.hostfile import Host
 
-            options = ssh_options or SshOptions()
-            self._connection = connect(Host(name=login), options, load_config(options),
-                                       KnownHosts(options))
+            session = SshSession(ssh_options)  # type: ignore[arg-type]
+            self._connection = session.connect(Host(name=login))
+            session.report()
 
     def run(self, argv: list[str], env: dict[str, str] | None = None,
             timeout: float = COMMAND_TIMEOUT_S) -> tuple[int, str, str]:

@@ -29,7 +29,7 @@ from dataclasses import dataclass, fields
 
 from orchestrator.errors import ConfigError
 from orchestrator.hostfile import Cluster
-from orchestrator.plan import IFNAME_VARS
+from orchestrator.plan import IFNAME_VARS, VISIBLE_DEVICES
 from orchestrator.render import render_template
 from orchestrator.spec import JobSpec, Program
 
@@ -89,6 +89,11 @@ class SlurmJob:
     requeue: bool
     job_dir: str | None  # ORCHESTRATOR_JOB_DIR: where nodes keep rank files (launch only)
     output: str | None  # the batch script's own output file (%j = job id)
+    # --include/--exclude/--num-gpus: (node name, its CUDA_VISIBLE_DEVICES), set per node
+    visible_devices: tuple[tuple[str, str], ...] = ()
+    selection: str = ""  # the selection flags as given
+    bind_cores: bool = False  # --bind-cores: core sets computed on each node at its start
+    max_restarts: int = 0  # torchrun's --max-restarts; > 0 means c10d rendezvous
 
     @property
     def world_size(self) -> int:
@@ -115,6 +120,10 @@ class SlurmJob:
             "sbatch": [f"#SBATCH {line}" for line in self.sbatch_lines],
             "secrets": list(self.secret_names),
             "env": dict(self.env),
+            **({"selection": self.selection, "cuda_visible_devices": dict(self.visible_devices)}
+               if self.selection else {}),
+            **({"cores": "(computed on each node at its start from its own topology)"}
+               if self.bind_cores else {}),
         }
 
 
@@ -166,6 +175,17 @@ def _uniform(cluster: Cluster, attribute: str, flag: str) -> str | int | None:
     return first
 
 
+def _uniform_selection(cluster: Cluster) -> int:
+    """The ranks per node a selection left, the same on every node of a SLURM job."""
+    first = cluster.hosts[0]
+    for host in cluster.hosts[1:]:
+        if host.slots != first.slots:
+            raise ConfigError(f"{cluster.selection}: leaves {host.slots} slot(s) on {host.name} "
+                              f"but {first.slots} on {first.name}; a SLURM job runs the same "
+                              "number of ranks on every node, so choose as many on each")
+    return int(first.slots or 1)
+
+
 def plan_slurm_job(spec: JobSpec, options: SlurmOptions, run_id: str,
                    cluster: Cluster | None = None, job_dir: str | None = None,
                    output: str | None = None) -> SlurmJob:
@@ -181,7 +201,9 @@ def plan_slurm_job(spec: JobSpec, options: SlurmOptions, run_id: str,
         if options.nodes is not None and options.nodes != len(nodelist):
             raise ConfigError(f"--nodes {options.nodes} but {cluster.path} lists "
                               f"{len(nodelist)} host(s); give one or the other")
-        if spec.nproc_per_node is None:
+        if cluster.selection:
+            slots = _uniform_selection(cluster)
+        elif spec.nproc_per_node is None:
             slots = _uniform(cluster, "slots", "--nproc-per-node")
         python = _uniform(cluster, "python", "--python")
         if spec.ifname is None or len({h.ifname for h in cluster.hosts}) == 1:
@@ -189,10 +211,14 @@ def plan_slurm_job(spec: JobSpec, options: SlurmOptions, run_id: str,
     elif options.nodes is None:
         raise ConfigError("--backend slurm needs --nodes N (or a HOSTFILE naming the nodes)")
     nnodes = len(nodelist) or int(options.nodes or 1)
-    nproc = spec.nproc_per_node or slots or options.gpus_per_node or 1
+    nproc = (slots if cluster is not None and cluster.selection else spec.nproc_per_node
+             or slots or options.gpus_per_node or 1)
+    visible_devices = tuple((h.name, ",".join(map(str, h.slot_ids)))
+                            for h in (cluster.hosts if cluster else ()) if h.slot_ids is not None)
 
     secret_names = tuple(sorted(name for name, _ in spec.env if spec.is_secret(name)))
-    env = [(k, v) for k, v in spec.env if k not in secret_names]
+    own = set(secret_names) | ({VISIBLE_DEVICES} if visible_devices else set())
+    env = [(k, v) for k, v in spec.env if k not in own]
     ifname = ifname or spec.ifname
     reason = "hostfile" if cluster is not None and ifname and not spec.ifname else "--ifname"
     if ifname:
@@ -235,6 +261,9 @@ def plan_slurm_job(spec: JobSpec, options: SlurmOptions, run_id: str,
         master_port=spec.master_port, ifname=ifname, ifname_reason=reason,
         sbatch_lines=tuple(lines), srun_args=tuple(srun_args), signal_name=signal_name,
         requeue=options.requeue, job_dir=job_dir, output=output,
+        visible_devices=visible_devices, selection=cluster.selection if cluster else "",
+        bind_cores=spec.bind_cores,
+        max_restarts=spec.max_restarts,
     )
 
 

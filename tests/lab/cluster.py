@@ -40,6 +40,7 @@ class Cluster:
         self.ssh = SshHome.create(workdir / "home")
         self.authorized_keys = workdir / "authorized_keys"
         self._sshd: dict[str, subprocess.Popen[bytes]] = {}
+        self._sshd_extra = ""
         self.netns_inodes: dict[str, int] = {}
 
     # ----- construction and teardown -------------------------------------------------------
@@ -74,20 +75,38 @@ class Cluster:
     def _start_all_sshd(self, extra: str) -> None:
         Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
         self.authorized_keys.write_text(self.ssh.identity.public + " orchestrator-lab\n")
+        self._sshd_extra = extra
         for node in self.nodes:
-            node.sshd_config_path.write_text(
-                sshd_config(
-                    address=node.address,
-                    host_key=node.dir / "ssh_host_ed25519_key",
-                    pid_file=node.sshd_pid_path,
-                    authorized_keys=self.authorized_keys,
-                    extra=extra,
-                )
-            )
+            self._write_sshd_config(node, extra)
         for node in self.nodes:
             self._spawn_sshd(node)
         for node in self.nodes:
             self._await_sshd(node)
+
+    def _write_sshd_config(self, node: Node, extra: str) -> None:
+        node.sshd_config_path.write_text(
+            sshd_config(
+                address=node.address,
+                host_key=self.host_key_path(node),
+                pid_file=node.sshd_pid_path,
+                authorized_keys=self.authorized_keys,
+                extra=extra,
+            )
+        )
+
+    def host_key_path(self, node: Node) -> Path:
+        """The node's private host key (its `.pub` lies beside it)."""
+        return node.dir / "ssh_host_ed25519_key"
+
+    def present_host_certificate(self, node: Node | int | str, certificate: Path | None) -> None:
+        """Restart `node`'s sshd so that it also presents `certificate` (made with
+        `ssh-keygen -s`, see ssh.sign_host_key) for its host key; None: the plain key only."""
+        target = self._resolve(node)
+        extra = self._sshd_extra
+        if certificate is not None:
+            extra = f"{extra}\nHostCertificate {certificate}".strip()
+        self._write_sshd_config(target, extra)
+        self.restart_sshd(target)
 
     def _spawn_sshd(self, node: Node) -> None:
         node.sshd_pid_path.unlink(missing_ok=True)

@@ -9,7 +9,8 @@ so the config written here names the identity and known_hosts files by absolute 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import subprocess
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -83,6 +84,25 @@ def sshd_config(
         "Subsystem sftp /usr/lib/openssh/sftp-server",
     ]
     return "\n".join(lines) + "\n" + (extra.rstrip() + "\n" if extra else "")
+
+
+def sign_host_key(
+    ca_key: Path,
+    public_key: Path,
+    principals: Sequence[str],
+    *,
+    validity: str = "always:forever",
+    identity: str = "orchestrator-lab",
+) -> Path:
+    """Sign a host's public key with OpenSSH's ssh-keygen; returns the `-cert.pub` path.
+
+    No `principals` makes a certificate valid for any host name, as ssh-keygen does.
+    """
+    argv = ["ssh-keygen", "-q", "-s", str(ca_key), "-I", identity, "-h", "-V", validity]
+    if principals:
+        argv += ["-n", ",".join(principals)]
+    subprocess.run([*argv, str(public_key)], check=True, capture_output=True)
+    return public_key.with_name(public_key.name.removesuffix(".pub") + "-cert.pub")
 
 
 def known_hosts_line(node: Node, key: str | None = None) -> str:

@@ -42,6 +42,16 @@ cd /home/user/proj
 run_rank() {
     local dir=${ORCHESTRATOR_NODE_DIR:-} rc=0 now
     if [ -n "$dir" ]; then exec >>"$dir/rank-$RANK.out" 2>&1; fi
+    if [ -n "${ORCHESTRATOR_CORE_SETS:-}" ]; then  # --bind-cores: this local rank's cores
+        local sets cores
+        read -ra sets <<<"$ORCHESTRATOR_CORE_SETS"
+        cores=${sets[$LOCAL_RANK]}
+        if [[ $cores == */* ]] && command -v numactl >/dev/null; then
+            set -- numactl --physcpubind="${cores%/*}" --membind="${cores#*/}" "$@"
+        else
+            set -- taskset -c "${cores%/*}" "$@"
+        fi
+    fi
     trap : TERM INT  # let the rank handle the signal and end; then record how it ended
     "$@" || rc=$?
     trap '' TERM INT  # a further stop signal must not cut the record short

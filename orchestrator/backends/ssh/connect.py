@@ -1,19 +1,13 @@
-"""The SSH backend: paramiko connections that behave as users expect from `ssh`.
+"""Connections to nodes over SSH (paramiko), decided as `ssh NODE` would decide them.
 
-- ~/.ssh/config is honoured: Host aliases, HostName, User, Port, IdentityFile, ProxyJump
-  and ProxyCommand; a user or port in the hostfile wins over it.
-- The ssh-agent and the default keys (~/.ssh/id_*) are tried, as ssh does.
-- Host keys are checked against ~/.ssh/known_hosts (and /etc/ssh/ssh_known_hosts). An
-  unknown key is refused unless `accept_new_host_keys`, which records it (like ssh's
-  StrictHostKeyChecking=accept-new); a changed key is always refused.
-- Every node is connected in parallel, with a connect timeout and keepalives; one node
-  that cannot be reached fails the whole step, by name, before anything starts.
+config.py resolves each host as `ssh -G` would; trust.py judges its host key as ssh's
+known_hosts checks would; this module opens the connections (through ProxyJump hops or a
+ProxyCommand), in parallel, and turns every failure into a NodeError naming the host.
 """
 
 from __future__ import annotations
 
 import errno
-import getpass
 import os
 import shlex
 import socket
@@ -21,8 +15,6 @@ import stat
 import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from pathlib import Path
 
 import paramiko
 
@@ -33,94 +25,34 @@ from orchestrator.backends.base import (
     IdleAgent,
     SshOptions,
 )
+from orchestrator.backends.ssh.config import SshConfig, Target, resolve
+from orchestrator.backends.ssh.trust import HostKeyRefused, Trust
 from orchestrator.errors import NodeError, NodeErrors
 from orchestrator.hostfile import Host
 
 KEEPALIVE_S = 5
-SYSTEM_KNOWN_HOSTS = "/etc/ssh/ssh_known_hosts"
 # Tried first when the server offers them: paramiko decrypts AES-GCM at about three times
 # the speed of its default AES-CTR + HMAC-SHA2 (the controller reads every rank's output).
 AEAD_CIPHERS = ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com")
 
 
-class UnknownHostKey(paramiko.SSHException):
-    def __init__(self, name: str, key: paramiko.PKey) -> None:
-        super().__init__(name)
-        self.name = name
-        self.key = key
+class SshSession:
+    """What the connections of one command share: options, the ssh config, trust."""
 
+    def __init__(self, options: SshOptions | None = None) -> None:
+        self.options = options or SshOptions()
+        self.config = SshConfig(self.options.config_path)
+        self.trust = Trust()
 
-class KnownHosts:
-    """The known_hosts policy shared by all connections of one command."""
+    def resolve(self, host: Host) -> Target:
+        return resolve(host.name, self.config, self.options, user=host.user, port=host.port)
 
-    def __init__(self, options: SshOptions) -> None:
-        self.path = Path(os.path.expanduser(options.known_hosts))
-        self.accept_new = options.accept_new_host_keys
-        self.lock = threading.Lock()
+    def connect(self, host: Host) -> SshConnection:
+        return connect(host, self)
 
-    def load_into(self, client: paramiko.SSHClient) -> None:
-        if os.path.isfile(SYSTEM_KNOWN_HOSTS):
-            client.load_system_host_keys(SYSTEM_KNOWN_HOSTS)
-        if self.path.is_file():
-            client.get_host_keys().load(str(self.path))
-        client.set_missing_host_key_policy(self.Policy(self))
-
-    class Policy(paramiko.MissingHostKeyPolicy):
-        def __init__(self, known: KnownHosts) -> None:
-            self.known = known
-
-        def missing_host_key(self, client, hostname, key) -> None:
-            if not self.known.accept_new:
-                raise UnknownHostKey(hostname, key)
-            self.known.record(hostname, key)
-            client.get_host_keys().add(hostname, key.get_name(), key)
-
-    def record(self, name: str, key: paramiko.PKey) -> None:
-        """Append one line, as ssh does (the rest of the file is left exactly as it is)."""
-        with self.lock:
-            self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-            with os.fdopen(fd, "a", encoding="ascii") as handle:
-                handle.write(f"{name} {key.get_name()} {key.get_base64()}\n")
-
-
-@dataclass(frozen=True)
-class Target:
-    """Where and how to reach one host, after ~/.ssh/config and the hostfile."""
-
-    alias: str
-    hostname: str
-    port: int
-    user: str
-    identity_files: tuple[str, ...]
-    proxy_jump: str | None
-    proxy_command: str | None
-
-
-def resolve(alias: str, config: paramiko.SSHConfig, options: SshOptions,
-            user: str | None = None, port: int | None = None) -> Target:
-    found = config.lookup(alias)
-    jump = found.get("proxyjump")
-    return Target(
-        alias=alias,
-        hostname=found.get("hostname", alias),
-        port=port or int(found.get("port", 22)),
-        user=user or found.get("user") or getpass.getuser(),
-        identity_files=tuple(options.identity_files) + tuple(found.get("identityfile", [])),
-        proxy_jump=None if not jump or jump.lower() == "none" else jump,
-        proxy_command=found.get("proxycommand") if found.get("proxycommand", "").lower()
-        != "none" else None,
-    )
-
-
-def load_config(options: SshOptions) -> paramiko.SSHConfig:
-    path = os.path.expanduser(options.config_path)
-    if not os.path.isfile(path):
-        return paramiko.SSHConfig()
-    try:
-        return paramiko.SSHConfig.from_path(path)
-    except (OSError, paramiko.SSHException) as exc:
-        raise NodeError("ssh config", f"cannot read {path}: {exc}", exit_code=2) from None
+    def report(self) -> None:
+        """Say which hosts were let in without a verified key (StrictHostKeyChecking no)."""
+        self.trust.report()
 
 
 class SshChannel:
@@ -231,39 +163,45 @@ def _sftp_makedirs(sftp: paramiko.SFTPClient, path: str) -> None:
             sftp.mkdir(partial, mode=0o700)
 
 
-def _open_client(target: Target, known: KnownHosts, options: SshOptions,
-                 sock: object | None, shown: str) -> paramiko.SSHClient:
+class _TrustPolicy(paramiko.MissingHostKeyPolicy):
+    """Called for every host key (none is preloaded into paramiko): trust.py decides."""
+
+    def __init__(self, trust: Trust, target: Target, shown: str, direct: bool) -> None:
+        self.trust, self.target, self.shown, self.direct = trust, target, shown, direct
+
+    def missing_host_key(self, client, hostname, key) -> None:
+        address = client.get_transport().getpeername()[0] if self.direct else None
+        self.trust.check(self.target, self.shown, key, address)
+
+
+def _open_client(target: Target, session: SshSession, sock: object | None,
+                 shown: str) -> paramiko.SSHClient:
     client = paramiko.SSHClient()
-    known.load_into(client)
+    trust = session.trust
+    client.set_missing_host_key_policy(_TrustPolicy(trust, target, shown, sock is None))
     where = f"{target.hostname}:{target.port}"
-    timeout = options.connect_timeout
+    timeout = target.connect_timeout
+    algorithms = trust.algorithms(target)
     try:
         client.connect(
             target.hostname, port=target.port, username=target.user,
-            key_filename=list(target.identity_files) or None, allow_agent=True,
-            look_for_keys=True, timeout=timeout, banner_timeout=timeout,
-            auth_timeout=timeout, sock=sock, transport_factory=_transport,
+            key_filename=list(target.identity_files) or None,
+            allow_agent=not target.identities_only,
+            # As ssh: the default keys (~/.ssh/id_*) only when no IdentityFile is named.
+            look_for_keys=not target.identity_files, timeout=timeout,
+            banner_timeout=timeout, auth_timeout=timeout, sock=sock,
+            transport_factory=lambda *a, **kw: _transport(algorithms, *a, **kw),
         )
-    except UnknownHostKey as exc:
+    except HostKeyRefused as exc:
         client.close()
-        raise NodeError(shown, f"host key of {exc.name} is not in {known.path} "
-                        f"({exc.key.get_name()} {exc.key.fingerprint}); check it and add it "
-                        "(e.g. ssh once, or ssh-keyscan), or rerun with --accept-new-host-keys "
-                        "to accept and record unknown keys", exit_code=2) from None
-    except paramiko.BadHostKeyException as exc:
-        client.close()
-        raise NodeError(shown, f"host key of {exc.hostname} has CHANGED (now "
-                        f"{exc.key.get_name()} {exc.key.fingerprint}): the node was reinstalled, "
-                        "or someone is in between. If you trust the change, remove the old key "
-                        f"(ssh-keygen -R {exc.hostname} -f {known.path}) and connect again",
-                        exit_code=2) from None
+        raise _refused(shown, target, exc) from None
     except paramiko.AuthenticationException as exc:
         client.close()
         raise _authentication_failed(shown, target, where, exc) from None
     except socket.gaierror:
         client.close()
         raise NodeError(shown, f"cannot resolve host name {target.hostname!r}; check the "
-                        "hostfile and ~/.ssh/config", exit_code=2) from None
+                        "hostfile and the ssh config", exit_code=2) from None
     except TimeoutError:
         client.close()
         raise NodeError(shown, f"no answer from {where} within {timeout:g} s "
@@ -283,8 +221,29 @@ def _open_client(target: Target, known: KnownHosts, options: SshOptions,
         if str(exc) == NO_KEY_TO_OFFER:
             raise _authentication_failed(shown, target, where, exc) from None
         raise NodeError(shown, f"cannot connect to {where}: {exc}") from None
-    client.get_transport().set_keepalive(KEEPALIVE_S)
+    keepalive = KEEPALIVE_S if target.keepalive_s is None else int(target.keepalive_s)
+    client.get_transport().set_keepalive(keepalive)
     return client
+
+
+def _refused(shown: str, target: Target, exc: HostKeyRefused) -> NodeError:
+    files = " or ".join(target.trust.user_files + target.trust.global_files) or \
+        "any known_hosts file (UserKnownHostsFile none)"
+    key = f"{exc.key.get_name()} {exc.key.fingerprint}"
+    if exc.reason == "revoked":
+        message = (f"host key of {exc.name} is REVOKED ({key} is listed @revoked in {files}); "
+                   "refusing to connect")
+    elif exc.reason == "changed":
+        first = target.trust.user_files[0] if target.trust.user_files else ""
+        message = (f"host key of {exc.name} has CHANGED (now {key}; {exc.detail} lists "
+                   "another): the node was reinstalled, or someone is in between. If you "
+                   "trust the change, remove the old key (ssh-keygen -R "
+                   f"{shlex.quote(exc.name)} -f {shlex.quote(first)}) and connect again")
+    else:
+        message = (f"host key of {exc.name} is not in {files} ({key}); check it and add it "
+                   "(e.g. ssh once, or ssh-keygen -s / @cert-authority for a CA), or rerun "
+                   "with --accept-new-host-keys to accept and record unknown keys")
+    return NodeError(shown, message, exit_code=2)
 
 
 # paramiko's words when it found no key to try at all: no agent, no default key, no
@@ -295,12 +254,24 @@ NO_KEY_TO_OFFER = "No authentication methods available"
 def _authentication_failed(shown: str, target: Target, where: str,
                            exc: Exception) -> NodeError:
     return NodeError(shown, f"authentication failed as {target.user}@{where} ({exc}); "
-                     "check the user (hostfile user=, ~/.ssh/config User) and that your key "
+                     "check the user (hostfile user=, ssh config User) and that your key "
                      "is in the ssh-agent, a default key, or an IdentityFile", exit_code=2)
 
 
-def _transport(*args, **kwargs) -> paramiko.Transport:
-    transport = paramiko.Transport(*args, **kwargs)
+class _Transport(paramiko.Transport):
+    """paramiko's transport offering the host key algorithms trust.py ordered, certificates
+    included (paramiko parses them; trust.py checks them)."""
+
+    host_key_algorithms: tuple[str, ...] = ()
+
+    @property
+    def preferred_keys(self) -> tuple[str, ...]:
+        return tuple(a for a in self.host_key_algorithms if a in self._key_info)
+
+
+def _transport(algorithms: tuple[str, ...], *args, **kwargs) -> paramiko.Transport:
+    transport = _Transport(*args, **kwargs)
+    transport.host_key_algorithms = algorithms
     options = transport.get_security_options()
     known = options.ciphers
     options.ciphers = tuple(c for c in AEAD_CIPHERS if c in known) + \
@@ -308,21 +279,19 @@ def _transport(*args, **kwargs) -> paramiko.Transport:
     return transport
 
 
-def _tunnel(via: paramiko.SSHClient, target: Target, options: SshOptions,
-            shown: str) -> paramiko.Channel:
+def _tunnel(via: paramiko.SSHClient, target: Target, shown: str) -> paramiko.Channel:
     try:
         return via.get_transport().open_channel(
             "direct-tcpip", (target.hostname, target.port), ("127.0.0.1", 0),
-            timeout=options.connect_timeout)
+            timeout=target.connect_timeout)
     except (OSError, EOFError, paramiko.SSHException) as exc:
         raise NodeError(shown, f"jump host cannot reach {target.hostname}:{target.port}: "
                         f"{exc}") from None
 
 
-def connect(host: Host, options: SshOptions, config: paramiko.SSHConfig,
-            known: KnownHosts) -> SshConnection:
+def connect(host: Host, session: SshSession) -> SshConnection:
     """Connect to one host, through its jump hosts if any."""
-    target = resolve(host.name, config, options, user=host.user, port=host.port)
+    target = session.resolve(host)
     hops: list[paramiko.SSHClient] = []
     sock: object | None = None
     try:
@@ -330,16 +299,16 @@ def connect(host: Host, options: SshOptions, config: paramiko.SSHConfig,
             for jump in target.proxy_jump.split(","):
                 user, _, rest = jump.rpartition("@")
                 name, _, port = rest.partition(":")
-                hop = resolve(name, config, options, user=user or None,
-                              port=int(port) if port else None)
+                hop = session.resolve(Host(name=name, user=user or None,
+                                           port=int(port) if port else None))
                 if hops:
-                    sock = _tunnel(hops[-1], hop, options, host.name)
-                hops.append(_open_client(hop, known, options, sock,
+                    sock = _tunnel(hops[-1], hop, host.name)
+                hops.append(_open_client(hop, session, sock,
                                          f"{host.name} (via jump host {jump})"))
-            sock = _tunnel(hops[-1], target, options, host.name)
+            sock = _tunnel(hops[-1], target, host.name)
         elif target.proxy_command:
             sock = paramiko.ProxyCommand(target.proxy_command)
-        client = _open_client(target, known, options, sock, host.name)
+        client = _open_client(target, session, sock, host.name)
     except BaseException:
         for hop in hops:
             hop.close()
@@ -354,13 +323,10 @@ def connect_all(hosts: Sequence[Host], options: SshOptions | None) -> list:
     """
     from orchestrator.backends.local import LocalConnection
 
-    options = options or SshOptions()
-    config = load_config(options)
-    known = KnownHosts(options)
+    session = SshSession(options)
 
     def one(host: Host):
-        return LocalConnection(host.name) if host.is_local else \
-            connect(host, options, config, known)
+        return LocalConnection(host.name) if host.is_local else session.connect(host)
 
     with ThreadPoolExecutor(max_workers=min(64, max(1, len(hosts)))) as pool:
         futures = [pool.submit(one, host) for host in hosts]
@@ -372,6 +338,7 @@ def connect_all(hosts: Sequence[Host], options: SshOptions | None) -> list:
             errors.append(exc)
         except Exception as exc:  # a bug or an unforeseen paramiko error: still name the host
             errors.append(NodeError(host.name, f"cannot connect: {exc!r}"))
+    session.report()
     if errors:
         for connection in connections:
             connection.close()

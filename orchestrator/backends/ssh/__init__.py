@@ -1,0 +1,11 @@
+"""The SSH backend: reach every node that `ssh NODE` reaches, with the same trust decision.
+
+config.py (what `ssh -G` would resolve), known_hosts.py and certs.py (the files and host
+certificates), trust.py (the host key decision), connect.py (paramiko connections).
+"""
+
+from __future__ import annotations
+
+from orchestrator.backends.ssh.connect import SshConnection, SshSession, connect, connect_all
+
+__all__ = ["SshConnection", "SshSession", "connect", "connect_all"]

@@ -1,0 +1,57 @@
+"""What supervision knows about each node and rank, and how a run ended."""
+
+from __future__ import annotations
+
+import signal
+import time
+from dataclasses import dataclass, field
+
+
+@dataclass
+class RankState:
+    rank: int
+    node: int
+    local_rank: int
+    host: str
+    state: str = "starting"  # running, succeeded, failed, stopped, killed
+    exit_code: int | None = None
+    ended_at: float | None = None  # wall clock of the node
+    error_file: str = ""
+
+
+@dataclass
+class NodeState:
+    index: int
+    host: str
+    ranks: tuple[int, ...] = ()
+    state: str = "starting"  # running, succeeded, failed, stopped, lost
+    exit_code: int | None = None
+    pid: int | None = None
+    started_at: float | None = None
+    ended_at: float | None = None
+    last_heard: float = field(default_factory=time.monotonic)
+    detail: str = ""
+    done: bool = False
+
+
+@dataclass
+class Outcome:
+    state: str  # succeeded, failed, stopped, lost
+    exit_code: int
+    summary: str = ""
+
+
+def describe_exit(code: int | None) -> str:
+    if code is None:
+        return "no exit status (killed or lost)"
+    if code > 128 and code - 128 < signal.NSIG:
+        try:
+            return f"signal {signal.Signals(code - 128).name} (exit code {code})"
+        except ValueError:
+            pass
+    if code < 0:
+        try:
+            return f"signal {signal.Signals(-code).name}"
+        except ValueError:
+            pass
+    return f"exit code {code}"

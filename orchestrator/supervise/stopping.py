@@ -1,0 +1,108 @@
+"""Stopping a run: once, on every node still running, with a grace or at once; and
+Ctrl-C / SIGTERM to the orchestrator, which signal handlers only note for the loop."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Protocol
+
+from orchestrator.supervise.state import NodeState
+
+STOP_MARGIN_S = 10.0  # how long past the grace an agent may take to report before it is lost
+
+
+class Session(Protocol):
+    """The one thing stopping needs of a node's agent session: a command line to it."""
+
+    index: int
+
+    def send(self, line: str) -> None: ...
+
+
+class Notes(Protocol):
+    def note(self, text: str) -> None: ...
+
+
+class Stopper:
+    """Sends `stop GRACE` / `kill` to every node still running, and handles signals."""
+
+    def __init__(self, nodes: Sequence[NodeState], sessions: Sequence[Session], notes: Notes,
+                 grace: float, on_first_stop: Callable[[], None] = lambda: None) -> None:
+        self.nodes = nodes
+        self.sessions = sessions  # the caller may still be adding to it while nodes start
+        self.notes = notes
+        self.grace = grace
+        self.on_first_stop = on_first_stop
+        self.stopping = False
+        self.reason = ""
+        self.wall: float | None = None  # when the stop began (wall clock)
+        self.deadline = 0.0  # monotonic: every agent should have reported by then
+        self.signal_count = 0
+        self.pending_signals: list[int] = []
+        self.interrupted_by: int | None = None
+
+    def interrupt(self, signum: int) -> None:
+        """Called from a signal handler: only note it; the loop acts on it."""
+        self.pending_signals.append(signum)
+
+    def begin(self, grace: float, reason: str) -> None:
+        """Stop every node still running; a later call may only shorten the grace."""
+        first = not self.stopping
+        if first:
+            self.stopping = True
+            self.reason = reason
+            self.wall = time.time()
+        self.deadline = time.monotonic() + grace + STOP_MARGIN_S
+        for session in self.sessions:
+            if not self.nodes[session.index].done:
+                session.send("kill" if grace <= 0 else f"stop {grace:g}")
+        if first:
+            self.on_first_stop()
+
+    def handle_signals(self) -> None:
+        """The first Ctrl-C/SIGTERM stops with the grace; the second kills at once."""
+        while self.pending_signals:
+            signum = self.pending_signals.pop(0)
+            self.signal_count += 1
+            self.interrupted_by = self.interrupted_by or signum
+            name = signal.Signals(signum).name
+            if self.signal_count == 1:
+                self.notes.note(f"{name}: stopping the run on every node "
+                                f"(grace {self.grace:g} s; Ctrl-C again to kill at once)")
+                self.begin(self.grace, f"{name} to the orchestrator")
+            else:
+                self.notes.note(f"{name} again: killing every process of the run now")
+                self.begin(0, f"{name} twice")
+
+    def overdue(self, now: float) -> bool:
+        """Stopping, and past the time by which every agent should have reported."""
+        return self.stopping and now > self.deadline
+
+    def caused(self, when: float) -> bool:
+        """Whether an exit at wall-clock `when` came after the stop began (so from it)."""
+        return self.stopping and self.wall is not None and when >= self.wall
+
+    def heartbeat(self) -> None:
+        for session in self.sessions:
+            if not self.nodes[session.index].done:
+                session.send("hb")
+
+
+@contextlib.contextmanager
+def signals_to(target: Stopper | object) -> Iterator[None]:
+    """Route SIGINT/SIGTERM to `target.interrupt` for the duration of a run."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {}
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        previous[signum] = signal.signal(signum, lambda num, _frame: target.interrupt(num))
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)

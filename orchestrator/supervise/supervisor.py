@@ -1,0 +1,202 @@
+"""Supervision: watch every node's agent; on the first failure, a lost node, Ctrl-C or
+SIGTERM, stop the run on every node; decide the outcome and who failed first.
+
+Runs in the controller's main thread. Reader threads (one per node) put `Event`s on a
+queue; signal handlers only set a flag. Every state change is written to status.json.
+The loop here turns events into reports to the `Detector` and, when it says the run must
+stop, into a stop by the `Stopper`.
+"""
+
+from __future__ import annotations
+
+import queue
+import time
+from collections.abc import Callable, Sequence
+
+from orchestrator.logs import LogSink
+from orchestrator.nodes import Event, NodeSession
+from orchestrator.runs import now_iso
+from orchestrator.supervise.detect import Detector
+from orchestrator.supervise.state import NodeState, Outcome, RankState
+from orchestrator.supervise.stopping import Stopper
+
+HEARTBEAT_S = 1.0
+MAX_EVENTS_PER_STEP = 256  # then flush and look at heartbeats and signals again
+
+
+class Supervisor:
+    """Drive a started run to its end and say how it ended."""
+
+    def __init__(self, nodes: Sequence[NodeState], ranks: Sequence[RankState],
+                 sessions: Sequence[NodeSession], events: queue.Queue[Event], sink: LogSink,
+                 *, grace: float, heartbeat_timeout: float, stop_on_failure: bool = True,
+                 time_limit: float | None = None, max_restarts: int = 0,
+                 on_change: Callable[[Supervisor], None] = lambda sup: None) -> None:
+        self.events = events
+        self.sink = sink
+        self.grace = grace
+        self.heartbeat_timeout = heartbeat_timeout
+        self.time_limit = time_limit
+        self.timed_out = False
+        self.on_change = on_change
+        self.stopper = Stopper(nodes, sessions, sink, grace,
+                               on_first_stop=lambda: self.on_change(self))
+        self.detector = Detector(nodes, ranks, sink, self.stopper,
+                                 stop_on_failure=stop_on_failure, max_restarts=max_restarts)
+        self.nodes = self.detector.nodes
+        self.ranks = self.detector.ranks
+        self.stopper.nodes = self.nodes
+        self.started_wall = self.detector.started_wall
+
+    # --- what callers read and set (the SLURM follower drives a supervisor by hand) -----
+
+    @property
+    def stopping(self) -> bool:
+        return self.stopper.stopping
+
+    @property
+    def stop_reason(self) -> str:
+        return self.stopper.reason
+
+    @property
+    def stop_wall(self) -> float | None:
+        return self.stopper.wall
+
+    @stop_wall.setter
+    def stop_wall(self, when: float | None) -> None:
+        self.stopper.wall = when
+
+    @property
+    def interrupted_by(self) -> int | None:
+        return self.stopper.interrupted_by
+
+    @interrupted_by.setter
+    def interrupted_by(self, signum: int | None) -> None:
+        self.stopper.interrupted_by = signum
+
+    def interrupt(self, signum: int) -> None:
+        """Called from a signal handler: only note it; the loop acts on it."""
+        self.stopper.interrupt(signum)
+
+    def begin_stop(self, grace: float, reason: str) -> None:
+        self.stopper.begin(grace, reason)
+
+    # --- the loop -----------------------------------------------------------------------
+
+    def run(self) -> Outcome:
+        last_hb = time.monotonic()
+        self.on_change(self)
+        while not all(node.done for node in self.nodes):
+            try:
+                event: Event | None = self.events.get(timeout=0.1)
+            except queue.Empty:
+                event = None
+            handled = 0
+            while event is not None:
+                self.handle(event)
+                handled += 1
+                if handled >= MAX_EVENTS_PER_STEP:
+                    break
+                try:
+                    event = self.events.get_nowait()
+                except queue.Empty:
+                    event = None
+            self.sink.flush()
+            now = time.monotonic()
+            if now - last_hb >= HEARTBEAT_S:
+                last_hb = now
+                self.stopper.heartbeat()
+            self.stopper.handle_signals()
+            for node, why in self.detector.silent_nodes(now, self.heartbeat_timeout):
+                self.node_lost(node, why)
+            if self.time_limit is not None and not self.timed_out and \
+                    time.time() - self.started_wall > self.time_limit:
+                self.timed_out = True
+                self.begin_stop(0, f"time limit of {self.time_limit:g} s reached")
+        self.sink.flush()
+        outcome = self.outcome()
+        self.on_change(self)
+        return outcome
+
+    def handle(self, event: Event) -> None:
+        node = self.nodes[event.node]
+        node.last_heard = time.monotonic()
+        kind = event.kind
+        if kind == "O":
+            rank = int(event.fields[0])
+            self.sink.rank_output(rank, event.data)
+            if rank in self.ranks and self.ranks[rank].state == "restarting":
+                self.rank_restarted(self.ranks[rank])
+        elif kind == "N":
+            self.sink.node_output(node.index, event.data)
+        elif kind == "H":
+            pass
+        elif kind == "M":
+            self.sink.note(f"{node.host}: {event.data.decode(errors='replace').strip()}")
+        elif kind == "S":
+            node.state, node.pid, node.started_at = "running", int(event.fields[0]), \
+                float(event.fields[1])
+            for rank in node.ranks:
+                self.ranks[rank].state = "running"
+            self.on_change(self)
+        elif kind == "F":
+            self.ranks[int(event.fields[0])].error_file = event.data.decode(errors="replace")
+        elif kind == "E":
+            self.rank_exited(int(event.fields[0]), int(event.fields[1]), float(event.fields[2]))
+        elif kind == "X":
+            self.node_exited(node, int(event.fields[0]) if event.fields[0] != "None" else None,
+                             float(event.fields[1]))
+        elif kind == "EOF" and not node.done:
+            detail = event.data.decode(errors="replace").strip()
+            self.node_lost(node, "its agent ended without reporting"
+                           + (f": {detail.splitlines()[-1]}" if detail else ""))
+
+    # --- reports: the detector decides, the stopper acts --------------------------------
+
+    def rank_exited(self, rank: int, code: int, when: float) -> None:
+        self._stop_if(self.detector.rank_exited(rank, code, when))
+
+    def node_exited(self, node: NodeState, code: int | None, when: float) -> None:
+        self._stop_if(self.detector.node_exited(node, code, when))
+
+    def node_lost(self, node: NodeState, why: str) -> None:
+        self._stop_if(self.detector.node_lost(node, why))
+
+    def rank_restarted(self, rank: RankState) -> None:
+        """Output after a rank's exit: torchrun started it again."""
+        rank.state, rank.exit_code, rank.ended_at = "running", None, None
+        self.on_change(self)
+
+    def _stop_if(self, reason: str | None) -> None:
+        if reason is not None:
+            self.begin_stop(self.grace, reason)
+        self.on_change(self)
+
+    # --- the end ------------------------------------------------------------------------
+
+    def outcome(self) -> Outcome:
+        return self.detector.outcome(self.timed_out)
+
+    def status(self) -> dict:
+        """The supervision part of status.json."""
+        def when(t: float | None) -> str | None:
+            return now_iso(t) if t is not None else None
+
+        return {
+            "stopping": self.stopping,
+            "stop_reason": self.stop_reason or None,
+            "restarts": len(self.detector.rounds.restarts(self.detector.gave_up)),
+            "restart_causes": self.detector.restart_lines(),
+            "nodes": [
+                {"node_rank": n.index, "host": n.host, "state": n.state,
+                 "exit_code": n.exit_code, "pid": n.pid, "started_at": when(n.started_at),
+                 "ended_at": when(n.ended_at), "detail": n.detail or None}
+                for n in self.nodes
+            ],
+            "ranks": [
+                {"rank": r.rank, "node_rank": r.node, "local_rank": r.local_rank,
+                 "host": r.host, "state": r.state, "exit_code": r.exit_code,
+                 "ended_at": when(r.ended_at)}
+                for r in sorted(self.ranks.values(), key=lambda r: r.rank)
+            ],
+        }

@@ -1,0 +1,271 @@
+"""Supervision's parts without a cluster: stopping (what each node is told, signals),
+failure detection (who failed first, lost nodes, outcomes) and the loop that joins them.
+The agent sessions are fakes: the end-to-end behaviour is in test_supervision_cluster.py."""
+
+from __future__ import annotations
+
+import queue
+import signal
+import time
+from pathlib import Path
+
+from orchestrator.logs import LogSink
+from orchestrator.nodes import Event
+from orchestrator.supervise import NodeState, RankState, Supervisor, describe_exit
+from orchestrator.supervise.detect import Detector
+from orchestrator.supervise.stopping import STOP_MARGIN_S, Stopper
+
+
+class FakeSession:
+    """A node agent's session as supervision sees it: the command lines sent to it."""
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.sent: list[str] = []
+
+    def send(self, line: str) -> None:
+        self.sent.append(line)
+
+
+class Notes:
+    def __init__(self) -> None:
+        self.notes: list[str] = []
+
+    def note(self, text: str) -> None:
+        self.notes.append(text)
+
+    def last_lines(self, rank: int | None = None, node: int | None = None) -> list[str]:
+        return [f"line of rank {rank}"] if rank is not None else [f"line of node {node}"]
+
+
+def two_nodes() -> tuple[list[NodeState], list[RankState]]:
+    nodes = [NodeState(0, "a", (0, 1)), NodeState(1, "b", (2, 3))]
+    ranks = [RankState(r, r // 2, r % 2, "ab"[r // 2]) for r in range(4)]
+    return nodes, ranks
+
+
+# --- stopping -------------------------------------------------------------------------
+
+
+def test_stop_goes_to_running_nodes_once_and_only_shortens() -> None:
+    nodes, _ = two_nodes()
+    sessions = [FakeSession(0), FakeSession(1)]
+    nodes[1].done = True
+    first: list[int] = []
+    stopper = Stopper(nodes, sessions, Notes(), grace=5, on_first_stop=lambda: first.append(1))
+    stopper.begin(5, "rank 1 failed")
+    stopper.begin(0, "SIGINT twice")
+    assert sessions[0].sent == ["stop 5", "kill"]
+    assert sessions[1].sent == []  # that node had ended already
+    assert stopper.reason == "rank 1 failed" and first == [1]
+    assert not stopper.overdue(time.monotonic())
+    assert stopper.overdue(time.monotonic() + STOP_MARGIN_S + 1)
+
+
+def test_first_signal_stops_with_grace_second_kills() -> None:
+    nodes, _ = two_nodes()
+    session, notes = FakeSession(0), Notes()
+    stopper = Stopper(nodes, [session], notes, grace=7)
+    stopper.interrupt(signal.SIGINT)
+    stopper.handle_signals()
+    stopper.interrupt(signal.SIGTERM)
+    stopper.handle_signals()
+    assert session.sent == ["stop 7", "kill"]
+    assert stopper.interrupted_by == signal.SIGINT  # the first one decides the exit code
+    assert "SIGINT: stopping the run on every node" in notes.notes[0]
+    assert "SIGTERM again: killing" in notes.notes[1]
+
+
+def test_exits_after_the_stop_began_are_its_doing() -> None:
+    nodes, _ = two_nodes()
+    stopper = Stopper(nodes, [], Notes(), grace=1)
+    assert not stopper.caused(time.time())
+    stopper.begin(1, "test")
+    assert stopper.wall is not None
+    assert stopper.caused(stopper.wall + 0.5) and not stopper.caused(stopper.wall - 0.5)
+
+
+# --- detection ------------------------------------------------------------------------
+
+
+def detector(stop_on_failure: bool = True) -> tuple[Detector, Stopper, Notes]:
+    nodes, ranks = two_nodes()
+    notes = Notes()
+    stopper = Stopper(nodes, [], notes, grace=1)
+    return Detector(nodes, ranks, notes, stopper, stop_on_failure=stop_on_failure), \
+        stopper, notes
+
+
+def test_first_failure_is_by_exit_time_not_report_order() -> None:
+    det, stopper, _ = detector()
+    now = time.time()
+    assert det.rank_exited(3, 1, now - 1) == "rank 3 on b failed"
+    stopper.begin(1, "rank 3 on b failed")
+    # Reported later, but it ended earlier, before the stop: a failure, and the first.
+    assert det.rank_exited(1, 2, now - 2) is None
+    assert det.ranks[1].state == "failed"
+    assert det.first_failed_rank().rank == 1
+    outcome = det.outcome()
+    assert (outcome.state, outcome.exit_code) == ("failed", 2)
+    assert "rank 1 (local rank 1) on a ended with exit code 2" in outcome.summary
+    assert "line of rank 1" in outcome.summary
+
+
+def test_ranks_ending_after_the_stop_were_stopped_and_unreported_ones_killed() -> None:
+    det, stopper, _ = detector()
+    stopper.begin(1, "SIGINT to the orchestrator")
+    det.rank_exited(0, 143, time.time() + 1)
+    assert det.ranks[0].state == "stopped"
+    assert det.node_exited(det.nodes[0], 143, time.time()) is None
+    assert det.ranks[1].state == "killed" and det.nodes[0].state == "stopped"
+
+
+def test_node_script_failing_before_any_rank_is_the_cause() -> None:
+    det, _, notes = detector()
+    assert det.node_exited(det.nodes[1], 127, time.time()) == "b failed"
+    assert det.ranks[2].state == "unknown"
+    outcome = det.outcome()
+    assert (outcome.state, outcome.exit_code) == ("failed", 127)
+    assert "node script on b ended with exit code 127 before any rank failed" in outcome.summary
+    assert "node script ended with exit code 127" in notes.notes[0]
+
+
+def test_a_silent_node_is_lost() -> None:
+    det, _, _ = detector()
+    det.nodes[0].last_heard = time.monotonic() - 100
+    (node, why), = det.silent_nodes(time.monotonic(), heartbeat_timeout=30)
+    assert node.host == "a" and "no word from its agent for 100 s" in why
+    assert det.node_lost(node, why) == "a lost"
+    outcome = det.outcome()
+    assert (outcome.state, outcome.exit_code) == ("lost", 1)
+    assert "node a was lost: no word" in outcome.summary
+
+
+def test_without_stop_on_failure_nothing_asks_to_stop() -> None:
+    det, _, _ = detector(stop_on_failure=False)
+    assert det.rank_exited(0, 1, time.time()) is None
+    assert det.node_exited(det.nodes[0], 1, time.time()) is None
+
+
+def test_describe_exit_names_signals() -> None:
+    assert describe_exit(137) == "signal SIGKILL (exit code 137)"
+    assert describe_exit(-15) == "signal SIGTERM"
+    assert describe_exit(3) == "exit code 3"
+    assert describe_exit(None).startswith("no exit status")
+
+
+# --- the loop -------------------------------------------------------------------------
+
+
+def test_loop_stops_every_node_when_a_rank_fails(tmp_path: Path) -> None:
+    nodes, ranks = two_nodes()
+    sessions = [FakeSession(0), FakeSession(1)]
+    events: queue.Queue[Event] = queue.Queue()
+    sink = LogSink(tmp_path, {r: f"r{r}" for r in range(4)}, {0: "a", 1: "b"}, None, False)
+    states: list[str] = []
+    sup = Supervisor(nodes, ranks, sessions, events, sink, grace=3, heartbeat_timeout=30,
+                     on_change=lambda s: states.append("stopping" if s.stopping else "running"))
+    now = time.time()
+    for node in (0, 1):
+        events.put(Event(node, "S", (str(100 + node), f"{now:.6f}")))
+    events.put(Event(1, "O", ("2",), b"Traceback: boom\n"))
+    events.put(Event(1, "E", ("2", "1", f"{now + 1:.6f}")))
+    events.put(Event(0, "X", ("143", f"{now + 2:.6f}")))
+    events.put(Event(1, "X", ("1", f"{now + 2:.6f}")))
+    outcome = sup.run()
+    assert sessions[0].sent[-1] == "stop 3" and sessions[1].sent[-1] == "stop 3"
+    assert (outcome.state, outcome.exit_code) == ("failed", 1)
+    assert "rank 2 (local rank 0) on b" in outcome.summary and "Traceback: boom" in outcome.summary
+    status = sup.status()
+    assert status["stop_reason"] == "rank 2 on b failed"
+    assert [r["state"] for r in status["ranks"]] == ["killed", "killed", "failed", "killed"]
+    assert "stopping" in states
+
+
+# --- restarts (torchrun --max-restarts) ----------------------------------------------
+
+
+def restarting_detector() -> tuple[Detector, Stopper, Notes]:
+    nodes, ranks = two_nodes()
+    notes = Notes()
+    stopper = Stopper(nodes, [], notes, grace=1)
+    return Detector(nodes, ranks, notes, stopper, max_restarts=2), stopper, notes
+
+
+def one_round(det: Detector, t0: float, failing: int, code: int = 3) -> None:
+    """Every rank ends once: `failing` first, the others stopped by their torchrun after."""
+    assert det.rank_exited(failing, code, t0) is None
+    for rank in range(4):
+        if rank != failing:
+            assert det.rank_exited(rank, 143, t0 + 0.5 + rank) is None
+
+
+def test_a_failure_with_restarts_left_is_a_restart_named_by_its_first_rank() -> None:
+    det, stopper, notes = restarting_detector()
+    t0 = det.started_wall
+    det.rank_exited(1, 143, t0 + 6)  # reported first, but rank 2 failed before it
+    det.rank_exited(2, 3, t0 + 5)
+    det.rank_exited(0, 143, t0 + 6.1)
+    det.rank_exited(3, 143, t0 + 6.2)
+    assert not stopper.stopping
+    assert {r.state for r in det.ranks.values()} == {"restarting"}
+    assert len([n for n in notes.notes if "torchrun restarts the workers" in n]) == 1
+    assert det.restart_lines() == ["restart 1: rank 2 on b ended with exit code 3 after 5.0 s"]
+    for rank in range(4):  # the second attempt succeeds
+        det.rank_exited(rank, 0, t0 + 20)
+    for node in det.nodes:
+        assert det.node_exited(node, 0, t0 + 21) is None
+    outcome = det.outcome()
+    assert (outcome.state, outcome.exit_code) == ("succeeded", 0)
+    assert outcome.summary == ("restarted 1 time(s) (--max-restarts 2):\n"
+                               "  restart 1: rank 2 on b ended with exit code 3 after 5.0 s")
+
+
+def test_when_torchrun_gives_up_the_last_round_is_the_failure() -> None:
+    det, stopper, _ = restarting_detector()
+    t0 = det.started_wall
+    one_round(det, t0 + 1, failing=2)
+    one_round(det, t0 + 10, failing=0, code=-11)
+    one_round(det, t0 + 20, failing=2, code=4)
+    # torchrun on b has used its 2 restarts: its node script fails, the run stops.
+    assert det.node_exited(det.nodes[1], 1, t0 + 25) == "b failed"
+    stopper.begin(1, "b failed")
+    det.node_exited(det.nodes[0], 143, t0 + 26)
+    outcome = det.outcome()
+    assert (outcome.state, outcome.exit_code) == ("failed", 4)
+    assert outcome.summary.startswith("job failed: rank 2 (local rank 0) on b ended with exit "
+                                      "code 4 after 20.0 s")
+    assert outcome.summary.endswith(
+        "restarted 2 time(s) (--max-restarts 2):\n"
+        "  restart 1: rank 2 on b ended with exit code 3 after 1.0 s\n"
+        "  restart 2: rank 0 on a ended with signal SIGSEGV after 10.0 s")
+    assert det.ranks[2].state == "failed"
+
+
+def test_exits_from_our_own_stop_are_not_restarts() -> None:
+    det, stopper, _ = restarting_detector()
+    stopper.begin(1, "SIGINT to the orchestrator")
+    det.rank_exited(0, 143, time.time() + 1)
+    assert det.ranks[0].state == "stopped" and det.restart_lines() == []
+
+
+def test_loop_counts_a_restart_and_sees_the_rank_again(tmp_path: Path) -> None:
+    nodes, ranks = two_nodes()
+    events: queue.Queue[Event] = queue.Queue()
+    sink = LogSink(tmp_path, {r: f"r{r}" for r in range(4)}, {0: "a", 1: "b"}, None, False)
+    seen: list[dict] = []
+    sup = Supervisor(nodes, ranks, [FakeSession(0), FakeSession(1)], events, sink, grace=3,
+                     heartbeat_timeout=30, max_restarts=1,
+                     on_change=lambda s: seen.append(s.status()))
+    now = time.time()
+    events.put(Event(1, "E", ("3", "1", f"{now:.6f}")))
+    events.put(Event(1, "O", ("3",), b"attempt 1\n"))
+    for rank in range(4):
+        events.put(Event(rank // 2, "E", (str(rank), "0", f"{now + 5:.6f}")))
+    for node in (0, 1):
+        events.put(Event(node, "X", ("0", f"{now + 6:.6f}")))
+    outcome = sup.run()
+    assert outcome.state == "succeeded" and "restart 1: rank 3 on b" in outcome.summary
+    assert any(s["restarts"] == 1 and s["ranks"][3]["state"] == "restarting" for s in seen)
+    assert any(s["ranks"][3]["state"] == "running" for s in seen)  # its output came again
+    assert sup.status()["restarts"] == 1 and not sup.stopping
