@@ -13,21 +13,11 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from importlib import resources
 
-from orchestrator.agent import IDLE_S, encode_config, length_prefixed
+from orchestrator.agent import IDLE_S, agent_source, encode_config, length_prefixed
 from orchestrator.backends.base import AgentChannel, IdleAgent, NodeConnection
 
 REUSE_WITHIN_S = IDLE_S / 3  # an agent idle for longer may be about to leave: start another
-
-_AGENT_SOURCE: bytes | None = None
-
-
-def agent_source() -> bytes:
-    global _AGENT_SOURCE
-    if _AGENT_SOURCE is None:
-        _AGENT_SOURCE = resources.files("orchestrator").joinpath("agent.py").read_bytes()
-    return _AGENT_SOURCE
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from orchestrator.agent import BOOTSTRAP, encode_config, frame, length_prefixed
+from orchestrator.agent.bootstrap import agent_argv, agent_source
+from orchestrator.agent.loader import install
+from orchestrator.agent.protocol import CommandReader
 from orchestrator.nodes import FrameParser
 
 PROPERTY = settings(max_examples=60, deadline=None)
@@ -192,3 +195,41 @@ def test_commands_do_not_read_the_login_shell_rc_file_again(tmp_path) -> None:
     proc.wait(timeout=30)
     assert seen["N"][0][1] == b"level 2\n"
     assert not (tmp_path / "bashrc-was-read").exists()
+
+
+# --- commands, the loader, and the agent shipped as several modules ----------------------
+
+
+def test_commands_are_read_from_whole_lines_however_they_arrive() -> None:
+    reader = CommandReader()
+    assert reader.feed(b"hb\nst") == []
+    assert reader.feed(b"op 2.5\n\nkill\nstop\nbogus\n") == [
+        ("stop", 2.5), ("kill", 0.0), ("stop", None)]
+    assert reader.feed(b"kil") == [] and reader.feed(b"l\n") == [("kill", 0.0)]
+
+
+def test_loader_installs_modules_that_import_each_other() -> None:
+    modules = [("lab_pkg.sub.low", "VALUE = 41\n"),
+               ("lab_pkg.sub.high", "from lab_pkg.sub.low import VALUE\nANSWER = VALUE + 1\n"),
+               ("lab_pkg.top", "import lab_pkg.sub.high\nANSWER = lab_pkg.sub.high.ANSWER\n")]
+    try:
+        top = install(modules)
+        assert top is sys.modules["lab_pkg.top"] and top.ANSWER == 42
+        assert sys.modules["lab_pkg"].sub.high.ANSWER == 42
+        assert sys.modules["lab_pkg.sub"].__path__ == []  # nothing else is found from disk
+        with pytest.raises(ImportError):
+            __import__("lab_pkg.sub.missing")
+    finally:
+        for name in [n for n in sys.modules if n == "lab_pkg" or n.startswith("lab_pkg.")]:
+            del sys.modules[name]
+
+
+def test_the_agent_runs_isolated_with_nothing_but_what_it_is_sent(tmp_path) -> None:
+    # As on a node: -I -S, started where no orchestrator package can be imported from.
+    proc = subprocess.Popen(agent_argv(sys.executable, "test"), stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path)
+    proc.stdin.write(length_prefixed(agent_source()))
+    seen = run_step(proc, b"", ["bash", "-c", "echo isolated"])
+    proc.stdin.close()
+    assert proc.wait(timeout=30) == 0, proc.stderr.read().decode()
+    assert seen["N"][0][1] == b"isolated\n" and seen["X"][0][0][0] == "0"

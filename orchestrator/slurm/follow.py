@@ -1,44 +1,36 @@
 """Following a submitted SLURM job to its end, as `launch --backend slurm` shows it.
 
-squeue says queued/running; once nodes run, each node's files under
-`<run>/nodes/attempt<restart>/node<K>/` (rank-R.out/.exit, node.out/.start/.exit, written
-by the sbatch script on the shared file system) are tailed into the same `LogSink` the SSH
+Polling: squeue (sacct once it has ended) says queued/running/ended. Once nodes run, an
+attempt's files are streamed (orchestrator.slurm.stream) into the same `LogSink` the SSH
 path uses, and rank and node exits drive a `Supervisor` without sessions (SLURM stops the
 nodes: srun --kill-on-bad-exit, scancel), which decides the first failing rank and writes
-the same summaries and status. A requeued job starts a new attempt. Ctrl-C cancels the
-job (scancel) and waits until squeue no longer lists it.
+the same summaries and status; orchestrator.slurm.outcome says how the job ended. A
+requeued job starts a new attempt. Ctrl-C cancels the job (scancel) and waits until squeue
+no longer lists it.
 """
 
 from __future__ import annotations
 
-import os
 import queue
 import signal
 import time
 from pathlib import Path
 from typing import BinaryIO
 
-from orchestrator.agent import RankFile
+from orchestrator.agent.ranks import RankFile
 from orchestrator.errors import ConfigError, OrchestratorError
-from orchestrator.logs import LogSink, last_lines_of
+from orchestrator.logs import LogSink
 from orchestrator.runs import RunRecord, now_iso
 from orchestrator.slurm import commands as slurm
 from orchestrator.slurm.commands import JobInfo, SlurmCommands
+from orchestrator.slurm.outcome import job_outcome
 from orchestrator.slurm.render import PORT_BASE, PORT_SPAN, SCRIPT_NAME, SlurmJob
+from orchestrator.slurm.stream import READ_BYTES, AttemptFiles
 from orchestrator.supervise import NodeState, Outcome, RankState, Supervisor, describe_exit
 
 POLL_S = 1.0  # squeue at most this often
 FILES_S = 0.1  # rank files this often
 UNREACHABLE_GRACE_S = 120.0  # how long squeue may fail before the launcher gives up
-JOB_ENDINGS = {
-    "TIMEOUT": "it reached its time limit (--time)",
-    "CANCELLED": "it was cancelled (scancel)",
-    "NODE_FAIL": "a node of it failed",
-    "PREEMPTED": "it was preempted",
-    "OUT_OF_MEMORY": "it ran out of memory",
-    "DEADLINE": "it reached its deadline",
-    "BOOT_FAIL": "a node failed to boot",
-}
 
 
 class Follower:
@@ -51,10 +43,7 @@ class Follower:
         self.sink = LogSink(record.logs_dir, {}, {}, console, color)
         self.sup: Supervisor | None = None
         self.info = JobInfo(state="PENDING")
-        self.attempt_dir: Path | None = None
-        self.rank_files: dict[int, RankFile] = {}
-        self.node_files: dict[int, RankFile] = {}
-        self.exited: set[int] = set()
+        self.files: AttemptFiles | None = None
         self.batch = RankFile(-1, str(record.path / f"slurm-{job_id}.out"))
         self.signals: list[int] = []
         self.interrupted_by: int | None = None
@@ -177,11 +166,10 @@ class Follower:
             hosts = []
         if len(hosts) != job.nnodes:
             hosts = [f"node{k}" for k in range(job.nnodes)]
-        self.attempt_dir = Path(job.job_dir or "") / f"attempt{details.restarts}"
-        for old in [*self.rank_files.values(), *self.node_files.values()]:
-            if old.fd is not None:  # the previous attempt's files
-                os.close(old.fd)
-        self.rank_files, self.node_files = {}, {}
+        if self.files is not None:  # the previous attempt's
+            self.files.close()
+        self.files = AttemptFiles(Path(job.job_dir or "") / f"attempt{details.restarts}",
+                                  job.nnodes, job.nproc)
         nodes, ranks, labels = [], [], {}
         for k, host in enumerate(hosts):
             node_ranks = range(k * job.nproc, (k + 1) * job.nproc)
@@ -189,10 +177,6 @@ class Follower:
             for local, rank in enumerate(node_ranks):
                 ranks.append(RankState(rank, k, local, host))
                 labels[rank] = f"{host} r{rank}"
-                self.rank_files[rank] = RankFile(rank, str(self._node_dir(k) /
-                                                           f"rank-{rank}.out"))
-            self.node_files[k] = RankFile(k, str(self._node_dir(k) / "node.out"))
-        self.exited = set()
         self.sink.close()
         self.sink = LogSink(self.record.logs_dir, labels, dict(enumerate(hosts)), self.console,
                             self.color)
@@ -206,50 +190,14 @@ class Follower:
             self.sup.begin_stop(0, f"{signal.Signals(self.interrupted_by).name} to the "
                                 "orchestrator")
 
-    def _node_dir(self, k: int) -> Path:
-        assert self.attempt_dir is not None
-        return self.attempt_dir / f"node{k}"
-
     # --- files --------------------------------------------------------------------------
 
     def _pump(self) -> None:
-        """Pass on new output; record node starts, rank exits and node exits."""
-        batch = self.batch.read_lines(1 << 20)
-        for line in batch.decode(errors="replace").splitlines():
+        """Pass on the batch script's new output and, once nodes run, the attempt's."""
+        for line in self.batch.read_lines(READ_BYTES).decode(errors="replace").splitlines():
             self.sink.note(f"batch: {line}")
-        if self.sup is None:
-            self.sink.flush()
-            return
-        sup = self.sup
-        for rank, rank_file in self.rank_files.items():
-            if data := rank_file.read_lines(1 << 20):
-                self.sink.rank_output(rank, data)
-        for node in sup.nodes:
-            if node.state == "starting" and (start := _read_line(self._node_dir(node.index) /
-                                                                  "node.start")):
-                node.state, node.started_at = "running", float(start[1])
-                for rank in node.ranks:
-                    sup.ranks[rank].state = "running"
-                sup.on_change(sup)
-            if data := self.node_files[node.index].read_lines(1 << 20):
-                self.sink.node_output(node.index, data)
-        ended = []
-        for rank, rank_file in self.rank_files.items():
-            fields = None if rank in self.exited else _read_line(
-                self._node_dir(sup.ranks[rank].node) / f"rank-{rank}.exit")
-            if fields and rank_file.at_end():
-                self.sink.rank_output(rank, rank_file.rest())
-                ended.append((float(fields[1]), rank, int(fields[0]), fields[2:]))
-        for when, rank, code, error_file in sorted(ended):
-            self.exited.add(rank)
-            if error_file and os.path.isfile(error_file[0]):
-                sup.ranks[rank].error_file = Path(error_file[0]).read_text(errors="replace")
-            self._rank_exited(rank, code, when)
-        for node in sup.nodes:
-            if not node.done and (fields := _read_line(self._node_dir(node.index) /
-                                                       "node.exit")):
-                self.sink.node_output(node.index, self.node_files[node.index].rest())
-                sup.node_exited(node, int(fields[0]), float(fields[1]))
+        if self.sup is not None and self.files is not None:
+            self.files.pump(self.sink, self.sup, self._rank_exited)
         self.sink.flush()
 
     def _rank_exited(self, rank: int, code: int, when: float) -> None:
@@ -263,58 +211,6 @@ class Follower:
             sup.begin_stop(0, f"rank {rank} on {host} failed")
             sup.stop_wall = when  # ranks that end after it were stopped, not failed
 
-    # --- the end ------------------------------------------------------------------------
-
     def _outcome(self) -> Outcome:
-        info, sup = self.info, self.sup
-        if sup is not None:
-            for node in sup.nodes:
-                if not node.done:  # SLURM ended it before its script could say so
-                    node.done, node.ended_at = True, time.time()
-                    node.state = "stopped" if sup.stopping else "failed"
-                    node.detail = f"ended by SLURM (job {info.state})"
-                    for rank in node.ranks:
-                        if sup.ranks[rank].exit_code is None:
-                            sup.ranks[rank].state = "killed" if sup.stopping else "unknown"
-            if self.interrupted_by is not None:
-                sup.interrupted_by = self.interrupted_by
-        ranks = sup.outcome() if sup is not None else None
-        job_code = info.exit_code if info.exit_code else 1
-        name = f"SLURM job {self.job_id}"
-        if self.interrupted_by is not None:
-            signame = signal.Signals(self.interrupted_by).name
-            return Outcome("stopped", 128 + self.interrupted_by,
-                           f"stopped by {signame}: {name} cancelled")
-        if info.state == "COMPLETED" and (ranks is None or ranks.state == "succeeded"):
-            return Outcome("succeeded", 0)
-        if info.state in JOB_ENDINGS:
-            summary = f"job ended: {name} ended {info.state}: {JOB_ENDINGS[info.state]}"
-            if ranks is not None and ranks.summary:
-                summary += "\n" + ranks.summary
-            return Outcome("stopped" if info.state == "CANCELLED" else "failed", job_code,
-                           summary)
-        started = sup is not None and any(n.started_at is not None for n in sup.nodes)
-        if ranks is not None and started and (ranks.state != "succeeded" or
-                                              info.state == "UNKNOWN"):
-            return ranks
-        tail = [line.decode(errors="replace").rstrip("\n") for line in
-                _last_lines(self.batch.path)]
-        lines = [f"job failed: {name} ended {info.state} with {describe_exit(job_code)}"
-                 + (" and no rank failed" if started else " before any node started its ranks")]
-        if tail:
-            lines += [f"last {len(tail)} line(s) of {self.batch.path}:"]
-            lines += [f"  {line}" for line in tail]
-        return Outcome("failed", job_code, "\n".join(lines))
-
-
-def _read_line(path: Path) -> list[str] | None:
-    """The fields of a one-line file the script writes (None until it is complete)."""
-    try:
-        text = path.read_text(encoding="utf-8", errors="replace")
-    except (FileNotFoundError, NotADirectoryError):
-        return None
-    return text.split() if text.endswith("\n") and text.strip() else None
-
-
-def _last_lines(path: str, count: int = 20) -> list[bytes]:
-    return last_lines_of(Path(path), count)
+        return job_outcome(self.job_id, self.info, self.sup, self.interrupted_by,
+                           Path(self.batch.path))

@@ -1,0 +1,21 @@
+"""The node agent: a package on the controller, one process on each node (see main.py).
+
+protocol.py   frames to the controller, commands and step configs from it
+processes.py  the node script in a session of its own, the subreaper, stopping everything
+shipping.py   the outbox to the controller, masking, the script's output as whole lines
+ranks.py      each rank's output file as whole lines, then its exit
+main.py       the agent: one loop tying them together, step after step
+loader.py     runs first on a node: makes the modules above importable from their source
+bootstrap.py  controller side: the agent's command line and the source it is sent
+
+Only what the controller needs is imported here; on a node this package is an empty module
+and the modules are installed by loader.py.
+"""
+
+from __future__ import annotations
+
+from orchestrator.agent.bootstrap import BOOTSTRAP, agent_argv, agent_source
+from orchestrator.agent.protocol import IDLE_S, encode_config, frame, length_prefixed
+
+__all__ = ["BOOTSTRAP", "IDLE_S", "agent_argv", "agent_source", "encode_config", "frame",
+           "length_prefixed"]

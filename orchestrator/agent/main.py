@@ -1,0 +1,179 @@
+"""The node agent: runs on every node for the length of a run, standard library only.
+
+The controller starts it with the node's interpreter (a local subprocess or an SSH exec
+channel) through `BOOTSTRAP`, then sends its modules' source and a JSON config over stdin
+(orchestrator.agent.bootstrap). The agent then:
+
+- starts the node script (`bash nodeN.sh`) or a command in a session of its own, and
+  becomes the child subreaper (processes.py);
+- streams each rank's output as whole lines, the script's own output (torchrun's), and each
+  rank's exit code and time (ranks.py, shipping.py), in the frames of protocol.py;
+- stops everything on `stop GRACE` (SIGTERM to every descendant, SIGKILL to what is left
+  after GRACE seconds), at once on `kill`, and by itself when the controller goes away:
+  stdin closes (controller killed, connection dropped) or no heartbeat for a while
+  (network lost).
+
+After X the agent waits (up to IDLE_S) for another step of the same run: a `next` line and
+a length-prefixed config. So the launch's preflight probe and its job share one agent, and
+one SSH session (one login shell), per node. It ends when stdin closes.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import time
+
+from orchestrator.agent.processes import (
+    ProcessTree,
+    become_subreaper,
+    claim_node_dir,
+    script_command,
+)
+from orchestrator.agent.protocol import (
+    HEARTBEAT_S,
+    IDLE_S,
+    CommandReader,
+    frame,
+    next_config,
+    read_config,
+)
+from orchestrator.agent.ranks import NodeRanks
+from orchestrator.agent.shipping import Outbox, PipeLines
+
+# Type names only, not imported at run time (see processes.py).
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import IO
+
+POLL_S = 0.02
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+
+
+class Agent:
+    """One step of a run on this node: start it, ship its output, stop it when told."""
+
+    def __init__(self, config: dict) -> None:
+        self.config = config
+        self.outbox = Outbox(config.get("secrets", []))
+        self.processes = ProcessTree(self.outbox.message)
+        node_dir = config.get("node_dir")
+        self.node_dir = os.path.expanduser(node_dir) if node_dir else None
+        self.ranks = NodeRanks(self.node_dir, config.get("ranks", []), self.outbox)
+        self.script_out: PipeLines | None = None
+        self.commands = CommandReader()
+        self.stdin_open = True
+        self.controller_silent = False
+        self.lock: IO[str] | None = None
+        self.last_hb_in = time.monotonic()
+        self.last_hb_out = 0.0
+
+    def stop(self, reason: str, grace: float | None = None) -> None:
+        """Stop the step's processes: after the config's grace unless told another."""
+        self.processes.begin_stop(float(self.config.get("grace", 10)) if grace is None
+                                  else grace, reason)
+
+    def start(self) -> None:
+        if self.node_dir:
+            self.lock = claim_node_dir(self.node_dir)
+        proc = self.processes.start(*script_command(self.config, self.node_dir))
+        self.script_out = PipeLines(proc.stdout)
+        self.outbox.send(frame("S", proc.pid, f"{time.time():.6f}"))
+
+    def run(self) -> int:
+        become_subreaper()
+        signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+        # A signal to the agent itself (e.g. the node shutting down) is an orderly stop.
+        for signum in STOP_SIGNALS:
+            signal.signal(signum, lambda *_: self.stop("agent signalled"))
+        os.set_blocking(1, False)
+        try:
+            self.start()
+        except OSError as exc:
+            self.outbox.message(f"cannot start: {exc}")
+            self.outbox.send(frame("X", 127, f"{time.time():.6f}"))
+            self.outbox.flush(10)
+            return 127
+        while True:
+            self.step()
+            if self.finished():
+                break
+        self.ranks.drain(10 if self.stdin_open else 2)
+        self.ranks.ship_exits()
+        self.ranks.mask_files()
+        self.outbox.send(frame("X", self.processes.script_rc, f"{time.time():.6f}"))
+        self.outbox.flush(10 if self.stdin_open else 2)
+        return 0
+
+    def may_wait_for_next(self) -> bool:
+        """After run(): the controller got everything and is still there to send more."""
+        return self.stdin_open and self.outbox.open and not self.outbox.data and \
+            not self.controller_silent
+
+    def step(self) -> None:
+        script_out = self.script_out if self.script_out and self.script_out.pipe else None
+        readers = [0] if self.stdin_open else []
+        if script_out is not None:
+            readers.append(script_out.pipe.fileno())
+        writers = [1] if self.outbox.data and self.outbox.open else []
+        try:
+            readable, writable, _ = select.select(readers, writers, [], POLL_S)
+        except InterruptedError:
+            return
+        if 1 in writable:
+            self.outbox.write_some()
+        if 0 in readable:
+            self.read_commands()
+        if script_out is not None and script_out.pipe.fileno() in readable and \
+                (data := script_out.read_lines()):
+            self.outbox.send_masked("N", payload=data)
+        self.ranks.ship_output()
+        self.ranks.ship_exits()
+        self.processes.reap()
+        now = time.monotonic()
+        if now - self.last_hb_out >= HEARTBEAT_S:
+            self.last_hb_out = now
+            self.outbox.send(frame("H", f"{time.time():.6f}"))
+        timeout = float(self.config.get("heartbeat_timeout", 30))
+        if timeout > 0 and now - self.last_hb_in > timeout and not self.processes.stopping:
+            self.controller_silent = True
+            self.stop(f"no word from the controller for {timeout:g} s")
+        if self.processes.stopping or self.processes.script_rc is not None:
+            self.processes.enforce_stop(now, self.ranks.all_exited())
+
+    def finished(self) -> bool:
+        if self.processes.script_rc is None:
+            return False
+        alive = self.processes.descendants()
+        if alive and not self.processes.stopping:
+            self.stop(f"{len(alive)} process(es) left running after the node script ended")
+        script_output_open = self.script_out is not None and self.script_out.pipe is not None
+        return not alive and not script_output_open
+
+    def read_commands(self) -> None:
+        try:
+            chunk = os.read(0, 65536)
+        except OSError:
+            chunk = b""
+        if not chunk:
+            self.stdin_open = False
+            self.stop("the controller's connection closed")
+            return
+        self.last_hb_in = time.monotonic()
+        for command, grace in self.commands.feed(chunk):
+            self.stop(f"{command} requested", grace)
+
+
+def main() -> int:
+    config: dict | None = read_config()
+    while True:
+        agent = Agent(config)
+        rc = agent.run()
+        if not agent.may_wait_for_next():
+            return rc
+        for signum in STOP_SIGNALS:
+            signal.signal(signum, signal.SIG_DFL)  # nothing runs now: a signal just ends it
+        config = next_config(IDLE_S)
+        if config is None:
+            return rc

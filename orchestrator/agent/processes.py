@@ -1,0 +1,200 @@
+"""Process control: the node script in a session of its own, and stopping all it started.
+
+The agent becomes the child subreaper, so every process of the run stays its descendant
+even when torchrun dies first; a stop is SIGTERM to every descendant and SIGKILL to what is
+left after the grace. It only ever signals its own descendants: nothing else on the node.
+
+Standard library only: this module runs on the nodes too (see orchestrator.agent.bootstrap).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import signal
+import subprocess
+import time
+
+# Type names only (annotations are never evaluated here): importing typing would cost
+# every agent a few ms of start-up on every node.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import IO
+
+PR_SET_CHILD_SUBREAPER = 36
+SCAN_S = 0.05  # how often a stop looks for processes left
+
+
+class ProcessTree:
+    """The node script and everything under it; `say` tells the controller about a stop."""
+
+    def __init__(self, say: Callable[[str], None]) -> None:
+        self.say = say
+        self.proc: subprocess.Popen | None = None
+        self.script_rc: int | None = None
+        self.stopping = False
+        self.stop_deadline = 0.0
+        self.killing = False
+        self.signalled: set[int] = set()
+        self.last_scan = 0.0
+
+    def start(self, argv: list[str], cwd: str, env: dict[str, str]) -> subprocess.Popen:
+        self.proc = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            cwd=cwd, env=env, start_new_session=True,
+        )
+        return self.proc
+
+    def reap(self) -> None:
+        """Collect every ended child (orphans included); note the script's exit code."""
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            if self.proc is not None and pid == self.proc.pid:
+                self.script_rc = os.waitstatus_to_exitcode(status)
+                self.proc.returncode = self.script_rc
+
+    def descendants(self) -> list[int]:
+        return descendants_of(os.getpid())
+
+    def begin_stop(self, grace: float, reason: str) -> None:
+        """SIGTERM to everything now, SIGKILL after `grace`; a shorter grace wins."""
+        deadline = time.monotonic() + grace
+        if self.stopping and deadline >= self.stop_deadline:
+            return
+        first = not self.stopping
+        self.stopping = True
+        self.stop_deadline = deadline
+        if first:
+            pids = self.descendants()
+            if self.proc is not None and self.script_rc is None:
+                signal_group(self.proc.pid, signal.SIGTERM)
+            for pid in pids:
+                signal_pid(pid, signal.SIGTERM)
+            self.signalled.update(pids)
+            if pids:
+                self.say(f"stopping ({reason}): SIGTERM to {len(pids)} process(es), "
+                         f"SIGKILL after {grace:g} s")
+        self.last_scan = 0.0
+
+    def enforce_stop(self, now: float, ranks_done: bool) -> None:
+        """During a stop: SIGTERM to newcomers, SIGKILL to all once the grace is over."""
+        if now - self.last_scan < SCAN_S:
+            return
+        self.last_scan = now
+        pids = self.descendants()
+        if not self.stopping:
+            return
+        if now >= self.stop_deadline:
+            if pids and not self.killing:
+                self.say(f"SIGKILL to {len(pids)} process(es) still running")
+            self.killing = True
+            for pid in pids:
+                signal_pid(pid, signal.SIGKILL)
+        else:
+            for pid in set(pids) - self.signalled:  # started since the stop began
+                signal_pid(pid, signal.SIGTERM)
+            self.signalled.update(pids)
+            if ranks_done and self.proc is not None and self.script_rc is None:
+                # Every rank has ended. What is left of the node script is torchrun's own
+                # exit (a traceback for the signal, then unloading torch: a second or more
+                # of CPU per node), which the stop need not wait for.
+                signal_pid(self.proc.pid, signal.SIGKILL)
+
+
+def script_command(config: dict, node_dir: str | None) -> tuple[list[str], str, dict[str, str]]:
+    """(argv, cwd, env) of the step: the node script written to `node_dir`, or a command."""
+    env = dict(os.environ)
+    # As if started by the login shell that ran the agent: its `exec` lowered SHLVL to
+    # 0, and a `bash -c` seeing SHLVL 0 and SSH_CLIENT takes itself for sshd's session
+    # shell and reads ~/.bashrc again, for every command and every rank (with pyenv or
+    # conda in it, a second or more each). The session shell has read it already.
+    env["SHLVL"] = str(max(1, shell_level(env)))
+    env.update(config.get("env", {}))
+    if node_dir:
+        env["ORCHESTRATOR_NODE_DIR"] = node_dir
+    if config.get("script") is None:
+        return config["argv"], node_dir or os.path.expanduser("~"), env
+    assert node_dir is not None
+    path = os.path.join(node_dir, config["script_name"])
+    with open(path, "w", encoding="utf-8") as handle:
+        handle.write(config["script"])
+    os.chmod(path, 0o755)
+    return ["bash", path], node_dir, env
+
+
+def claim_node_dir(node_dir: str) -> IO[str]:
+    """Hold the node directory for this run (the returned lock, kept open for the run);
+    clear what an earlier run of the same id left."""
+    os.makedirs(node_dir, mode=0o700, exist_ok=True)
+    lock = open(os.path.join(node_dir, ".agent.lock"), "w")  # noqa: SIM115
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.close()
+        raise OSError(f"another run with the same run id is active in {node_dir}") from None
+    for name in os.listdir(node_dir):
+        if name.startswith("rank-"):
+            os.remove(os.path.join(node_dir, name))
+    return lock
+
+
+def descendants_of(root: int) -> list[int]:
+    """Live (non-zombie) descendants of `root`, from one scan of /proc."""
+    children: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as handle:
+                stat = handle.read()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(b")") + 2:].split()
+        if fields[0] in (b"Z", b"X"):
+            continue
+        children.setdefault(int(fields[1]), []).append(int(name))
+    found, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def signal_pid(pid: int, signum: int) -> None:
+    try:
+        os.kill(pid, signum)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def signal_group(pgid: int, signum: int) -> None:
+    try:
+        os.killpg(pgid, signum)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def shell_level(env: dict[str, str]) -> int:
+    """SHLVL (bash's nesting depth) of an environment; 0 when unset or not a number."""
+    try:
+        return int(env.get("SHLVL", "0"))
+    except ValueError:
+        return 0
+
+
+def become_subreaper() -> None:
+    """Orphans of the run re-parent to the agent instead of init, so none escape a stop."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass

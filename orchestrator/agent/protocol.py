@@ -1,0 +1,100 @@
+"""The agent's wire protocol: frames to the controller, commands and step configs from it.
+
+Frames to the controller (stdout): an ASCII header line `TYPE field...`, followed, for
+types with a length field, by exactly that many payload bytes:
+  S pid t            started           O rank n + data   rank output (whole lines)
+  N n + data         script output     E rank rc t       a rank exited
+  F rank n + data    rank error file   M n + data        a message from the agent
+  H t                heartbeat         X rc t            finished; nothing follows
+Commands from the controller (stdin lines): `hb`, `stop GRACE`, `kill`. A step's config is
+JSON with an 8-digit length prefix; after X, a `next` line announces the next step's.
+
+Standard library only: this module runs on the nodes too (see orchestrator.agent.bootstrap).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import time
+
+HEARTBEAT_S = 1.0  # the agent says H this often
+IDLE_S = 30.0  # how long a finished agent waits for the controller's next step
+
+
+def frame(kind: str, *fields: object, payload: bytes | None = None) -> bytes:
+    """Encode one frame; `payload` adds its length as the last header field."""
+    head = " ".join([kind, *(str(f) for f in fields)])
+    if payload is None:
+        return head.encode() + b"\n"
+    return f"{head} {len(payload)}\n".encode() + payload
+
+
+def length_prefixed(data: bytes) -> bytes:
+    return b"%08d" % len(data) + data
+
+
+def encode_config(config: dict) -> bytes:
+    return length_prefixed(json.dumps(config).encode())
+
+
+def read_exact(n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = os.read(0, n - len(data))
+        if not chunk:
+            raise SystemExit("orchestrator agent: the controller went away")
+        data += chunk
+    return data
+
+
+def read_config() -> dict:
+    return json.loads(read_exact(int(read_exact(8))))
+
+
+class CommandReader:
+    """The controller's command lines, from stdin as it arrives in pieces."""
+
+    def __init__(self) -> None:
+        self.partial = b""
+
+    def feed(self, chunk: bytes) -> list[tuple[str, float | None]]:
+        """(command, grace) for each whole line: ("stop", GRACE or None), ("kill", 0.0).
+
+        `hb` only proves the controller is there: the caller notes any input as that.
+        """
+        *lines, self.partial = (self.partial + chunk).split(b"\n")
+        commands: list[tuple[str, float | None]] = []
+        for line in lines:
+            words = line.decode(errors="replace").split()
+            if not words or words[0] == "hb":
+                continue
+            if words[0] == "stop":
+                commands.append(("stop", float(words[1]) if len(words) > 1 else None))
+            elif words[0] == "kill":
+                commands.append(("kill", 0.0))
+        return commands
+
+
+def next_config(idle_s: float) -> dict | None:
+    """The config of the controller's next step, or None when stdin closes or none comes
+    within `idle_s`. Lines before `next` were meant for the step that ended (a late `hb`)."""
+    deadline = time.monotonic() + idle_s
+    line = b""
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([0], [], [], left)[0]:
+            return None
+        try:
+            byte = os.read(0, 1)
+        except OSError:
+            return None
+        if not byte:
+            return None
+        if byte != b"\n":
+            line += byte
+        elif line == b"next":
+            return read_config()
+        else:
+            line = b""

@@ -1,0 +1,143 @@
+"""This node's ranks: each one's output file tailed as whole lines, then its exit.
+
+The script's run_rank writes rank-N.out as the rank runs and rank-N.exit (`rc time
+[error_file]` and a newline) when it ends, anew each time torchrun restarts it. A rank's
+exit is shipped only once all its output is on the way, so the controller never sees a rank
+end before its last line.
+
+Standard library only: this module runs on the nodes too (see orchestrator.agent.bootstrap).
+"""
+
+from __future__ import annotations
+
+import os
+
+from orchestrator.agent.protocol import frame
+from orchestrator.agent.shipping import MAX_PENDING_OUT, READ_CHUNK, Outbox, mask
+
+MAX_LINE = 1 << 20  # a longer line without newline is passed on in pieces of this size
+
+
+class RankFile:
+    """Tail of one rank's output file, cut into whole lines."""
+
+    def __init__(self, rank: int, path: str) -> None:
+        self.rank = rank
+        self.path = path
+        self.fd: int | None = None
+        self.partial = b""
+
+    def read_lines(self, budget: int) -> bytes:
+        if self.fd is None:
+            try:
+                self.fd = os.open(self.path, os.O_RDONLY)
+            except FileNotFoundError:
+                return b""
+        chunks = []
+        while budget > 0:
+            wanted = min(READ_CHUNK, budget)
+            chunk = os.read(self.fd, wanted)
+            if chunk:
+                chunks.append(chunk)
+                budget -= len(chunk)
+            if len(chunk) < wanted:  # caught up with the rank: the next step reads on
+                break
+        if not chunks:
+            return b""
+        data = self.partial + b"".join(chunks)
+        cut = data.rfind(b"\n") + 1
+        if cut == 0 and len(data) >= MAX_LINE:
+            cut = len(data)
+        self.partial = data[cut:]
+        return data[:cut]
+
+    def at_end(self) -> bool:
+        """Everything written so far has been read (or the file was never created)."""
+        if self.fd is None:
+            try:
+                self.fd = os.open(self.path, os.O_RDONLY)
+            except FileNotFoundError:
+                return True
+        return os.lseek(self.fd, 0, os.SEEK_CUR) >= os.fstat(self.fd).st_size
+
+    def rest(self) -> bytes:
+        """The last line when the rank ended without a newline."""
+        data, self.partial = self.partial, b""
+        return data + b"\n" if data else b""
+
+
+class NodeRanks:
+    """The ranks of this node, shipped through `outbox`: their lines, then their exits."""
+
+    def __init__(self, node_dir: str | None, ranks: list[int], outbox: Outbox) -> None:
+        self.node_dir = node_dir
+        self.files = [RankFile(r, os.path.join(node_dir, f"rank-{r}.out"))
+                      for r in ranks] if node_dir else []
+        self.outbox = outbox
+        self.exited: set[int] = set()
+        self.reported: dict[int, str] = {}  # rank -> its rank-N.exit line last shipped
+
+    def all_exited(self) -> bool:
+        return bool(self.files) and len(self.exited) == len(self.files)
+
+    def ship_output(self) -> None:
+        """New whole lines of every rank, a fair share each of the room left in the outbox."""
+        room = MAX_PENDING_OUT - len(self.outbox.data)
+        if room <= 0:
+            return
+        for rank in self.files:
+            self.outbox.output(rank.rank, rank.read_lines(room // max(1, len(self.files))))
+
+    def ship_exits(self) -> None:
+        """E (and F, torch's error file) for each rank that ended and whose output is sent."""
+        if not self.node_dir:
+            return
+        for rank in self.files:
+            line = read_exit(os.path.join(self.node_dir, f"rank-{rank.rank}.exit"))
+            # Not there yet, or shipped already: a new line is the rank's next attempt
+            # (torchrun --max-restarts restarted it) ending.
+            if line is None or self.reported.get(rank.rank) == line:
+                continue
+            rc, when, *error_file = line.strip().split(" ", 2)
+            # The rank has ended; report it once all its output is on the way.
+            if not rank.at_end():
+                continue
+            self.outbox.output(rank.rank, rank.rest())
+            self.exited.add(rank.rank)
+            self.reported[rank.rank] = line
+            if error_file and os.path.isfile(error_file[0]):
+                with open(error_file[0], "rb") as handle:
+                    self.outbox.send_masked("F", rank.rank, payload=handle.read(1 << 16))
+            self.outbox.send(frame("E", rank.rank, rc, when))
+
+    def drain(self, flush_timeout: float) -> None:
+        """Send what the ranks wrote last, in bounded pieces, then any unfinished line."""
+        for rank in self.files:
+            while data := rank.read_lines(MAX_PENDING_OUT):
+                self.outbox.output(rank.rank, data)
+                self.outbox.flush(flush_timeout)
+            self.outbox.output(rank.rank, rank.rest())
+
+    def mask_files(self) -> None:
+        """The ranks' raw output stays on the node: never with a secret in clear."""
+        if not self.outbox.secrets:
+            return
+        for rank in self.files:
+            masked = rank.path + ".masking"
+            try:
+                with open(rank.path, "rb") as raw, open(masked, "wb") as out:
+                    for line in raw:
+                        out.write(mask(line, self.outbox.secrets))
+                os.replace(masked, rank.path)
+            except FileNotFoundError:  # a rank that never started
+                pass
+
+
+def read_exit(path: str) -> str | None:
+    """A rank's exit file, `rc time [error_file]` and a newline; None until it is whole."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            text = handle.read()
+    except FileNotFoundError:
+        return None
+    return text if text.endswith("\n") else None  # else still being written

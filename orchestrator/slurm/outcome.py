@@ -1,0 +1,68 @@
+"""How a followed SLURM job ended: SLURM's last word on the job, and the ranks' own.
+
+A job that SLURM ended itself (time limit, scancel, a failed node, ...) says so first, with
+the first failing rank when there is one; a job whose ranks ran says what they did; a job
+that failed before any node started its ranks shows the end of the batch script's output.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+
+from orchestrator.logs import last_lines_of
+from orchestrator.slurm.commands import JobInfo
+from orchestrator.supervise import Outcome, Supervisor, describe_exit
+
+JOB_ENDINGS = {
+    "TIMEOUT": "it reached its time limit (--time)",
+    "CANCELLED": "it was cancelled (scancel)",
+    "NODE_FAIL": "a node of it failed",
+    "PREEMPTED": "it was preempted",
+    "OUT_OF_MEMORY": "it ran out of memory",
+    "DEADLINE": "it reached its deadline",
+    "BOOT_FAIL": "a node failed to boot",
+}
+
+
+def job_outcome(job_id: int, info: JobInfo, sup: Supervisor | None,
+                interrupted_by: int | None, batch_output: Path) -> Outcome:
+    """The outcome of job `job_id`, ended as `info` says; nodes that never reported their
+    end are settled in `sup` (SLURM ended them before their script could say so)."""
+    if sup is not None:
+        for node in sup.nodes:
+            if not node.done:
+                node.done, node.ended_at = True, time.time()
+                node.state = "stopped" if sup.stopping else "failed"
+                node.detail = f"ended by SLURM (job {info.state})"
+                for rank in node.ranks:
+                    if sup.ranks[rank].exit_code is None:
+                        sup.ranks[rank].state = "killed" if sup.stopping else "unknown"
+        if interrupted_by is not None:
+            sup.interrupted_by = interrupted_by
+    ranks = sup.outcome() if sup is not None else None
+    job_code = info.exit_code if info.exit_code else 1
+    name = f"SLURM job {job_id}"
+    if interrupted_by is not None:
+        signame = signal.Signals(interrupted_by).name
+        return Outcome("stopped", 128 + interrupted_by, f"stopped by {signame}: {name} cancelled")
+    if info.state == "COMPLETED" and (ranks is None or ranks.state == "succeeded"):
+        return Outcome("succeeded", 0)
+    if info.state in JOB_ENDINGS:
+        summary = f"job ended: {name} ended {info.state}: {JOB_ENDINGS[info.state]}"
+        if ranks is not None and ranks.summary:
+            summary += "\n" + ranks.summary
+        return Outcome("stopped" if info.state == "CANCELLED" else "failed", job_code, summary)
+    started = sup is not None and any(n.started_at is not None for n in sup.nodes)
+    if ranks is not None and started and (ranks.state != "succeeded" or
+                                          info.state == "UNKNOWN"):
+        return ranks
+    tail = [line.decode(errors="replace").rstrip("\n") for line in
+            last_lines_of(batch_output, 20)]
+    lines = [f"job failed: {name} ended {info.state} with {describe_exit(job_code)}"
+             + (" and no rank failed" if started else " before any node started its ranks")]
+    if tail:
+        lines += [f"last {len(tail)} line(s) of {batch_output}:"]
+        lines += [f"  {line}" for line in tail]
+    return Outcome("failed", job_code, "\n".join(lines))

@@ -1,0 +1,159 @@
+"""The parts of following a SLURM job that need no SLURM: streaming an attempt's files
+(orchestrator.slurm.stream) and deciding how the job ended (orchestrator.slurm.outcome).
+The whole path runs against real SLURM in test_slurm_cluster.py."""
+
+from __future__ import annotations
+
+import queue
+import signal
+from pathlib import Path
+
+import pytest
+
+from orchestrator.logs import LogSink
+from orchestrator.slurm.commands import JobInfo
+from orchestrator.slurm.outcome import job_outcome
+from orchestrator.slurm.stream import AttemptFiles, read_fields
+from orchestrator.supervise import NodeState, RankState, Supervisor
+
+
+def supervisor(tmp_path: Path, nnodes: int = 2, nproc: int = 1) -> Supervisor:
+    """As the follower builds one for an attempt: no sessions, SLURM stops the nodes."""
+    nodes, ranks, labels = [], [], {}
+    for k in range(nnodes):
+        node_ranks = tuple(range(k * nproc, (k + 1) * nproc))
+        nodes.append(NodeState(index=k, host=f"n{k}", ranks=node_ranks))
+        for local, rank in enumerate(node_ranks):
+            ranks.append(RankState(rank, k, local, f"n{k}"))
+            labels[rank] = f"n{k} r{rank}"
+    sink = LogSink(tmp_path / "logs", labels, {k: f"n{k}" for k in range(nnodes)}, None, False)
+    return Supervisor(nodes, ranks, [], queue.Queue(), sink, grace=0, heartbeat_timeout=0,
+                      stop_on_failure=False)
+
+
+def write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as handle:
+        handle.write(text)
+
+
+# --- streaming ---------------------------------------------------------------------------
+
+
+def test_an_attempt_streams_output_then_starts_and_exits_in_the_order_they_happened(
+        tmp_path: Path) -> None:
+    sup = supervisor(tmp_path)
+    files = AttemptFiles(tmp_path / "attempt0", nnodes=2, nproc=1)
+    exits: list[tuple[int, int, float]] = []
+
+    def pump() -> None:
+        files.pump(sup.sink, sup, lambda *exit: (exits.append(exit),
+                                                 sup.rank_exited(*exit)))
+        sup.sink.flush()
+
+    pump()  # nothing written yet (the node directories do not even exist)
+    assert [n.state for n in sup.nodes] == ["starting", "starting"] and exits == []
+    write(files.node_dir(0) / "node.start", "123 10.5\n")
+    write(files.node_dir(0) / "node.out", "torchrun says\n")
+    write(files.node_dir(0) / "rank-0.out", "step 1\nhalf a li")
+    write(files.node_dir(1) / "node.start", "124 10")  # not complete yet
+    pump()
+    assert sup.nodes[0].state == "running" and sup.nodes[0].started_at == 10.5
+    assert sup.ranks[0].state == "running" and sup.nodes[1].state == "starting"
+    write(files.node_dir(1) / "node.start", ".7\n")
+    write(files.node_dir(0) / "rank-0.out", "ne")
+    write(files.node_dir(0) / "rank-0.exit", f"3 12.0 {tmp_path / 'error.json'}\n")
+    write(tmp_path / "error.json", '{"message": "boom"}')
+    write(files.node_dir(1) / "rank-1.exit", "0 11.0\n")
+    pump()
+    assert exits == [(1, 0, 11.0), (0, 3, 12.0)]  # by the time they ended
+    assert sup.ranks[0].error_file == '{"message": "boom"}'
+    assert (tmp_path / "logs" / "rank-0.log").read_text() == "step 1\nhalf a line\n"
+    assert (tmp_path / "logs" / "node-0.log").read_text() == "torchrun says\n"
+    write(files.node_dir(0) / "node.exit", "3 12.5\n")
+    pump()
+    pump()
+    assert exits == [(1, 0, 11.0), (0, 3, 12.0)]  # each exit once
+    assert sup.nodes[0].done and sup.nodes[0].exit_code == 3 and not sup.nodes[1].done
+    files.close()
+    sup.sink.close()
+
+
+def test_a_rank_exit_waits_until_its_output_is_read(tmp_path: Path) -> None:
+    sup = supervisor(tmp_path, nnodes=1)
+    files = AttemptFiles(tmp_path / "attempt1", nnodes=1, nproc=1)
+    write(files.node_dir(0) / "rank-0.exit", "0 5.0\n")
+    write(files.node_dir(0) / "rank-0.out", "x" * (3 << 20) + "\n")  # more than one pump reads
+    exits: list[tuple[int, int, float]] = []
+    files.pump(sup.sink, sup, lambda *exit: exits.append(exit))
+    assert exits == []
+    while not exits:
+        files.pump(sup.sink, sup, lambda *exit: exits.append(exit))
+    sup.sink.close()
+    assert (tmp_path / "logs" / "rank-0.log").stat().st_size == (3 << 20) + 1
+
+
+@pytest.mark.parametrize(("text", "fields"), [("0 1.5\n", ["0", "1.5"]), ("0 1.5", None),
+                                               ("\n", None), (None, None)])
+def test_read_fields(tmp_path: Path, text, fields) -> None:
+    path = tmp_path / "node.exit"
+    if text is not None:
+        path.write_text(text)
+    assert read_fields(path) == fields
+    assert read_fields(path / "below a file") is None
+
+
+# --- the outcome -------------------------------------------------------------------------
+
+
+def test_a_completed_job_whose_ranks_succeeded_succeeded(tmp_path: Path) -> None:
+    sup = supervisor(tmp_path)
+    for node in sup.nodes:
+        for rank in node.ranks:
+            sup.rank_exited(rank, 0, 5.0)
+        sup.node_exited(node, 0, 6.0)
+    outcome = job_outcome(7, JobInfo("COMPLETED", exit_code=0), sup, None, tmp_path / "none")
+    assert (outcome.state, outcome.exit_code) == ("succeeded", 0)
+
+
+def test_slurm_ending_the_job_is_said_first_and_nodes_left_are_settled(tmp_path: Path) -> None:
+    sup = supervisor(tmp_path)
+    sup.nodes[0].started_at = 1.0
+    outcome = job_outcome(7, JobInfo("TIMEOUT", exit_code=0), sup, None, tmp_path / "none")
+    assert (outcome.state, outcome.exit_code) == ("failed", 1)
+    assert outcome.summary.startswith("job ended: SLURM job 7 ended TIMEOUT: it reached its "
+                                      "time limit (--time)")
+    assert all(n.done and n.state == "failed" and n.detail == "ended by SLURM (job TIMEOUT)"
+               for n in sup.nodes)
+    assert {r.state for r in sup.ranks.values()} == {"unknown"}
+    cancelled = job_outcome(7, JobInfo("CANCELLED", exit_code=15), None, None, tmp_path)
+    assert (cancelled.state, cancelled.exit_code) == ("stopped", 15)
+
+
+def test_the_first_failing_rank_decides_a_failed_job(tmp_path: Path) -> None:
+    sup = supervisor(tmp_path)
+    sup.nodes[0].started_at = 1.0
+    sup.rank_exited(1, 4, 9.0)
+    sup.rank_exited(0, 3, 8.0)
+    outcome = job_outcome(7, JobInfo("FAILED", exit_code=3), sup, None, tmp_path / "none")
+    assert (outcome.state, outcome.exit_code) == ("failed", 3)
+    assert outcome.summary.startswith("job failed: rank 0 (local rank 0) on n0 ended with")
+
+
+def test_a_job_that_failed_before_its_ranks_shows_the_batch_output(tmp_path: Path) -> None:
+    batch = tmp_path / "slurm-7.out"
+    batch.write_text("".join(f"line {i}\n" for i in range(30)))
+    outcome = job_outcome(7, JobInfo("FAILED", exit_code=2), supervisor(tmp_path), None, batch)
+    assert (outcome.state, outcome.exit_code) == ("failed", 2)
+    lines = outcome.summary.splitlines()
+    assert lines[0] == ("job failed: SLURM job 7 ended FAILED with exit code 2 before any node "
+                        "started its ranks")
+    assert lines[1] == f"last 20 line(s) of {batch}:" and lines[-1] == "  line 29"
+
+
+def test_an_interrupted_follow_is_stopped_by_its_signal(tmp_path: Path) -> None:
+    sup = supervisor(tmp_path)
+    outcome = job_outcome(7, JobInfo("CANCELLED"), sup, signal.SIGINT, tmp_path / "none")
+    assert (outcome.state, outcome.exit_code) == ("stopped", 130)
+    assert outcome.summary == "stopped by SIGINT: SLURM job 7 cancelled"
+    assert sup.interrupted_by == signal.SIGINT
