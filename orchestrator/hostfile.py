@@ -56,7 +56,7 @@ class Host:
     ifname: str | None = None
     python: str | None = None
     source: str = ""  # "path:line", for messages
-    # Set by a selection (--include/--exclude/--num-gpus, orchestrator.select), never by the
+    # Set by a selection (--include/--exclude/--num-gpus, orchestrator.selection), never by the
     # hostfile: the slot ids this node runs, its CUDA_VISIBLE_DEVICES.
     slot_ids: tuple[int, ...] | None = None
 
@@ -77,7 +77,7 @@ class Cluster:
 
     hosts: tuple[Host, ...]
     path: str
-    selection: str = ""  # the selection flags that chose these hosts (orchestrator.select)
+    selection: str = ""  # the selection flags that chose these hosts (orchestrator.selection)
 
     @property
     def is_local(self) -> bool:

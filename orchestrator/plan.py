@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from orchestrator.cores import CoreSet, TooFewCores, Topology, core_sets
 from orchestrator.errors import ConfigError
 from orchestrator.hostfile import LOCAL_NAMES, Cluster, Host
-from orchestrator.select import slot_count
+from orchestrator.selection import slot_count
 from orchestrator.spec import DEFAULT_MASTER_PORT, JobSpec, Program
 
 IFNAME_VARS = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")

@@ -37,7 +37,7 @@ from orchestrator.render import (
     render_template,
     write_rendered,
 )
-from orchestrator.select import Selection, select_hosts
+from orchestrator.selection import Selection, select_hosts
 from orchestrator.spec import JobSpec, Program
 
 GOLDEN = Path(__file__).parent / "golden"

@@ -16,7 +16,7 @@ from orchestrator.cli import main
 from orchestrator.errors import ConfigError
 from orchestrator.hostfile import parse_hostfile
 from orchestrator.render import render_template
-from orchestrator.select import Selection, select_hosts
+from orchestrator.selection import Selection, select_hosts
 from orchestrator.slurm.render import SlurmOptions, parse_signal, plan_slurm_job
 from orchestrator.slurm.submit import prepare_slurm
 from orchestrator.spec import JobSpec, Program

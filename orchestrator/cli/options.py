@@ -98,14 +98,14 @@ SELECTION_KEYS = ("include", "exclude", "num_nodes", "num_gpus")
 
 def split_selection(kwargs: dict):
     """Take the selection flags out of a command's keyword arguments: a `Selection`."""
-    from orchestrator.select import Selection
+    from orchestrator.selection import Selection
 
     return Selection(**{key: kwargs.pop(key) for key in SELECTION_KEYS})
 
 
 def select(cluster, selection, nproc_per_node: int | None):
     """The hosts and slots the selection flags leave (the cluster itself without them)."""
-    from orchestrator.select import select_hosts
+    from orchestrator.selection import select_hosts
 
     if cluster is None:
         if selection.given:
