@@ -105,6 +105,7 @@ def test_probes_find_the_interface_without_ip(tmp_path: Path, template: str) -> 
     context: dict[str, object] = {
         "host": "node0", "python": sys.executable, "master_addr": "127.0.0.1", "ifname": None,
         "is_master": True, "port": None, "default_port": 29500, "check_port": False,
+        "bind_cores": False,
     }  # fmt: skip
     env = dict(os.environ, PATH=path_without_ip(tmp_path))
     done = subprocess.run(["bash", "-c", render_template(template, **context)],
