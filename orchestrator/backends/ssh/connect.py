@@ -26,6 +26,7 @@ from orchestrator.backends.base import (
     SshOptions,
 )
 from orchestrator.backends.ssh.config import SshConfig, Target, resolve
+from orchestrator.backends.ssh.identities import OfferedKeys
 from orchestrator.backends.ssh.trust import HostKeyRefused, Trust
 from orchestrator.errors import NodeError, NodeErrors
 from orchestrator.hostfile import Host
@@ -185,10 +186,8 @@ def _open_client(target: Target, session: SshSession, sock: object | None,
     try:
         client.connect(
             target.hostname, port=target.port, username=target.user,
-            key_filename=list(target.identity_files) or None,
-            allow_agent=not target.identities_only,
-            # As ssh: the default keys (~/.ssh/id_*) only when no IdentityFile is named.
-            look_for_keys=not target.identity_files, timeout=timeout,
+            # The keys ssh would offer, certificates included, in its order.
+            auth_strategy=OfferedKeys(target), timeout=timeout,
             banner_timeout=timeout, auth_timeout=timeout, sock=sock,
             transport_factory=lambda *a, **kw: _transport(algorithms, *a, **kw),
         )
@@ -218,8 +217,6 @@ def _open_client(target: Target, session: SshSession, sock: object | None,
                         "unreachable from here?)") from None
     except (OSError, EOFError, paramiko.SSHException) as exc:
         client.close()
-        if str(exc) == NO_KEY_TO_OFFER:
-            raise _authentication_failed(shown, target, where, exc) from None
         raise NodeError(shown, f"cannot connect to {where}: {exc}") from None
     keepalive = KEEPALIVE_S if target.keepalive_s is None else int(target.keepalive_s)
     client.get_transport().set_keepalive(keepalive)
@@ -244,11 +241,6 @@ def _refused(shown: str, target: Target, exc: HostKeyRefused) -> NodeError:
                    "(e.g. ssh once, or ssh-keygen -s / @cert-authority for a CA), or rerun "
                    "with --accept-new-host-keys to accept and record unknown keys")
     return NodeError(shown, message, exit_code=2)
-
-
-# paramiko's words when it found no key to try at all: no agent, no default key, no
-# IdentityFile. It raises a plain SSHException for it, not an AuthenticationException.
-NO_KEY_TO_OFFER = "No authentication methods available"
 
 
 def _authentication_failed(shown: str, target: Target, where: str,
