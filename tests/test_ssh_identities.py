@@ -133,3 +133,10 @@ def test_passphrase_key_is_used_through_the_agent_only(home: Path) -> None:
     assert offers(target(home, text), []) == []  # nobody types the passphrase
     found = offers(target(home, text), [key])
     assert shown(found) == [plain(key), _public(cert)]
+
+
+def test_locked_key_without_pub_file_is_matched_by_its_clear_public_half(home: Path) -> None:
+    key = keygen(home / "k" / "locked", passphrase="secret words")
+    (home / "k" / "locked.pub").unlink()  # ssh reads the public half from the key file
+    text = "Host *\n    IdentityFile ~/k/locked\n    IdentitiesOnly yes\n"
+    assert offers(target(home, text), [key]) == [key]

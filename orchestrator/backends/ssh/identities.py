@@ -16,6 +16,7 @@ The client does not judge its own certificates: the server checks CA, principals
 
 from __future__ import annotations
 
+import base64
 import copy
 import os
 from collections.abc import Iterator, Sequence
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 
 import paramiko
 from paramiko.auth_strategy import AuthStrategy, InMemoryPrivateKey
+from paramiko.message import Message
 from paramiko.pkey import PublicBlob
 
 from orchestrator.backends.ssh.certs import CERT_SUFFIX, USER_CERT, parse
@@ -36,6 +38,7 @@ DEFAULT_IDENTITIES = ("~/.ssh/id_rsa", "~/.ssh/id_ecdsa", "~/.ssh/id_ecdsa_sk",
                       "~/.ssh/id_dsa")
 KEY_CLASSES = (paramiko.Ed25519Key, paramiko.ECDSAKey, paramiko.RSAKey)
 IMPLICIT_CERT = "-cert.pub"
+OPENSSH_KEY_MAGIC = b"openssh-key-v1\x00"
 
 
 @dataclass(frozen=True)
@@ -85,10 +88,29 @@ def _identity(path: str) -> _Identity | None:
         except (paramiko.SSHException, ValueError, OSError):
             continue
         return _Identity(path, key.asbytes(), key)
+    public = _public_half(path)
+    return _Identity(path, public, None) if public else None
+
+
+def _public_half(path: str) -> bytes | None:
+    """A locked key's public half, found as ssh finds it: in `path`.pub, else in the clear
+    part of an OpenSSH-format private key file (for the agent to match it)."""
     try:
-        return _Identity(path, PublicBlob.from_file(path + ".pub").key_blob, None)
+        return PublicBlob.from_file(path + ".pub").key_blob
+    except (OSError, ValueError):
+        pass
+    try:
+        with open(path, encoding="ascii") as handle:
+            lines = handle.read().splitlines()
+        data = base64.b64decode("".join(line for line in lines if not line.startswith("-")))
     except (OSError, ValueError):
         return None
+    if not data.startswith(OPENSSH_KEY_MAGIC):
+        return None
+    header = Message(data[len(OPENSSH_KEY_MAGIC):])
+    for _ in range(3):  # cipher name, KDF name, KDF options
+        header.get_string()
+    return header.get_string() if header.get_int() >= 1 else None
 
 
 def _certified(path: str, signers: Sequence[paramiko.PKey],
@@ -128,8 +150,8 @@ class OfferedKeys(AuthStrategy):
     def get_sources(self) -> Iterator[InMemoryPrivateKey]:
         agent = _agent()
         try:
-            for offer in offers(self.target, agent.get_keys() if agent else ()):
-                yield InMemoryPrivateKey(self.target.user, offer.key)
+            for key in offers(self.target, agent.get_keys() if agent else ()):
+                yield InMemoryPrivateKey(self.target.user, key)
         finally:
             if agent is not None:
                 agent.close()
