@@ -1,8 +1,9 @@
 """Connections to nodes over SSH (paramiko), decided as `ssh NODE` would decide them.
 
 config.py resolves each host as `ssh -G` would; trust.py judges its host key as ssh's
-known_hosts checks would; this module opens the connections (through ProxyJump hops or a
-ProxyCommand), in parallel, and turns every failure into a NodeError naming the host.
+known_hosts checks would; identities.py logs in with the keys ssh would offer; this module
+opens the connections (through ProxyJump hops or a ProxyCommand), in parallel, and turns
+every failure into a NodeError naming the host.
 """
 
 from __future__ import annotations
@@ -247,7 +248,8 @@ def _authentication_failed(shown: str, target: Target, where: str,
                            exc: Exception) -> NodeError:
     return NodeError(shown, f"authentication failed as {target.user}@{where} ({exc}); "
                      "check the user (hostfile user=, ssh config User) and that your key "
-                     "is in the ssh-agent, a default key, or an IdentityFile", exit_code=2)
+                     "is in the ssh-agent, a default key, or an IdentityFile (a certificate: "
+                     "CertificateFile, or KEY-cert.pub beside it)", exit_code=2)
 
 
 class _Transport(paramiko.Transport):
