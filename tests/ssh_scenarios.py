@@ -2,7 +2,9 @@
 
 Each scenario writes a HOME (ssh config, known_hosts files) for a 3-node lab cluster whose
 sshd also listens on port 2222 and presents host certificates signed by the fleet's CA:
-node0's names its name and address, node1's names another host, node2's has expired.
+node0's names its name and address, node1's names another host, node2's has expired. The
+sshd also trusts a user CA (TrustedUserCAKeys): `holder`, a key listed in no
+authorized_keys, logs in only with a certificate of that CA naming root.
 `expect` is the outcome per host (None: connects), so a scenario cannot pass by accident.
 """
 
@@ -26,6 +28,10 @@ class Fleet:
     stranger: KeyPair  # authorized nowhere
     ca_public: str  # 'ssh-ed25519 AAAA...' of the CA that signed the host certificates
     wrong: tuple[str, ...]  # per node, a key that is not its host key (for changed keys)
+    holder: KeyPair  # authorized nowhere, but certified by the user CA
+    # `-cert.pub` texts by the user CA: holder's for root ("good"), expired, for alice only;
+    # client's, expired ("client_expired")
+    user_certs: dict[str, str]
 
     @property
     def n(self) -> tuple[Node, ...]:
@@ -51,6 +57,13 @@ class Home:
         path.chmod(0o600)
         return path
 
+    def lock(self, relative: str, source: str) -> None:
+        """A passphrase-protected copy of a private key, without a `.pub` beside it."""
+        (self.root / relative).write_text((self.root / source).read_text())
+        (self.root / relative).chmod(0o600)
+        subprocess.run(["ssh-keygen", "-q", "-p", "-P", "", "-N", "not typed", "-f",
+                        str(self.root / relative)], check=True, capture_output=True)
+
     def hash(self, relative: str) -> None:
         """Hash a known_hosts file with OpenSSH's own `ssh-keygen -H`."""
         subprocess.run(["ssh-keygen", "-q", "-H", "-f", str(self.root / relative)],
@@ -68,6 +81,7 @@ class Scenario:
     our_args: tuple[str, ...] = ()
     unverified: tuple[int, ...] = ()  # hosts (by position) let in without a verified key
     recorded: tuple[str, ...] = ()  # known_hosts files both tools must have written alike
+    agent: tuple[str, ...] = ()  # keys (in HOME) an ssh-agent holds for both tools
 
 
 def block(f: Fleet, *extra: str, hosts: str | None = None) -> str:
@@ -210,6 +224,47 @@ def _timeout(f: Fleet, h: Home) -> None:
     h.write(".ssh/known_hosts", known(f.n))
 
 
+def _user_cert(key: str, *certificate_files: str, beside: str = "",
+               extra: tuple[str, ...] = ()) -> Callable[[Fleet, Home], None]:
+    """Login as root with `key`, its CertificateFiles (~/certs/NAME.pub, NAME among the
+    fleet's user certificates) and the certificate NAME `beside` it (`KEY-cert.pub`)."""
+    def build(f: Fleet, h: Home) -> None:
+        for name, text in f.user_certs.items():
+            h.write(f"certs/{name}.pub", text)
+        if beside:
+            h.write(f"keys/{key}-cert.pub", f.user_certs[beside])
+        _cfg(h, f"Host {f.glob}\n    User root\n    IdentityFile ~/keys/{key}\n" + "".join(
+            f"    CertificateFile {path}\n" for path in certificate_files)
+            + "".join(f"    {line}\n" for line in extra))
+        h.write(".ssh/known_hosts", known(f.n))
+    return build
+
+
+def _user_cert_per_host(f: Fleet, h: Home) -> None:
+    _user_cert("holder", beside="good")(f, h)
+    _cfg(h, f"Host {f.n[0].name}\n    CertificateFile ~/certs/expired.pub\n"
+         f"Host {f.n[1].name}\n    CertificateFile ~/certs/expired.pub\n"
+         "    CertificateFile ~/certs/good.pub\n"
+         f"Host {f.glob}\n    User root\n    IdentityFile ~/keys/holder\n")
+
+
+def _user_cert_tokens(f: Fleet, h: Home) -> None:
+    # node2 has no certificate under its name; the one beside the key is not read either,
+    # since a CertificateFile is named.
+    _user_cert("holder", "~/certs/%r-%h.pub", beside="good")(f, h)
+    for node in f.n[:2]:
+        h.write(f"certs/root-{node.name}.pub", f.user_certs["good"])
+
+
+def _agent_for_locked_key(identity: str) -> Callable[[Fleet, Home], None]:
+    def build(f: Fleet, h: Home) -> None:
+        h.lock("keys/locked", "keys/cluster")
+        _cfg(h, f"Host {f.glob}\n    User root\n    IdentityFile ~/keys/{identity}\n"
+             "    IdentitiesOnly yes\n")
+        h.write(".ssh/known_hosts", known(f.n))
+    return build
+
+
 SCENARIOS = [
     Scenario("user_known_hosts_file", lambda f, h: (
         _cfg(h, block(f, "UserKnownHostsFile ~/keys/cluster_known_hosts",
@@ -268,6 +323,24 @@ SCENARIOS = [
              hosts=lambda f: ["gpu1", "gpu2"]),
     Scenario("check_host_ip_skipped_for_certificates", _check_host_ip, (None, None, None),
              recorded=(".ssh/known_hosts",)),
+    Scenario("user_cert_certificate_file_with_tokens", _user_cert_tokens, (None, None, "auth")),
+    Scenario("user_cert_beside_identity_file", _user_cert("holder", beside="good"),
+             (None, None, None)),
+    Scenario("user_cert_expired_refused", _user_cert("holder", "~/certs/expired.pub"),
+             ("auth",) * 3),
+    Scenario("user_cert_wrong_principal_refused", _user_cert("holder", beside="alice"),
+             ("auth",) * 3),
+    Scenario("certificate_file_replaces_cert_beside_key",
+             _user_cert("holder", "~/certs/expired.pub", beside="good"), ("auth",) * 3),
+    Scenario("certificate_files_add_up_per_host", _user_cert_per_host, ("auth", None, None)),
+    Scenario("plain_key_before_its_expired_cert", _user_cert("cluster", beside="client_expired"),
+             (None, None, None)),
+    Scenario("user_cert_without_its_key", _user_cert(
+        "other", "~/certs/good.pub", extra=("IdentitiesOnly yes",)), ("auth",) * 3),
+    Scenario("identities_only_agent_key_of_identity_file", _agent_for_locked_key("locked"),
+             (None, None, None), agent=("keys/cluster",)),
+    Scenario("identities_only_ignores_other_agent_keys", _agent_for_locked_key("other"),
+             ("auth",) * 3, agent=("keys/cluster",)),
     Scenario("connect_timeout_unreachable", _timeout, (None, "unreachable"),
              hosts=lambda f: [f.n[0].name, "ghost"]),
 ]

@@ -10,12 +10,14 @@ resolved user, port, host name, identity files and known_hosts files.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,7 +26,7 @@ import pytest
 from orchestrator.backends.ssh.known_hosts import parse
 from tests.lab.cluster import Cluster
 from tests.lab.fixtures import require_lab
-from tests.lab.ssh import new_key, sign_host_key, wrong_host_key
+from tests.lab.ssh import KeyPair, new_key, sign_host_key, sign_user_key, wrong_host_key
 from tests.ssh_scenarios import JUMP_PORT, SCENARIOS, Fleet, Home, Scenario
 
 pytestmark = pytest.mark.cluster
@@ -41,14 +43,19 @@ config = SshConfig()
 print(json.dumps({name: (lambda t: {
     "user": t.user, "hostname": t.hostname, "port": str(t.port),
     "identityfile": list(t.identity_files), "userknownhostsfile": list(t.trust.user_files),
-    "proxyjump": t.proxy_jump})(resolve(name, config, SshOptions())) for name in sys.argv[1:]}))
+    "proxyjump": t.proxy_jump,
+    "certificatefile": list(t.certificate_files)})(resolve(name, config, SshOptions()))
+    for name in sys.argv[1:]}))
 """
 
 
 @pytest.fixture(scope="module")
-def fleet() -> Iterator[Fleet]:
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     require_lab()
-    cluster = Cluster.create(3, sshd_extra=f"Port {JUMP_PORT}")
+    users = tmp_path_factory.mktemp("user-ca")
+    new_key().write(users / "user_ca", comment="lab user CA")
+    cluster = Cluster.create(3, sshd_extra=f"Port {JUMP_PORT}\n"
+                             f"TrustedUserCAKeys {users / 'user_ca.pub'}")
     try:
         ca = new_key()
         ca_path = cluster.workdir / "host_ca"
@@ -61,9 +68,24 @@ def fleet() -> Iterator[Fleet]:
             cluster.present_host_certificate(node, sign_host_key(ca_path, public, names,
                                                                  validity=window))
         wrong = tuple(wrong_host_key() for _ in cluster.nodes)
-        yield Fleet(cluster, cluster.ssh.identity, new_key(), ca.public, wrong)
+        holder = new_key()
+        yield Fleet(cluster, cluster.ssh.identity, new_key(), ca.public, wrong, holder,
+                    user_certificates(users, holder, cluster.ssh.identity))
     finally:
         cluster.teardown()
+
+
+def user_certificates(users: Path, holder: KeyPair, client: KeyPair) -> dict[str, str]:
+    """Certificates by the user CA in `users`: see Fleet.user_certs."""
+    holder.write(users / "holder")
+    (users / "client.pub").write_text(client.public + "\n")
+    ca, expired = users / "user_ca", "20200101:20200102"
+    return {
+        "good": sign_user_key(ca, users / "holder.pub", ["root"]),
+        "expired": sign_user_key(ca, users / "holder.pub", ["root"], validity=expired),
+        "alice": sign_user_key(ca, users / "holder.pub", ["alice"]),
+        "client_expired": sign_user_key(ca, users / "client.pub", ["root"], validity=expired),
+    }
 
 
 def _kept_under_root() -> str:
@@ -77,10 +99,14 @@ def _kept_under_root() -> str:
     return " ".join(sorted(kept))
 
 
-def in_home(home: Path, *argv: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    """Run `argv` with `home` as root's home directory (for ssh) and as $HOME (for us)."""
+def in_home(home: Path, *argv: str, timeout: float = 60,
+            agent: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """Run `argv` with `home` as root's home directory (for ssh) and as $HOME (for us),
+    with the ssh-agent at `agent` if given (else none)."""
     env = {k: v for k, v in os.environ.items() if k != "SSH_AUTH_SOCK"}
     env.update(HOME="/root", USER="root", LOGNAME="root")
+    if agent is not None:
+        env["SSH_AUTH_SOCK"] = str(agent)
     return subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c",
                            IN_HOME, str(home), _kept_under_root(), *argv], env=env,
                           capture_output=True, text=True, timeout=timeout)
@@ -92,9 +118,32 @@ def make_home(fleet: Fleet, scenario: Scenario, root: Path) -> Home:
     (root / "keys").mkdir(mode=0o700)
     fleet.client.write(root / "keys" / "cluster")
     fleet.stranger.write(root / "keys" / "other")
+    fleet.holder.write(root / "keys" / "holder")
     scenario.build(fleet, home)
     (root / "hosts.txt").write_text("".join(f"{h}\n" for h in scenario.hosts(fleet)))
     return home
+
+
+@contextlib.contextmanager
+def ssh_agent(directory: Path, keys: list[Path]) -> Iterator[Path | None]:
+    """A real ssh-agent holding `keys` (none started when there are none)."""
+    if not keys:
+        yield None
+        return
+    socket = directory / "agent.sock"
+    agent = subprocess.Popen(["ssh-agent", "-D", "-a", str(socket)], stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 10
+        while not socket.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        env = {**os.environ, "SSH_AUTH_SOCK": str(socket)}
+        subprocess.run(["ssh-add", "-q", *map(str, keys)], env=env, check=True,
+                       capture_output=True)
+        yield socket
+    finally:
+        agent.terminate()
+        agent.wait(timeout=10)
 
 
 def ssh_reason(done: subprocess.CompletedProcess[str]) -> str | None:
@@ -177,12 +226,17 @@ def test_orchestrator_and_ssh_agree(fleet: Fleet, scenario: Scenario, tmp_path: 
         if mine["identityfile"]:
             assert mine["identityfile"] == [home_path(p) for p in oracle["identityfile"]]
         assert (mine["proxyjump"] or None) == (oracle.get("proxyjump", [None])[0]), host
+        assert mine["certificatefile"] == [
+            home_path(p).replace("%r", mine["user"]).replace("%h", mine["hostname"])
+            for p in oracle.get("certificatefile", [])], (host, mine)
 
-    ssh_runs = [in_home(theirs.root, "ssh", "-o", "BatchMode=yes", *scenario.ssh_args, host,
-                        "true") for host in hosts]
+    with ssh_agent(tmp_path, [theirs.root / key for key in scenario.agent]) as agent:
+        ssh_runs = [in_home(theirs.root, "ssh", "-o", "BatchMode=yes", *scenario.ssh_args,
+                            host, "true", agent=agent) for host in hosts]
+        exec_run = in_home(ours.root, sys.executable, "-m", "orchestrator", "exec",
+                           "hosts.txt", "--color", "never", *scenario.our_args, "--", "true",
+                           timeout=120, agent=agent)
     expected = [ssh_reason(done) for done in ssh_runs]
-    exec_run = in_home(ours.root, sys.executable, "-m", "orchestrator", "exec", "hosts.txt",
-                       "--color", "never", *scenario.our_args, "--", "true", timeout=120)
     got = our_reasons(hosts, exec_run)
     detail = "\n".join(f"{h}: ssh {e!r}, orchestrator {g!r}" for h, e, g in
                        zip(hosts, expected, got, strict=True))

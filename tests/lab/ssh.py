@@ -98,7 +98,28 @@ def sign_host_key(
 
     No `principals` makes a certificate valid for any host name, as ssh-keygen does.
     """
-    argv = ["ssh-keygen", "-q", "-s", str(ca_key), "-I", identity, "-h", "-V", validity]
+    return _sign(ca_key, public_key, principals, ["-h"], validity, identity)
+
+
+def sign_user_key(
+    ca_key: Path,
+    public_key: Path,
+    principals: Sequence[str],
+    *,
+    validity: str = "always:forever",
+    identity: str = "orchestrator-lab-user",
+) -> str:
+    """A user certificate for `public_key` (ssh-keygen -s), as the text of a `-cert.pub`
+    file; sshd with `TrustedUserCAKeys` takes it for a user among `principals`."""
+    path = _sign(ca_key, public_key, principals, [], validity, identity)
+    text = path.read_text()
+    path.unlink()  # the next certificate of the same key goes to the same name
+    return text
+
+
+def _sign(ca_key: Path, public_key: Path, principals: Sequence[str], kind: list[str],
+          validity: str, identity: str) -> Path:
+    argv = ["ssh-keygen", "-q", "-s", str(ca_key), "-I", identity, *kind, "-V", validity]
     if principals:
         argv += ["-n", ",".join(principals)]
     subprocess.run([*argv, str(public_key)], check=True, capture_output=True)

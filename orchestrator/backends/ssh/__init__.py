@@ -1,7 +1,8 @@
 """The SSH backend: reach every node that `ssh NODE` reaches, with the same trust decision.
 
-config.py (what `ssh -G` would resolve), known_hosts.py and certs.py (the files and host
-certificates), trust.py (the host key decision), connect.py (paramiko connections).
+config.py (what `ssh -G` would resolve), known_hosts.py and certs.py (the files and
+certificates), trust.py (the host key decision), identities.py (the keys offered for login),
+connect.py (paramiko connections).
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
-"""OpenSSH host certificates (PROTOCOL.certkeys): parse one and check it as ssh does.
+"""OpenSSH certificates (PROTOCOL.certkeys): parse one, and check a host's as ssh does.
 
-paramiko accepts a `*-cert-v01@openssh.com` host key during key exchange (it verifies the
-exchange signature with the certified key and keeps the certificate as `public_blob`) but
-never looks inside. ssh's check_host_cert() is reproduced here: a host certificate, signed
-by the CA's key, currently valid, naming the host among its principals (no principals means
-any host), and carrying no critical options.
-"""
+A user certificate (CertificateFile) is only parsed here, for the key it certifies: the
+server judges it. A host certificate: paramiko accepts a `*-cert-v01@openssh.com` host key
+during key exchange (it verifies the exchange signature with the certified key and keeps
+the certificate as `public_blob`) but never looks inside. ssh's check_host_cert() is
+reproduced here: a host certificate, signed by the CA's key, currently valid, naming the
+host among its principals (no principals means any host), and carrying no critical options."""
 
 from __future__ import annotations
 
@@ -18,11 +18,13 @@ from paramiko.message import Message
 from orchestrator.backends.ssh.known_hosts import pattern_list_matches
 
 CERT_SUFFIX = "-cert-v01@openssh.com"
-HOST_CERT = 2
+USER_CERT, HOST_CERT = 1, 2
 
 
 @dataclass(frozen=True)
-class HostCertificate:
+class Certificate:
+    key_type: str  # e.g. ssh-ed25519-cert-v01@openssh.com
+    key_blob: bytes  # the certified key, as a plain public key blob
     cert_type: int
     key_id: str
     principals: tuple[str, ...]
@@ -55,7 +57,7 @@ class HostCertificate:
         return None
 
 
-def host_certificate(key: paramiko.PKey) -> HostCertificate | None:
+def host_certificate(key: paramiko.PKey) -> Certificate | None:
     """The certificate a server presented as its host key, or None for a plain key."""
     blob = getattr(key, "public_blob", None)
     if blob is None or not blob.key_type.endswith(CERT_SUFFIX):
@@ -66,20 +68,25 @@ def host_certificate(key: paramiko.PKey) -> HostCertificate | None:
         return None
 
 
-def parse(blob: bytes) -> HostCertificate:
+def parse(blob: bytes) -> Certificate:
     message = Message(blob)
-    cert_type = message.get_text()
+    key_type = message.get_text()
     message.get_string()  # nonce
-    if cert_type.startswith("ssh-ed25519"):
+    start = message.packet.tell()
+    if key_type.startswith("ssh-ed25519"):
         message.get_string()
-    elif cert_type.startswith("ecdsa-"):
+    elif key_type.startswith("ecdsa-"):
         message.get_string()
         message.get_string()
-    elif cert_type.startswith(("ssh-rsa", "rsa-sha2")):
+    elif key_type.startswith(("ssh-rsa", "rsa-sha2")):
         message.get_mpint()
         message.get_mpint()
     else:
-        raise ValueError(f"unsupported certificate type {cert_type}")
+        raise ValueError(f"unsupported certificate type {key_type}")
+    # The key's fields follow the nonce in the order of the plain key's own blob.
+    plain = Message()
+    plain.add_string(key_type.removesuffix(CERT_SUFFIX))
+    key_blob = plain.asbytes() + blob[start:message.packet.tell()]
     message.get_int64()  # serial
     kind = message.get_int()
     key_id = message.get_text()
@@ -95,5 +102,5 @@ def parse(blob: bytes) -> HostCertificate:
     principals = []
     while principals_data.get_remainder():
         principals.append(principals_data.get_text())
-    return HostCertificate(kind, key_id, tuple(principals), valid_after,
-                           valid_before, critical, ca_blob, signed, signature)
+    return Certificate(key_type, key_blob, kind, key_id, tuple(principals), valid_after,
+                       valid_before, critical, ca_blob, signed, signature)

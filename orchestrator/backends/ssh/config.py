@@ -4,7 +4,8 @@ paramiko's SSHConfig evaluates `Host` and `Match` blocks (first value wins) and 
 tokens in HostName, IdentityFile, ProxyCommand and ProxyJump. What it lacks is added here:
 `Include` (globs, paths relative to ~/.ssh or /etc/ssh, conditional inside a block), the
 system config after the user's (as ssh reads both unless given -F), tokens in the
-known_hosts keywords, and a warning naming file:line for a keyword we do not honour.
+known_hosts keywords, every `CertificateFile` line (paramiko keeps only the first), and a
+warning naming file:line for a keyword we do not honour.
 """
 
 from __future__ import annotations
@@ -30,12 +31,16 @@ USER_KNOWN_HOSTS = ("~/.ssh/known_hosts", "~/.ssh/known_hosts2")
 GLOBAL_KNOWN_HOSTS = ("/etc/ssh/ssh_known_hosts", "/etc/ssh/ssh_known_hosts2")
 MAX_INCLUDE_DEPTH = 16
 LINE = re.compile(r"(\w+)(?:\s*=\s*|\s+)(.+)")
+# paramiko keeps the first value of a keyword (IdentityFile aside), but ssh adds up
+# CertificateFile lines: each is handed to paramiko under a keyword of its own, `certfileN`.
+CERT_FILE_KEY = "certfile"
 
 # What we act on (BatchMode: we never prompt, so it is always on).
 _HONOURED = """
     host match include hostname user port identityfile identitiesonly proxyjump proxycommand
     userknownhostsfile globalknownhostsfile stricthostkeychecking hostkeyalias checkhostip
     hashknownhosts connecttimeout serveraliveinterval batchmode canonicalizehostname
+    certificatefile
     canonicaldomains canonicalizemaxdots canonicalizefallbacklocal
 """
 HONOURED = frozenset(_HONOURED.split())
@@ -81,6 +86,7 @@ class Target:
     connect_timeout: float
     keepalive_s: float | None  # ServerAliveInterval when set
     trust: HostTrust
+    certificate_files: tuple[str, ...] = ()  # CertificateFile, `~` and tokens expanded
 
 
 class SshConfig:
@@ -93,12 +99,15 @@ class SshConfig:
             full = os.path.expanduser(name)
             if os.path.isfile(full):
                 self._read(full, is_user, "", 0)
-        text = "\n".join(f"{keyword} {value}" for _, keyword, value in self.lines)
+        text = "\n".join(f"{_paramiko_keyword(keyword, n)} {value}"
+                         for n, (_, keyword, value) in enumerate(self.lines))
         self._config = paramiko.SSHConfig.from_text(text)
 
     def lookup(self, alias: str) -> paramiko.SSHConfigDict:
         found = self._config.lookup(alias)
         for keyword, value in found.items():
+            if keyword.startswith(CERT_FILE_KEY):
+                continue
             switched_off = isinstance(value, str) and value.lower() in ("no", "none")
             if keyword not in HONOURED and keyword not in NO_EFFECT and not switched_off:
                 where = self._origin(keyword, value)
@@ -147,6 +156,10 @@ class SshConfig:
         if depth == 0:
             # The next top-level file (the system config) starts outside any block.
             self.lines.append((f"{path}:end", "Host", "*"))
+
+
+def _paramiko_keyword(keyword: str, number: int) -> str:
+    return f"{CERT_FILE_KEY}{number}" if keyword.lower() == "certificatefile" else keyword
 
 
 def _as_match(word: str, value: str) -> str:
@@ -203,6 +216,7 @@ def resolve(alias: str, config: SshConfig, options: SshOptions,
         port=port,
         user=user,
         identity_files=tuple(options.identity_files) + tuple(found.get("identityfile", [])),
+        certificate_files=_certificate_files(found, tokens),
         identities_only=_yes(found.get("identitiesonly")),
         proxy_jump=None if not jump or jump.lower() == "none" else jump,
         proxy_command=command if command and command.lower() != "none" else None,
@@ -217,6 +231,18 @@ def resolve(alias: str, config: SshConfig, options: SshOptions,
             hash_known_hosts=_yes(found.get("hashknownhosts")),
         ),
     )
+
+
+def _certificate_files(found: paramiko.SSHConfigDict, tokens: dict[str, str]
+                       ) -> tuple[str, ...]:
+    """Every CertificateFile that applies, in the order ssh reads them, each once."""
+    files: list[str] = []
+    for keyword, value in found.items():  # in the order the lines were read
+        if keyword.startswith(CERT_FILE_KEY):
+            path = os.path.expanduser(expand_tokens(value, tokens))
+            if path not in files:
+                files.append(path)
+    return tuple(files)
 
 
 def _yes(value: str | None) -> bool:

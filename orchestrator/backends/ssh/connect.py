@@ -1,8 +1,9 @@
 """Connections to nodes over SSH (paramiko), decided as `ssh NODE` would decide them.
 
 config.py resolves each host as `ssh -G` would; trust.py judges its host key as ssh's
-known_hosts checks would; this module opens the connections (through ProxyJump hops or a
-ProxyCommand), in parallel, and turns every failure into a NodeError naming the host.
+known_hosts checks would; identities.py logs in with the keys ssh would offer; this module
+opens the connections (through ProxyJump hops or a ProxyCommand), in parallel, and turns
+every failure into a NodeError naming the host.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from orchestrator.backends.base import (
     SshOptions,
 )
 from orchestrator.backends.ssh.config import SshConfig, Target, resolve
+from orchestrator.backends.ssh.identities import OfferedKeys
 from orchestrator.backends.ssh.trust import HostKeyRefused, Trust
 from orchestrator.errors import NodeError, NodeErrors
 from orchestrator.hostfile import Host
@@ -185,10 +187,8 @@ def _open_client(target: Target, session: SshSession, sock: object | None,
     try:
         client.connect(
             target.hostname, port=target.port, username=target.user,
-            key_filename=list(target.identity_files) or None,
-            allow_agent=not target.identities_only,
-            # As ssh: the default keys (~/.ssh/id_*) only when no IdentityFile is named.
-            look_for_keys=not target.identity_files, timeout=timeout,
+            # The keys ssh would offer, certificates included, in its order.
+            auth_strategy=OfferedKeys(target), timeout=timeout,
             banner_timeout=timeout, auth_timeout=timeout, sock=sock,
             transport_factory=lambda *a, **kw: _transport(algorithms, *a, **kw),
         )
@@ -218,8 +218,6 @@ def _open_client(target: Target, session: SshSession, sock: object | None,
                         "unreachable from here?)") from None
     except (OSError, EOFError, paramiko.SSHException) as exc:
         client.close()
-        if str(exc) == NO_KEY_TO_OFFER:
-            raise _authentication_failed(shown, target, where, exc) from None
         raise NodeError(shown, f"cannot connect to {where}: {exc}") from None
     keepalive = KEEPALIVE_S if target.keepalive_s is None else int(target.keepalive_s)
     client.get_transport().set_keepalive(keepalive)
@@ -246,16 +244,12 @@ def _refused(shown: str, target: Target, exc: HostKeyRefused) -> NodeError:
     return NodeError(shown, message, exit_code=2)
 
 
-# paramiko's words when it found no key to try at all: no agent, no default key, no
-# IdentityFile. It raises a plain SSHException for it, not an AuthenticationException.
-NO_KEY_TO_OFFER = "No authentication methods available"
-
-
 def _authentication_failed(shown: str, target: Target, where: str,
                            exc: Exception) -> NodeError:
     return NodeError(shown, f"authentication failed as {target.user}@{where} ({exc}); "
                      "check the user (hostfile user=, ssh config User) and that your key "
-                     "is in the ssh-agent, a default key, or an IdentityFile", exit_code=2)
+                     "is in the ssh-agent, a default key, or an IdentityFile (a certificate: "
+                     "CertificateFile, or KEY-cert.pub beside it)", exit_code=2)
 
 
 class _Transport(paramiko.Transport):

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import paramiko
 
-from orchestrator.backends.ssh.certs import CERT_SUFFIX, HostCertificate, host_certificate
+from orchestrator.backends.ssh.certs import CERT_SUFFIX, Certificate, host_certificate
 from orchestrator.backends.ssh.config import Target
 from orchestrator.backends.ssh.known_hosts import (
     CERT_AUTHORITY,
@@ -159,7 +159,7 @@ class Trust:
 
 
 def _judge(keys: list[KnownKey], name: str, principal: str, plain: bytes,
-           cert: HostCertificate | None) -> str:
+           cert: Certificate | None) -> str:
     """The status of a key under one name: revoked, a valid certificate, else as plain."""
     revoked = {k.blob for k in keys if k.marker == REVOKED and k.matches(name)}
     if plain in revoked or (cert is not None and cert.ca_blob in revoked):
