@@ -117,10 +117,17 @@ class LaunchPlan:
             "master_port": f"{self.master_port}  # {self.master_port_reason}",
             "secrets": list(self.secret_names),
             **({"selection": self.selection} if self.selection else {}),
-            **({"max_restarts": f"{self.max_restarts}  # torchrun --max-restarts, c10d "
-                                "rendezvous at the master"} if self.max_restarts else {}),
+            **restarts_entry(self.max_restarts),
             "nodes": [_node_dict(node) for node in self.nodes],
         }
+
+
+def restarts_entry(max_restarts: int) -> dict[str, str]:
+    """plan.yaml's line for --max-restarts (none without restarts), for every backend."""
+    if not max_restarts:
+        return {}
+    return {"max_restarts": f"{max_restarts}  # torchrun --max-restarts, c10d rendezvous at "
+                            "the master"}
 
 
 def _node_dict(node: NodePlan) -> dict:

@@ -139,6 +139,34 @@ def test_check_passes_on_three_nodes_with_exact_values_and_bandwidth(
     assert_nothing_left(cluster, run.run_id)
 
 
+def test_check_with_a_selection_runs_only_the_selected_slots(
+        cluster: Cluster, tmp_path: Path) -> None:
+    """DeepSpeed's --include out of a shared 3-host hostfile with slots=4: the check says
+    what was selected, probes and runs only those hosts, one rank per chosen slot id, each
+    rank seeing its node's chosen ids as CUDA_VISIBLE_DEVICES."""
+    hostfile = cluster.write_hostfile(tmp_path / "hosts.txt", slots=4)
+    first, skipped, last = (node.name for node in cluster.nodes[:3])
+    include = f"{first}:1,3@{last}:2"
+    run = run_check(cluster, tmp_path, hostfile, "--include", include, "--skip-bandwidth")
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert f"[check] 2 node(s), 3 rank(s) from {hostfile} (--include {include})" in run.stdout
+    assert "RESULT: passed (2 node(s), 3 rank(s), gloo)" in run.stdout
+    assert run.report["selection"] == f"--include {include}"
+    assert [(n["host"], n["slots"]) for n in run.report["nodes"]] == [(first, 2), (last, 1)]
+    assert table_row(run.stdout, first) and not any(
+        line.startswith(skipped + " ") for line in run.stdout.splitlines())
+    assert all(row["ok"] for row in run.report["collectives"])
+    status = json.loads((run.run_dir / run.run_id / "status.json").read_text())
+    assert [(r["host"], r["local_rank"]) for r in status["ranks"]] == \
+        [(first, 0), (first, 1), (last, 0)]
+    starts = {rank: next(r for r in found if r["kind"] == "start")
+              for rank, found in rank_records(run, 3).items()}
+    assert [(s["local_rank"], s["cuda_visible_devices"]) for s in starts.values()] == \
+        [(0, "1,3"), (1, "1,3"), (0, "2")]
+    assert not (run.run_dir / run.run_id / "logs" / "rank-3.log").exists()
+    assert_nothing_left(cluster, run.run_id)
+
+
 def unused_address(cluster: Cluster) -> str:
     taken = {node.address for node in cluster.nodes} | {cluster.bridge_address}
     hosts = list(ipaddress.ip_network(cluster.subnet).hosts())

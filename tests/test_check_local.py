@@ -32,6 +32,10 @@ def test_help_does_not_import_torch(tmp_path: Path) -> None:
     (["--max-size", "12Q"], "--max-size: '12Q' is not a size"),
     (["--nproc-per-node", "0"], "--nproc-per-node"),
     (["--master-port", "70000"], "--master-port must be a number from 1 to 65535"),
+    (["--include", "localhost:5"], "--include 'localhost:5': host localhost has no slot 5 "
+                                   "(its slots are 0-1; hosts.txt:1)"),
+    (["--exclude", "nosuch"], "--exclude 'nosuch': host 'nosuch' is not in hosts.txt"),
+    (["--exclude", "localhost"], "--exclude 'localhost' leaves no slot on any host"),
 ])
 def test_bad_input_exits_2_before_touching_a_node(tmp_path: Path, args: list[str],
                                                   message: str) -> None:

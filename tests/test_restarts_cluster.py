@@ -9,18 +9,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli_helpers import REPO, assert_nothing_left, run_cli, status_of
-from tests.trainer_helpers import load_weights, max_abs_difference
+from tests.cli_helpers import assert_nothing_left, run_cli, status_of
+from tests.trainer_helpers import (
+    CRASH_ONCE,
+    CRASH_ONCE_ARGS,
+    RESUME_TOLERANCE,
+    load_weights,
+    max_abs_difference,
+)
 
 pytestmark = pytest.mark.cluster
-
-CRASH_ONCE = REPO / "tests" / "data" / "crash_once.py"
-# About 85 steps per epoch on 3 ranks: the crash comes well before the end.
-TRAINER_ARGS = ["--synthetic-samples", "2048", "--batch-size", "8", "--epochs", "2",
-                "--no-eval", "--checkpoint-every", "10", "--log-every", "20", "--resume"]
-# As in test_trainer_equivalence: a resumed run matches a straight one to float rounding
-# (here the two runs also rendezvous differently: c10d with restarts, static without).
-RESUME_TOLERANCE = 1e-6
 
 
 def launch(cluster, tmp_path: Path, run_id: str, *args: str, crash_rank: int | None = None):
@@ -29,7 +27,7 @@ def launch(cluster, tmp_path: Path, run_id: str, *args: str, crash_rank: int | N
     env = [f"--env=CRASH_ONCE_RANK={crash_rank}"] if crash_rank is not None else []
     result = run_cli(["launch", str(hostfile), "--run-dir", str(tmp_path / "runs"),
                       "--run-id", run_id, "--color", "never", "--env=OMP_NUM_THREADS=1",
-                      *env, *args, "--", str(CRASH_ONCE), *TRAINER_ARGS,
+                      *env, *args, "--", str(CRASH_ONCE), *CRASH_ONCE_ARGS,
                       "--checkpoint-dir", str(checkpoints)],
                      cwd=tmp_path, env=cluster.environ(), timeout=400)
     return result, checkpoints

@@ -17,7 +17,15 @@ from pathlib import Path
 
 import pytest
 
+from tests.cli_helpers import REPO
 from tests.lab.slurm import SlurmCluster
+from tests.trainer_helpers import (
+    CRASH_ONCE,
+    CRASH_ONCE_ARGS,
+    RESUME_TOLERANCE,
+    load_weights,
+    max_abs_difference,
+)
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slurm]
 
@@ -26,6 +34,10 @@ import os
 import torch
 import torch.distributed as dist
 
+if os.environ["RANK"] == os.environ.get("CRASH_ONCE_RANK") and \
+        os.environ["TORCHELASTIC_RESTART_COUNT"] == "0":
+    print(f"rank {os.environ['RANK']} crashes once", flush=True)
+    raise SystemExit(3)
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
 value = torch.tensor([float(rank + 1)])
@@ -169,6 +181,26 @@ def test_rendered_script_submitted_by_hand(slurm_cluster: SlurmCluster, work: Pa
     nodes = re.findall(r"rank \d/2 on (\S+): all_reduce 3 expected 3", output)
     assert len(set(nodes)) == 2, output
     assert_gone(slurm_cluster, job_id, "byhand")
+
+
+def test_rendered_script_with_restarts_submitted_by_hand(slurm_cluster: SlurmCluster,
+                                                         work: Path) -> None:
+    """`render --backend slurm --max-restarts 1`: the c10d rendezvous across the allocation,
+    a rank that crashes once, torchrun restarting both nodes' workers, the job completing."""
+    done = orchestrator(slurm_cluster, work, "render", "--backend", "slurm", "--nodes", "2",
+                        "--max-restarts", "1", "--env", "CRASH_ONCE_RANK=1", "-o", "out",
+                        "--run-id", "byhand-restarts", "--", "all_reduce.py")
+    assert done.returncode == 0, done.stderr
+    job_id = slurm_cluster.sbatch(work / "out" / "job.sbatch", cwd=work)
+    info = slurm_cluster.wait_job(job_id, timeout=150)
+    output = (work / f"slurm-{job_id}.out").read_text()
+    assert (info["JobState"], info["ExitCode"]) == ("COMPLETED", "0:0"), output
+    assert output.count("rank 1 crashes once") == 1, output
+    after = output.split("rank 1 crashes once")[1]
+    nodes = re.findall(r"rank (\d)/2 on (\S+): all_reduce 3 expected 3", after)
+    assert sorted(rank for rank, _ in nodes) == ["0", "1"], output  # both ran again
+    assert len({node for _, node in nodes}) == 2, output
+    assert_gone(slurm_cluster, job_id, "byhand-restarts")
 
 
 def test_failing_rank_ends_the_job_and_is_named(slurm_cluster: SlurmCluster,
@@ -336,3 +368,45 @@ def test_bundled_trainer_checkpoints_on_the_signal_and_resumes(
     assert (work / resumed.group(1)).is_file()
     assert proc.returncode == 130 and status_of(work, "train")["attempt"] == 1
     assert_gone(slurm_cluster, job_id, "train")
+
+
+def test_a_rank_crashing_once_restarts_and_resumes_to_the_same_model(
+        slurm_cluster: SlurmCluster, work: Path) -> None:
+    """--max-restarts 1 through the sbatch script's c10d rendezvous: rank 1 crashes once after
+    the first checkpoint, torchrun restarts the workers on both nodes, the job goes on, the
+    trainer resumes and ends with the model of an uninterrupted run (2 local ranks: the same
+    world size, quicker than a second SLURM job)."""
+    trainer = ["--", str(CRASH_ONCE), *CRASH_ONCE_ARGS, "--synthetic-samples", "1024"]
+    done = orchestrator(slurm_cluster, work, *launch_args(
+        work, "restart", "--nodes", "2", "--max-restarts", "1", "--env=CRASH_ONCE_RANK=1",
+        "--env=OMP_NUM_THREADS=1", *trainer, "--checkpoint-dir", "ckpt-restart"), timeout=300)
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out
+    job_id = job_id_in(done.stdout)
+    status = status_of(work, "restart")
+    host = status["nodes"][1]["host"]
+    assert f"rank 1 on {host} failed with exit code 3; torchrun restarts the workers " \
+           "(--max-restarts 1 per node)" in out
+    assert re.search(rf"restarted 1 time\(s\) \(--max-restarts 1\):\n.*restart 1: rank 1 on "
+                     rf"{host} ended with exit code 3 after [\d.]+ s\n.*run restart succeeded",
+                     out), out
+    assert (status["state"], status["slurm_state"], status["restarts"]) == \
+        ("succeeded", "COMPLETED", 1), status
+    assert status["restart_causes"][0].startswith(f"restart 1: rank 1 on {host} ended with "
+                                                  "exit code 3"), status
+    assert [r["state"] for r in status["ranks"]] == ["succeeded"] * 2
+    logs = work / "runs" / "restart" / "logs"
+    rank1 = (logs / "rank-1.log").read_text()
+    assert "rank 1 crashing once (attempt 0)" in rank1
+    assert rank1.split("crashing once")[1].count("rank 1/2 started") == 1, rank1  # again
+    rank0 = (logs / "rank-0.log").read_text()  # rank 0 reports the trainer's progress
+    assert re.search(r"resumed from ckpt-restart/ckpt-\d+\.pt at step [1-9]", rank0), rank0
+    assert_gone(slurm_cluster, job_id, "restart")
+
+    plain = orchestrator(slurm_cluster, work, "launch", str(REPO / "hostfiles" / "local.txt"),
+                         "--run-dir", str(work / "runs"), "--run-id", "plain",
+                         "--env=OMP_NUM_THREADS=1", *trainer, "--checkpoint-dir", "ckpt-plain")
+    assert plain.returncode == 0, plain.stdout + plain.stderr
+    difference = max_abs_difference(load_weights(work / "ckpt-restart" / "final.pt"),
+                                    load_weights(work / "ckpt-plain" / "final.pt"))
+    assert difference <= RESUME_TOLERANCE, difference

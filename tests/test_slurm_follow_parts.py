@@ -17,7 +17,8 @@ from orchestrator.slurm.stream import AttemptFiles, read_fields
 from orchestrator.supervise import NodeState, RankState, Supervisor
 
 
-def supervisor(tmp_path: Path, nnodes: int = 2, nproc: int = 1) -> Supervisor:
+def supervisor(tmp_path: Path, nnodes: int = 2, nproc: int = 1,
+               max_restarts: int = 0) -> Supervisor:
     """As the follower builds one for an attempt: no sessions, SLURM stops the nodes."""
     nodes, ranks, labels = [], [], {}
     for k in range(nnodes):
@@ -28,7 +29,7 @@ def supervisor(tmp_path: Path, nnodes: int = 2, nproc: int = 1) -> Supervisor:
             labels[rank] = f"n{k} r{rank}"
     sink = LogSink(tmp_path / "logs", labels, {k: f"n{k}" for k in range(nnodes)}, None, False)
     return Supervisor(nodes, ranks, [], queue.Queue(), sink, grace=0, heartbeat_timeout=0,
-                      stop_on_failure=False)
+                      stop_on_failure=False, max_restarts=max_restarts)
 
 
 def write(path: Path, text: str) -> None:
@@ -48,7 +49,7 @@ def test_an_attempt_streams_output_then_starts_and_exits_in_the_order_they_happe
 
     def pump() -> None:
         files.pump(sup.sink, sup, lambda *exit: (exits.append(exit),
-                                                 sup.rank_exited(*exit)))
+                                                 sup.rank_exited(*exit)), sup.node_exited)
         sup.sink.flush()
 
     pump()  # nothing written yet (the node directories do not even exist)
@@ -85,12 +86,55 @@ def test_a_rank_exit_waits_until_its_output_is_read(tmp_path: Path) -> None:
     write(files.node_dir(0) / "rank-0.exit", "0 5.0\n")
     write(files.node_dir(0) / "rank-0.out", "x" * (3 << 20) + "\n")  # more than one pump reads
     exits: list[tuple[int, int, float]] = []
-    files.pump(sup.sink, sup, lambda *exit: exits.append(exit))
+    files.pump(sup.sink, sup, lambda *exit: exits.append(exit), sup.node_exited)
     assert exits == []
     while not exits:
-        files.pump(sup.sink, sup, lambda *exit: exits.append(exit))
+        files.pump(sup.sink, sup, lambda *exit: exits.append(exit), sup.node_exited)
     sup.sink.close()
     assert (tmp_path / "logs" / "rank-0.log").stat().st_size == (3 << 20) + 1
+
+
+def test_a_rewritten_rank_exit_is_the_ranks_next_run_ending(tmp_path: Path) -> None:
+    """--max-restarts: run_rank rewrites rank-R.exit each time torchrun's restart of the rank
+    ends; each new line is passed on once, and output after a failure means it runs again."""
+    sup = supervisor(tmp_path, nnodes=1, nproc=2, max_restarts=1)
+    files = AttemptFiles(tmp_path / "attempt0", nnodes=1, nproc=2)
+    exits: list[tuple[int, int, float]] = []
+
+    def pump() -> None:
+        files.pump(sup.sink, sup, lambda *exit: (exits.append(exit),
+                                                 sup.rank_exited(*exit)), sup.node_exited)
+
+    node = files.node_dir(0)
+    write(node / "node.start", "1 1.0\n")
+    write(node / "rank-1.out", "rank 1 crashing\n")
+    write(node / "rank-1.exit", "3 2.0 \n")
+    write(node / "rank-0.out", "rank 0 step 5\n")
+    write(node / "rank-0.exit", "143 2.1 \n")  # torchrun stopped it to restart
+    pump()
+    pump()
+    assert exits == [(1, 3, 2.0), (0, 143, 2.1)]
+    assert [sup.ranks[r].state for r in (0, 1)] == ["restarting", "restarting"]
+    write(node / "rank-1.out", "rank 1 resumed\n")
+    pump()
+    assert sup.ranks[1].state == "running" and sup.ranks[0].state == "restarting"
+    (node / "rank-1.exit").write_text("0 9.0 \n")
+    (node / "rank-0.exit").write_text("0 9.5 \n")
+    pump()
+    pump()
+    assert exits[2:] == [(1, 0, 9.0), (0, 0, 9.5)]
+    write(node / "node.exit", "0 10.0\n")
+    pump()
+    outcome = job_outcome(7, JobInfo("COMPLETED", exit_code=0), sup, None, tmp_path / "none")
+    assert (outcome.state, outcome.exit_code) == ("succeeded", 0)
+    lines = outcome.summary.splitlines()
+    assert lines[0] == "restarted 1 time(s) (--max-restarts 1):"
+    assert lines[1].startswith("  restart 1: rank 1 on n0 ended with exit code 3 after ")
+    assert sup.status()["restarts"] == 1
+    sup.sink.flush()
+    assert (tmp_path / "logs" / "rank-1.log").read_text() == "rank 1 crashing\nrank 1 resumed\n"
+    files.close()
+    sup.sink.close()
 
 
 @pytest.mark.parametrize(("text", "fields"), [("0 1.5\n", ["0", "1.5"]), ("0 1.5", None),

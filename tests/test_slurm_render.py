@@ -101,14 +101,20 @@ def test_golden_restarts_use_c10d_in_node_order() -> None:
     assert '--rdzv-id="$SLURM_JOB_ID"' in script and "--node_rank" not in script
 
 
-def test_launch_with_restarts_is_refused_until_followed(tmp_path: Path) -> None:
+def test_launch_with_restarts_dry_run_shows_the_c10d_script(tmp_path: Path) -> None:
+    """Followed like any job (a failing rank is a restart until torchrun gives up)."""
+    import io
+
     from orchestrator.launcher import LaunchOptions
     from orchestrator.slurm.submit import launch_slurm
 
     options = LaunchOptions(run_dir=str(tmp_path), run_id="r", argv=ARGV)
-    with pytest.raises(ConfigError, match="--max-restarts with `launch --backend slurm` is "
-                                          "not supported yet: use `render --backend slurm"):
-        launch_slurm(None, spec("-m", "pkg", max_restarts=1), SlurmOptions(nodes=2), options)
+    out = io.BytesIO()
+    assert launch_slurm(None, spec("-m", "pkg", max_restarts=1), SlurmOptions(nodes=2),
+                        options, dry_run=True, out=out) == 0
+    shown = out.getvalue().decode()
+    assert "--max-restarts=1 \\\n        --rdzv-backend=c10d" in shown
+    assert "max_restarts: '1  # torchrun --max-restarts, c10d rendezvous" in shown
     assert not any(tmp_path.iterdir())
 
 

@@ -98,8 +98,10 @@ def run(args: argparse.Namespace, reporter: Reporter) -> int:
     reporter.phase = "init_process_group"
     dist.init_process_group(args.backend, timeout=timedelta(seconds=args.timeout))
     rank, world_size = dist.get_rank(), dist.get_world_size()
+    # CUDA_VISIBLE_DEVICES as the rank sees it: a selection's slot ids (--include ...)
     reporter.emit("start", world_size=world_size, local_rank=local_rank, backend=args.backend,
-                  device=str(device), host=socket.gethostname(), torch=torch.__version__)
+                  device=str(device), host=socket.gethostname(), torch=torch.__version__,
+                  cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"))
 
     def sync() -> None:
         if device.type == "cuda":

@@ -98,8 +98,9 @@ def run_check(cluster: Cluster, options: CheckOptions, out: TextIO | None = None
     spec = job_spec(options)
     layout = make_plan(cluster, spec, options.run_id)  # bad input (max_slots...) fails here
     slots = [node.nproc for node in layout.nodes]
+    chosen = f" ({cluster.selection})" if cluster.selection else ""  # --include/--exclude/...
     say(f"[check] {len(cluster.hosts)} node(s), {layout.world_size} rank(s) from "
-        f"{cluster.path}")
+        f"{cluster.path}{chosen}")
     connections = connect_each(cluster, options.ssh)
     try:
         return _check(cluster, options, spec, slots, connections, started, say)
@@ -155,7 +156,8 @@ def _check(cluster: Cluster, options: CheckOptions, spec: JobSpec, slots: list[i
     if options.json_path:
         write_json(options.json_path, {
             "ok": not problems and not job.interrupted, "elapsed_s": round(elapsed, 3),
-            "hostfile": cluster.path, "run_id": options.run_id, "run_dir": options.run_dir,
+            "hostfile": cluster.path, "selection": cluster.selection or None,
+            "run_id": options.run_id, "run_dir": options.run_dir,
             "job": job.state, "backend": backend, "backend_reason": backend_reason,
             "world_size": world_size,
             "master": {"host": master.host, "addr": master.addr, "port": master.port},

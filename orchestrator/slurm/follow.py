@@ -4,8 +4,10 @@ Polling: squeue (sacct once it has ended) says queued/running/ended. Once nodes 
 attempt's files are streamed (orchestrator.slurm.stream) into the same `LogSink` the SSH
 path uses, and rank and node exits drive a `Supervisor` without sessions (SLURM stops the
 nodes: srun --kill-on-bad-exit, scancel), which decides the first failing rank and writes
-the same summaries and status; orchestrator.slurm.outcome says how the job ended. A
-requeued job starts a new attempt. Ctrl-C cancels the job (scancel) and waits until squeue
+the same summaries and status; orchestrator.slurm.outcome says how the job ended. Under
+--max-restarts a failing rank is a restart (torchrun starts the workers again, the job
+goes on) until a node's torchrun gives up, as on SSH nodes. A requeued job starts a new
+attempt. Ctrl-C cancels the job (scancel) and waits until squeue
 no longer lists it.
 """
 
@@ -83,6 +85,8 @@ class Follower:
                 signal.signal(signum, handler)
         elapsed = time.monotonic() - self.started
         if outcome.state == "succeeded":
+            if outcome.summary:  # the restarts it took
+                self.note(outcome.summary)
             self.note(f"run {self.job.run_id} succeeded in {elapsed:.1f} s")
         else:
             self.note(outcome.summary)
@@ -185,6 +189,7 @@ class Follower:
                          attempt=details.restarts)
         self.sup = Supervisor(nodes, ranks, [], queue.Queue(), self.sink, grace=0,
                               heartbeat_timeout=0, stop_on_failure=False,
+                              max_restarts=job.max_restarts,
                               on_change=lambda sup: self.write_status(sup))
         if self.interrupted_by is not None:
             self.sup.begin_stop(0, f"{signal.Signals(self.interrupted_by).name} to the "
@@ -197,18 +202,29 @@ class Follower:
         for line in self.batch.read_lines(READ_BYTES).decode(errors="replace").splitlines():
             self.sink.note(f"batch: {line}")
         if self.sup is not None and self.files is not None:
-            self.files.pump(self.sink, self.sup, self._rank_exited)
+            self.files.pump(self.sink, self.sup, self._rank_exited, self._node_exited)
         self.sink.flush()
 
     def _rank_exited(self, rank: int, code: int, when: float) -> None:
         sup = self.sup
         assert sup is not None
         sup.rank_exited(rank, code, when)
-        if code != 0 and not sup.stopping:
+        # "restarting" (--max-restarts): torchrun starts the workers again, the job goes on.
+        if sup.ranks[rank].state == "failed" and not sup.stopping:
             host = sup.ranks[rank].host
             self.note(f"rank {rank} on {host} ended with {describe_exit(code)}; srun ends the "
                       "job step on every node (--kill-on-bad-exit)")
             sup.begin_stop(0, f"rank {rank} on {host} failed")
+            sup.stop_wall = when  # ranks that end after it were stopped, not failed
+
+    def _node_exited(self, node: NodeState, code: int, when: float) -> None:
+        sup = self.sup
+        assert sup is not None
+        sup.node_exited(node, code, when)
+        if code != 0 and not sup.stopping and self.job.max_restarts:
+            self.note(f"{node.host}: torchrun gave up ({describe_exit(code)}, --max-restarts "
+                      f"{self.job.max_restarts} spent); srun ends the job step on every node")
+            sup.begin_stop(0, f"{node.host} failed")
             sup.stop_wall = when  # ranks that end after it were stopped, not failed
 
     def _outcome(self) -> Outcome:

@@ -48,7 +48,7 @@ def job_outcome(job_id: int, info: JobInfo, sup: Supervisor | None,
         signame = signal.Signals(interrupted_by).name
         return Outcome("stopped", 128 + interrupted_by, f"stopped by {signame}: {name} cancelled")
     if info.state == "COMPLETED" and (ranks is None or ranks.state == "succeeded"):
-        return Outcome("succeeded", 0)
+        return ranks or Outcome("succeeded", 0)  # the ranks' says which restarts it took
     if info.state in JOB_ENDINGS:
         summary = f"job ended: {name} ended {info.state}: {JOB_ENDINGS[info.state]}"
         if ranks is not None and ranks.summary:

@@ -29,7 +29,7 @@ from dataclasses import dataclass, fields
 
 from orchestrator.errors import ConfigError
 from orchestrator.hostfile import Cluster
-from orchestrator.plan import IFNAME_VARS, VISIBLE_DEVICES
+from orchestrator.plan import IFNAME_VARS, VISIBLE_DEVICES, restarts_entry
 from orchestrator.render import render_template
 from orchestrator.spec import JobSpec, Program
 
@@ -124,6 +124,7 @@ class SlurmJob:
                if self.selection else {}),
             **({"cores": "(computed on each node at its start from its own topology)"}
                if self.bind_cores else {}),
+            **restarts_entry(self.max_restarts),
         }
 
 

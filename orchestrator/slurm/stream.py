@@ -4,7 +4,9 @@ The sbatch script writes, under `<job dir>/attempt<restart>/node<K>/` on the sha
 system, each rank's output and exit (rank-R.out, rank-R.exit) and the node's own output,
 start and exit (node.out, node.start, node.exit). `AttemptFiles.pump` tails the output as
 whole lines into the sink and passes starts and exits on to the `Supervisor`, a rank's exit
-only once all its output is on the way (as the agent does on SSH nodes).
+only once all its output is on the way (as the agent does on SSH nodes). Under torchrun's
+--max-restarts a rank runs again within the same attempt: its rank-R.out grows on and its
+rank-R.exit is rewritten when it ends again, which is passed on as its next exit.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from pathlib import Path
 
 from orchestrator.agent.ranks import RankFile
 from orchestrator.logs import LogSink
-from orchestrator.supervise import Supervisor
+from orchestrator.supervise import NodeState, Supervisor
 
 READ_BYTES = 1 << 20  # per file and pump
 
@@ -31,7 +33,7 @@ class AttemptFiles:
             for rank in range(k * nproc, (k + 1) * nproc):
                 self.rank_files[rank] = RankFile(rank, str(self.node_dir(k) / f"rank-{rank}.out"))
             self.node_files[k] = RankFile(k, str(self.node_dir(k) / "node.out"))
-        self.exited: set[int] = set()
+        self.reported: dict[int, list[str]] = {}  # rank -> its rank-R.exit last passed on
 
     def node_dir(self, k: int) -> Path:
         return self.attempt_dir / f"node{k}"
@@ -43,12 +45,16 @@ class AttemptFiles:
                 tail.fd = None
 
     def pump(self, sink: LogSink, sup: Supervisor,
-             rank_exited: Callable[[int, int, float], None]) -> None:
+             rank_exited: Callable[[int, int, float], None],
+             node_exited: Callable[[NodeState, int, float], None]) -> None:
         """Pass on new output; record node starts, then rank exits (in the order they
-        happened, through `rank_exited(rank, code, when)`), then node exits."""
+        happened, through `rank_exited(rank, code, when)`), then node exits (through
+        `node_exited(node, code, when)`)."""
         for rank, rank_file in self.rank_files.items():
             if data := rank_file.read_lines(READ_BYTES):
                 sink.rank_output(rank, data)
+                if sup.ranks[rank].state == "restarting":  # output again: torchrun restarted it
+                    sup.rank_restarted(sup.ranks[rank])
         for node in sup.nodes:
             if node.state == "starting" and (start := read_fields(self.node_dir(node.index) /
                                                                   "node.start")):
@@ -60,13 +66,14 @@ class AttemptFiles:
                 sink.node_output(node.index, data)
         ended = []
         for rank, rank_file in self.rank_files.items():
-            fields = None if rank in self.exited else read_fields(
-                self.node_dir(sup.ranks[rank].node) / f"rank-{rank}.exit")
-            if fields and rank_file.at_end():
-                sink.rank_output(rank, rank_file.rest())
-                ended.append((float(fields[1]), rank, int(fields[0]), fields[2:]))
+            fields = read_fields(self.node_dir(sup.ranks[rank].node) / f"rank-{rank}.exit")
+            # Not there yet, or passed on already: a new line is the rank's next run ending.
+            if not fields or self.reported.get(rank) == fields or not rank_file.at_end():
+                continue
+            self.reported[rank] = fields
+            sink.rank_output(rank, rank_file.rest())
+            ended.append((float(fields[1]), rank, int(fields[0]), fields[2:]))
         for when, rank, code, error_file in sorted(ended):
-            self.exited.add(rank)
             if error_file and os.path.isfile(error_file[0]):
                 sup.ranks[rank].error_file = Path(error_file[0]).read_text(errors="replace")
             rank_exited(rank, code, when)
@@ -74,7 +81,7 @@ class AttemptFiles:
             if not node.done and (fields := read_fields(self.node_dir(node.index) /
                                                         "node.exit")):
                 sink.node_output(node.index, self.node_files[node.index].rest())
-                sup.node_exited(node, int(fields[0]), float(fields[1]))
+                node_exited(node, int(fields[0]), float(fields[1]))
 
 
 def read_fields(path: Path) -> list[str] | None:

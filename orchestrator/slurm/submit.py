@@ -61,12 +61,6 @@ def launch_slurm(cluster: Cluster | None, spec: JobSpec, slurm_options: SlurmOpt
                  out: BinaryIO | None = None) -> int:
     """Submit the job and follow it to its end (or return after submission with detach)."""
     out = out or sys.stdout.buffer
-    if spec.max_restarts and not dry_run:
-        # The follower would take the first failing rank for the job's failure, while
-        # torchrun restarts it: refused until it follows restarts (render supports them).
-        raise ConfigError("--max-restarts with `launch --backend slurm` is not supported yet: "
-                          "use `render --backend slurm --max-restarts N -o DIR` and submit "
-                          "DIR/job.sbatch with sbatch, or launch over SSH")
     program = spec.program
     if not slurm_options.login and not program.is_module:
         path = os.path.join(spec.workdir, program.target)
