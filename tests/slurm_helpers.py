@@ -1,0 +1,134 @@
+"""Shared by the SLURM end-to-end tests: the jobs they run, the fixtures that give each test a
+clean queue and a work folder, and the checks every test ends with (SLURM no longer lists the
+job; no process of the run, ORCHESTRATOR_RUN_ID=<run id>, is left on any node).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.lab.slurm import SlurmCluster
+
+ALL_REDUCE = """\
+import os
+import torch
+import torch.distributed as dist
+
+if os.environ["RANK"] == os.environ.get("CRASH_ONCE_RANK") and \
+        os.environ["TORCHELASTIC_RESTART_COUNT"] == "0":
+    print(f"rank {os.environ['RANK']} crashes once", flush=True)
+    raise SystemExit(3)
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+value = torch.tensor([float(rank + 1)])
+dist.all_reduce(value)
+expected = world * (world + 1) / 2
+print(f"rank {rank}/{world} on {os.environ['SLURMD_NODENAME']}: all_reduce {value.item():g} "
+      f"expected {expected:g}", flush=True)
+dist.destroy_process_group()
+raise SystemExit(0 if value.item() == expected else 1)
+"""
+# No torch: fails (FAIL_RANK) or sleeps, quickly.
+RANKS = """\
+import os, sys, time
+rank = int(os.environ["RANK"])
+print(f"rank {rank} up on {os.environ['SLURMD_NODENAME']}", flush=True)
+if rank == int(os.environ.get("FAIL_RANK", "-1")):
+    print(f"rank {rank} fails now", flush=True)
+    sys.exit(3)
+time.sleep(300)
+"""
+# Waits for SIGUSR1, saves a "checkpoint" and exits 128+SIGUSR1; after a requeue, resumes.
+CHECKPOINTING = """\
+import os, signal, sys, time
+from pathlib import Path
+rank = int(os.environ["RANK"])
+checkpoint = Path(sys.argv[1]) / f"rank-{rank}.ckpt"
+if checkpoint.exists():
+    print(f"rank {rank} resumed from {checkpoint.read_text()} "
+          f"(restart {os.environ['SLURM_RESTART_COUNT']})", flush=True)
+    raise SystemExit(0)
+got = []
+signal.signal(signal.SIGUSR1, lambda signum, frame: got.append(signum))
+print(f"rank {rank} waiting for SIGUSR1", flush=True)
+while not got:
+    time.sleep(0.05)
+checkpoint.write_text(f"checkpoint {rank}")
+print(f"rank {rank} got SIGUSR1", flush=True)
+raise SystemExit(128 + signal.SIGUSR1)
+"""
+
+
+@pytest.fixture(autouse=True)
+def no_job_outlives_its_test(slurm_cluster: SlurmCluster) -> Iterator[None]:
+    """A test that fails part-way must not leave its job queued or running for the next:
+    cancel whatever this private cluster still holds, and let the nodes go idle."""
+    yield
+    left = slurm_cluster.run(["squeue", "-h", "-o", "%i"], check=False).stdout.split()
+    if left:
+        slurm_cluster.run(["scancel", "--signal=KILL", *left], check=False)
+        slurm_cluster.wait_idle(timeout=60)
+
+
+@pytest.fixture
+def work(tmp_path: Path) -> Path:
+    for name, text in (("all_reduce.py", ALL_REDUCE), ("ranks.py", RANKS),
+                       ("checkpointing.py", CHECKPOINTING)):
+        (tmp_path / name).write_text(text)
+    return tmp_path
+
+
+def command(*args: str) -> list[str]:
+    return [sys.executable, "-m", "orchestrator", *args]
+
+
+def orchestrator(slurm: SlurmCluster, cwd: Path, *args: str, timeout: float = 180,
+                 env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(command(*args), cwd=cwd, env=env or slurm.environ(),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def launch_args(work: Path, run_id: str, *args: str) -> list[str]:
+    return ["launch", "--backend", "slurm", "--run-dir", str(work / "runs"), "--run-id", run_id,
+            "--color", "never", *args]
+
+
+def job_id_in(output: str) -> int:
+    match = re.search(r"SLURM job (\d+) submitted", output)
+    assert match, output
+    return int(match.group(1))
+
+
+def status_of(work: Path, run_id: str) -> dict:
+    return json.loads((work / "runs" / run_id / "status.json").read_text())
+
+
+def wait_for(predicate: Callable[[], object], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
+def combined(work: Path, run_id: str) -> str:
+    path = work / "runs" / run_id / "logs" / "combined.log"
+    return path.read_text(errors="replace") if path.exists() else ""
+
+
+def assert_gone(slurm: SlurmCluster, job_id: int, run_id: str) -> None:
+    """SLURM no longer lists the job and no process of the run is left on any node."""
+    assert slurm.run(["squeue", "-h", "-j", str(job_id)]).stdout.strip() == ""
+    deadline = time.monotonic() + 3
+    while (left := slurm.cluster.processes_with_env("ORCHESTRATOR_RUN_ID", run_id)) and \
+            time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert left == [], [p.command for p in left]
+
