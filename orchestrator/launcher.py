@@ -206,14 +206,8 @@ def run_plan(plan: LaunchPlan, scripts: dict[str, str], spec: JobSpec,
         for session in sessions:
             session.close()
     elapsed = time.monotonic() - started
-    if outcome.state == "succeeded":
-        if outcome.summary:  # the restarts it took
-            sink.note(outcome.summary)
-        sink.note(f"run {plan.run_id} succeeded in {elapsed:.1f} s")
-    else:
-        sink.note(outcome.summary)
-        sink.note(f"run {plan.run_id} {outcome.state} (exit code {outcome.exit_code}) "
-                  f"after {elapsed:.1f} s; logs in {record.logs_dir}")
+    for line in outcome.closing_lines(plan.run_id, elapsed, record.logs_dir):
+        sink.note(line)
     sink.close()
     record.write_status({**base, **supervisor.status(), "state": outcome.state,
                          "exit_code": outcome.exit_code, "ended_at": now_iso(),

@@ -13,6 +13,7 @@ from orchestrator.logs import LogSink
 from orchestrator.nodes import Event
 from orchestrator.supervise import NodeState, RankState, Supervisor, describe_exit
 from orchestrator.supervise.detect import Detector
+from orchestrator.supervise.state import Outcome
 from orchestrator.supervise.stopping import STOP_MARGIN_S, Stopper
 
 
@@ -269,3 +270,12 @@ def test_loop_counts_a_restart_and_sees_the_rank_again(tmp_path: Path) -> None:
     assert any(s["restarts"] == 1 and s["ranks"][3]["state"] == "restarting" for s in seen)
     assert any(s["ranks"][3]["state"] == "running" for s in seen)  # its output came again
     assert sup.status()["restarts"] == 1 and not sup.stopping
+
+
+def test_closing_lines_name_the_restarts_on_success_and_the_summary_on_failure() -> None:
+    assert Outcome("succeeded", 0).closing_lines("r1", 2.04, "runs/r1/logs") == \
+        ["run r1 succeeded in 2.0 s"]
+    assert Outcome("succeeded", 0, "restart 1: rank 2").closing_lines("r1", 2.0, "x") == \
+        ["restart 1: rank 2", "run r1 succeeded in 2.0 s"]
+    assert Outcome("failed", 3, "rank 1 failed").closing_lines("r1", 5.0, "runs/r1/logs") == \
+        ["rank 1 failed", "run r1 failed (exit code 3) after 5.0 s; logs in runs/r1/logs"]

@@ -84,14 +84,8 @@ class Follower:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
         elapsed = time.monotonic() - self.started
-        if outcome.state == "succeeded":
-            if outcome.summary:  # the restarts it took
-                self.note(outcome.summary)
-            self.note(f"run {self.job.run_id} succeeded in {elapsed:.1f} s")
-        else:
-            self.note(outcome.summary)
-            self.note(f"run {self.job.run_id} {outcome.state} (exit code {outcome.exit_code}) "
-                      f"after {elapsed:.1f} s; logs in {self.record.logs_dir}")
+        for line in outcome.closing_lines(self.job.run_id, elapsed, self.record.logs_dir):
+            self.note(line)
         self.sink.close()
         self.write_status(state=outcome.state, exit_code=outcome.exit_code,
                           ended_at=now_iso(), summary=outcome.summary or None)

@@ -40,6 +40,15 @@ class Outcome:
     exit_code: int
     summary: str = ""
 
+    def closing_lines(self, run_id: str, elapsed: float, logs_dir: object) -> list[str]:
+        """What the console says last: the summary (on success, the restarts it took),
+        then how the run ended."""
+        lines = [self.summary] if self.summary or self.state != "succeeded" else []
+        if self.state == "succeeded":
+            return [*lines, f"run {run_id} succeeded in {elapsed:.1f} s"]
+        return [*lines, f"run {run_id} {self.state} (exit code {self.exit_code}) after "
+                        f"{elapsed:.1f} s; logs in {logs_dir}"]
+
 
 def describe_exit(code: int | None) -> str:
     if code is None:
