@@ -15,20 +15,18 @@ from pathlib import Path
 import pytest
 
 from orchestrator.check import measure
+from orchestrator.check.facts import choose_backend
 from orchestrator.check.nodes import reach_source
 from orchestrator.check.report import (
-    Master,
-    NodeReport,
     Problem,
     bandwidth_table,
-    choose_backend,
     collective_results,
     node_problems,
     node_table,
 )
+from tests.check_helpers import MASTER, facts, node
 
 GOLDEN = Path(__file__).parent / "golden"
-MASTER = Master("node0", "10.0.0.1", 29500, 22)
 
 
 # --- sizes ------------------------------------------------------------------------------
@@ -268,21 +266,6 @@ def test_missing_ranks_and_rank_errors_are_reported() -> None:
 # --- node diagnoses ----------------------------------------------------------------------
 
 
-def facts(**extra: str) -> dict[str, str]:
-    base = {"python_version": "3.11.7", "torch_version": "2.3.1", "distributed": "yes",
-            "gloo": "yes", "nccl": "no", "cuda_devices": "0", "nccl_version": "",
-            "ifname": "eth1", "ifname_from": "route", "ifname_addr": "10.0.0.3",
-            "disk_path": "/home/u/.orchestrator/runs", "disk_free_kb": str(50 << 20)}
-    return {**base, **extra}
-
-
-def node(index: int, **kwargs) -> NodeReport:
-    kwargs.setdefault("probe", facts(**({"port": "29500", "port_free": "yes"}
-                                        if index == 0 else {})))
-    kwargs.setdefault("reach", {"reach": "ok", "reach_ms": "0.2"})
-    return NodeReport(index, f"node{index}", 2, "/usr/bin/python3", **kwargs)
-
-
 def test_a_healthy_cluster_has_no_problems() -> None:
     nodes = [node(i) for i in range(3)]
     assert node_problems(nodes, MASTER, "gloo") == []
@@ -359,27 +342,6 @@ def test_mismatches_are_flagged_but_do_not_block_the_job() -> None:
     table = node_table(nodes, MASTER, problems, "gloo").splitlines()
     assert all("2.3.1 !" in line or "2.4.0 !" in line for line in table[1:])
     assert "1.0M !" in table[3]
-
-
-def test_nccl_needs_a_gpu_per_rank() -> None:
-    gpu = {"nccl": "yes", "cuda_devices": "8", "nccl_version": "2.21.5"}
-    nodes = [node(0, probe=facts(port="29500", port_free="yes", **gpu)),
-             node(1, probe=facts(**{**gpu, "cuda_devices": "1"}))]
-    # auto: like the trainer's --device auto, gloo when a node has fewer GPUs than ranks
-    # (a 1-GPU machine with slots=2) ...
-    assert choose_backend(nodes) == ("gloo", "node1 has 1 CUDA device(s) for 2 rank(s) and "
-                                     "NCCL needs one per rank")
-    enough = [nodes[0], node(1, probe=facts(**{**gpu, "cuda_devices": "2"}))]
-    assert choose_backend(enough) == ("nccl", "every node has a CUDA device per rank and NCCL")
-    # ... and --backend nccl there is a problem that says what to change.
-    problems = [str(p) for p in node_problems(nodes, MASTER, "nccl")]
-    assert problems == ["node1: 1 CUDA device(s) for 2 rank(s): NCCL needs one GPU per rank; "
-                        "lower slots= / --nproc-per-node"]
-    mixed = [nodes[0], node(1)]
-    assert choose_backend(mixed) == ("gloo", "not every node has CUDA devices")
-    assert choose_backend(mixed, "nccl") == ("nccl", "--backend nccl")
-    assert "node1 see no CUDA device while node0 do" in str(node_problems(mixed, MASTER,
-                                                                         "gloo")[0])
 
 
 def test_problem_text() -> None:

@@ -152,8 +152,9 @@ def test_check_with_a_selection_runs_only_the_selected_slots(
     assert f"[check] 2 node(s), 3 rank(s) from {hostfile} (--include {include})" in run.stdout
     assert "RESULT: passed (2 node(s), 3 rank(s), gloo)" in run.stdout
     assert run.report["selection"] == f"--include {include}"
-    assert [(n["host"], n["slots"]) for n in run.report["nodes"]] == [(first, 2), (last, 1)]
-    assert table_row(run.stdout, first) and not any(
+    assert [(n["host"], n["slots"], n["slot_ids"]) for n in run.report["nodes"]] == \
+        [(first, 2, [1, 3]), (last, 1, [2])]
+    assert "0/2 (1,3)" in table_row(run.stdout, first) and not any(
         line.startswith(skipped + " ") for line in run.stdout.splitlines())
     assert all(row["ok"] for row in run.report["collectives"])
     status = json.loads((run.run_dir / run.run_id / "status.json").read_text())

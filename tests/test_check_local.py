@@ -54,6 +54,7 @@ def test_check_passes_on_localhost(tmp_path: Path) -> None:
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["ok"] and report["world_size"] == 2 and report["problems"] == []
     assert report["nodes"][0]["probe"]["ifname"] == "lo"
+    assert report["nodes"][0]["slot_ids"] is None  # no selection: local rank i uses GPU i
     assert all(row["ok"] for row in report["collectives"])
     assert len(report["bandwidth"]) == 2 * len(measure.sweep_sizes(64 << 10))
     assert "[0, 1] on every rank" in done.stdout

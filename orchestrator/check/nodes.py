@@ -20,7 +20,7 @@ from dataclasses import replace
 from importlib import resources
 
 from orchestrator.backends.base import NodeConnection
-from orchestrator.check.report import Master, NodeReport
+from orchestrator.check.facts import Master, NodeReport
 from orchestrator.errors import NodeError, OrchestratorError
 from orchestrator.execute import NodeResult, run_on_nodes
 from orchestrator.hostfile import Cluster

@@ -5,9 +5,10 @@ what to fix, tables, and the JSON document. Pure: no network, no files.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from orchestrator.check import measure
+from orchestrator.check.facts import Master, NodeReport
 
 MIN_FREE_DISK = 1 << 30
 CASES = tuple((op, case) for op in measure.OPS for case in ("scalar", "vector")) + \
@@ -25,89 +26,6 @@ class Problem:
 
     def __str__(self) -> str:
         return f"{self.where}: {self.text}"
-
-
-@dataclass(frozen=True)
-class NodeReport:
-    """Everything learned about one node: connection, probe facts, rendezvous reachability."""
-
-    index: int
-    host: str
-    slots: int
-    python: str
-    local: bool = False
-    ssh_error: str | None = None  # None: connected
-    ssh_rtt_ms: float | None = None  # median SSH keepalive round trip
-    probe: Mapping[str, str] = field(default_factory=dict)  # check_probe.sh.j2 key=values
-    probe_error: str | None = None  # the probe command itself failed
-    reach: Mapping[str, str] = field(default_factory=dict)  # orchestrator.check.reach key=values
-    reach_skipped: str = ""  # why the TCP test did not run here
-
-    @property
-    def connected(self) -> bool:
-        return self.ssh_error is None
-
-    @property
-    def usable(self) -> bool:
-        """Connected, probed, with a python that runs."""
-        return self.connected and self.probe_error is None and "python_version" in self.probe
-
-    def get(self, key: str) -> str:
-        return self.probe.get(key, "")
-
-    @property
-    def cuda_devices(self) -> int:
-        value = self.get("cuda_devices")
-        return int(value) if value.isdigit() else 0
-
-    @property
-    def disk_free(self) -> int | None:
-        value = self.get("disk_free_kb")
-        return int(value) * 1024 if value.isdigit() else None
-
-    @property
-    def source(self) -> str:
-        """The address NCCL/gloo will bind on this node (the chosen interface's)."""
-        return self.get("ifname_addr")
-
-    def to_dict(self) -> dict:
-        return {"host": self.host, "slots": self.slots, "python": self.python,
-                "local": self.local, "ssh_error": self.ssh_error,
-                "ssh_rtt_ms": self.ssh_rtt_ms, "probe": dict(self.probe),
-                "probe_error": self.probe_error, "reach": dict(self.reach),
-                "reach_skipped": self.reach_skipped or None}
-
-
-@dataclass(frozen=True)
-class Master:
-    host: str
-    addr: str
-    port: int | None  # None: not decided (the master could not be probed)
-    sshd_port: int = 22
-
-    @property
-    def endpoint(self) -> str:
-        return f"{self.addr}:{self.port if self.port is not None else '?'}"
-
-
-def choose_backend(nodes: Sequence[NodeReport], requested: str = "auto") -> tuple[str, str]:
-    """(backend, why): NCCL when every node has a CUDA device per slot and NCCL, else gloo.
-
-    The trainer's --device auto rule: a node with fewer GPUs than ranks runs them on CPU,
-    and one job has one backend.
-    """
-    if requested != "auto":
-        return requested, f"--backend {requested}"
-    usable = [n for n in nodes if n.usable]
-    if not any(n.cuda_devices for n in usable):
-        return "gloo", "no CUDA devices"
-    if not all(n.cuda_devices > 0 and n.get("nccl") == "yes" for n in usable):
-        return "gloo", "not every node has CUDA devices"
-    short = [n for n in usable if n.cuda_devices < n.slots]
-    if short:
-        return "gloo", (f"{short[0].host} has {short[0].cuda_devices} CUDA device(s) for "
-                        f"{short[0].slots} rank(s) and NCCL needs one per rank")
-    return "nccl", "every node has a CUDA device per rank and NCCL"
 
 
 # --- node problems ---------------------------------------------------------------------
@@ -144,10 +62,9 @@ def _one_node(node: NodeReport, master: Master, backend: str) -> list[Problem]:
                              f"{backend} backend; install a torch build with it"
                              + (" or use --backend gloo" if backend == "nccl" else ""),
                              column="TORCH"))
-    elif backend == "nccl" and node.cuda_devices < node.slots:
-        found.append(Problem(host, f"{node.cuda_devices} CUDA device(s) for {node.slots} "
-                             "rank(s): NCCL needs one GPU per rank; lower slots= / "
-                             "--nproc-per-node", column="CUDA/SLOTS"))
+    elif backend == "nccl" and node.gpu_shortfall:
+        found.append(Problem(host, f"{node.gpu_shortfall}: NCCL needs one GPU per rank; "
+                             f"{node.gpu_fix}", column="CUDA/SLOTS"))
     ifname = node.get("ifname")
     if node.get("ifname_exists") == "no":
         found.append(Problem(host, f"network interface {ifname!r} does not exist here; check "
@@ -338,10 +255,9 @@ def node_table(nodes: Sequence[NodeReport], master: Master, problems: Sequence[P
         else:
             rtt = "local" if node.local else \
                 f"{node.ssh_rtt_ms:.1f} ms" if node.ssh_rtt_ms is not None else "ok"
-            devices = node.get("cuda_devices") or "-"
             ifname = node.get("ifname") or "(none)"
             cells = [rtt, node.get("python_version") or "-", node.get("torch_version") or "-",
-                     node.get("nccl_version") or "-", f"{devices}/{node.slots}",
+                     node.get("nccl_version") or "-", node.devices_cell,
                      f"{ifname} {node.source}".strip(), _reach_cell(node),
                      human_bytes(node.disk_free) if node.disk_free is not None else "-"]
         row = [node.host]

@@ -25,6 +25,7 @@ from typing import TextIO
 
 from orchestrator.backends import close_all
 from orchestrator.check import measure
+from orchestrator.check.facts import Master, NodeReport, choose_backend
 from orchestrator.check.nodes import (
     REACH_TIMEOUT_S,
     connect_each,
@@ -34,12 +35,9 @@ from orchestrator.check.nodes import (
 )
 from orchestrator.check.report import (
     CaseRow,
-    Master,
-    NodeReport,
     Problem,
     bandwidth_rows,
     bandwidth_table,
-    choose_backend,
     collective_results,
     collectives_table,
     node_problems,
@@ -190,7 +188,8 @@ def inspect_nodes(cluster: Cluster, options: CheckOptions, slots: list[int],
         reports.append(NodeReport(
             index, host.name, slots[index], pythons[index], local=host.is_local,
             ssh_error=connection.message if isinstance(connection, NodeError) else None,
-            ssh_rtt_ms=rtts.get(id(connection)), probe=probe, probe_error=probe_error))
+            ssh_rtt_ms=rtts.get(id(connection)), probe=probe, probe_error=probe_error,
+            slot_ids=host.slot_ids))
     port = reports[0].get("port")
     sshd_port = getattr(getattr(first, "target", None), "port", 22)
     master = Master(cluster.hosts[0].name, master_addr, int(port) if port.isdigit() else None,
