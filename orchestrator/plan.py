@@ -16,10 +16,9 @@ from orchestrator.cores import CoreSet, TooFewCores, Topology, core_sets
 from orchestrator.errors import ConfigError
 from orchestrator.hostfile import LOCAL_NAMES, Cluster, Host
 from orchestrator.selection import slot_count
-from orchestrator.spec import DEFAULT_MASTER_PORT, JobSpec, Program
+from orchestrator.spec import DEFAULT_MASTER_PORT, VISIBLE_DEVICES, JobSpec, Program
 
 IFNAME_VARS = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
-VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
 
 
 def node_dir(run_id: str, node_rank: int) -> str:

@@ -21,10 +21,14 @@ DEEPSPEED_ENV_NAME = ".deepspeed_env"  # DeepSpeed's env file: NAME=VALUE lines 
 # Controller variables forwarded to every node unless --no-forward-env: the knobs users
 # set for NCCL, gloo, torch, CUDA, Python and OpenMP.
 FORWARDED_PREFIXES = ("NCCL_", "GLOO_", "TORCH_", "CUDA_", "PYTHON", "OMP_")
+# The GPUs a process may use, by index on its own machine: the controller's value names the
+# controller's GPUs (often a SLURM allocation's), so each node keeps its own, or gets the
+# ids a selection chose there (--include/--exclude/--num-gpus), or an --env value.
+VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
 # Set per node by the plan or meaningful only on the controller: never forwarded.
 NOT_FORWARDED = frozenset({
-    "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "PYTHONHOME", "PYTHONEXECUTABLE",
-    "PYTHONSTARTUP", "PYTHONINSPECT", "PYTHONBREAKPOINT",
+    "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", VISIBLE_DEVICES, "PYTHONHOME",
+    "PYTHONEXECUTABLE", "PYTHONSTARTUP", "PYTHONINSPECT", "PYTHONBREAKPOINT",
 })
 # A variable whose name matches is a secret: never rendered into a script, plan or log.
 SECRET_NAME = re.compile(

@@ -160,3 +160,43 @@ def test_help_names_each_flag_and_what_it_mirrors() -> None:
             assert words in flat, (command, words)
     check = subprocess.run([*CLI, "check", "--help"], capture_output=True, text=True).stdout
     assert "--include" in check and "--num_gpus" in check
+
+
+NOT_SENT = "CUDA_VISIBLE_DEVICES=0 names this machine's GPUs and is not set on the nodes"
+
+
+@pytest.mark.parametrize(("args", "on_nodes"), [
+    ((), None),  # the node's own GPUs, all of them
+    (("--include", "worker-1:2"), "2"),  # DeepSpeed's way to choose them
+    (("--env", "CUDA_VISIBLE_DEVICES=3"), "3"),  # one value for every node, said explicitly
+])
+def test_the_controllers_cuda_visible_devices_stays_here(place: Path, monkeypatch, args,
+                                                          on_nodes: str | None) -> None:
+    # Launching from inside a SLURM allocation (or any shell holding one GPU) must not pin
+    # every node to that GPU's index: it names this machine's devices, not theirs.
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    monkeypatch.setenv("CUDA_DEVICE_ORDER", "PCI_BUS_ID")  # a plain knob: still forwarded
+    done, plan = render(place, *args)
+    assert done.returncode == 0, done.stderr
+    assert (NOT_SENT in done.stderr) == (on_nodes is None), done.stderr
+    for node in plan["nodes"]:
+        assert node["env"].get("CUDA_VISIBLE_DEVICES") == on_nodes
+        assert node["env"]["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+    scripts = "".join(p.read_text() for p in (place / "out").glob("node*.sh"))
+    assert "CUDA_VISIBLE_DEVICES=0" not in scripts
+
+
+def test_a_local_job_keeps_the_shells_cuda_visible_devices(place: Path, monkeypatch) -> None:
+    # Every node is this machine: its ranks inherit the variable, as torchrun's would.
+    (place / "local.txt").write_text("localhost slots=2\n")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    done = orchestrator("render", "local.txt", "-o", "out", cwd=place)
+    assert done.returncode == 0 and NOT_SENT not in done.stderr, done.stderr
+
+
+def test_slurm_scripts_leave_cuda_visible_devices_to_slurm(place: Path, monkeypatch) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    done = orchestrator("render", "--backend", "slurm", "--nodes", "2", "-o", "out", cwd=place)
+    assert done.returncode == 0, done.stderr
+    assert NOT_SENT in done.stderr
+    assert "CUDA_VISIBLE_DEVICES=0" not in (place / "out" / "job.sbatch").read_text()

@@ -201,9 +201,13 @@ def refuse_empty(**flags: str | None) -> None:
 
 def make_spec(program_argv, *, nproc_per_node, master_addr, master_port, ifname, env,
               env_files, no_env_file, secret_names, forward_env, python, workdir,
-              bind_cores=False, sync_dir=None, max_restarts=0):
+              bind_cores=False, sync_dir=None, max_restarts=0, gpus_chosen=False):
+    """The JobSpec of the flags. `gpus_chosen`: the controller's CUDA_VISIBLE_DEVICES does
+    not matter (a selection chose each node's GPUs, or every node is this machine, whose
+    ranks inherit it), so nothing is said about it not being forwarded."""
     refuse_empty(ifname=ifname, python=python, workdir=workdir)
     from orchestrator.spec import (
+        VISIBLE_DEVICES,
         JobSpec,
         Program,
         forwarded_env,
@@ -215,6 +219,12 @@ def make_spec(program_argv, *, nproc_per_node, master_addr, master_port, ifname,
     layers = [forwarded_env()] if forward_env else []
     layers += env_file_layers(env_files, no_env_file)
     layers.append(parse_env_assignments(env))
+    here = os.environ.get(VISIBLE_DEVICES)
+    if forward_env and here is not None and not gpus_chosen and \
+            all(name != VISIBLE_DEVICES for layer in layers for name, _ in layer):
+        _note(f"{VISIBLE_DEVICES}={here} names this machine's GPUs and is not set on the "
+              "nodes; choose theirs with --include/--exclude/--num-gpus, or set one value "
+              f"for every node with --env {VISIBLE_DEVICES}=...")
     if workdir is not None and sync_dir is not None:
         raise ConfigError("--workdir and --sync both say where ranks start; give one of them")
     return JobSpec(

@@ -29,9 +29,9 @@ from dataclasses import dataclass, fields
 
 from orchestrator.errors import ConfigError
 from orchestrator.hostfile import Cluster
-from orchestrator.plan import IFNAME_VARS, VISIBLE_DEVICES, restarts_entry
+from orchestrator.plan import IFNAME_VARS, restarts_entry
 from orchestrator.render import render_template
-from orchestrator.spec import JobSpec, Program
+from orchestrator.spec import VISIBLE_DEVICES, JobSpec, Program
 
 SCRIPT_NAME = "job.sbatch"
 PORT_BASE, PORT_SPAN = 20000, 10000  # MASTER_PORT = PORT_BASE + job id % PORT_SPAN
