@@ -49,7 +49,9 @@ def job_options(func):
                           "are secrets already."),
         click.option("--forward-env/--no-forward-env", default=True, show_default=True,
                      help="Forward this shell's NCCL_*, GLOO_*, TORCH_*, CUDA_*, PYTHON* and "
-                          "OMP_* variables to every node."),
+                          "OMP_* variables to every node, except those naming this machine's "
+                          "own interfaces and GPUs (CUDA_VISIBLE_DEVICES: choose the nodes' "
+                          "with --include/--num-gpus or --env)."),
         click.option("--python", metavar="PATH",
                      help="Interpreter (and its torchrun) on the nodes. Default: this "
                           "orchestrator's own interpreter path, as on a shared file system. "
