@@ -21,6 +21,7 @@ from orchestrator.cli.backend_options import (
     split_hostfile,
 )
 from orchestrator.cli.options import (
+    gpus_chosen,
     job_options,
     make_spec,
     make_ssh_options,
@@ -111,8 +112,7 @@ def launch(hostfile, program, dry_run, detach, preflight, grace, heartbeat_timeo
     if backend != "slurm":
         cluster = select(check_backend(backend, slurm, hostfile), selection,
                          job["nproc_per_node"])
-    here = selection.given or (cluster is not None and cluster.is_local)
-    spec = make_spec(program, gpus_chosen=here, **job)
+    spec = make_spec(program, gpus_chosen=gpus_chosen(selection, cluster, backend), **job)
     options = LaunchOptions(
         run_dir=run_dir, run_id=check_run_id(run_id) if run_id else new_run_id(),
         argv=tuple(["orchestrator", *sys.argv[1:]]), grace=grace,
@@ -159,14 +159,14 @@ def render(hostfile, program, out_dir, run_id, backend, **job):
 
         cluster = select(load_hostfile(hostfile) if hostfile else None, selection,
                          job["nproc_per_node"])
-        spec = make_spec(program, gpus_chosen=selection.given, **job)
+        spec = make_spec(program, gpus_chosen=gpus_chosen(selection, cluster, backend), **job)
         for path in write_slurm_render(out_dir, cluster, spec, slurm,
                                        check_run_id(run_id) if run_id else new_run_id(),
                                        tuple(["orchestrator", *sys.argv[1:]])):
             click.echo(str(path))
         return 0
     cluster = select(check_backend(backend, slurm, hostfile), selection, job["nproc_per_node"])
-    spec = make_spec(program, gpus_chosen=selection.given or cluster.is_local, **job)
+    spec = make_spec(program, gpus_chosen=gpus_chosen(selection, cluster, backend), **job)
     check_script_exists(cluster, spec)  # as launch does, when every node is this machine
     options = LaunchOptions(run_dir="", run_id=check_run_id(run_id) if run_id else new_run_id(),
                             argv=tuple(["orchestrator", *sys.argv[1:]]))

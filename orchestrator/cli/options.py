@@ -201,12 +201,18 @@ def refuse_empty(**flags: str | None) -> None:
             raise ConfigError(f"--{name.replace('_', '-')} must not be empty")
 
 
+def gpus_chosen(selection, cluster, backend: str) -> bool:
+    """Whether the controller's CUDA_VISIBLE_DEVICES is moot for this job: a selection chose
+    each node's GPUs, or (not under SLURM) every node is this machine, whose ranks inherit
+    the controller's environment."""
+    return selection.given or (backend != "slurm" and cluster is not None and cluster.is_local)
+
+
 def make_spec(program_argv, *, nproc_per_node, master_addr, master_port, ifname, env,
               env_files, no_env_file, secret_names, forward_env, python, workdir,
               bind_cores=False, sync_dir=None, max_restarts=0, gpus_chosen=False):
-    """The JobSpec of the flags. `gpus_chosen`: the controller's CUDA_VISIBLE_DEVICES does
-    not matter (a selection chose each node's GPUs, or every node is this machine, whose
-    ranks inherit it), so nothing is said about it not being forwarded."""
+    """The JobSpec of the flags. `gpus_chosen` (see `gpus_chosen()`): nothing is said about
+    the controller's CUDA_VISIBLE_DEVICES not being forwarded."""
     refuse_empty(ifname=ifname, python=python, workdir=workdir)
     from orchestrator.spec import (
         VISIBLE_DEVICES,
