@@ -128,8 +128,11 @@ def main() -> None:
                         ("trainer, stop check every step", "every step")):  # fmt: skip
         ratios = [rate / base for (rate, _), base in zip(results[name], unchecked, strict=True)]
         median = statistics.median(ratios)
-        print(f"stop check {label}: {median:.3f}x the throughput of no check, cost "
-              f"{1 - median:+.1%} (median of {len(ratios)} paired repetitions)")
+        print(
+            f"stop check {label}: {median:.3f}x the throughput of no check, cost "
+            f"{1 - median:+.1%} (median of {len(ratios)} paired repetitions)"
+        )
+
 
 if __name__ == "__main__":
     main()

@@ -27,8 +27,10 @@ def stop_run(record: RunRecord, wait_s: float, say=print) -> int:
 
         return cancel_run(record, status, say)
     if not controller_alive(status):
-        say(f"run {record.run_id}: its controller (pid {status['controller']['pid']}) is gone; "
-            "its nodes stop their part by themselves once they lose contact with it")
+        say(
+            f"run {record.run_id}: its controller (pid {status['controller']['pid']}) is gone; "
+            "its nodes stop their part by themselves once they lose contact with it"
+        )
         return 1
     pid = status["controller"]["pid"]
     try:
@@ -46,6 +48,8 @@ def stop_run(record: RunRecord, wait_s: float, say=print) -> int:
             say(f"run {record.run_id}: controller ended")
             return 0
         time.sleep(0.2)
-    say(f"run {record.run_id}: still stopping after {wait_s:g} s; run `orchestrator stop "
-        f"{record.run_id}` again to kill it at once")
+    say(
+        f"run {record.run_id}: still stopping after {wait_s:g} s; run `orchestrator stop "
+        f"{record.run_id}` again to kill it at once"
+    )
     return 1

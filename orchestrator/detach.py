@@ -34,8 +34,10 @@ def run_detached(work: Callable[[Report], int], log_path: str) -> dict:
     with os.fdopen(read_fd, "rb") as pipe:
         line = pipe.readline()
     if not line:
-        return {"error": f"the detached controller ended before the job started; see "
-                         f"{log_path}", "exit_code": 1}
+        return {
+            "error": f"the detached controller ended before the job started; see {log_path}",
+            "exit_code": 1,
+        }
     return json.loads(line)
 
 

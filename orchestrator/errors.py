@@ -70,8 +70,10 @@ class Interrupted(OrchestratorError):
         import signal
 
         self.exit_code = 128 + signum
-        super().__init__(f"{signal.Signals(signum).name} during {during}; stopped on every "
-                         "node, nothing was left running")
+        super().__init__(
+            f"{signal.Signals(signum).name} during {during}; stopped on every "
+            "node, nothing was left running"
+        )
 
 
 class JobFailed(OrchestratorError):

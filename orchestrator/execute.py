@@ -61,11 +61,18 @@ class CaptureSink:
         pass
 
 
-def run_on_nodes(connections: Sequence[NodeConnection], pythons: Sequence[str],
-                 argvs: Sequence[Sequence[str]], *, sink: LogSink | CaptureSink | None = None,
-                 grace: float = 5.0, heartbeat_timeout: float = 30.0,
-                 time_limit: float | None = None, tag: str = "command",
-                 what: str = "the command") -> list[NodeResult]:
+def run_on_nodes(
+    connections: Sequence[NodeConnection],
+    pythons: Sequence[str],
+    argvs: Sequence[Sequence[str]],
+    *,
+    sink: LogSink | CaptureSink | None = None,
+    grace: float = 5.0,
+    heartbeat_timeout: float = 30.0,
+    time_limit: float | None = None,
+    tag: str = "command",
+    what: str = "the command",
+) -> list[NodeResult]:
     """Run argvs[i] on connections[i] with the interpreter pythons[i] running its agent.
 
     `tag` is the agents' ORCHESTRATOR_RUN_ID, so that their processes can be found; `what`
@@ -76,14 +83,27 @@ def run_on_nodes(connections: Sequence[NodeConnection], pythons: Sequence[str],
     sessions: list[NodeSession] = []
     try:
         config = {"grace": grace, "heartbeat_timeout": heartbeat_timeout}
-        sessions = start_sessions([
-            (index, connection, python, tag, {**config, "argv": list(argv)})
-            for index, (connection, python, argv) in enumerate(
-                zip(connections, pythons, argvs, strict=True))], events)
+        sessions = start_sessions(
+            [
+                (index, connection, python, tag, {**config, "argv": list(argv)})
+                for index, (connection, python, argv) in enumerate(
+                    zip(connections, pythons, argvs, strict=True)
+                )
+            ],
+            events,
+        )
         nodes = [NodeState(index=i, host=c.host) for i, c in enumerate(connections)]
-        supervisor = Supervisor(nodes, [], sessions, events, capture, grace=grace,
-                                heartbeat_timeout=heartbeat_timeout, stop_on_failure=False,
-                                time_limit=time_limit)
+        supervisor = Supervisor(
+            nodes,
+            [],
+            sessions,
+            events,
+            capture,
+            grace=grace,
+            heartbeat_timeout=heartbeat_timeout,
+            stop_on_failure=False,
+            time_limit=time_limit,
+        )
         with signals_to(supervisor):
             supervisor.run()
     finally:
@@ -93,24 +113,40 @@ def run_on_nodes(connections: Sequence[NodeConnection], pythons: Sequence[str],
         raise Interrupted(supervisor.interrupted_by, what)
     results = []
     for node in nodes:
-        text = b"".join(capture.output.get(node.index, [])).decode(errors="replace") \
-            if isinstance(capture, CaptureSink) else ""
+        text = (
+            b"".join(capture.output.get(node.index, [])).decode(errors="replace")
+            if isinstance(capture, CaptureSink)
+            else ""
+        )
         detail = node.detail or ("time limit reached" if supervisor.timed_out else "")
         results.append(NodeResult(node.host, node.exit_code, text, node.state, detail))
     return results
 
 
-def exec_on_cluster(cluster: Cluster, command: str, python: str, ssh_options: object, *,
-                    grace: float, time_limit: float | None, color: str) -> int:
+def exec_on_cluster(
+    cluster: Cluster,
+    command: str,
+    python: str,
+    ssh_options: object,
+    *,
+    grace: float,
+    time_limit: float | None,
+    color: str,
+) -> int:
     """`orchestrator exec`: the command on every node, attributed output, exit-code table."""
     out = sys.stdout.buffer
     connections = connect_cluster(cluster, ssh_options)
     try:
         labels = {index: host.name for index, host in enumerate(cluster.hosts)}
         sink = LogSink(None, {}, labels, out, use_color(sys.stdout, color))
-        results = run_on_nodes(connections, [h.python or python for h in cluster.hosts],
-                               [["bash", "-c", command]] * len(connections), sink=sink,
-                               grace=grace, time_limit=time_limit)
+        results = run_on_nodes(
+            connections,
+            [h.python or python for h in cluster.hosts],
+            [["bash", "-c", command]] * len(connections),
+            sink=sink,
+            grace=grace,
+            time_limit=time_limit,
+        )
     finally:
         close_all(connections)
     width = max(len(result.host) for result in results)

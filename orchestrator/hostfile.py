@@ -89,8 +89,11 @@ def load_hostfile(path: str | Path) -> Cluster:
     shown = str(path)
     p = Path(path)
     if not p.exists():
-        raise SourceError(shown, None, "hostfile not found; pass the path of a hostfile "
-                          "(see hostfiles/ for examples)")
+        raise SourceError(
+            shown,
+            None,
+            "hostfile not found; pass the path of a hostfile (see hostfiles/ for examples)",
+        )
     if p.is_dir():
         raise SourceError(shown, None, "is a directory, not a hostfile")
     try:
@@ -106,8 +109,12 @@ def parse_hostfile(text: str, path: str = "<hostfile>") -> Cluster:
         raise SourceError(path, None, "hostfile contains a NUL byte; is it a binary file?")
     hosts = _parse_yaml(text, path) if _looks_like_yaml(text, path) else _parse_text(text, path)
     if not hosts:
-        raise SourceError(path, None, "no hosts in hostfile; add a line such as "
-                          "'node1 slots=8' (there is no fallback to localhost)")
+        raise SourceError(
+            path,
+            None,
+            "no hosts in hostfile; add a line such as "
+            "'node1 slots=8' (there is no fallback to localhost)",
+        )
     _check_duplicates(hosts, path)
     return Cluster(hosts=tuple(hosts), path=path)
 
@@ -152,12 +159,15 @@ def _parse_text_line(line: str, path: str, lineno: int) -> list[Host]:
     for field in fields:
         key, sep, value = field.partition("=")
         if not sep:
-            raise fail(f"expected key=value, got {field!r}; valid keys: "
-                       f"{', '.join(sorted(_TEXT_KEYS - {'max-slots'}))}")
+            raise fail(
+                f"expected key=value, got {field!r}; valid keys: "
+                f"{', '.join(sorted(_TEXT_KEYS - {'max-slots'}))}"
+            )
         key = key.replace("-", "_")
         if key not in _TEXT_KEYS:
-            raise fail(f"unknown key {key!r}; valid keys: "
-                       f"{', '.join(sorted(_TEXT_KEYS - {'max-slots'}))}")
+            raise fail(
+                f"unknown key {key!r}; valid keys: {', '.join(sorted(_TEXT_KEYS - {'max-slots'}))}"
+            )
         if key in values:
             raise fail(f"{key} given twice")
         values[key] = value
@@ -212,16 +222,20 @@ def _parse_yaml(text: str, path: str) -> list[Host]:
         unknown = set(top) - {"hosts", "defaults"}
         if unknown:
             key = sorted(unknown)[0]
-            raise SourceError(path, top[key][0].start_mark.line + 1,
-                              f"unknown top-level key {key!r}; valid keys: defaults, hosts")
+            raise SourceError(
+                path,
+                top[key][0].start_mark.line + 1,
+                f"unknown top-level key {key!r}; valid keys: defaults, hosts",
+            )
         if "defaults" in top:
             defaults = _entry_values(top["defaults"][1], path, allow_host=False)
         if "hosts" not in top:
             raise SourceError(path, root.start_mark.line + 1, "missing 'hosts:' list")
         entries = top["hosts"][1]
     if not isinstance(entries, yaml.SequenceNode):
-        raise SourceError(path, entries.start_mark.line + 1,
-                          "expected a list of hosts ('- host: node1')")
+        raise SourceError(
+            path, entries.start_mark.line + 1, "expected a list of hosts ('- host: node1')"
+        )
     hosts: list[Host] = []
     for item in entries.value:
         lineno = item.start_mark.line + 1
@@ -263,11 +277,13 @@ def _entry_values(node: yaml.Node, path: str, *, allow_host: bool) -> dict[str, 
     values: dict[str, object] = {}
     for name, (key, value) in _mapping(node, path).items():
         if name not in valid:
-            raise SourceError(path, key.start_mark.line + 1,
-                              f"unknown key {name!r}; valid keys: {', '.join(valid)}")
+            raise SourceError(
+                path,
+                key.start_mark.line + 1,
+                f"unknown key {name!r}; valid keys: {', '.join(valid)}",
+            )
         if not isinstance(value, yaml.ScalarNode) or value.tag.endswith(":null"):
-            raise SourceError(path, value.start_mark.line + 1,
-                              f"{name} must be a single value")
+            raise SourceError(path, value.start_mark.line + 1, f"{name} must be a single value")
         values[name] = value.value
     return values
 
@@ -275,8 +291,7 @@ def _entry_values(node: yaml.Node, path: str, *, allow_host: bool) -> dict[str, 
 # --- shared: validation and range expansion ----------------------------------------------
 
 
-def _make_hosts(target: str, values: dict[str, object], path: str, lineno: int,
-                fail) -> list[Host]:
+def _make_hosts(target: str, values: dict[str, object], path: str, lineno: int, fail) -> list[Host]:
     fields = {
         "slots": _positive_int(values.get("slots"), "slots", fail),
         "max_slots": _positive_int(values.get("max_slots"), "max_slots", fail),
@@ -340,8 +355,10 @@ def _check_host(name: str, fail) -> str:
         return name
     bad = sorted({c for c in name if not (c.isalnum() or c in "._-")})
     shown = " ".join(repr(c) for c in bad) if bad else "its form"
-    raise fail(f"host {name!r} is not a valid host name (because of {shown}); "
-               "use letters, digits, '.', '-' and '_'")
+    raise fail(
+        f"host {name!r} is not a valid host name (because of {shown}); "
+        "use letters, digits, '.', '-' and '_'"
+    )
 
 
 def _positive_int(value: object, name: str, fail) -> int | None:
@@ -390,7 +407,11 @@ def _check_duplicates(hosts: list[Host], path: str) -> None:
         if key in seen:
             first = seen[key]
             line = int(host.source.rsplit(":", 1)[1])
-            raise SourceError(path, line, f"duplicate host {host.name!r} (first at "
-                              f"{first.source}); list each node once and set slots=N for "
-                              "several ranks")
+            raise SourceError(
+                path,
+                line,
+                f"duplicate host {host.name!r} (first at "
+                f"{first.source}); list each node once and set slots=N for "
+                "several ranks",
+            )
         seen[key] = host

@@ -48,17 +48,23 @@ class LaunchOptions:
     ssh: SshOptions | None = None
 
 
-def prepare(cluster: Cluster, spec: JobSpec, options: LaunchOptions,
-            connections: Sequence[NodeConnection] | None,
-            note=lambda text: None) -> tuple[LaunchPlan, dict[str, str]]:
+def prepare(
+    cluster: Cluster,
+    spec: JobSpec,
+    options: LaunchOptions,
+    connections: Sequence[NodeConnection] | None,
+    note=lambda text: None,
+) -> tuple[LaunchPlan, dict[str, str]]:
     """Probe (when connected), plan and render; nothing starts."""
     facts: dict[int, NodeFacts] = {}
     if connections is not None and options.preflight:
         result = probe_nodes(cluster, spec, connections, tag=options.run_id)
         facts = result.facts
         for index, fact in facts.items():
-            note(f"{cluster.hosts[index].name}: python {fact.python_version}, "
-                 f"torch {fact.torch_version}")
+            note(
+                f"{cluster.hosts[index].name}: python {fact.python_version}, "
+                f"torch {fact.torch_version}"
+            )
         for warning in result.warnings:
             note(f"warning: {warning}")
     plan = make_plan(cluster, spec, options.run_id, facts)
@@ -75,8 +81,9 @@ def sync_code(plan: LaunchPlan, connections: Sequence[NodeConnection], note) -> 
         try:
             return connection.put_tree(plan.sync_dir, node.workdir)
         except OSError as exc:
-            raise NodeError(node.name, f"copying {plan.sync_dir} to {node.workdir} "
-                            f"failed: {exc}") from None
+            raise NodeError(
+                node.name, f"copying {plan.sync_dir} to {node.workdir} failed: {exc}"
+            ) from None
 
     with ThreadPoolExecutor(max_workers=min(32, plan.nnodes)) as pool:
         futures = [pool.submit(one, n, c) for n, c in zip(plan.nodes, connections, strict=True)]
@@ -93,8 +100,10 @@ def sync_code(plan: LaunchPlan, connections: Sequence[NodeConnection], note) -> 
 def dry_run_text(plan: LaunchPlan, scripts: dict[str, str]) -> str:
     parts = ["# plan.yaml", plan_yaml(plan)]
     for node in plan.nodes:
-        parts += [f"# ---- {script_name(node)} (runs on {node.name}) ----",
-                  scripts[script_name(node)]]
+        parts += [
+            f"# ---- {script_name(node)} (runs on {node.name}) ----",
+            scripts[script_name(node)],
+        ]
     return "\n".join(parts)
 
 
@@ -106,12 +115,13 @@ def check_script_exists(cluster: Cluster, spec: JobSpec) -> None:
     if program.is_module or not cluster.is_local:
         return
     base = spec.sync_dir if spec.sync_dir else spec.workdir
-    path = program.target if os.path.isabs(program.target) else \
-        os.path.join(base, program.target)
+    path = program.target if os.path.isabs(program.target) else os.path.join(base, program.target)
     if not os.path.isfile(path):
         where = "--sync" if spec.sync_dir else "--workdir"
-        raise ConfigError(f"script {program.target!r} not found (looked in {base}); "
-                          f"give its path relative to {where} or an absolute path")
+        raise ConfigError(
+            f"script {program.target!r} not found (looked in {base}); "
+            f"give its path relative to {where} or an absolute path"
+        )
 
 
 def base_status(plan: LaunchPlan, options: LaunchOptions, backend: str) -> dict:
@@ -129,15 +139,24 @@ def base_status(plan: LaunchPlan, options: LaunchOptions, backend: str) -> dict:
         "ended_at": None,
         "exit_code": None,
         "summary": None,
-        "controller": {"pid": pid, "start_time": process_start_time(pid),
-                       "host": socket.gethostname()},
+        "controller": {
+            "pid": pid,
+            "start_time": process_start_time(pid),
+            "host": socket.gethostname(),
+        },
     }
 
 
-def run_plan(plan: LaunchPlan, scripts: dict[str, str], spec: JobSpec,
-             options: LaunchOptions, connections: Sequence[NodeConnection],
-             record: RunRecord, console: BinaryIO | None,
-             on_started: Callable[[], None] = lambda: None) -> Outcome:
+def run_plan(
+    plan: LaunchPlan,
+    scripts: dict[str, str],
+    spec: JobSpec,
+    options: LaunchOptions,
+    connections: Sequence[NodeConnection],
+    record: RunRecord,
+    console: BinaryIO | None,
+    on_started: Callable[[], None] = lambda: None,
+) -> Outcome:
     """Start every node's agent with its script and supervise the run to its end.
 
     `on_started` is called once every node's script is running.
@@ -157,8 +176,14 @@ def run_plan(plan: LaunchPlan, scripts: dict[str, str], spec: JobSpec,
         for local_rank, rank in enumerate(node.ranks):
             rank_labels[rank] = f"{node.name} r{rank}"
             ranks.append(RankState(rank, node.node_rank, local_rank, node.name))
-    sink = LogSink(record.logs_dir, rank_labels, node_labels, console,
-                   use_color(sys.stdout, options.color), mask=mask)
+    sink = LogSink(
+        record.logs_dir,
+        rank_labels,
+        node_labels,
+        console,
+        use_color(sys.stdout, options.color),
+        mask=mask,
+    )
     backend = "local" if plan.is_local else "ssh"
     base = base_status(plan, options, backend)
     events: queue.Queue[Event] = queue.Queue(maxsize=4096)
@@ -174,32 +199,58 @@ def run_plan(plan: LaunchPlan, scripts: dict[str, str], spec: JobSpec,
             started_nodes = True
             on_started()
 
-    sink.note(f"run {plan.run_id}: {plan.world_size} rank(s) on {plan.nnodes} node(s), "
-              f"master {plan.master_addr}:{plan.master_port}; logs in {record.logs_dir}")
-    supervisor = Supervisor(nodes, ranks, sessions, events, sink, grace=options.grace,
-                            heartbeat_timeout=options.heartbeat_timeout,
-                            max_restarts=plan.max_restarts, on_change=on_change)
+    sink.note(
+        f"run {plan.run_id}: {plan.world_size} rank(s) on {plan.nnodes} node(s), "
+        f"master {plan.master_addr}:{plan.master_port}; logs in {record.logs_dir}"
+    )
+    supervisor = Supervisor(
+        nodes,
+        ranks,
+        sessions,
+        events,
+        sink,
+        grace=options.grace,
+        heartbeat_timeout=options.heartbeat_timeout,
+        max_restarts=plan.max_restarts,
+        on_change=on_change,
+    )
     started = time.monotonic()
     record.write_status(base)
     try:
         with signals_to(supervisor):
-            starts = [(node.node_rank, connection, node.python, plan.run_id, {
-                "run_id": plan.run_id,
-                "node_dir": node.node_dir,
-                "script": scripts[script_name(node)],
-                "script_name": script_name(node),
-                "ranks": list(node.ranks),
-                "env": secrets,
-                "secrets": secret_values,
-                "grace": options.grace,
-                "heartbeat_timeout": options.heartbeat_timeout,
-            }) for node, connection in zip(plan.nodes, connections, strict=True)]
+            starts = [
+                (
+                    node.node_rank,
+                    connection,
+                    node.python,
+                    plan.run_id,
+                    {
+                        "run_id": plan.run_id,
+                        "node_dir": node.node_dir,
+                        "script": scripts[script_name(node)],
+                        "script_name": script_name(node),
+                        "ranks": list(node.ranks),
+                        "env": secrets,
+                        "secrets": secret_values,
+                        "grace": options.grace,
+                        "heartbeat_timeout": options.heartbeat_timeout,
+                    },
+                )
+                for node, connection in zip(plan.nodes, connections, strict=True)
+            ]
             try:
                 sessions.extend(start_sessions(starts, events))
             except OrchestratorError as exc:  # the started nodes were stopped
-                record.write_status({**base, **supervisor.status(), "state": "failed",
-                                     "exit_code": exc.exit_code, "ended_at": now_iso(),
-                                     "summary": str(exc)})
+                record.write_status(
+                    {
+                        **base,
+                        **supervisor.status(),
+                        "state": "failed",
+                        "exit_code": exc.exit_code,
+                        "ended_at": now_iso(),
+                        "summary": str(exc),
+                    }
+                )
                 raise
             outcome = supervisor.run()
     finally:
@@ -209,33 +260,54 @@ def run_plan(plan: LaunchPlan, scripts: dict[str, str], spec: JobSpec,
     for line in outcome.closing_lines(plan.run_id, elapsed, record.logs_dir):
         sink.note(line)
     sink.close()
-    record.write_status({**base, **supervisor.status(), "state": outcome.state,
-                         "exit_code": outcome.exit_code, "ended_at": now_iso(),
-                         "summary": outcome.summary or None})
+    record.write_status(
+        {
+            **base,
+            **supervisor.status(),
+            "state": outcome.state,
+            "exit_code": outcome.exit_code,
+            "ended_at": now_iso(),
+            "summary": outcome.summary or None,
+        }
+    )
     return outcome
 
 
-def launch(cluster: Cluster, spec: JobSpec, options: LaunchOptions, *, dry_run: bool = False,
-           detach: bool = False, out: BinaryIO | None = None) -> int:
+def launch(
+    cluster: Cluster,
+    spec: JobSpec,
+    options: LaunchOptions,
+    *,
+    dry_run: bool = False,
+    detach: bool = False,
+    out: BinaryIO | None = None,
+) -> int:
     """The whole launch; returns the exit code. Raises OrchestratorError for bad input."""
     out = out or sys.stdout.buffer
     check_script_exists(cluster, spec)
     if not dry_run and (os.path.exists(os.path.join(options.run_dir, options.run_id))):
-        raise ConfigError(f"run {options.run_id!r} already exists in {options.run_dir}; "
-                          "choose another --run-id")
+        raise ConfigError(
+            f"run {options.run_id!r} already exists in {options.run_dir}; choose another --run-id"
+        )
     if detach and not dry_run:
         return launch_detached(cluster, spec, options, out)
     return _launch(cluster, spec, options, dry_run, out, out)
 
 
-def launch_detached(cluster: Cluster, spec: JobSpec, options: LaunchOptions,
-                    out: BinaryIO) -> int:
+def launch_detached(cluster: Cluster, spec: JobSpec, options: LaunchOptions, out: BinaryIO) -> int:
     """Start the run with a background controller; return once every node runs."""
     log_path = os.path.join(options.run_dir, f".{options.run_id}.controller.log")
 
     def work(report) -> int:
-        return _launch(cluster, spec, options, False, None, open(os.devnull, "wb"),
-                       on_started=lambda: report({"started": True}))
+        return _launch(
+            cluster,
+            spec,
+            options,
+            False,
+            None,
+            open(os.devnull, "wb"),
+            on_started=lambda: report({"started": True}),
+        )
 
     result = run_detached(work, log_path)
     if "error" in result:
@@ -243,17 +315,27 @@ def launch_detached(cluster: Cluster, spec: JobSpec, options: LaunchOptions,
         out.flush()
         return int(result.get("exit_code") or 1)
     run_dir = options.run_dir
-    out.write((f"run {options.run_id} started in the background\n"
-               f"  follow it:  orchestrator logs {options.run_id} -f --run-dir {run_dir}\n"
-               f"  state:      orchestrator status {options.run_id} --run-dir {run_dir}\n"
-               f"  stop it:    orchestrator stop {options.run_id} --run-dir {run_dir}\n").encode())
+    out.write(
+        (
+            f"run {options.run_id} started in the background\n"
+            f"  follow it:  orchestrator logs {options.run_id} -f --run-dir {run_dir}\n"
+            f"  state:      orchestrator status {options.run_id} --run-dir {run_dir}\n"
+            f"  stop it:    orchestrator stop {options.run_id} --run-dir {run_dir}\n"
+        ).encode()
+    )
     out.flush()
     return 0
 
 
-def _launch(cluster: Cluster, spec: JobSpec, options: LaunchOptions, dry_run: bool,
-            console: BinaryIO | None, notes: BinaryIO,
-            on_started: Callable[[], None] = lambda: None) -> int:
+def _launch(
+    cluster: Cluster,
+    spec: JobSpec,
+    options: LaunchOptions,
+    dry_run: bool,
+    console: BinaryIO | None,
+    notes: BinaryIO,
+    on_started: Callable[[], None] = lambda: None,
+) -> int:
     out = notes
 
     def note(text: str) -> None:
@@ -270,8 +352,7 @@ def _launch(cluster: Cluster, spec: JobSpec, options: LaunchOptions, dry_run: bo
         record = RunRecord.create(options.run_dir, options.run_id)
         write_rendered(record.path, plan, scripts)
         sync_code(plan, connections, note)
-        outcome = run_plan(plan, scripts, spec, options, connections, record, console,
-                           on_started)
+        outcome = run_plan(plan, scripts, spec, options, connections, record, console, on_started)
         return outcome.exit_code
     finally:
         close_all(connections)

@@ -40,9 +40,15 @@ def prefix_lines(data: bytes, prefix: bytes) -> bytes:
 class LogSink:
     """Where every line of a run goes; one per run, used from one thread."""
 
-    def __init__(self, logs_dir: Path | None, rank_labels: dict[int, str],
-                 node_labels: dict[int, str], console: BinaryIO | None, color: bool,
-                 mask: Callable[[bytes], bytes] = lambda data: data) -> None:
+    def __init__(
+        self,
+        logs_dir: Path | None,
+        rank_labels: dict[int, str],
+        node_labels: dict[int, str],
+        console: BinaryIO | None,
+        color: bool,
+        mask: Callable[[bytes], bytes] = lambda data: data,
+    ) -> None:
         self.logs_dir = logs_dir
         self.console = console
         self.mask = mask
@@ -80,8 +86,7 @@ class LogSink:
         except (BrokenPipeError, ValueError, OSError):
             self.console = None  # the reader went away (e.g. `| head`); the files go on
 
-    def _emit(self, own_file: str, prefix: bytes, data: bytes,
-              tail: deque[bytes]) -> None:
+    def _emit(self, own_file: str, prefix: bytes, data: bytes, tail: deque[bytes]) -> None:
         data = self.mask(data)
         own = self._file(own_file)
         if own is not None:
@@ -91,7 +96,7 @@ class LogSink:
         if combined is not None:
             combined.write(prefixed)
         self._to_console(prefix, data, prefixed)
-        tail.extend(data.rsplit(b"\n", TAIL_LINES + 1)[-TAIL_LINES - 1:-1])
+        tail.extend(data.rsplit(b"\n", TAIL_LINES + 1)[-TAIL_LINES - 1 : -1])
 
     def rank_output(self, rank: int, data: bytes) -> None:
         """Whole lines printed by a rank."""
@@ -136,8 +141,9 @@ class LogSink:
 # --- reading logs back ------------------------------------------------------------------
 
 
-def last_lines_of(path: Path, count: int, end: int | None = None,
-                  keep: Callable[[bytes], bool] | None = None) -> list[bytes]:
+def last_lines_of(
+    path: Path, count: int, end: int | None = None, keep: Callable[[bytes], bool] | None = None
+) -> list[bytes]:
     """The last `count` lines of a file (before byte `end`) that `keep` accepts.
 
     Without `keep`, only the end of the file is read.
@@ -165,8 +171,13 @@ def last_lines_of(path: Path, count: int, end: int | None = None,
     return [line + b"\n" for line in lines[-count:]]
 
 
-def follow(path: Path, is_done: Callable[[], bool], from_start: bool = True,
-           poll_s: float = 0.2, offset: int | None = None) -> Iterator[bytes]:
+def follow(
+    path: Path,
+    is_done: Callable[[], bool],
+    from_start: bool = True,
+    poll_s: float = 0.2,
+    offset: int | None = None,
+) -> Iterator[bytes]:
     """Yield whole lines of a growing file until `is_done()` and nothing more arrives.
 
     Starts at byte `offset` when given, else at the start or (from_start=False) the end.
@@ -202,8 +213,9 @@ def line_filter(grep: str | None, node: str | None) -> Callable[[bytes], bool]:
     node_line = f"[{node}]".encode() if node else None
 
     def keep(line: bytes) -> bool:
-        if node_prefix is not None and not (line.startswith(node_prefix) or
-                                            line.startswith(node_line)):
+        if node_prefix is not None and not (
+            line.startswith(node_prefix) or line.startswith(node_line)
+        ):
             return False
         return pattern is None or pattern.search(line) is not None
 

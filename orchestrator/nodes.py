@@ -57,7 +57,7 @@ class FrameParser:
                 end = newline + 1 + size
                 if len(self.buf) < end:
                     break
-                payload = bytes(self.buf[newline + 1: end])
+                payload = bytes(self.buf[newline + 1 : end])
                 del self.buf[:end]
                 frames.append((kind, fields[:-1], payload))
             else:
@@ -69,8 +69,15 @@ class FrameParser:
 class NodeSession:
     """A started agent on one node; its frames go to a shared queue as `Event`s."""
 
-    def __init__(self, index: int, connection: NodeConnection, channel: AgentChannel,
-                 events: queue.Queue[Event], python: str = "", tag: str = "") -> None:
+    def __init__(
+        self,
+        index: int,
+        connection: NodeConnection,
+        channel: AgentChannel,
+        events: queue.Queue[Event],
+        python: str = "",
+        tag: str = "",
+    ) -> None:
         self.index = index
         self.connection = connection
         self.channel = channel
@@ -79,12 +86,18 @@ class NodeSession:
         self.tag = tag
         self.finished = False  # the agent said X: it now waits for another step
         self.lock = threading.Lock()
-        self.thread = threading.Thread(target=self._read, name=f"node{index}-reader",
-                                       daemon=True)
+        self.thread = threading.Thread(target=self._read, name=f"node{index}-reader", daemon=True)
 
     @classmethod
-    def start(cls, index: int, connection: NodeConnection, python: str, tag: str,
-              config: dict, events: queue.Queue[Event]) -> NodeSession:
+    def start(
+        cls,
+        index: int,
+        connection: NodeConnection,
+        python: str,
+        tag: str,
+        config: dict,
+        events: queue.Queue[Event],
+    ) -> NodeSession:
         channel = take_idle_agent(connection, python, tag)
         if channel is not None:
             head = b"next\n"
@@ -126,14 +139,16 @@ class NodeSession:
             self.channel.close()
             return
         previous = self.connection.idle_agent
-        self.connection.idle_agent = IdleAgent(self.python, self.tag, self.channel,
-                                               time.monotonic())
+        self.connection.idle_agent = IdleAgent(
+            self.python, self.tag, self.channel, time.monotonic()
+        )
         if previous is not None:
             previous.channel.close()
 
 
-def start_sessions(starts: Sequence[tuple[int, NodeConnection, str, str, dict]],
-                   events: queue.Queue[Event]) -> list[NodeSession]:
+def start_sessions(
+    starts: Sequence[tuple[int, NodeConnection, str, str, dict]], events: queue.Queue[Event]
+) -> list[NodeSession]:
     """Start (index, connection, python, tag, config) agents on all their nodes at once.
 
     Each start waits for its node to open a channel and run a command: in turn, those
@@ -160,8 +175,7 @@ def take_idle_agent(connection: NodeConnection, python: str, tag: str) -> AgentC
     idle, connection.idle_agent = connection.idle_agent, None
     if idle is None:
         return None
-    if (idle.python, idle.tag) == (python, tag) and \
-            time.monotonic() - idle.since < REUSE_WITHIN_S:
+    if (idle.python, idle.tag) == (python, tag) and time.monotonic() - idle.since < REUSE_WITHIN_S:
         return idle.channel
     idle.channel.close()
     return None

@@ -125,8 +125,9 @@ def restarts_entry(max_restarts: int) -> dict[str, str]:
     """plan.yaml's line for --max-restarts (none without restarts), for every backend."""
     if not max_restarts:
         return {}
-    return {"max_restarts": f"{max_restarts}  # torchrun --max-restarts, c10d rendezvous at "
-                            "the master"}
+    return {
+        "max_restarts": f"{max_restarts}  # torchrun --max-restarts, c10d rendezvous at the master"
+    }
 
 
 def _node_dict(node: NodePlan) -> dict:
@@ -140,9 +141,11 @@ def _node_dict(node: NodePlan) -> dict:
     if node.host.slot_ids is not None:
         shown["slots"] = ",".join(map(str, node.host.slot_ids))
     if node.bind_cores:
-        shown["cores"] = ({f"local rank {i}": s.describe() for i, s in enumerate(node.core_sets)}
-                          if node.core_sets is not None else
-                          "(computed at start from the node's own topology)")
+        shown["cores"] = (
+            {f"local rank {i}": s.describe() for i, s in enumerate(node.core_sets)}
+            if node.core_sets is not None
+            else "(computed at start from the node's own topology)"
+        )
     return {
         **shown,
         "python": node.python,
@@ -152,8 +155,9 @@ def _node_dict(node: NodePlan) -> dict:
     }
 
 
-def make_plan(cluster: Cluster, spec: JobSpec, run_id: str,
-              facts: Mapping[int, NodeFacts] | None = None) -> LaunchPlan:
+def make_plan(
+    cluster: Cluster, spec: JobSpec, run_id: str, facts: Mapping[int, NodeFacts] | None = None
+) -> LaunchPlan:
     """Decide node ranks, ranks, master address/port, interfaces and env for every node.
 
     `facts` are the preflight probe's, by node rank (two entries may share a host name).
@@ -184,18 +188,36 @@ def make_plan(cluster: Cluster, spec: JobSpec, run_id: str,
         workdir = spec.workdir
         if spec.sync_dir:
             workdir = f"{directory}/{os.path.basename(os.path.normpath(spec.sync_dir))}"
-        nodes.append(NodePlan(
-            node_rank=node_rank, host=host, nproc=nproc, rank_start=rank_start,
-            python=host.python or spec.python, ifname=ifname, ifname_reason=ifname_reason,
-            env=tuple(env), workdir=workdir, node_dir=directory, bind_cores=spec.bind_cores,
-            core_sets=_core_sets(host, nproc, facts.get(node_rank)) if spec.bind_cores else None,
-        ))
+        nodes.append(
+            NodePlan(
+                node_rank=node_rank,
+                host=host,
+                nproc=nproc,
+                rank_start=rank_start,
+                python=host.python or spec.python,
+                ifname=ifname,
+                ifname_reason=ifname_reason,
+                env=tuple(env),
+                workdir=workdir,
+                node_dir=directory,
+                bind_cores=spec.bind_cores,
+                core_sets=_core_sets(host, nproc, facts.get(node_rank))
+                if spec.bind_cores
+                else None,
+            )
+        )
         rank_start += nproc
     return LaunchPlan(
-        run_id=run_id, nodes=tuple(nodes), master_addr=master_addr,
-        master_addr_reason=addr_reason, master_port=master_port,
-        master_port_reason=port_reason, program=spec.program, secret_names=secret_names,
-        sync_dir=spec.sync_dir, selection=cluster.selection,
+        run_id=run_id,
+        nodes=tuple(nodes),
+        master_addr=master_addr,
+        master_addr_reason=addr_reason,
+        master_port=master_port,
+        master_port_reason=port_reason,
+        program=spec.program,
+        secret_names=secret_names,
+        sync_dir=spec.sync_dir,
+        selection=cluster.selection,
         max_restarts=spec.max_restarts,
     )
 
@@ -211,8 +233,9 @@ def is_loopback(addr: str) -> bool:
     return ip.is_loopback or (mapped is not None and mapped.is_loopback)
 
 
-def _master_addr(cluster: Cluster, spec: JobSpec,
-                 facts: Mapping[int, NodeFacts]) -> tuple[str, str]:
+def _master_addr(
+    cluster: Cluster, spec: JobSpec, facts: Mapping[int, NodeFacts]
+) -> tuple[str, str]:
     first = cluster.hosts[0]
     multi = len(cluster.hosts) > 1
     if spec.master_addr:
@@ -229,15 +252,19 @@ def _master_addr(cluster: Cluster, spec: JobSpec,
         raise ConfigError(
             f"MASTER_ADDR would be {addr} (a loopback address) in a {len(cluster.hosts)}-node "
             f"job: other nodes cannot reach it. List nodes by names or addresses the other "
-            f"nodes can reach (not localhost), or pass --master-addr ADDRESS")
+            f"nodes can reach (not localhost), or pass --master-addr ADDRESS"
+        )
     return addr, reason
 
 
 def _master_port(spec: JobSpec, master_facts: NodeFacts | None) -> tuple[int, str]:
     if spec.master_port is not None:
         checked = master_facts is not None and master_facts.port_checked
-        return spec.master_port, ("--master-port, checked free on the master" if checked
-                                  else "--master-port (not checked)")
+        return spec.master_port, (
+            "--master-port, checked free on the master"
+            if checked
+            else "--master-port (not checked)"
+        )
     if master_facts is not None and master_facts.free_port is not None:
         return master_facts.free_port, "auto: a free port the master's kernel picked"
     return DEFAULT_MASTER_PORT, "auto, not probed: the default"
@@ -259,8 +286,9 @@ def _core_sets(host: Host, nproc: int, facts: NodeFacts | None) -> tuple[CoreSet
         raise ConfigError(f"--bind-cores on {host.name} ({host.source}): {exc}") from None
 
 
-def _ifname(host: Host, spec: JobSpec, facts: NodeFacts | None,
-            master_addr: str) -> tuple[str | None, str]:
+def _ifname(
+    host: Host, spec: JobSpec, facts: NodeFacts | None, master_addr: str
+) -> tuple[str | None, str]:
     if host.ifname:
         return host.ifname, f"hostfile ({host.source})"
     if spec.ifname:

@@ -30,11 +30,26 @@ class ProbeResult:
     warnings: tuple[str, ...]
 
 
-def probe_script(host: str, python: str, master_addr: str, *, check_port: bool,
-                 port: int | None, ifname: str | None, bind_cores: bool = False) -> str:
-    return render_template("probe.sh.j2", host=host, python=python, master_addr=master_addr,
-                           check_port=check_port, port=port, ifname=ifname,
-                           bind_cores=bind_cores)
+def probe_script(
+    host: str,
+    python: str,
+    master_addr: str,
+    *,
+    check_port: bool,
+    port: int | None,
+    ifname: str | None,
+    bind_cores: bool = False,
+) -> str:
+    return render_template(
+        "probe.sh.j2",
+        host=host,
+        python=python,
+        master_addr=master_addr,
+        check_port=check_port,
+        port=port,
+        ifname=ifname,
+        bind_cores=bind_cores,
+    )
 
 
 def parse_probe_output(text: str) -> dict[str, str]:
@@ -46,45 +61,66 @@ def parse_probe_output(text: str) -> dict[str, str]:
     return values
 
 
-def master_address(cluster: Cluster, spec: JobSpec,
-                   connections: Sequence[NodeConnection]) -> str:
+def master_address(cluster: Cluster, spec: JobSpec, connections: Sequence[NodeConnection]) -> str:
     """MASTER_ADDR as the probe must see it: --master-addr, else where node 0 was reached."""
     return spec.master_addr or connections[0].address
 
 
-def probe_nodes(cluster: Cluster, spec: JobSpec, connections: Sequence[NodeConnection],
-                tag: str = "probe") -> ProbeResult:
+def probe_nodes(
+    cluster: Cluster, spec: JobSpec, connections: Sequence[NodeConnection], tag: str = "probe"
+) -> ProbeResult:
     """Probe every node in parallel; raise `NodeErrors` naming each node that cannot run."""
     master_addr = master_address(cluster, spec, connections)
     pythons = [host.python or spec.python for host in cluster.hosts]
     scripts = [
-        probe_script(host.name, python, master_addr, check_port=index == 0,
-                     port=spec.master_port, ifname=host.ifname or spec.ifname,
-                     bind_cores=spec.bind_cores)
+        probe_script(
+            host.name,
+            python,
+            master_addr,
+            check_port=index == 0,
+            port=spec.master_port,
+            ifname=host.ifname or spec.ifname,
+            bind_cores=spec.bind_cores,
+        )
         for index, (host, python) in enumerate(zip(cluster.hosts, pythons, strict=True))
     ]
-    results = run_on_nodes(connections, pythons, [["bash", "-c", s] for s in scripts],
-                           time_limit=PROBE_TIME_LIMIT_S, tag=tag, what="the preflight probe")
+    results = run_on_nodes(
+        connections,
+        pythons,
+        [["bash", "-c", s] for s in scripts],
+        time_limit=PROBE_TIME_LIMIT_S,
+        tag=tag,
+        what="the preflight probe",
+    )
     errors: list[NodeError] = []
     stopped: list[NodeError] = []
     facts: dict[int, NodeFacts] = {}
     torch_versions: list[tuple[str, str]] = []
     for index, (host, python, connection, result) in enumerate(
-            zip(cluster.hosts, pythons, connections, results, strict=True)):
+        zip(cluster.hosts, pythons, connections, results, strict=True)
+    ):
         if result.state == "lost" and MISSING_PYTHON_WORDS in result.detail:
-            errors.append(NodeError(host.name, f"cannot run python {python!r}: "
-                                    f"{MISSING_PYTHON_WORDS}; {SET_PYTHON}", exit_code=2))
+            errors.append(
+                NodeError(
+                    host.name,
+                    f"cannot run python {python!r}: {MISSING_PYTHON_WORDS}; {SET_PYTHON}",
+                    exit_code=2,
+                )
+            )
             continue
         if result.state == "stopped":  # because another node failed, which is named
             stopped.append(NodeError(host.name, "preflight probe stopped"))
             continue
         if not result.ok:
-            errors.append(NodeError(host.name, f"preflight probe failed ({result.describe()})"
-                                    + _last_line(result.output)))
+            errors.append(
+                NodeError(
+                    host.name,
+                    f"preflight probe failed ({result.describe()})" + _last_line(result.output),
+                )
+            )
             continue
         values = parse_probe_output(result.output)
-        problem = _problem(host.name, python, values, index == 0, spec,
-                           host.ifname or spec.ifname)
+        problem = _problem(host.name, python, values, index == 0, spec, host.ifname or spec.ifname)
         if problem is not None:
             errors.append(problem)
             continue
@@ -97,36 +133,57 @@ def probe_nodes(cluster: Cluster, spec: JobSpec, connections: Sequence[NodeConne
             torch_version=values.get("torch_version"),
             free_port=int(values["free_port"]) if values.get("free_port") else None,
             port_checked=values.get("port_free") == "yes",
-            topology=(Topology.decode(values["cores_topology"])
-                      if values.get("cores_topology") else None),
+            topology=(
+                Topology.decode(values["cores_topology"]) if values.get("cores_topology") else None
+            ),
         )
     if errors or stopped:
         raise NodeErrors(errors or stopped, "preflight")
     warnings = []
     if len({version for _, version in torch_versions}) > 1:
         listing = ", ".join(f"{h}={v}" for h, v in torch_versions)
-        warnings.append(f"torch versions differ between nodes ({listing}); "
-                        "ranks may fail to talk to each other")
+        warnings.append(
+            f"torch versions differ between nodes ({listing}); ranks may fail to talk to each other"
+        )
     return ProbeResult(facts, tuple(warnings))
 
 
-def _problem(host: str, python: str, values: dict[str, str], is_master: bool,
-             spec: JobSpec, ifname: str | None) -> NodeError | None:
+def _problem(
+    host: str,
+    python: str,
+    values: dict[str, str],
+    is_master: bool,
+    spec: JobSpec,
+    ifname: str | None,
+) -> NodeError | None:
     if "python_error" in values:
-        return NodeError(host, f"cannot run python {python!r}: {values['python_error']}; "
-                         f"{SET_PYTHON}", exit_code=2)
+        return NodeError(
+            host,
+            f"cannot run python {python!r}: {values['python_error']}; {SET_PYTHON}",
+            exit_code=2,
+        )
     if values.get("torch_version", "none") == "none":
-        return NodeError(host, f"torch is not installed for {python} "
-                         f"(python {values.get('python_version', '?')}); install it there, "
-                         "or point --python at an interpreter that has it", exit_code=2)
+        return NodeError(
+            host,
+            f"torch is not installed for {python} "
+            f"(python {values.get('python_version', '?')}); install it there, "
+            "or point --python at an interpreter that has it",
+            exit_code=2,
+        )
     if ifname and values.get("ifname_exists") == "no":
-        return NodeError(host, f"network interface {ifname!r} does not exist on this node; "
-                         "check --ifname / the hostfile's ifname (`ip -br link` lists them)",
-                         exit_code=2)
+        return NodeError(
+            host,
+            f"network interface {ifname!r} does not exist on this node; "
+            "check --ifname / the hostfile's ifname (`ip -br link` lists them)",
+            exit_code=2,
+        )
     if is_master and spec.master_port is not None and values.get("port_free") == "no":
-        return NodeError(host, f"MASTER_PORT {spec.master_port} is already in use on the "
-                         "master node; pick another --master-port or use --master-port auto",
-                         exit_code=2)
+        return NodeError(
+            host,
+            f"MASTER_PORT {spec.master_port} is already in use on the "
+            "master node; pick another --master-port or use --master-port auto",
+            exit_code=2,
+        )
     return None
 
 

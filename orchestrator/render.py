@@ -63,8 +63,9 @@ def script_name(node: NodePlan) -> str:
 
 def render_node_script(plan: LaunchPlan, node: NodePlan, command: str) -> str:
     """The torchrun script for one node, runnable by hand with `bash nodeN.sh`."""
-    return render_template("node.sh.j2", plan=plan, node=node, command=command,
-                           script_name=script_name(node))
+    return render_template(
+        "node.sh.j2", plan=plan, node=node, command=command, script_name=script_name(node)
+    )
 
 
 def render_node_scripts(plan: LaunchPlan, command: str) -> dict[str, str]:
@@ -84,13 +85,15 @@ def make_output_dir(out_dir: str | Path, option: str = "-o") -> Path:
     """
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
-        raise ConfigError(f"{option} {str(out_dir)!r}: exists and is not a folder; give a "
-                          "folder to write into")
+        raise ConfigError(
+            f"{option} {str(out_dir)!r}: exists and is not a folder; give a folder to write into"
+        )
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise ConfigError(f"{option} {str(out_dir)!r}: cannot create this folder: "
-                          f"{exc.strerror or exc}") from None
+        raise ConfigError(
+            f"{option} {str(out_dir)!r}: cannot create this folder: {exc.strerror or exc}"
+        ) from None
     if not os.access(out, os.W_OK | os.X_OK):
         raise ConfigError(f"{option} {str(out_dir)!r}: this folder is not writable")
     return out
@@ -115,6 +118,6 @@ def command_line(argv: Iterable[str], secret_names: Iterable[str] = ()) -> str:
     shown = []
     for arg in argv:
         prefix = "--env=" if arg.startswith("--env=") else ""
-        name, sep, _ = arg[len(prefix):].partition("=")
+        name, sep, _ = arg[len(prefix) :].partition("=")
         shown.append(f"{prefix}{name}=***" if sep and name in secrets else arg)
     return shlex.join(shown)

@@ -35,8 +35,10 @@ def new_run_id() -> str:
 
 def check_run_id(run_id: str) -> str:
     if not RUN_ID.fullmatch(run_id):
-        raise ConfigError(f"--run-id {run_id!r}: use letters, digits, '.', '-' and '_' "
-                          "(starting with a letter or digit, at most 100 characters)")
+        raise ConfigError(
+            f"--run-id {run_id!r}: use letters, digits, '.', '-' and '_' "
+            "(starting with a letter or digit, at most 100 characters)"
+        )
     return run_id
 
 
@@ -64,16 +66,20 @@ class RunRecord:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:  # e.g. --run-dir names a file
-            raise ConfigError(f"cannot create the run folder {path}: {exc.strerror}; "
-                              "choose another --run-dir") from None
+            raise ConfigError(
+                f"cannot create the run folder {path}: {exc.strerror}; choose another --run-dir"
+            ) from None
         try:
             path.mkdir()
         except FileExistsError:
-            raise ConfigError(f"run {run_id!r} already exists in {path.parent}; choose "
-                              "another --run-id or remove that folder") from None
+            raise ConfigError(
+                f"run {run_id!r} already exists in {path.parent}; choose "
+                "another --run-id or remove that folder"
+            ) from None
         except OSError as exc:
-            raise ConfigError(f"cannot create the run folder {path}: {exc.strerror}; "
-                              "choose another --run-dir") from None
+            raise ConfigError(
+                f"cannot create the run folder {path}: {exc.strerror}; choose another --run-dir"
+            ) from None
         (path / "logs").mkdir()
         return cls(path)
 
@@ -81,8 +87,10 @@ class RunRecord:
     def open(cls, run_dir: str | Path, run_id: str) -> RunRecord:
         path = Path(run_dir) / run_id
         if not RUN_ID.fullmatch(run_id) or not (path / "status.json").exists():
-            raise ConfigError(f"no run {run_id!r} in {run_dir}; `orchestrator runs "
-                              f"--run-dir {run_dir}` lists the runs there")
+            raise ConfigError(
+                f"no run {run_id!r} in {run_dir}; `orchestrator runs "
+                f"--run-dir {run_dir}` lists the runs there"
+            )
         return cls(path)
 
     def read_status(self) -> dict:
@@ -127,7 +135,7 @@ def process_start_time(pid: int) -> int | None:
             stat = handle.read()
     except OSError:
         return None
-    return int(stat[stat.rfind(b")") + 2:].split()[19])
+    return int(stat[stat.rfind(b")") + 2 :].split()[19])
 
 
 def controller_alive(status: dict) -> bool:

@@ -32,14 +32,22 @@ class Selection:
 
     @property
     def given(self) -> bool:
-        return any(v is not None for v in (self.include, self.exclude, self.num_nodes,
-                                           self.num_gpus))
+        return any(
+            v is not None for v in (self.include, self.exclude, self.num_nodes, self.num_gpus)
+        )
 
     def describe(self) -> str:
         """The flags as a command line would show them, for the plan."""
-        parts = [f"--{name.replace('_', '-')} {value}" for name, value in (
-            ("include", self.include), ("exclude", self.exclude),
-            ("num_nodes", self.num_nodes), ("num_gpus", self.num_gpus)) if value is not None]
+        parts = [
+            f"--{name.replace('_', '-')} {value}"
+            for name, value in (
+                ("include", self.include),
+                ("exclude", self.exclude),
+                ("num_nodes", self.num_nodes),
+                ("num_gpus", self.num_gpus),
+            )
+            if value is not None
+        ]
         return " ".join(parts)
 
 
@@ -50,13 +58,16 @@ def slot_count(host: Host, nproc_per_node: int | None) -> int:
     else:
         count, origin = host.slots or 1, "slots"
     if host.max_slots is not None and count > host.max_slots:
-        raise ConfigError(f"{host.source}: {origin} asks for {count} ranks on {host.name}, "
-                          f"but max_slots={host.max_slots}")
+        raise ConfigError(
+            f"{host.source}: {origin} asks for {count} ranks on {host.name}, "
+            f"but max_slots={host.max_slots}"
+        )
     return count
 
 
-def select_hosts(cluster: Cluster, selection: Selection,
-                 nproc_per_node: int | None = None) -> Cluster:
+def select_hosts(
+    cluster: Cluster, selection: Selection, nproc_per_node: int | None = None
+) -> Cluster:
     """The cluster the selection leaves: chosen hosts, each with its chosen `slot_ids`.
 
     Without a selection the cluster is returned as it is. Every contradiction is a
@@ -65,8 +76,10 @@ def select_hosts(cluster: Cluster, selection: Selection,
     if not selection.given:
         return cluster
     _check_flags(selection)
-    available = {index: tuple(range(slot_count(host, nproc_per_node)))
-                 for index, host in enumerate(cluster.hosts)}
+    available = {
+        index: tuple(range(slot_count(host, nproc_per_node)))
+        for index, host in enumerate(cluster.hosts)
+    }
     if selection.include is not None:
         chosen = _filter(cluster, available, selection.include, "--include")
     elif selection.exclude is not None:
@@ -75,37 +88,47 @@ def select_hosts(cluster: Cluster, selection: Selection,
         chosen = dict(available)
         if selection.num_nodes is not None:
             if selection.num_nodes > len(cluster.hosts):
-                raise ConfigError(f"--num-nodes {selection.num_nodes}: {cluster.path} lists "
-                                  f"only {len(cluster.hosts)} host(s)")
-            chosen = {i: chosen[i] for i in sorted(chosen)[:selection.num_nodes]}
+                raise ConfigError(
+                    f"--num-nodes {selection.num_nodes}: {cluster.path} lists "
+                    f"only {len(cluster.hosts)} host(s)"
+                )
+            chosen = {i: chosen[i] for i in sorted(chosen)[: selection.num_nodes]}
         if selection.num_gpus is not None:
             for index in chosen:
                 host = cluster.hosts[index]
                 if selection.num_gpus > len(available[index]):
-                    raise ConfigError(f"--num-gpus {selection.num_gpus}: host {host.name} "
-                                      f"({host.source}) has {len(available[index])} slot(s)")
+                    raise ConfigError(
+                        f"--num-gpus {selection.num_gpus}: host {host.name} "
+                        f"({host.source}) has {len(available[index])} slot(s)"
+                    )
                 chosen[index] = tuple(range(selection.num_gpus))
     if not chosen:
         flag = "--exclude" if selection.exclude is not None else "--include"
-        raise ConfigError(f"{flag} {_flag_value(selection)!r} leaves no slot on any host of "
-                          f"{cluster.path}; nothing to run")
-    hosts = tuple(replace(cluster.hosts[i], slots=len(ids), slot_ids=ids)
-                  for i, ids in sorted(chosen.items()))
+        raise ConfigError(
+            f"{flag} {_flag_value(selection)!r} leaves no slot on any host of "
+            f"{cluster.path}; nothing to run"
+        )
+    hosts = tuple(
+        replace(cluster.hosts[i], slots=len(ids), slot_ids=ids) for i, ids in sorted(chosen.items())
+    )
     return replace(cluster, hosts=hosts, selection=selection.describe())
 
 
 def _check_flags(selection: Selection) -> None:
     if selection.include is not None and selection.exclude is not None:
-        raise ConfigError("--include and --exclude together: give one of them (as with "
-                          "DeepSpeed, they are mutually exclusive)")
+        raise ConfigError(
+            "--include and --exclude together: give one of them (as with "
+            "DeepSpeed, they are mutually exclusive)"
+        )
     counted = selection.num_nodes is not None or selection.num_gpus is not None
     if counted and (selection.include is not None or selection.exclude is not None):
         flag = "--num-nodes" if selection.num_nodes is not None else "--num-gpus"
         other = "--include" if selection.include is not None else "--exclude"
-        raise ConfigError(f"{flag} with {other}: choose hosts and slots one way (as with "
-                          "DeepSpeed, they are mutually exclusive)")
-    for flag, value in (("--num-nodes", selection.num_nodes),
-                        ("--num-gpus", selection.num_gpus)):
+        raise ConfigError(
+            f"{flag} with {other}: choose hosts and slots one way (as with "
+            "DeepSpeed, they are mutually exclusive)"
+        )
+    for flag, value in (("--num-nodes", selection.num_nodes), ("--num-gpus", selection.num_gpus)):
         if value is not None and value < 1:
             raise ConfigError(f"{flag} must be a positive integer, got {value}")
 
@@ -114,8 +137,9 @@ def _flag_value(selection: Selection) -> str:
     return selection.exclude if selection.exclude is not None else selection.include or ""
 
 
-def _filter(cluster: Cluster, available: dict[int, tuple[int, ...]], text: str,
-            flag: str) -> dict[int, tuple[int, ...]]:
+def _filter(
+    cluster: Cluster, available: dict[int, tuple[int, ...]], text: str, flag: str
+) -> dict[int, tuple[int, ...]]:
     """Apply DeepSpeed's `NAME[:SLOT,...]@...` to the available slots."""
     include = flag == "--include"
     chosen: dict[int, set[int]] = {} if include else {i: set(s) for i, s in available.items()}
@@ -128,8 +152,9 @@ def _filter(cluster: Cluster, available: dict[int, tuple[int, ...]], text: str,
         if not indexes:
             known = ", ".join(h.name for h in cluster.hosts[:8])
             more = ", ..." if len(cluster.hosts) > 8 else ""
-            raise ConfigError(f"{flag} {text!r}: host {name!r} is not in {cluster.path} "
-                              f"(hosts: {known}{more})")
+            raise ConfigError(
+                f"{flag} {text!r}: host {name!r} is not in {cluster.path} (hosts: {known}{more})"
+            )
         for index in indexes:
             host = cluster.hosts[index]
             slots = set(available[index])
@@ -142,16 +167,21 @@ def _filter(cluster: Cluster, available: dict[int, tuple[int, ...]], text: str,
     return {i: tuple(sorted(s)) for i, s in chosen.items() if s}
 
 
-def _slot_ids(slot_text: str, flag: str, text: str, host: Host,
-              available: tuple[int, ...]) -> set[int]:
+def _slot_ids(
+    slot_text: str, flag: str, text: str, host: Host, available: tuple[int, ...]
+) -> set[int]:
     ids = set()
     for item in slot_text.split(","):
         item = item.strip()
         if not _SLOT.fullmatch(item):
-            raise ConfigError(f"{flag} {text!r}: slot {item!r} of host {host.name} is not a "
-                              "slot id; write NAME:0,2")
+            raise ConfigError(
+                f"{flag} {text!r}: slot {item!r} of host {host.name} is not a "
+                "slot id; write NAME:0,2"
+            )
         if int(item) not in available:
-            raise ConfigError(f"{flag} {text!r}: host {host.name} has no slot {item} (its "
-                              f"slots are 0-{len(available) - 1}; {host.source})")
+            raise ConfigError(
+                f"{flag} {text!r}: host {host.name} has no slot {item} (its "
+                f"slots are 0-{len(available) - 1}; {host.source})"
+            )
         ids.add(int(item))
     return ids

@@ -26,10 +26,18 @@ FORWARDED_PREFIXES = ("NCCL_", "GLOO_", "TORCH_", "CUDA_", "PYTHON", "OMP_")
 # ids a selection chose there (--include/--exclude/--num-gpus), or an --env value.
 VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
 # Set per node by the plan or meaningful only on the controller: never forwarded.
-NOT_FORWARDED = frozenset({
-    "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", VISIBLE_DEVICES, "PYTHONHOME",
-    "PYTHONEXECUTABLE", "PYTHONSTARTUP", "PYTHONINSPECT", "PYTHONBREAKPOINT",
-})
+NOT_FORWARDED = frozenset(
+    {
+        "NCCL_SOCKET_IFNAME",
+        "GLOO_SOCKET_IFNAME",
+        VISIBLE_DEVICES,
+        "PYTHONHOME",
+        "PYTHONEXECUTABLE",
+        "PYTHONSTARTUP",
+        "PYTHONINSPECT",
+        "PYTHONBREAKPOINT",
+    }
+)
 # A variable whose name matches is a secret: never rendered into a script, plan or log.
 SECRET_NAME = re.compile(
     r"(SECRET|TOKEN|PASSWORD|PASSWD|PASSPHRASE|API_?KEY|ACCESS_KEY|PRIVATE_KEY|CREDENTIAL)",
@@ -37,14 +45,31 @@ SECRET_NAME = re.compile(
 )
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Set by the orchestrator itself; a user may not override them through --env.
-RESERVED_ENV = frozenset({
-    "MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "NODE_RANK",
-    "GROUP_RANK", "LOCAL_WORLD_SIZE",
-})
+RESERVED_ENV = frozenset(
+    {
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "RANK",
+        "LOCAL_RANK",
+        "WORLD_SIZE",
+        "NODE_RANK",
+        "GROUP_RANK",
+        "LOCAL_WORLD_SIZE",
+    }
+)
 # Read-only in bash: `export UID=5` would end the node script.
-BASH_READONLY = frozenset({
-    "UID", "EUID", "PPID", "SHELLOPTS", "BASHOPTS", "BASH_VERSINFO", "BASHPID", "GROUPS",
-})
+BASH_READONLY = frozenset(
+    {
+        "UID",
+        "EUID",
+        "PPID",
+        "SHELLOPTS",
+        "BASHOPTS",
+        "BASH_VERSINFO",
+        "BASHPID",
+        "GROUPS",
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -66,8 +91,10 @@ class Program:
                 raise ConfigError("'-m' needs a module name, e.g. -- -m mypkg.train --lr 0.1")
             return cls(target=argv[1], args=tuple(argv[2:]), is_module=True)
         if argv[0].startswith("-"):
-            raise ConfigError(f"after '--' comes the script to run, got option {argv[0]!r}; "
-                              "put orchestrator options before '--'")
+            raise ConfigError(
+                f"after '--' comes the script to run, got option {argv[0]!r}; "
+                "put orchestrator options before '--'"
+            )
         return cls(target=argv[0], args=tuple(argv[1:]))
 
     @property
@@ -80,8 +107,11 @@ class Program:
         return head + self.args
 
     def describe(self) -> str:
-        return ("bundled trainer (python -m orchestrator.trainer)" if self.is_bundled_trainer
-                else shlex.join(self.argv()))
+        return (
+            "bundled trainer (python -m orchestrator.trainer)"
+            if self.is_bundled_trainer
+            else shlex.join(self.argv())
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -105,11 +135,13 @@ class JobSpec:
         if self.max_restarts < 0:
             raise ConfigError(f"--max-restarts must be 0 or more, got {self.max_restarts}")
         if self.nproc_per_node is not None and self.nproc_per_node <= 0:
-            raise ConfigError(f"--nproc-per-node must be a positive integer, "
-                              f"got {self.nproc_per_node}")
+            raise ConfigError(
+                f"--nproc-per-node must be a positive integer, got {self.nproc_per_node}"
+            )
         if self.master_port is not None and not 1 <= self.master_port <= 65535:
-            raise ConfigError(f"--master-port must be from 1 to 65535 (or 'auto'), "
-                              f"got {self.master_port}")
+            raise ConfigError(
+                f"--master-port must be from 1 to 65535 (or 'auto'), got {self.master_port}"
+            )
 
     @property
     def env_dict(self) -> dict[str, str]:
@@ -125,8 +157,9 @@ def parse_master_port(value: str | int | None) -> int | None:
         return None
     text = str(value).strip()
     if not re.fullmatch(r"[0-9]+", text) or not 1 <= int(text) <= 65535:
-        raise ConfigError(f"--master-port must be a number from 1 to 65535 or 'auto', "
-                          f"got {value!r}")
+        raise ConfigError(
+            f"--master-port must be a number from 1 to 65535 or 'auto', got {value!r}"
+        )
     return int(text)
 
 
@@ -136,8 +169,9 @@ def parse_env_assignments(items: Iterable[str], flag: str = "--env") -> list[tup
     for item in items:
         name, sep, value = item.partition("=")
         if not sep:
-            raise ConfigError(f"{flag} {item!r}: expected NAME=VALUE, e.g. {flag} "
-                              f"{name or 'NAME'}=1")
+            raise ConfigError(
+                f"{flag} {item!r}: expected NAME=VALUE, e.g. {flag} {name or 'NAME'}=1"
+            )
         pairs.append((_check_env_name(name, f"{flag} {item!r}"), value))
     return pairs
 
@@ -157,7 +191,7 @@ def load_env_file(path: str | Path) -> list[tuple[str, str]]:
         if not line or line.startswith("#"):
             continue
         if line.startswith("export "):
-            line = line[len("export "):].lstrip()
+            line = line[len("export ") :].lstrip()
         name, sep, value = line.partition("=")
         if not sep:
             raise SourceError(shown, lineno, f"expected NAME=VALUE, got {line!r}")
@@ -172,8 +206,9 @@ def load_env_file(path: str | Path) -> list[tuple[str, str]]:
     return pairs
 
 
-def deepspeed_env_files(cwd: str | Path, home: str | Path,
-                        environ: Mapping[str, str] | None = None) -> list[Path]:
+def deepspeed_env_files(
+    cwd: str | Path, home: str | Path, environ: Mapping[str, str] | None = None
+) -> list[Path]:
     """DeepSpeed's `.deepspeed_env` files, as its launcher finds them: in home, then in cwd.
 
     The name is `$DS_ENV_FILE` when set, as for DeepSpeed; the cwd's file is read last, so
@@ -193,7 +228,8 @@ def forwarded_env(environ: Mapping[str, str] | None = None) -> list[tuple[str, s
     """The controller's NCCL_*/GLOO_*/TORCH_*/CUDA_*/PYTHON*/OMP_* variables, sorted."""
     environ = os.environ if environ is None else environ
     return sorted(
-        (k, v) for k, v in environ.items()
+        (k, v)
+        for k, v in environ.items()
         if k.startswith(FORWARDED_PREFIXES) and k not in NOT_FORWARDED and _ENV_NAME.fullmatch(k)
     )
 
@@ -212,8 +248,10 @@ def env_name_problem(name: str) -> str | None:
     if not _ENV_NAME.fullmatch(name):
         return f"{name!r} is not a valid variable name"
     if name in RESERVED_ENV:
-        return (f"{name} is set by the orchestrator for each node; use the matching flag "
-                "(--master-addr, --master-port, ...) instead")
+        return (
+            f"{name} is set by the orchestrator for each node; use the matching flag "
+            "(--master-addr, --master-port, ...) instead"
+        )
     if name in BASH_READONLY:
         return f"{name} is read-only in the node scripts' shell and cannot be set"
     return None

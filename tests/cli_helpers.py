@@ -16,23 +16,41 @@ REPO = Path(__file__).resolve().parent.parent
 ORCHESTRATOR = [sys.executable, "-m", "orchestrator"]
 
 
-def run_cli(args: Sequence[str], *, cwd: Path | str | None = None,
-            env: Mapping[str, str] | None = None, timeout: float = 240,
-            ) -> subprocess.CompletedProcess[str]:
+def run_cli(
+    args: Sequence[str],
+    *,
+    cwd: Path | str | None = None,
+    env: Mapping[str, str] | None = None,
+    timeout: float = 240,
+) -> subprocess.CompletedProcess[str]:
     """Run `orchestrator ARGS` to its end; returns the completed process (text)."""
-    return subprocess.run([*ORCHESTRATOR, *args], cwd=cwd, env=dict(env or os.environ),
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [*ORCHESTRATOR, *args],
+        cwd=cwd,
+        env=dict(env or os.environ),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
-def start_cli(args: Sequence[str], *, cwd: Path | str | None = None,
-              env: Mapping[str, str] | None = None) -> subprocess.Popen[str]:
+def start_cli(
+    args: Sequence[str], *, cwd: Path | str | None = None, env: Mapping[str, str] | None = None
+) -> subprocess.Popen[str]:
     """Start `orchestrator ARGS` in the background, output to pipes (text)."""
-    return subprocess.Popen([*ORCHESTRATOR, *args], cwd=cwd, env=dict(env or os.environ),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(
+        [*ORCHESTRATOR, *args],
+        cwd=cwd,
+        env=dict(env or os.environ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
-def wait_until(predicate: Callable[[], object], timeout: float, what: str,
-               poll: float = 0.1) -> object:
+def wait_until(
+    predicate: Callable[[], object], timeout: float, what: str, poll: float = 0.1
+) -> object:
     """Poll until `predicate()` is truthy; fail the test with `what` after `timeout`."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -44,8 +62,11 @@ def wait_until(predicate: Callable[[], object], timeout: float, what: str,
 
 
 def wait_for_line(path: Path, text: str, timeout: float) -> None:
-    wait_until(lambda: path.exists() and text in path.read_text(errors="replace"), timeout,
-               f"{text!r} in {path}")
+    wait_until(
+        lambda: path.exists() and text in path.read_text(errors="replace"),
+        timeout,
+        f"{text!r} in {path}",
+    )
 
 
 def run_pids(run_id: str) -> list[int]:
@@ -60,7 +81,7 @@ def run_pids(run_id: str) -> list[int]:
             stat = Path(f"/proc/{name}/stat").read_bytes()
         except OSError:
             continue
-        if stat[stat.rfind(b")") + 2:][:1] == b"Z":
+        if stat[stat.rfind(b")") + 2 :][:1] == b"Z":
             continue
         if wanted in environ.split(b"\0"):
             found.append(int(name))
@@ -76,8 +97,12 @@ def assert_nothing_left(run_id: str, within: float = 10.0) -> None:
         details = []
         for pid in left:
             try:
-                details.append(Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
-                               .decode(errors="replace")[:200])
+                details.append(
+                    Path(f"/proc/{pid}/cmdline")
+                    .read_bytes()
+                    .replace(b"\0", b" ")
+                    .decode(errors="replace")[:200]
+                )
             except OSError:
                 pass
         raise AssertionError(f"run {run_id} left processes running: {left} {details}") from None

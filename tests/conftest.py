@@ -17,8 +17,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     built = torch.version.cuda
     reason = (
         "needs CUDA: torch.cuda.is_available() is False ("
-        + (f"torch built for CUDA {built}, but no GPU is visible" if built
-           else "a CPU-only torch build")
+        + (
+            f"torch built for CUDA {built}, but no GPU is visible"
+            if built
+            else "a CPU-only torch build"
+        )
         + ")"
     )
     for item in marked:

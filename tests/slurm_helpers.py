@@ -80,8 +80,11 @@ def no_job_outlives_its_test(slurm_cluster: SlurmCluster) -> Iterator[None]:
 
 @pytest.fixture
 def work(tmp_path: Path) -> Path:
-    for name, text in (("all_reduce.py", ALL_REDUCE), ("ranks.py", RANKS),
-                       ("checkpointing.py", CHECKPOINTING)):
+    for name, text in (
+        ("all_reduce.py", ALL_REDUCE),
+        ("ranks.py", RANKS),
+        ("checkpointing.py", CHECKPOINTING),
+    ):
         (tmp_path / name).write_text(text)
     return tmp_path
 
@@ -90,15 +93,36 @@ def command(*args: str) -> list[str]:
     return [sys.executable, "-m", "orchestrator", *args]
 
 
-def orchestrator(slurm: SlurmCluster, cwd: Path, *args: str, timeout: float = 180,
-                 env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(command(*args), cwd=cwd, env=env or slurm.environ(),
-                          capture_output=True, text=True, timeout=timeout)
+def orchestrator(
+    slurm: SlurmCluster,
+    cwd: Path,
+    *args: str,
+    timeout: float = 180,
+    env: dict[str, str] | None = None,
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        command(*args),
+        cwd=cwd,
+        env=env or slurm.environ(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def launch_args(work: Path, run_id: str, *args: str) -> list[str]:
-    return ["launch", "--backend", "slurm", "--run-dir", str(work / "runs"), "--run-id", run_id,
-            "--color", "never", *args]
+    return [
+        "launch",
+        "--backend",
+        "slurm",
+        "--run-dir",
+        str(work / "runs"),
+        "--run-id",
+        run_id,
+        "--color",
+        "never",
+        *args,
+    ]
 
 
 def job_id_in(output: str) -> int:
@@ -127,8 +151,8 @@ def assert_gone(slurm: SlurmCluster, job_id: int, run_id: str) -> None:
     """SLURM no longer lists the job and no process of the run is left on any node."""
     assert slurm.run(["squeue", "-h", "-j", str(job_id)]).stdout.strip() == ""
     deadline = time.monotonic() + 3
-    while (left := slurm.cluster.processes_with_env("ORCHESTRATOR_RUN_ID", run_id)) and \
-            time.monotonic() < deadline:
+    while (
+        left := slurm.cluster.processes_with_env("ORCHESTRATOR_RUN_ID", run_id)
+    ) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert left == [], [p.command for p in left]
-

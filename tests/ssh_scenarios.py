@@ -61,13 +61,29 @@ class Home:
         """A passphrase-protected copy of a private key, without a `.pub` beside it."""
         (self.root / relative).write_text((self.root / source).read_text())
         (self.root / relative).chmod(0o600)
-        subprocess.run(["ssh-keygen", "-q", "-p", "-P", "", "-N", "not typed", "-f",
-                        str(self.root / relative)], check=True, capture_output=True)
+        subprocess.run(
+            [
+                "ssh-keygen",
+                "-q",
+                "-p",
+                "-P",
+                "",
+                "-N",
+                "not typed",
+                "-f",
+                str(self.root / relative),
+            ],
+            check=True,
+            capture_output=True,
+        )
 
     def hash(self, relative: str) -> None:
         """Hash a known_hosts file with OpenSSH's own `ssh-keygen -H`."""
-        subprocess.run(["ssh-keygen", "-q", "-H", "-f", str(self.root / relative)],
-                       check=True, capture_output=True)
+        subprocess.run(
+            ["ssh-keygen", "-q", "-H", "-f", str(self.root / relative)],
+            check=True,
+            capture_output=True,
+        )
         (self.root / f"{relative}.old").unlink()
 
 
@@ -85,8 +101,12 @@ class Scenario:
 
 
 def block(f: Fleet, *extra: str, hosts: str | None = None) -> str:
-    lines = [f"Host {hosts or f.glob}", "    User root", "    IdentityFile ~/keys/cluster",
-             *(f"    {line}" for line in extra)]
+    lines = [
+        f"Host {hosts or f.glob}",
+        "    User root",
+        "    IdentityFile ~/keys/cluster",
+        *(f"    {line}" for line in extra),
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -115,8 +135,11 @@ def _tokens(f: Fleet, h: Home) -> None:
 def _changed(index: int, strict: str) -> Callable[[Fleet, Home], None]:
     def build(f: Fleet, h: Home) -> None:
         _cfg(h, block(f, f"StrictHostKeyChecking {strict}"))
-        h.write(".ssh/known_hosts", known(f.n[:index]) + lines((f.n[index].name,
-                f.wrong[index])) + known(f.n[index + 1:]))
+        h.write(
+            ".ssh/known_hosts",
+            known(f.n[:index]) + lines((f.n[index].name, f.wrong[index])) + known(f.n[index + 1 :]),
+        )
+
     return build
 
 
@@ -128,20 +151,22 @@ def _hashed(f: Fleet, h: Home) -> None:
 
 def _port(f: Fleet, h: Home) -> None:
     _cfg(h, block(f, f"Port {JUMP_PORT}"))
-    h.write(".ssh/known_hosts", known(f.n[:2], lambda n: f"[{n.name}]:{JUMP_PORT}")
-            + known(f.n[2:]))
+    h.write(
+        ".ssh/known_hosts", known(f.n[:2], lambda n: f"[{n.name}]:{JUMP_PORT}") + known(f.n[2:])
+    )
     h.hash(".ssh/known_hosts")
 
 
 def _port_changed(f: Fleet, h: Home) -> None:
     _cfg(h, block(f, f"Port {JUMP_PORT}"))
-    h.write(".ssh/known_hosts", known(f.n[:2], lambda n: f"[{n.name}]:{JUMP_PORT}")
-            + lines((f.n[2].name, f.wrong[2])))
+    h.write(
+        ".ssh/known_hosts",
+        known(f.n[:2], lambda n: f"[{n.name}]:{JUMP_PORT}") + lines((f.n[2].name, f.wrong[2])),
+    )
 
 
 def _alias(f: Fleet, h: Home) -> None:
-    _cfg(h, "".join(f"Host {n.name}\n    HostKeyAlias cluster-{n.index}\n" for n in f.n)
-         + block(f))
+    _cfg(h, "".join(f"Host {n.name}\n    HostKeyAlias cluster-{n.index}\n" for n in f.n) + block(f))
     h.write(".ssh/known_hosts", known(f.n[:2], lambda n: f"cluster-{n.index}") + known(f.n[2:]))
 
 
@@ -156,6 +181,7 @@ def _ca(pattern: str, plain: str = "", revoked: str = "") -> Callable[[Fleet, Ho
         if revoked == "ca":
             text += f"@revoked * {f.ca_public}\n"
         h.write(".ssh/known_hosts", text)
+
     return build
 
 
@@ -165,8 +191,9 @@ def _revoked_key(f: Fleet, h: Home) -> None:
 
 
 def _identities_only(f: Fleet, h: Home) -> None:
-    _cfg(h, f"Host {f.glob}\n    User root\n    IdentityFile ~/keys/other\n"
-         "    IdentitiesOnly yes\n")
+    _cfg(
+        h, f"Host {f.glob}\n    User root\n    IdentityFile ~/keys/other\n    IdentitiesOnly yes\n"
+    )
     f.client.write(h.root / ".ssh" / "id_ed25519")  # a default key ssh must not fall back to
     h.write(".ssh/known_hosts", known(f.n))
 
@@ -180,15 +207,20 @@ def _include_glob(f: Fleet, h: Home) -> None:
 
 
 def _include_in_block(f: Fleet, h: Home) -> None:
-    _cfg(h, f"Host {f.n[0].name}\n    Include node0.conf\n"
-         + block(f, "UserKnownHostsFile ~/kh/empty"))
+    _cfg(
+        h,
+        f"Host {f.n[0].name}\n    Include node0.conf\n" + block(f, "UserKnownHostsFile ~/kh/empty"),
+    )
     h.write(".ssh/node0.conf", "UserKnownHostsFile ~/kh/good\n")
     h.write("kh/good", known(f.n))
 
 
 def _match(f: Fleet, h: Home) -> None:
-    _cfg(h, block(f) + f"Match originalhost {f.n[1].name} user root\n"
-         "    StrictHostKeyChecking no\n    UserKnownHostsFile /dev/null\n")
+    _cfg(
+        h,
+        block(f) + f"Match originalhost {f.n[1].name} user root\n"
+        "    StrictHostKeyChecking no\n    UserKnownHostsFile /dev/null\n",
+    )
     h.write(".ssh/known_hosts", known(f.n[:1]))
 
 
@@ -200,14 +232,20 @@ def _first_value(f: Fleet, h: Home) -> None:
 def _combined(jump_known: bool) -> Callable[[Fleet, Home], None]:
     def build(f: Fleet, h: Home) -> None:
         _cfg(h, "Include ~/.ssh/cluster.conf\n")
-        h.write(".ssh/cluster.conf", "".join(
-            f"Host gpu{n.index}\n    HostName {n.address}\n" for n in f.n[1:])
+        h.write(
+            ".ssh/cluster.conf",
+            "".join(f"Host gpu{n.index}\n    HostName {n.address}\n" for n in f.n[1:])
             + f"Host gpu*\n    Port {JUMP_PORT}\n    ProxyJump jump\n"
             f"Host jump\n    HostName {f.n[0].name}\n"
-            "Host *\n    User root\n    IdentityFile ~/keys/cluster\n")
-        h.write(".ssh/known_hosts", known(f.n[1:], lambda n: f"[{n.address}]:{JUMP_PORT}")
-                + (known(f.n[:1]) if jump_known else ""))
+            "Host *\n    User root\n    IdentityFile ~/keys/cluster\n",
+        )
+        h.write(
+            ".ssh/known_hosts",
+            known(f.n[1:], lambda n: f"[{n.address}]:{JUMP_PORT}")
+            + (known(f.n[:1]) if jump_known else ""),
+        )
         h.hash(".ssh/known_hosts")
+
     return build
 
 
@@ -219,33 +257,45 @@ def _check_host_ip(f: Fleet, h: Home) -> None:
 
 
 def _timeout(f: Fleet, h: Home) -> None:
-    _cfg(h, f"Host ghost\n    HostName {f.ghost}\n"
-         + block(f, "ConnectTimeout 2", "ServerAliveInterval 5", hosts=f"{f.glob} ghost"))
+    _cfg(
+        h,
+        f"Host ghost\n    HostName {f.ghost}\n"
+        + block(f, "ConnectTimeout 2", "ServerAliveInterval 5", hosts=f"{f.glob} ghost"),
+    )
     h.write(".ssh/known_hosts", known(f.n))
 
 
-def _user_cert(key: str, *certificate_files: str, beside: str = "",
-               extra: tuple[str, ...] = ()) -> Callable[[Fleet, Home], None]:
+def _user_cert(
+    key: str, *certificate_files: str, beside: str = "", extra: tuple[str, ...] = ()
+) -> Callable[[Fleet, Home], None]:
     """Login as root with `key`, its CertificateFiles (~/certs/NAME.pub, NAME among the
     fleet's user certificates) and the certificate NAME `beside` it (`KEY-cert.pub`)."""
+
     def build(f: Fleet, h: Home) -> None:
         for name, text in f.user_certs.items():
             h.write(f"certs/{name}.pub", text)
         if beside:
             h.write(f"keys/{key}-cert.pub", f.user_certs[beside])
-        _cfg(h, f"Host {f.glob}\n    User root\n    IdentityFile ~/keys/{key}\n" + "".join(
-            f"    CertificateFile {path}\n" for path in certificate_files)
-            + "".join(f"    {line}\n" for line in extra))
+        _cfg(
+            h,
+            f"Host {f.glob}\n    User root\n    IdentityFile ~/keys/{key}\n"
+            + "".join(f"    CertificateFile {path}\n" for path in certificate_files)
+            + "".join(f"    {line}\n" for line in extra),
+        )
         h.write(".ssh/known_hosts", known(f.n))
+
     return build
 
 
 def _user_cert_per_host(f: Fleet, h: Home) -> None:
     _user_cert("holder", beside="good")(f, h)
-    _cfg(h, f"Host {f.n[0].name}\n    CertificateFile ~/certs/expired.pub\n"
-         f"Host {f.n[1].name}\n    CertificateFile ~/certs/expired.pub\n"
-         "    CertificateFile ~/certs/good.pub\n"
-         f"Host {f.glob}\n    User root\n    IdentityFile ~/keys/holder\n")
+    _cfg(
+        h,
+        f"Host {f.n[0].name}\n    CertificateFile ~/certs/expired.pub\n"
+        f"Host {f.n[1].name}\n    CertificateFile ~/certs/expired.pub\n"
+        "    CertificateFile ~/certs/good.pub\n"
+        f"Host {f.glob}\n    User root\n    IdentityFile ~/keys/holder\n",
+    )
 
 
 def _user_cert_tokens(f: Fleet, h: Home) -> None:
@@ -259,46 +309,103 @@ def _user_cert_tokens(f: Fleet, h: Home) -> None:
 def _agent_for_locked_key(identity: str) -> Callable[[Fleet, Home], None]:
     def build(f: Fleet, h: Home) -> None:
         h.lock("keys/locked", "keys/cluster")
-        _cfg(h, f"Host {f.glob}\n    User root\n    IdentityFile ~/keys/{identity}\n"
-             "    IdentitiesOnly yes\n")
+        _cfg(
+            h,
+            f"Host {f.glob}\n    User root\n    IdentityFile ~/keys/{identity}\n"
+            "    IdentitiesOnly yes\n",
+        )
         h.write(".ssh/known_hosts", known(f.n))
+
     return build
 
 
 SCENARIOS = [
-    Scenario("user_known_hosts_file", lambda f, h: (
-        _cfg(h, block(f, "UserKnownHostsFile ~/keys/cluster_known_hosts",
-                      "StrictHostKeyChecking yes")),
-        h.write("keys/cluster_known_hosts", known(f.n))), (None, None, None)),
-    Scenario("default_known_hosts_file", lambda f, h: (
-        _cfg(h, block(f)), h.write(".ssh/known_hosts", known(f.n[:2]))),
-        (None, None, "unknown")),
-    Scenario("several_user_known_hosts_files", lambda f, h: (
-        _cfg(h, block(f, "UserKnownHostsFile ~/kh/a ~/kh/b")),
-        h.write("kh/a", known(f.n[:1])), h.write("kh/b", known(f.n[1:2]))),
-        (None, None, "unknown")),
+    Scenario(
+        "user_known_hosts_file",
+        lambda f, h: (
+            _cfg(
+                h,
+                block(
+                    f, "UserKnownHostsFile ~/keys/cluster_known_hosts", "StrictHostKeyChecking yes"
+                ),
+            ),
+            h.write("keys/cluster_known_hosts", known(f.n)),
+        ),
+        (None, None, None),
+    ),
+    Scenario(
+        "default_known_hosts_file",
+        lambda f, h: (_cfg(h, block(f)), h.write(".ssh/known_hosts", known(f.n[:2]))),
+        (None, None, "unknown"),
+    ),
+    Scenario(
+        "several_user_known_hosts_files",
+        lambda f, h: (
+            _cfg(h, block(f, "UserKnownHostsFile ~/kh/a ~/kh/b")),
+            h.write("kh/a", known(f.n[:1])),
+            h.write("kh/b", known(f.n[1:2])),
+        ),
+        (None, None, "unknown"),
+    ),
     Scenario("tokens_in_known_hosts_path", _tokens, (None, None, "unknown")),
-    Scenario("global_known_hosts_file", lambda f, h: (
-        _cfg(h, block(f, "UserKnownHostsFile ~/kh/empty",
-                      "GlobalKnownHostsFile ~/site_known_hosts")),
-        h.write("site_known_hosts", known(f.n))), (None, None, None)),
+    Scenario(
+        "global_known_hosts_file",
+        lambda f, h: (
+            _cfg(
+                h,
+                block(
+                    f, "UserKnownHostsFile ~/kh/empty", "GlobalKnownHostsFile ~/site_known_hosts"
+                ),
+            ),
+            h.write("site_known_hosts", known(f.n)),
+        ),
+        (None, None, None),
+    ),
     Scenario("strict_yes_refuses_unknown", _strict_yes, ("unknown",) * 3),
-    Scenario("strict_ask_behaves_as_yes", lambda f, h: _cfg(
-        h, block(f, "StrictHostKeyChecking ask")), ("unknown",) * 3),
-    Scenario("accept_new_records_in_first_file", lambda f, h: (
-        _cfg(h, block(f, "StrictHostKeyChecking accept-new",
-                      "UserKnownHostsFile ~/kh/first ~/kh/second")),
-        h.write("kh/second", known(f.n[:1]))), (None, None, None), recorded=("kh/first",)),
-    Scenario("accept_new_refuses_changed", _changed(1, "accept-new"),
-             (None, "changed", None), recorded=(".ssh/known_hosts",)),
-    Scenario("accept_new_from_the_command_line", _strict_yes, (None, None, None),
-             ssh_args=("-o", "StrictHostKeyChecking=accept-new"),
-             our_args=("--accept-new-host-keys",), recorded=(".ssh/known_hosts",)),
-    Scenario("strict_no_with_dev_null", lambda f, h: _cfg(h, block(
-        f, "StrictHostKeyChecking no", "UserKnownHostsFile /dev/null")),
-        (None, None, None), unverified=(0, 1, 2)),
-    Scenario("strict_no_passes_changed_key", _changed(0, "no"), (None, None, None),
-             unverified=(0,)),
+    Scenario(
+        "strict_ask_behaves_as_yes",
+        lambda f, h: _cfg(h, block(f, "StrictHostKeyChecking ask")),
+        ("unknown",) * 3,
+    ),
+    Scenario(
+        "accept_new_records_in_first_file",
+        lambda f, h: (
+            _cfg(
+                h,
+                block(
+                    f,
+                    "StrictHostKeyChecking accept-new",
+                    "UserKnownHostsFile ~/kh/first ~/kh/second",
+                ),
+            ),
+            h.write("kh/second", known(f.n[:1])),
+        ),
+        (None, None, None),
+        recorded=("kh/first",),
+    ),
+    Scenario(
+        "accept_new_refuses_changed",
+        _changed(1, "accept-new"),
+        (None, "changed", None),
+        recorded=(".ssh/known_hosts",),
+    ),
+    Scenario(
+        "accept_new_from_the_command_line",
+        _strict_yes,
+        (None, None, None),
+        ssh_args=("-o", "StrictHostKeyChecking=accept-new"),
+        our_args=("--accept-new-host-keys",),
+        recorded=(".ssh/known_hosts",),
+    ),
+    Scenario(
+        "strict_no_with_dev_null",
+        lambda f, h: _cfg(h, block(f, "StrictHostKeyChecking no", "UserKnownHostsFile /dev/null")),
+        (None, None, None),
+        unverified=(0, 1, 2),
+    ),
+    Scenario(
+        "strict_no_passes_changed_key", _changed(0, "no"), (None, None, None), unverified=(0,)
+    ),
     Scenario("changed_key_refused", _changed(2, "yes"), (None, None, "changed")),
     Scenario("hashed_known_hosts", _hashed, (None, None, None)),
     Scenario("non_22_port_falls_back_to_bare_name", _port, (None, None, None)),
@@ -307,40 +414,78 @@ SCENARIOS = [
     Scenario("cert_authority", _ca("GLOB"), (None, "unknown", "unknown")),
     Scenario("cert_authority_for_other_hosts", _ca("*.example.org"), ("unknown",) * 3),
     Scenario("cert_or_plain_key", _ca("GLOB", plain="real1"), (None, None, "unknown")),
-    Scenario("valid_cert_beats_changed_plain_key", _ca("*", plain="wrong0-real1"),
-             (None, None, "unknown")),
+    Scenario(
+        "valid_cert_beats_changed_plain_key",
+        _ca("*", plain="wrong0-real1"),
+        (None, None, "unknown"),
+    ),
     Scenario("revoked_key", _revoked_key, (None, "revoked", None)),
     Scenario("revoked_ca", _ca("GLOB", plain="real1", revoked="ca"), ("revoked",) * 3),
     Scenario("identities_only_no_default_key", _identities_only, ("auth",) * 3),
     Scenario("include_glob_relative", _include_glob, (None, None, None)),
     Scenario("include_inside_host_block", _include_in_block, (None, "unknown", "unknown")),
-    Scenario("match_originalhost_and_user", _match, (None, None, "unknown"),
-             unverified=(1,)),
+    Scenario("match_originalhost_and_user", _match, (None, None, "unknown"), unverified=(1,)),
     Scenario("first_value_wins", _first_value, ("unreachable", None, None)),
-    Scenario("alias_include_hashed_port_jump", _combined(True), (None, None),
-             hosts=lambda f: ["gpu1", "gpu2"]),
-    Scenario("jump_host_key_unknown", _combined(False), ("unknown", "unknown"),
-             hosts=lambda f: ["gpu1", "gpu2"]),
-    Scenario("check_host_ip_skipped_for_certificates", _check_host_ip, (None, None, None),
-             recorded=(".ssh/known_hosts",)),
+    Scenario(
+        "alias_include_hashed_port_jump",
+        _combined(True),
+        (None, None),
+        hosts=lambda f: ["gpu1", "gpu2"],
+    ),
+    Scenario(
+        "jump_host_key_unknown",
+        _combined(False),
+        ("unknown", "unknown"),
+        hosts=lambda f: ["gpu1", "gpu2"],
+    ),
+    Scenario(
+        "check_host_ip_skipped_for_certificates",
+        _check_host_ip,
+        (None, None, None),
+        recorded=(".ssh/known_hosts",),
+    ),
     Scenario("user_cert_certificate_file_with_tokens", _user_cert_tokens, (None, None, "auth")),
-    Scenario("user_cert_beside_identity_file", _user_cert("holder", beside="good"),
-             (None, None, None)),
-    Scenario("user_cert_expired_refused", _user_cert("holder", "~/certs/expired.pub"),
-             ("auth",) * 3),
-    Scenario("user_cert_wrong_principal_refused", _user_cert("holder", beside="alice"),
-             ("auth",) * 3),
-    Scenario("certificate_file_replaces_cert_beside_key",
-             _user_cert("holder", "~/certs/expired.pub", beside="good"), ("auth",) * 3),
+    Scenario(
+        "user_cert_beside_identity_file", _user_cert("holder", beside="good"), (None, None, None)
+    ),
+    Scenario(
+        "user_cert_expired_refused", _user_cert("holder", "~/certs/expired.pub"), ("auth",) * 3
+    ),
+    Scenario(
+        "user_cert_wrong_principal_refused", _user_cert("holder", beside="alice"), ("auth",) * 3
+    ),
+    Scenario(
+        "certificate_file_replaces_cert_beside_key",
+        _user_cert("holder", "~/certs/expired.pub", beside="good"),
+        ("auth",) * 3,
+    ),
     Scenario("certificate_files_add_up_per_host", _user_cert_per_host, ("auth", None, None)),
-    Scenario("plain_key_before_its_expired_cert", _user_cert("cluster", beside="client_expired"),
-             (None, None, None)),
-    Scenario("user_cert_without_its_key", _user_cert(
-        "other", "~/certs/good.pub", extra=("IdentitiesOnly yes",)), ("auth",) * 3),
-    Scenario("identities_only_agent_key_of_identity_file", _agent_for_locked_key("locked"),
-             (None, None, None), agent=("keys/cluster",)),
-    Scenario("identities_only_ignores_other_agent_keys", _agent_for_locked_key("other"),
-             ("auth",) * 3, agent=("keys/cluster",)),
-    Scenario("connect_timeout_unreachable", _timeout, (None, "unreachable"),
-             hosts=lambda f: [f.n[0].name, "ghost"]),
+    Scenario(
+        "plain_key_before_its_expired_cert",
+        _user_cert("cluster", beside="client_expired"),
+        (None, None, None),
+    ),
+    Scenario(
+        "user_cert_without_its_key",
+        _user_cert("other", "~/certs/good.pub", extra=("IdentitiesOnly yes",)),
+        ("auth",) * 3,
+    ),
+    Scenario(
+        "identities_only_agent_key_of_identity_file",
+        _agent_for_locked_key("locked"),
+        (None, None, None),
+        agent=("keys/cluster",),
+    ),
+    Scenario(
+        "identities_only_ignores_other_agent_keys",
+        _agent_for_locked_key("other"),
+        ("auth",) * 3,
+        agent=("keys/cluster",),
+    ),
+    Scenario(
+        "connect_timeout_unreachable",
+        _timeout,
+        (None, "unreachable"),
+        hosts=lambda f: [f.n[0].name, "ghost"],
+    ),
 ]

@@ -82,8 +82,7 @@ def test_a_stop_that_sigterm_ends_does_not_wait_for_the_grace(tree, tmp_path) ->
     tree.begin_stop(30, "stop requested")
     assert run_stop(tree) < 5
     assert tree.script_rc == -signal.SIGTERM
-    assert tree.said == ["stopping (stop requested): SIGTERM to 2 process(es), "
-                         "SIGKILL after 30 s"]
+    assert tree.said == ["stopping (stop requested): SIGTERM to 2 process(es), SIGKILL after 30 s"]
 
 
 def test_what_ignores_sigterm_gets_sigkill_after_the_grace(tree, tmp_path) -> None:
@@ -112,8 +111,11 @@ def test_a_shorter_grace_wins_and_a_longer_one_is_ignored(tree, tmp_path) -> Non
 def test_processes_started_during_a_stop_get_sigterm_too(tree, tmp_path) -> None:
     # The script outlives its SIGTERM (a trap) and starts a newcomer after the stop began.
     marker = tmp_path / "go"
-    start(tree, f"trap true TERM; until [ -e {marker} ]; do sleep 0.05; done; sleep 30 & wait",
-          tmp_path)
+    start(
+        tree,
+        f"trap true TERM; until [ -e {marker} ]; do sleep 0.05; done; sleep 30 & wait",
+        tmp_path,
+    )
     wait_for(lambda: sleeping(tree) == 1)
     tree.begin_stop(30, "test")
     before = set(tree.signalled)
@@ -134,8 +136,7 @@ def test_when_every_rank_ended_the_script_is_not_waited_for(tree, tmp_path) -> N
     assert tree.script_rc == -signal.SIGKILL
 
 
-def test_script_command_writes_the_script_and_sets_the_environment(tmp_path,
-                                                                   monkeypatch) -> None:
+def test_script_command_writes_the_script_and_sets_the_environment(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("SHLVL", "0")
     config = {"script": "echo hi\n", "script_name": "node0.sh", "env": {"A": "1"}}
     argv, cwd, env = script_command(config, str(tmp_path))

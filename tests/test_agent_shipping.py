@@ -30,8 +30,11 @@ def test_outbox_masks_payloads_but_not_headers() -> None:
     outbox.output(3, b"")  # nothing to say: no frame
     outbox.message("token hunter2")
     outbox.send(frame("E", 3, 0, "1.0"))
-    assert frames(outbox) == [("O", ("3",), b"password *** and ***\n"),
-                              ("M", (), b"token ***"), ("E", ("3", "0", "1.0"), b"")]
+    assert frames(outbox) == [
+        ("O", ("3",), b"password *** and ***\n"),
+        ("M", (), b"token ***"),
+        ("E", ("3", "0", "1.0"), b""),
+    ]
 
 
 def test_outbox_writes_what_the_pipe_takes_and_flushes_the_rest() -> None:
@@ -68,8 +71,9 @@ def test_outbox_forgets_everything_once_the_controller_is_gone() -> None:
 
 
 def test_pipe_lines_are_whole_and_the_last_one_comes_at_the_end() -> None:
-    proc = subprocess.Popen(["bash", "-c", "printf 'a\\nb'; sleep 0.3; printf 'c\\nd'"],
-                            stdout=subprocess.PIPE)
+    proc = subprocess.Popen(
+        ["bash", "-c", "printf 'a\\nb'; sleep 0.3; printf 'c\\nd'"], stdout=subprocess.PIPE
+    )
     lines = PipeLines(proc.stdout)
     got = []
     while lines.pipe is not None:
@@ -110,9 +114,15 @@ def test_rank_file_reads_no_more_than_its_budget(tmp_path: Path) -> None:
     assert rank.read_lines(1 << 20) == b"line\n" * 98
 
 
-@pytest.mark.parametrize(("text", "line"), [
-    ("0 12.5\n", "0 12.5\n"), ("1 12.5 /tmp/err.json\n", "1 12.5 /tmp/err.json\n"),
-    ("1 12.5", None), ("", None)])
+@pytest.mark.parametrize(
+    ("text", "line"),
+    [
+        ("0 12.5\n", "0 12.5\n"),
+        ("1 12.5 /tmp/err.json\n", "1 12.5 /tmp/err.json\n"),
+        ("1 12.5", None),
+        ("", None),
+    ],
+)
 def test_read_exit_waits_for_the_whole_line(tmp_path: Path, text, line) -> None:
     path = tmp_path / "rank-0.exit"
     path.write_text(text)
@@ -130,9 +140,12 @@ def test_a_rank_exit_follows_all_of_its_output(tmp_path: Path) -> None:
     assert frames(outbox) == []  # its output is not read yet: the exit waits
     ranks.ship_output()
     ranks.ship_exits()
-    assert frames(outbox) == [("O", ("0",), b"first\n"), ("O", ("0",), b"last without newline\n"),
-                              ("F", ("0",), b'{"message": "*** failed"}'),
-                              ("E", ("0", "1", "5.5"), b"")]
+    assert frames(outbox) == [
+        ("O", ("0",), b"first\n"),
+        ("O", ("0",), b"last without newline\n"),
+        ("F", ("0",), b'{"message": "*** failed"}'),
+        ("E", ("0", "1", "5.5"), b""),
+    ]
     assert ranks.exited == {0} and not ranks.all_exited()
     (tmp_path / "rank-1.exit").write_text("0 6.0\n")  # a rank that never wrote a line
     ranks.ship_output()
@@ -157,8 +170,12 @@ def test_a_restarted_rank_reports_each_of_its_exits(tmp_path: Path) -> None:
     ranks.ship_exits()  # its new output is not read yet
     ranks.ship_output()
     ranks.ship_exits()
-    assert frames(outbox) == [("O", ("0",), b"attempt 0\n"), ("E", ("0", "1", "5.0"), b""),
-                              ("O", ("0",), b"attempt 1\n"), ("E", ("0", "0", "9.0"), b"")]
+    assert frames(outbox) == [
+        ("O", ("0",), b"attempt 0\n"),
+        ("E", ("0", "1", "5.0"), b""),
+        ("O", ("0",), b"attempt 1\n"),
+        ("E", ("0", "0", "9.0"), b""),
+    ]
 
 
 def test_output_waits_while_the_outbox_is_full(tmp_path: Path) -> None:

@@ -32,10 +32,20 @@ GOLDEN = Path(__file__).parent / "golden"
 # --- sizes ------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("text", "size"), [
-    ("64M", 64 << 20), ("1G", 1 << 30), ("1g", 1 << 30), ("512K", 512 << 10),
-    ("512KiB", 512 << 10), ("4096", 4096), ("2MB", 2 << 20), (" 1.5K ", 1536), ("1T", 1 << 40),
-])
+@pytest.mark.parametrize(
+    ("text", "size"),
+    [
+        ("64M", 64 << 20),
+        ("1G", 1 << 30),
+        ("1g", 1 << 30),
+        ("512K", 512 << 10),
+        ("512KiB", 512 << 10),
+        ("4096", 4096),
+        ("2MB", 2 << 20),
+        (" 1.5K ", 1536),
+        ("1T", 1 << 40),
+    ],
+)
 def test_parse_size_reads_binary_units(text: str, size: int) -> None:
     assert measure.parse_size(text) == size
 
@@ -53,8 +63,12 @@ def test_sweep_doubles_from_1k_to_the_max_inclusive() -> None:
     assert measure.sweep_sizes(3000) == [1024, 2048, 3000]  # the max is always measured
     assert measure.sweep_sizes(1024) == [1024]
     assert measure.sweep_sizes(100) == [100]
-    assert [measure.format_size(s) for s in (1024, 3 << 20, 1 << 30, 3000)] == \
-        ["1K", "3M", "1G", "3000"]
+    assert [measure.format_size(s) for s in (1024, 3 << 20, 1 << 30, 3000)] == [
+        "1K",
+        "3M",
+        "1G",
+        "3000",
+    ]
 
 
 def test_all_gather_size_is_the_gathered_total_rounded_to_whole_elements() -> None:
@@ -69,9 +83,16 @@ def test_all_gather_size_is_the_gathered_total_rounded_to_whole_elements() -> No
 # --- bandwidth formulas ------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("n", "all_reduce", "all_gather"), [
-    (1, 0.0, 0.0), (2, 1.0, 0.5), (4, 1.5, 0.75), (6, 10 / 6, 5 / 6), (8, 1.75, 0.875),
-])
+@pytest.mark.parametrize(
+    ("n", "all_reduce", "all_gather"),
+    [
+        (1, 0.0, 0.0),
+        (2, 1.0, 0.5),
+        (4, 1.5, 0.75),
+        (6, 10 / 6, 5 / 6),
+        (8, 1.75, 0.875),
+    ],
+)
 def test_bus_factors_are_nccl_tests(n: int, all_reduce: float, all_gather: float) -> None:
     assert measure.bus_factor("all_reduce", n) == pytest.approx(all_reduce)
     assert measure.bus_factor("all_gather", n) == pytest.approx(all_gather)
@@ -101,13 +122,29 @@ def test_timed_iterations_fit_a_time_budget_within_bounds() -> None:
 
 
 def test_bandwidth_table_shows_sizes_times_and_both_bandwidths() -> None:
-    rows = [measure.BandwidthRow("all_reduce", 1 << 20, 1 << 18, 0.001, 4, 2, 10),
-            measure.BandwidthRow("all_gather", 1008, 42, 0.0005, 6, 5, 20)]
+    rows = [
+        measure.BandwidthRow("all_reduce", 1 << 20, 1 << 18, 0.001, 4, 2, 10),
+        measure.BandwidthRow("all_gather", 1008, 42, 0.0005, 6, 5, 20),
+    ]
     text = bandwidth_table(rows)
-    assert text.splitlines()[0].split() == \
-        ["OP", "SIZE", "COUNT", "ITERS", "TIME(us)", "ALGBW(GB/s)", "BUSBW(GB/s)"]
-    assert text.splitlines()[1].split() == \
-        ["all_reduce", "1M", "262144", "10", "1000.0", "1.049", "1.573"]
+    assert text.splitlines()[0].split() == [
+        "OP",
+        "SIZE",
+        "COUNT",
+        "ITERS",
+        "TIME(us)",
+        "ALGBW(GB/s)",
+        "BUSBW(GB/s)",
+    ]
+    assert text.splitlines()[1].split() == [
+        "all_reduce",
+        "1M",
+        "262144",
+        "10",
+        "1000.0",
+        "1.049",
+        "1.573",
+    ]
     assert text.splitlines()[2].split()[1] == "1008"
 
 
@@ -121,8 +158,10 @@ def simulate(op: str, inputs: list[list[list[int]]], root: int) -> list[list[int
         total = [sum(col) for col in zip(*(chunks[0] for chunks in inputs), strict=True)]
         return [total] * n
     if op == "reduce_scatter":
-        return [[sum(col) for col in zip(*(chunks[j] for chunks in inputs), strict=True)]
-                for j in range(n)]
+        return [
+            [sum(col) for col in zip(*(chunks[j] for chunks in inputs), strict=True)]
+            for j in range(n)
+        ]
     if op == "all_gather":
         gathered = [x for chunks in inputs for x in chunks[0]]
         return [gathered] * n
@@ -134,8 +173,9 @@ def simulate(op: str, inputs: list[list[list[int]]], root: int) -> list[list[int
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 6, 7])
 @pytest.mark.parametrize("op", measure.OPS)
 def test_expected_values_match_what_the_collective_computes(op: str, n: int) -> None:
-    scalar = [[[measure.scalar_input(op, r, n)]] * (n if op == "reduce_scatter" else 1)
-              for r in range(n)]
+    scalar = [
+        [[measure.scalar_input(op, r, n)]] * (n if op == "reduce_scatter" else 1) for r in range(n)
+    ]
     for rank, result in enumerate(simulate(op, scalar, root=0)):
         assert result == measure.expected_scalar(op, rank, n)
     vector = [measure.vector_input(op, r, n, length=13) for r in range(n)]
@@ -152,8 +192,12 @@ def test_the_classic_values_for_four_ranks() -> None:
 
 
 def test_patterns_differ_per_rank_chunk_and_index() -> None:
-    values = {measure.pattern(r, c, i) for r in range(8) for c in range(8)
-              for i in range(measure.PATTERN_LENGTH)}
+    values = {
+        measure.pattern(r, c, i)
+        for r in range(8)
+        for c in range(8)
+        for i in range(measure.PATTERN_LENGTH)
+    }
     assert len(values) == 8 * 8 * measure.PATTERN_LENGTH
 
 
@@ -199,8 +243,14 @@ def test_a_rank_reports_a_corrupted_element_of_a_collective() -> None:
 
 
 def test_report_lines_round_trip_through_prefixed_logs() -> None:
-    record = {"kind": "result", "op": "all_reduce", "case": "scalar", "rank": 3, "ok": True,
-              "got": [15]}
+    record = {
+        "kind": "result",
+        "op": "all_reduce",
+        "case": "scalar",
+        "rank": 3,
+        "ok": True,
+        "got": [15],
+    }
     line = measure.report_line(record)
     assert line.startswith(measure.MARKER) and "\n" not in line
     lines = ["noise", f"[node1 r3] {line}", f"{measure.MARKER}{{broken", f"{measure.MARKER}[1]"]
@@ -214,9 +264,16 @@ def results_for(world: int, skip: set[int] = frozenset()) -> dict[int, list[dict
             records[rank] = []
             continue
         records[rank] = [
-            {"kind": "result", "op": op, "case": case, "rank": rank, "ok": True,
-             **({"got": measure.expected_scalar(op, rank, world)} if case == "scalar" else {})}
-            for op in measure.OPS for case in ("scalar", "vector")
+            {
+                "kind": "result",
+                "op": op,
+                "case": case,
+                "rank": rank,
+                "ok": True,
+                **({"got": measure.expected_scalar(op, rank, world)} if case == "scalar" else {}),
+            }
+            for op in measure.OPS
+            for case in ("scalar", "vector")
         ] + [{"kind": "result", "op": "barrier", "case": "", "rank": rank, "ok": True}]
     return records
 
@@ -227,8 +284,10 @@ HOSTS6 = {r: f"node{r // 2}" for r in range(6)}
 def test_every_case_ok_on_every_rank() -> None:
     rows, problems = collective_results(results_for(6), 6, HOSTS6)
     assert problems == []
-    assert [(r.op, r.case) for r in rows][:2] == [("all_reduce", "scalar"),
-                                                   ("all_reduce", "vector")]
+    assert [(r.op, r.case) for r in rows][:2] == [
+        ("all_reduce", "scalar"),
+        ("all_reduce", "vector"),
+    ]
     assert len(rows) == 9 and all(r.ok and r.result == "ok on 6/6 ranks" for r in rows)
     assert rows[0].expected == "15 on every rank"
 
@@ -238,8 +297,9 @@ def test_a_wrong_value_names_the_rank_and_the_op() -> None:
     bad = next(r for r in records[3] if r["op"] == "all_gather" and r["case"] == "vector")
     bad.update(ok=False, mismatch="element 17 is 5, must be 15")
     rows, problems = collective_results(records, 6, HOSTS6)
-    assert [str(p) for p in problems] == \
-        ["rank 3 (node1): all_gather (vector): element 17 is 5, must be 15"]
+    assert [str(p) for p in problems] == [
+        "rank 3 (node1): all_gather (vector): element 17 is 5, must be 15"
+    ]
     row = next(r for r in rows if (r.op, r.case) == ("all_gather", "vector"))
     assert not row.ok and row.result == "WRONG on rank 3"
 
@@ -254,13 +314,20 @@ def test_the_controller_rechecks_scalar_values_itself() -> None:
 
 def test_missing_ranks_and_rank_errors_are_reported() -> None:
     records = results_for(6, skip={4, 5})
-    records[4] = [{"kind": "error", "rank": 4, "phase": "init_process_group",
-                   "error": "timed out after 180 s during init_process_group"}]
+    records[4] = [
+        {
+            "kind": "error",
+            "rank": 4,
+            "phase": "init_process_group",
+            "error": "timed out after 180 s during init_process_group",
+        }
+    ]
     rows, problems = collective_results(records, 6, HOSTS6)
     assert rows[0].result == "no result from rank 4-5"
     assert [str(p) for p in problems] == [
         "rank 4 (node2): failed during init_process_group: timed out after 180 s during "
-        "init_process_group"]
+        "init_process_group"
+    ]
 
 
 # --- node diagnoses ----------------------------------------------------------------------
@@ -273,42 +340,54 @@ def test_a_healthy_cluster_has_no_problems() -> None:
 
 
 def test_unreachable_node_and_node_without_torch_are_named() -> None:
-    nodes = [node(0), node(1, ssh_error="no answer from 10.0.0.9:22 within 10 s", probe={},
-                           reach={}),
-             node(2, probe={"python_version": "3.11.7",
-                            "torch_error": "No module named 'torch'"})]
+    nodes = [
+        node(0),
+        node(1, ssh_error="no answer from 10.0.0.9:22 within 10 s", probe={}, reach={}),
+        node(2, probe={"python_version": "3.11.7", "torch_error": "No module named 'torch'"}),
+    ]
     problems = [str(p) for p in node_problems(nodes, MASTER, "gloo")]
     assert problems[0] == "node1: unreachable over SSH: no answer from 10.0.0.9:22 within 10 s"
-    assert problems[1].startswith("node2: torch is not installed for /usr/bin/python3 "
-                                  "(python 3.11.7: No module named 'torch'); install it there")
+    assert problems[1].startswith(
+        "node2: torch is not installed for /usr/bin/python3 "
+        "(python 3.11.7: No module named 'torch'); install it there"
+    )
 
 
 def test_a_node_that_cannot_reach_the_master_port_is_told_what_to_do() -> None:
-    cut = {"reach": "error", "reach_error": "EHOSTUNREACH (No route to host)",
-           "sshd_port": "EHOSTUNREACH (No route to host)"}
+    cut = {
+        "reach": "error",
+        "reach_error": "EHOSTUNREACH (No route to host)",
+        "sshd_port": "EHOSTUNREACH (No route to host)",
+    }
     nodes = [node(0), node(1), node(2), node(3, reach=cut)]
     problems = node_problems(nodes, MASTER, "gloo")
     assert [str(p) for p in problems] == [
         "node3: cannot reach 10.0.0.1:29500 from eth1 (10.0.0.3): EHOSTUNREACH (No route to "
         "host); set --ifname (or ifname= in the hostfile) to an interface that routes to "
-        "10.0.0.1, or fix the route/firewall between them"]
+        "10.0.0.1, or fix the route/firewall between them"
+    ]
     assert problems[0].blocks_job
     table = node_table(nodes, MASTER, problems, "gloo")
     assert "FAILED !" in table.splitlines()[4] and "FAILED" not in table.splitlines()[3]
 
 
 def test_a_port_blocked_on_the_master_is_told_apart_from_a_bad_route() -> None:
-    blocked = {"reach": "error", "reach_error": "ECONNREFUSED (Connection refused) for 5 s",
-               "sshd_port": "ok"}
+    blocked = {
+        "reach": "error",
+        "reach_error": "ECONNREFUSED (Connection refused) for 5 s",
+        "sshd_port": "ok",
+    }
     nodes = [node(0), node(1, reach=blocked), node(2, reach=blocked)]
     problems = [str(p) for p in node_problems(nodes, MASTER, "gloo")]
     assert problems == [
         "node0: TCP port 29500 on 10.0.0.1 is not reachable from node1, node2 (ECONNREFUSED "
         "(Connection refused) for 5 s) although its sshd port 22 is: a firewall blocks port "
-        "29500. Open TCP port 29500 on node0, or pick an open one with --master-port"]
+        "29500. Open TCP port 29500 on node0, or pick an open one with --master-port"
+    ]
     # Only one node of several: a block on the way to that node, said for that node.
-    problems = [str(p) for p in node_problems([node(0), node(1, reach=blocked), node(2)],
-                                              MASTER, "gloo")]
+    problems = [
+        str(p) for p in node_problems([node(0), node(1, reach=blocked), node(2)], MASTER, "gloo")
+    ]
     assert problems[0].startswith("node1: cannot reach 10.0.0.1:29500 from eth1 (10.0.0.3)")
     assert "open TCP port 29500 on node0 to this node" in problems[0]
 
@@ -321,23 +400,31 @@ def test_master_port_in_use_and_missing_interface() -> None:
         "node0: MASTER_PORT 29500 is already in use on the master; pick another --master-port, "
         "or --master-port auto",
         "node1: network interface 'eth9' does not exist here; check --ifname / the hostfile's "
-        "ifname= (`ip -br link` lists them)"]
+        "ifname= (`ip -br link` lists them)",
+    ]
     listen = node(0, reach={"listen_error": "EADDRINUSE (Address already in use)"})
-    assert str(node_problems([listen], MASTER, "gloo")[0]) == \
-        "node0: cannot listen on MASTER_PORT 29500: EADDRINUSE (Address already in use); " \
+    assert (
+        str(node_problems([listen], MASTER, "gloo")[0])
+        == "node0: cannot listen on MASTER_PORT 29500: EADDRINUSE (Address already in use); "
         "pick another --master-port"
+    )
 
 
 def test_mismatches_are_flagged_but_do_not_block_the_job() -> None:
-    nodes = [node(0), node(1, probe=facts(torch_version="2.4.0")),
-             node(2, probe=facts(python_version="3.10.14", disk_free_kb="1024"))]
+    nodes = [
+        node(0),
+        node(1, probe=facts(torch_version="2.4.0")),
+        node(2, probe=facts(python_version="3.10.14", disk_free_kb="1024")),
+    ]
     problems = node_problems(nodes, MASTER, "gloo")
     texts = [str(p) for p in problems]
     assert "node2: only 1.0M free in /home/u/.orchestrator/runs" in texts[0]
-    assert texts[1].startswith("cluster: torch versions differ between nodes (node0 2.3.1, "
-                               "node1 2.4.0, node2 2.3.1)")
-    assert texts[2].startswith("cluster: python versions differ between nodes (node0 3.11, "
-                               "node1 3.11, node2 3.10)")
+    assert texts[1].startswith(
+        "cluster: torch versions differ between nodes (node0 2.3.1, node1 2.4.0, node2 2.3.1)"
+    )
+    assert texts[2].startswith(
+        "cluster: python versions differ between nodes (node0 3.11, node1 3.11, node2 3.10)"
+    )
     assert not any(p.blocks_job for p in problems)
     table = node_table(nodes, MASTER, problems, "gloo").splitlines()
     assert all("2.3.1 !" in line or "2.4.0 !" in line for line in table[1:])
@@ -345,8 +432,9 @@ def test_mismatches_are_flagged_but_do_not_block_the_job() -> None:
 
 
 def test_problem_text() -> None:
-    assert str(Problem("node3", "cannot reach 10.0.0.1:29500")) == \
-        "node3: cannot reach 10.0.0.1:29500"
+    assert (
+        str(Problem("node3", "cannot reach 10.0.0.1:29500")) == "node3: cannot reach 10.0.0.1:29500"
+    )
 
 
 # --- what runs on the nodes, run here ----------------------------------------------------
@@ -355,15 +443,27 @@ def test_problem_text() -> None:
 def render_probe(**context: object) -> str:
     from orchestrator.render import render_template
 
-    base = {"host": "node0", "python": sys.executable, "master_addr": "127.0.0.1",
-            "ifname": None, "is_master": True, "port": None, "default_port": 29500}
+    base = {
+        "host": "node0",
+        "python": sys.executable,
+        "master_addr": "127.0.0.1",
+        "ifname": None,
+        "is_master": True,
+        "port": None,
+        "default_port": 29500,
+    }
     return render_template("check_probe.sh.j2", **{**base, **context})
 
 
 def test_probe_script_golden() -> None:
     """The rendered probe, as it reaches a node; UPDATE_GOLDEN=1 rewrites the file."""
-    text = render_probe(host="node0", python="/opt/py 3/bin/python", master_addr="10.0.0.1",
-                        ifname="eth1", port=29511)
+    text = render_probe(
+        host="node0",
+        python="/opt/py 3/bin/python",
+        master_addr="10.0.0.1",
+        ifname="eth1",
+        port=29511,
+    )
     path = GOLDEN / "check_probe_master.sh"
     if os.environ.get("UPDATE_GOLDEN") == "1":
         path.parent.mkdir(exist_ok=True)
@@ -375,8 +475,9 @@ def test_probe_script_golden() -> None:
 
 @pytest.mark.slow
 def test_probe_script_runs_here() -> None:
-    done = subprocess.run(["bash", "-c", render_probe()], capture_output=True, text=True,
-                          timeout=120)
+    done = subprocess.run(
+        ["bash", "-c", render_probe()], capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stderr
     from orchestrator.probe import parse_probe_output
 
@@ -390,22 +491,33 @@ def test_probe_script_runs_here() -> None:
 
 def test_probe_script_reports_a_python_without_torch(tmp_path: Path) -> None:
     bare = tmp_path / "python-no-site"
-    bare.write_text(f"#!/bin/sh\nexec {sys.executable} -S \"$@\"\n")
+    bare.write_text(f'#!/bin/sh\nexec {sys.executable} -S "$@"\n')
     bare.chmod(0o755)
-    done = subprocess.run(["bash", "-c", render_probe(python=str(bare), is_master=False,
-                                                      ifname="nosuch0")],
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        ["bash", "-c", render_probe(python=str(bare), is_master=False, ifname="nosuch0")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     values = dict(line.split("=", 1) for line in done.stdout.splitlines() if "=" in line)
     assert "torch_version" not in values and "torch" in values["torch_error"]
     assert values["ifname_exists"] == "no"
-    missing = subprocess.run(["bash", "-c", render_probe(python="/nonexistent/python")],
-                             capture_output=True, text=True, timeout=60)
+    missing = subprocess.run(
+        ["bash", "-c", render_probe(python="/nonexistent/python")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert "python_error=" in missing.stdout
 
 
 def reach(*args: str, timeout: float = 30) -> dict[str, str]:
-    done = subprocess.run([sys.executable, "-c", reach_source(), *args], capture_output=True,
-                          text=True, timeout=timeout)
+    done = subprocess.run(
+        [sys.executable, "-c", reach_source(), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     assert done.returncode == 0, done.stderr
     return dict(line.split("=", 1) for line in done.stdout.splitlines())
 
@@ -420,9 +532,21 @@ def test_reach_listener_hears_every_node() -> None:
     port = free_port()
     common = ["--host", "127.0.0.1", "--port", str(port), "--token", "t0k", "--timeout", "5"]
     listener = subprocess.Popen(
-        [sys.executable, "-c", reach_source(), *common, "--node", "0", "--listen", "2",
-         "--source", "127.0.0.1"],
-        stdout=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-c",
+            reach_source(),
+            *common,
+            "--node",
+            "0",
+            "--listen",
+            "2",
+            "--source",
+            "127.0.0.1",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     other = reach(*common, "--node", "1")  # retries until the listener is up
     out, _ = listener.communicate(timeout=30)
     master = dict(line.split("=", 1) for line in out.splitlines())
@@ -432,13 +556,37 @@ def test_reach_listener_hears_every_node() -> None:
 
 def test_reach_reports_refused_and_a_busy_port() -> None:
     port = free_port()
-    refused = reach("--host", "127.0.0.1", "--port", str(port), "--token", "x", "--node", "1",
-                    "--timeout", "0.5", "--sshd-port", str(port))
+    refused = reach(
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--token",
+        "x",
+        "--node",
+        "1",
+        "--timeout",
+        "0.5",
+        "--sshd-port",
+        str(port),
+    )
     assert refused["reach"] == "error" and refused["reach_error"].startswith("ECONNREFUSED")
     assert refused["sshd_port"].startswith("ECONNREFUSED")
     with socket.create_server(("127.0.0.1", port)):
-        wrong = reach("--host", "127.0.0.1", "--port", str(port), "--token", "x", "--node",
-                      "0", "--timeout", "1", "--listen", "1")
+        wrong = reach(
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--token",
+            "x",
+            "--node",
+            "0",
+            "--timeout",
+            "1",
+            "--listen",
+            "1",
+        )
     assert wrong["listen_error"].startswith("EADDRINUSE")
     assert wrong["reach"] == "error"
 

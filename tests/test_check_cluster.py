@@ -36,20 +36,33 @@ class CheckRun:
         return self.report["problems"] if self.report else []
 
 
-def run_check(cluster: Cluster, tmp_path: Path, hostfile: Path, *args: str,
-              timeout: float = 300) -> CheckRun:
+def run_check(
+    cluster: Cluster, tmp_path: Path, hostfile: Path, *args: str, timeout: float = 300
+) -> CheckRun:
     run_id = f"check-{uuid.uuid4().hex[:8]}"
     run_dir = tmp_path / "runs"
     report = tmp_path / f"{run_id}.json"
-    argv = [sys.executable, "-m", "orchestrator", "check", str(hostfile), "--run-dir",
-            str(run_dir), "--run-id", run_id, "--json", str(report), *args]
+    argv = [
+        sys.executable,
+        "-m",
+        "orchestrator",
+        "check",
+        str(hostfile),
+        "--run-dir",
+        str(run_dir),
+        "--run-id",
+        run_id,
+        "--json",
+        str(report),
+        *args,
+    ]
     started = time.monotonic()
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
-                          env=cluster.environ(), cwd=tmp_path)
+    done = subprocess.run(
+        argv, capture_output=True, text=True, timeout=timeout, env=cluster.environ(), cwd=tmp_path
+    )
     seconds = time.monotonic() - started
     document = json.loads(report.read_text()) if report.exists() else None
-    return CheckRun(done.returncode, done.stdout, done.stderr, run_id, run_dir, document,
-                    seconds)
+    return CheckRun(done.returncode, done.stdout, done.stderr, run_id, run_dir, document, seconds)
 
 
 def assert_nothing_left(cluster: Cluster, run_id: str) -> None:
@@ -66,12 +79,15 @@ def table_row(text: str, name: str) -> str:
 
 def rank_records(run: CheckRun, world_size: int) -> dict[int, list[dict]]:
     logs = run.run_dir / run.run_id / "logs"
-    return {rank: measure.parse_report_lines(
-        (logs / f"rank-{rank}.log").read_text().splitlines()) for rank in range(world_size)}
+    return {
+        rank: measure.parse_report_lines((logs / f"rank-{rank}.log").read_text().splitlines())
+        for rank in range(world_size)
+    }
 
 
 def test_check_passes_on_three_nodes_with_exact_values_and_bandwidth(
-        cluster: Cluster, tmp_path: Path) -> None:
+    cluster: Cluster, tmp_path: Path
+) -> None:
     hostfile = cluster.write_hostfile(tmp_path / "hosts.txt", slots=2)
     run = run_check(cluster, tmp_path, hostfile)
     assert run.returncode == 0, run.stdout + run.stderr
@@ -90,8 +106,9 @@ def test_check_passes_on_three_nodes_with_exact_values_and_bandwidth(
     assert run.report["nodes"][0]["reach"]["heard"] == "0,1,2"
 
     # The collectives: every case ok, and the exact values each rank reported.
-    assert [(c["op"], c["ok"]) for c in run.report["collectives"]] == \
-        [(op, True) for op in measure.OPS for _ in (1, 2)] + [("barrier", True)]
+    assert [(c["op"], c["ok"]) for c in run.report["collectives"]] == [
+        (op, True) for op in measure.OPS for _ in (1, 2)
+    ] + [("barrier", True)]
     records = rank_records(run, 6)
     for rank, found in records.items():
         results = {(r["op"], r["case"]): r for r in found if r["kind"] == "result"}
@@ -109,7 +126,8 @@ def test_check_passes_on_three_nodes_with_exact_values_and_bandwidth(
     assert [r["size_bytes"] for r in rows if r["op"] == "all_reduce"] == sizes
     assert [r["size_bytes"] for r in rows if r["op"] == "all_gather"] == [
         measure.bytes_moved("all_gather", measure.elements_per_rank("all_gather", s, 6), 6)
-        for s in sizes]
+        for s in sizes
+    ]
     for row in rows:
         seconds = row["time_us"] / 1e6
         assert 0 < seconds < 30, row
@@ -122,25 +140,38 @@ def test_check_passes_on_three_nodes_with_exact_values_and_bandwidth(
         assert by_op[-1]["algbw_gbs"] > 10 * by_op[0]["algbw_gbs"], op
     lines = run.stdout.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("BANDWIDTH (gloo, 6 ranks"))
-    table = lines[start + 1:lines.index("", start)]
-    assert table[0].split() == ["OP", "SIZE", "COUNT", "ITERS", "TIME(us)", "ALGBW(GB/s)",
-                                "BUSBW(GB/s)"]
+    table = lines[start + 1 : lines.index("", start)]
+    assert table[0].split() == [
+        "OP",
+        "SIZE",
+        "COUNT",
+        "ITERS",
+        "TIME(us)",
+        "ALGBW(GB/s)",
+        "BUSBW(GB/s)",
+    ]
     assert len(table) == 1 + 2 * len(sizes)
-    assert [line.split()[1] for line in table[1:1 + len(sizes)]] == \
-        [measure.format_size(s) for s in sizes]
+    assert [line.split()[1] for line in table[1 : 1 + len(sizes)]] == [
+        measure.format_size(s) for s in sizes
+    ]
 
     # The check's job is an ordinary run.
     status = json.loads((run.run_dir / run.run_id / "status.json").read_text())
     assert status["state"] == "succeeded" and status["world_size"] == 6
     assert "orchestrator.check.collectives" in status["program"]
-    listing = subprocess.run([sys.executable, "-m", "orchestrator", "runs", "--run-dir",
-                              str(run.run_dir)], capture_output=True, text=True, timeout=60)
+    listing = subprocess.run(
+        [sys.executable, "-m", "orchestrator", "runs", "--run-dir", str(run.run_dir)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert run.run_id in listing.stdout and "succeeded" in listing.stdout
     assert_nothing_left(cluster, run.run_id)
 
 
 def test_check_with_a_selection_runs_only_the_selected_slots(
-        cluster: Cluster, tmp_path: Path) -> None:
+    cluster: Cluster, tmp_path: Path
+) -> None:
     """DeepSpeed's --include out of a shared 3-host hostfile with slots=4: the check says
     what was selected, probes and runs only those hosts, one rank per chosen slot id, each
     rank seeing its node's chosen ids as CUDA_VISIBLE_DEVICES."""
@@ -152,18 +183,29 @@ def test_check_with_a_selection_runs_only_the_selected_slots(
     assert f"[check] 2 node(s), 3 rank(s) from {hostfile} (--include {include})" in run.stdout
     assert "RESULT: passed (2 node(s), 3 rank(s), gloo)" in run.stdout
     assert run.report["selection"] == f"--include {include}"
-    assert [(n["host"], n["slots"], n["slot_ids"]) for n in run.report["nodes"]] == \
-        [(first, 2, [1, 3]), (last, 1, [2])]
+    assert [(n["host"], n["slots"], n["slot_ids"]) for n in run.report["nodes"]] == [
+        (first, 2, [1, 3]),
+        (last, 1, [2]),
+    ]
     assert "0/2 (1,3)" in table_row(run.stdout, first) and not any(
-        line.startswith(skipped + " ") for line in run.stdout.splitlines())
+        line.startswith(skipped + " ") for line in run.stdout.splitlines()
+    )
     assert all(row["ok"] for row in run.report["collectives"])
     status = json.loads((run.run_dir / run.run_id / "status.json").read_text())
-    assert [(r["host"], r["local_rank"]) for r in status["ranks"]] == \
-        [(first, 0), (first, 1), (last, 0)]
-    starts = {rank: next(r for r in found if r["kind"] == "start")
-              for rank, found in rank_records(run, 3).items()}
-    assert [(s["local_rank"], s["cuda_visible_devices"]) for s in starts.values()] == \
-        [(0, "1,3"), (1, "1,3"), (0, "2")]
+    assert [(r["host"], r["local_rank"]) for r in status["ranks"]] == [
+        (first, 0),
+        (first, 1),
+        (last, 0),
+    ]
+    starts = {
+        rank: next(r for r in found if r["kind"] == "start")
+        for rank, found in rank_records(run, 3).items()
+    }
+    assert [(s["local_rank"], s["cuda_visible_devices"]) for s in starts.values()] == [
+        (0, "1,3"),
+        (1, "1,3"),
+        (0, "2"),
+    ]
     assert not (run.run_dir / run.run_id / "logs" / "rank-3.log").exists()
     assert_nothing_left(cluster, run.run_id)
 
@@ -176,12 +218,14 @@ def unused_address(cluster: Cluster) -> str:
 
 @pytest.mark.parametrize("how", ["no such host", "link cut"])
 def test_an_unreachable_node_is_named_within_the_ssh_timeout(
-        cluster: Cluster, tmp_path: Path, how: str) -> None:
+    cluster: Cluster, tmp_path: Path, how: str
+) -> None:
     if how == "no such host":
         name = unused_address(cluster)
         hostfile = tmp_path / "hosts.txt"
-        hostfile.write_text("".join(f"{n.name} slots=2\n" for n in cluster.nodes[:2])
-                            + f"{name} slots=2\n")
+        hostfile.write_text(
+            "".join(f"{n.name} slots=2\n" for n in cluster.nodes[:2]) + f"{name} slots=2\n"
+        )
         run = run_check(cluster, tmp_path, hostfile, "--connect-timeout", "3")
     else:
         name = cluster.nodes[2].name
@@ -194,8 +238,9 @@ def test_an_unreachable_node_is_named_within_the_ssh_timeout(
     assert "COLLECTIVES: not run" in run.stdout
     assert run.report["nodes"][2]["ssh_error"]
     # The other nodes were still probed, and the whole check ended soon after the timeout.
-    assert run.report["nodes"][1]["probe"]["torch_version"] in \
-        table_row(run.stdout, cluster.nodes[1].name)
+    assert run.report["nodes"][1]["probe"]["torch_version"] in table_row(
+        run.stdout, cluster.nodes[1].name
+    )
     assert run.seconds < 3 + 45, run.seconds
     assert_nothing_left(cluster, run.run_id)
 
@@ -235,26 +280,34 @@ def test_a_port_blocked_on_the_master(cluster: Cluster, tmp_path: Path) -> None:
         f"{master.name}: TCP port {port} on {master.address} is not reachable from {others} "
         f"(EACCES (Permission denied)) although its sshd port 22 is: a firewall blocks port "
         f"{port}. Open TCP port {port} on {master.name}, or pick an open one with "
-        "--master-port"]
+        "--master-port"
+    ]
     assert_nothing_left(cluster, run.run_id)
 
 
 def test_an_interface_that_cannot_reach_the_master_and_a_node_without_torch(
-        cluster: Cluster, tmp_path: Path) -> None:
+    cluster: Cluster, tmp_path: Path
+) -> None:
     bare = tmp_path / "python-without-site-packages"
-    bare.write_text(f"#!/bin/sh\nexec {sys.executable} -S \"$@\"\n")
+    bare.write_text(f'#!/bin/sh\nexec {sys.executable} -S "$@"\n')
     bare.chmod(0o755)
     master, wrong, torchless = cluster.nodes
     hostfile = tmp_path / "hosts.txt"
-    hostfile.write_text(f"{master.name} slots=2\n{wrong.name} slots=2 ifname=lo\n"
-                        f"{torchless.name} slots=2 python={bare}\n")
+    hostfile.write_text(
+        f"{master.name} slots=2\n{wrong.name} slots=2 ifname=lo\n"
+        f"{torchless.name} slots=2 python={bare}\n"
+    )
     run = run_check(cluster, tmp_path, hostfile)
     assert run.returncode == 1, run.stdout + run.stderr
     problems = run.problems()
-    assert [p for p in problems if p.startswith(
-        f"{wrong.name}: cannot reach {master.address}:29500 from lo (127.0.0.1): ")]
-    assert [p for p in problems if p.startswith(
-        f"{torchless.name}: torch is not installed for {bare}")]
+    assert [
+        p
+        for p in problems
+        if p.startswith(f"{wrong.name}: cannot reach {master.address}:29500 from lo (127.0.0.1): ")
+    ]
+    assert [
+        p for p in problems if p.startswith(f"{torchless.name}: torch is not installed for {bare}")
+    ]
     assert len(problems) == 2, problems
     assert "COLLECTIVES: not run" in run.stdout
     assert_nothing_left(cluster, run.run_id)

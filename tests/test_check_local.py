@@ -14,31 +14,46 @@ from orchestrator.check import measure
 
 
 def orchestrator(*args: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "orchestrator", *args], capture_output=True,
-                          text=True, timeout=timeout, cwd=cwd)
+    return subprocess.run(
+        [sys.executable, "-m", "orchestrator", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=cwd,
+    )
 
 
 def test_help_does_not_import_torch(tmp_path: Path) -> None:
-    code = ("import sys; from orchestrator.cli import main\n"
-            "try:\n    main(['check', '--help'])\nexcept SystemExit:\n    pass\n"
-            "assert 'torch' not in sys.modules, 'torch was imported'")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          cwd=tmp_path, timeout=60)
+    code = (
+        "import sys; from orchestrator.cli import main\n"
+        "try:\n    main(['check', '--help'])\nexcept SystemExit:\n    pass\n"
+        "assert 'torch' not in sys.modules, 'torch was imported'"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=60
+    )
     assert done.returncode == 0, done.stderr
     assert "--max-size SIZE" in done.stdout and "--json FILE" in done.stdout
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    (["--max-size", "12Q"], "--max-size: '12Q' is not a size"),
-    (["--nproc-per-node", "0"], "--nproc-per-node"),
-    (["--master-port", "70000"], "--master-port must be a number from 1 to 65535"),
-    (["--include", "localhost:5"], "--include 'localhost:5': host localhost has no slot 5 "
-                                   "(its slots are 0-1; hosts.txt:1)"),
-    (["--exclude", "nosuch"], "--exclude 'nosuch': host 'nosuch' is not in hosts.txt"),
-    (["--exclude", "localhost"], "--exclude 'localhost' leaves no slot on any host"),
-])
-def test_bad_input_exits_2_before_touching_a_node(tmp_path: Path, args: list[str],
-                                                  message: str) -> None:
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--max-size", "12Q"], "--max-size: '12Q' is not a size"),
+        (["--nproc-per-node", "0"], "--nproc-per-node"),
+        (["--master-port", "70000"], "--master-port must be a number from 1 to 65535"),
+        (
+            ["--include", "localhost:5"],
+            "--include 'localhost:5': host localhost has no slot 5 "
+            "(its slots are 0-1; hosts.txt:1)",
+        ),
+        (["--exclude", "nosuch"], "--exclude 'nosuch': host 'nosuch' is not in hosts.txt"),
+        (["--exclude", "localhost"], "--exclude 'localhost' leaves no slot on any host"),
+    ],
+)
+def test_bad_input_exits_2_before_touching_a_node(
+    tmp_path: Path, args: list[str], message: str
+) -> None:
     (tmp_path / "hosts.txt").write_text("localhost slots=2\n")
     done = orchestrator("check", "hosts.txt", *args, cwd=tmp_path)
     assert done.returncode == 2 and message in done.stderr, done.stderr
@@ -48,8 +63,17 @@ def test_bad_input_exits_2_before_touching_a_node(tmp_path: Path, args: list[str
 @pytest.mark.slow
 def test_check_passes_on_localhost(tmp_path: Path) -> None:
     (tmp_path / "hosts.txt").write_text("localhost slots=2\n")
-    done = orchestrator("check", "hosts.txt", "--max-size", "64K", "--json", "report.json",
-                        "--run-id", "local-check", cwd=tmp_path)
+    done = orchestrator(
+        "check",
+        "hosts.txt",
+        "--max-size",
+        "64K",
+        "--json",
+        "report.json",
+        "--run-id",
+        "local-check",
+        cwd=tmp_path,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["ok"] and report["world_size"] == 2 and report["problems"] == []

@@ -59,121 +59,200 @@ def launch(hostfile: str, *args: str) -> tuple[str, ...]:
 
 
 BAD = {  # run as subprocesses
-    "missing hostfile": Case(launch("nonexistent.txt"),
-                             ("nonexistent.txt: hostfile not found",)),
-    "empty hostfile": Case(launch("empty.txt"),
-                           ("empty.txt: no hosts", "no fallback to localhost")),
-    "unparsable line": Case(launch("unparsable.txt"),
-                            ("unparsable.txt:2:", "expected key=value, got 'slots'")),
-    "slots=0": Case(launch("slots0.txt"),
-                    ("slots0.txt:2:", "slots must be a positive integer, got 0")),
-    "negative slots": Case(launch("negative.txt"),
-                           ("negative.txt:1:", "slots must be a positive integer, got -2")),
-    "duplicate host": Case(launch("duplicate.txt"),
-                           ("duplicate.txt:3:", "duplicate host 'node1'",
-                            "first at duplicate.txt:1")),
-    "shell metacharacters": Case(launch("metachar.txt"),
-                                 ("metachar.txt:2:", "not a valid host name", "'$'")),
-    "whitespace in host": Case(launch("space.yaml"),
-                               ("space.yaml:2:", "host 'node 2' is not a valid host name",
-                                "' '")),
-    "unknown yaml key": Case(launch("unknown_key.yaml"),
-                             ("unknown_key.yaml:2:", "unknown key 'slotz'",
-                              "valid keys: host, slots, max_slots, user, port, ifname, "
-                              "python")),
-    "--env without =": Case(launch("local.txt", "--env", "FOO"),
-                            ("--env 'FOO': expected NAME=VALUE",)),
-    "missing local script": Case(launch("local.txt", "--", "nosuch.py"),
-                                 ("script 'nosuch.py' not found", "--workdir")),
-    "--master-port 0": Case(launch("local.txt", "--master-port", "0"),
-                            ("--master-port", "got '0'")),
-    "--master-port 70000": Case(launch("local.txt", "--master-port", "70000"),
-                                ("--master-port", "got '70000'")),
-    "--master-port abc": Case(launch("local.txt", "--master-port", "abc"),
-                              ("--master-port", "got 'abc'")),
+    "missing hostfile": Case(launch("nonexistent.txt"), ("nonexistent.txt: hostfile not found",)),
+    "empty hostfile": Case(
+        launch("empty.txt"), ("empty.txt: no hosts", "no fallback to localhost")
+    ),
+    "unparsable line": Case(
+        launch("unparsable.txt"), ("unparsable.txt:2:", "expected key=value, got 'slots'")
+    ),
+    "slots=0": Case(
+        launch("slots0.txt"), ("slots0.txt:2:", "slots must be a positive integer, got 0")
+    ),
+    "negative slots": Case(
+        launch("negative.txt"), ("negative.txt:1:", "slots must be a positive integer, got -2")
+    ),
+    "duplicate host": Case(
+        launch("duplicate.txt"),
+        ("duplicate.txt:3:", "duplicate host 'node1'", "first at duplicate.txt:1"),
+    ),
+    "shell metacharacters": Case(
+        launch("metachar.txt"), ("metachar.txt:2:", "not a valid host name", "'$'")
+    ),
+    "whitespace in host": Case(
+        launch("space.yaml"), ("space.yaml:2:", "host 'node 2' is not a valid host name", "' '")
+    ),
+    "unknown yaml key": Case(
+        launch("unknown_key.yaml"),
+        (
+            "unknown_key.yaml:2:",
+            "unknown key 'slotz'",
+            "valid keys: host, slots, max_slots, user, port, ifname, python",
+        ),
+    ),
+    "--env without =": Case(
+        launch("local.txt", "--env", "FOO"), ("--env 'FOO': expected NAME=VALUE",)
+    ),
+    "missing local script": Case(
+        launch("local.txt", "--", "nosuch.py"), ("script 'nosuch.py' not found", "--workdir")
+    ),
+    "--master-port 0": Case(
+        launch("local.txt", "--master-port", "0"), ("--master-port", "got '0'")
+    ),
+    "--master-port 70000": Case(
+        launch("local.txt", "--master-port", "70000"), ("--master-port", "got '70000'")
+    ),
+    "--master-port abc": Case(
+        launch("local.txt", "--master-port", "abc"), ("--master-port", "got 'abc'")
+    ),
     "--run-id with slash": Case(launch("local.txt", "--run-id", "a/b"), ("--run-id 'a/b'",)),
-    "--workdir with --sync": Case(launch("local.txt", "--workdir", ".", "--sync", "."),
-                                  ("--workdir and --sync",)),
+    "--workdir with --sync": Case(
+        launch("local.txt", "--workdir", ".", "--sync", "."), ("--workdir and --sync",)
+    ),
 }
 
 MORE_BAD = {  # run in this process through orchestrator.cli.main
-    "negative --max-restarts": Case(launch("local.txt", "--max-restarts", "-1"),
-                                    ("--max-restarts must be 0 or more, got -1",)),
-    "render: --max_restarts not a number": Case(("render", "local.txt", "-o", "out-mr",
-                                                 "--max_restarts", "many"),
-                                                ("--max-restarts", "'many'")),
+    "negative --max-restarts": Case(
+        launch("local.txt", "--max-restarts", "-1"), ("--max-restarts must be 0 or more, got -1",)
+    ),
+    "render: --max_restarts not a number": Case(
+        ("render", "local.txt", "-o", "out-mr", "--max_restarts", "many"),
+        ("--max-restarts", "'many'"),
+    ),
     "hostfile is a directory": Case(launch("subdir"), ("subdir: is a directory",)),
-    "comments-only hostfile": Case(launch("comments.txt"),
-                                   ("comments.txt: no hosts", "no fallback to localhost")),
+    "comments-only hostfile": Case(
+        launch("comments.txt"), ("comments.txt: no hosts", "no fallback to localhost")
+    ),
     "empty yaml hostfile": Case(launch("empty.yaml"), ("empty.yaml: no hosts",)),
     "backticks": Case(launch("backtick.txt"), ("backtick.txt:1:", "'`'")),
     "semicolon in yaml host": Case(launch("semicolon.yaml"), ("semicolon.yaml:1:", "';'")),
     "tab between hosts": Case(launch("tab.txt"), ("tab.txt:1:", "expected key=value")),
-    "unknown text key": Case(launch("unknown_key.txt"),
-                             ("unknown_key.txt:1:", "unknown key 'gpus'",
-                              "valid keys: ifname, max_slots, port, python, slots, user")),
+    "unknown text key": Case(
+        launch("unknown_key.txt"),
+        (
+            "unknown_key.txt:1:",
+            "unknown key 'gpus'",
+            "valid keys: ifname, max_slots, port, python, slots, user",
+        ),
+    ),
     "invalid yaml": Case(launch("bad.yaml"), ("bad.yaml:", "invalid YAML")),
     "--env bad name": Case(launch("local.txt", "--env", "1X=2"), ("--env '1X=2'",)),
-    "--env reserved": Case(launch("local.txt", "--env", "WORLD_SIZE=8"),
-                           ("WORLD_SIZE is set by the orchestrator",)),
-    "--env-file missing": Case(launch("local.txt", "--env-file", "none.env"),
-                               ("none.env: env file not found",)),
-    "--env-file bad line": Case(launch("local.txt", "--env-file", "bad.env"),
-                                ("bad.env:2:", "expected NAME=VALUE")),
+    "--env reserved": Case(
+        launch("local.txt", "--env", "WORLD_SIZE=8"), ("WORLD_SIZE is set by the orchestrator",)
+    ),
+    "--env-file missing": Case(
+        launch("local.txt", "--env-file", "none.env"), ("none.env: env file not found",)
+    ),
+    "--env-file bad line": Case(
+        launch("local.txt", "--env-file", "bad.env"), ("bad.env:2:", "expected NAME=VALUE")
+    ),
     "-m without module": Case(launch("local.txt", "--", "-m"), ("'-m' needs a module name",)),
-    "--master-port unicode digit": Case(launch("local.txt", "--master-port", "²"),
-                                        ("--master-port",)),
-    "--nproc-per-node 0": Case(launch("local.txt", "--nproc-per-node", "0"),
-                               ("--nproc-per-node must be a positive integer",)),
-    "--nproc-per-node abc": Case(launch("local.txt", "--nproc-per-node", "abc"),
-                                 ("--nproc-per-node", "abc")),
+    "--master-port unicode digit": Case(
+        launch("local.txt", "--master-port", "²"), ("--master-port",)
+    ),
+    "--nproc-per-node 0": Case(
+        launch("local.txt", "--nproc-per-node", "0"),
+        ("--nproc-per-node must be a positive integer",),
+    ),
+    "--nproc-per-node abc": Case(
+        launch("local.txt", "--nproc-per-node", "abc"), ("--nproc-per-node", "abc")
+    ),
     "--run-id dot-dot": Case(launch("local.txt", "--run-id", ".."), ("--run-id '..'",)),
     "--run-id with space": Case(launch("local.txt", "--run-id", "a b"), ("--run-id 'a b'",)),
     "--run-id with newline": Case(launch("local.txt", "--run-id", "ab\n"), ("--run-id",)),
-    "--sync not a directory": Case(launch("local.txt", "--sync", "local.txt"),
-                                   ("--sync", "not a directory")),
-    "render: bad hostfile": Case(("render", "unparsable.txt", "-o", "out-bad"),
-                                 ("unparsable.txt:2:",)),
+    "--sync not a directory": Case(
+        launch("local.txt", "--sync", "local.txt"), ("--sync", "not a directory")
+    ),
+    "render: bad hostfile": Case(
+        ("render", "unparsable.txt", "-o", "out-bad"), ("unparsable.txt:2:",)
+    ),
     "render: loopback master in 2 nodes": Case(
-        ("render", "loopback_multi.txt", "-o", "out-loop"), ("loopback", "--master-addr")),
-    "render: max_slots": Case(("render", "max_slots.txt", "-o", "out-max", "--nproc-per-node",
-                               "4"), ("max_slots.txt:1:", "max_slots=2")),
-    "render: --run-id": Case(("render", "local.txt", "-o", "out-id", "--run-id", "x;y"),
-                             ("--run-id 'x;y'",)),
-    "exec: empty hostfile": Case(("exec", "empty.txt", "--", "true"),
-                                 ("empty.txt: no hosts",)),
-    "logs: unknown run": Case(("logs", "nosuchrun", "--run-dir", "runs"),
-                              ("no run 'nosuchrun'",)),
+        ("render", "loopback_multi.txt", "-o", "out-loop"), ("loopback", "--master-addr")
+    ),
+    "render: max_slots": Case(
+        ("render", "max_slots.txt", "-o", "out-max", "--nproc-per-node", "4"),
+        ("max_slots.txt:1:", "max_slots=2"),
+    ),
+    "render: --run-id": Case(
+        ("render", "local.txt", "-o", "out-id", "--run-id", "x;y"), ("--run-id 'x;y'",)
+    ),
+    "exec: empty hostfile": Case(("exec", "empty.txt", "--", "true"), ("empty.txt: no hosts",)),
+    "logs: unknown run": Case(("logs", "nosuchrun", "--run-dir", "runs"), ("no run 'nosuchrun'",)),
     "status: bad run id": Case(("status", "../etc", "--run-dir", "runs"), ("no run '../etc'",)),
-    "render: -o is a file": Case(("render", "local.txt", "-o", "local.txt"),
-                                 ("-o 'local.txt'", "not a folder")),
-    "render: -o under a file": Case(("render", "local.txt", "-o", "local.txt/out"),
-                                    ("-o 'local.txt/out'", "cannot create this folder")),
-    "render: -o cannot be created": Case(("render", "local.txt", "-o", "/proc/nope"),
-                                         ("-o '/proc/nope'", "cannot create this folder")),
-    "render: missing local script": Case(("render", "local.txt", "-o", "out-noscript", "--",
-                                          "nosuch.py"),
-                                         ("script 'nosuch.py' not found", "--workdir")),
-    "launch: empty --ifname": Case(launch("local.txt", "--ifname", ""),
-                                   ("--ifname must not be empty",)),
-    "launch: empty --python": Case(launch("local.txt", "--python", " "),
-                                   ("--python must not be empty",)),
-    "render: empty --ifname": Case(("render", "two_remote.txt", "-o", "out-noif", "--ifname",
-                                    ""), ("--ifname must not be empty",)),
-    "exec: empty --python": Case(("exec", "local.txt", "--python", "", "--", "true"),
-                                 ("--python must not be empty",)),
+    "render: -o is a file": Case(
+        ("render", "local.txt", "-o", "local.txt"), ("-o 'local.txt'", "not a folder")
+    ),
+    "render: -o under a file": Case(
+        ("render", "local.txt", "-o", "local.txt/out"),
+        ("-o 'local.txt/out'", "cannot create this folder"),
+    ),
+    "render: -o cannot be created": Case(
+        ("render", "local.txt", "-o", "/proc/nope"),
+        ("-o '/proc/nope'", "cannot create this folder"),
+    ),
+    "render: missing local script": Case(
+        ("render", "local.txt", "-o", "out-noscript", "--", "nosuch.py"),
+        ("script 'nosuch.py' not found", "--workdir"),
+    ),
+    "launch: empty --ifname": Case(
+        launch("local.txt", "--ifname", ""), ("--ifname must not be empty",)
+    ),
+    "launch: empty --python": Case(
+        launch("local.txt", "--python", " "), ("--python must not be empty",)
+    ),
+    "render: empty --ifname": Case(
+        ("render", "two_remote.txt", "-o", "out-noif", "--ifname", ""),
+        ("--ifname must not be empty",),
+    ),
+    "exec: empty --python": Case(
+        ("exec", "local.txt", "--python", "", "--", "true"), ("--python must not be empty",)
+    ),
 }
 
 GOOD = {
-    "dry run": Case(launch("local.txt", "--no-forward-env", "--run-id", "dry1", "--",
-                           "-m", "mypkg.train"), (), exit_code=0),
-    "render one node": Case(("render", "local.txt", "-o", "out-local", "--run-id", "r-local",
-                             "--no-forward-env", "--", "train.py", "--epochs", "3"), (),
-                            exit_code=0),
-    "render two nodes": Case(("render", "two_remote.txt", "-o", "out dir", "--run-id", "r2",
-                              "--workdir", "/srv/my project", "--env", "MSG=a b $c",
-                              "--env", "API_TOKEN=tok-hidden-42", "--", "-m", "pkg.main"), (),
-                             exit_code=0),
+    "dry run": Case(
+        launch("local.txt", "--no-forward-env", "--run-id", "dry1", "--", "-m", "mypkg.train"),
+        (),
+        exit_code=0,
+    ),
+    "render one node": Case(
+        (
+            "render",
+            "local.txt",
+            "-o",
+            "out-local",
+            "--run-id",
+            "r-local",
+            "--no-forward-env",
+            "--",
+            "train.py",
+            "--epochs",
+            "3",
+        ),
+        (),
+        exit_code=0,
+    ),
+    "render two nodes": Case(
+        (
+            "render",
+            "two_remote.txt",
+            "-o",
+            "out dir",
+            "--run-id",
+            "r2",
+            "--workdir",
+            "/srv/my project",
+            "--env",
+            "MSG=a b $c",
+            "--env",
+            "API_TOKEN=tok-hidden-42",
+            "--",
+            "-m",
+            "pkg.main",
+        ),
+        (),
+        exit_code=0,
+    ),
 }
 
 
@@ -197,8 +276,9 @@ def results(workdir: Path) -> dict[str, subprocess.CompletedProcess]:
     env = {**os.environ, "NO_COLOR": "1"}
 
     def run(case: Case) -> subprocess.CompletedProcess:
-        return subprocess.run([*CLI, *case.argv], cwd=workdir, env=env, capture_output=True,
-                              text=True, timeout=120)
+        return subprocess.run(
+            [*CLI, *case.argv], cwd=workdir, env=env, capture_output=True, text=True, timeout=120
+        )
 
     cases = {**BAD, **GOOD}
     assert not set(BAD) & set(MORE_BAD)
@@ -236,8 +316,9 @@ def test_more_bad_input_through_main(workdir: Path, capsys, monkeypatch, name: s
     check_refused(MORE_BAD[name], info.value.code, captured.out, captured.err, workdir)
 
 
-def test_render_of_a_missing_local_script_writes_nothing(workdir: Path, capsys,
-                                                         monkeypatch) -> None:
+def test_render_of_a_missing_local_script_writes_nothing(
+    workdir: Path, capsys, monkeypatch
+) -> None:
     from orchestrator.cli import main
 
     monkeypatch.chdir(workdir)
@@ -249,10 +330,14 @@ def test_render_of_a_missing_local_script_writes_nothing(workdir: Path, capsys,
 
 
 CHECK_REFUSED = {  # check's flags, refused before any node is contacted
-    "--json in a missing folder": (("--json", "nodir/report.json"),
-                                   ("--json nodir/report.json", "does not exist")),
-    "--json under a file": (("--json", "local.txt/report.json"),
-                            ("--json local.txt/report.json", "is not a folder")),
+    "--json in a missing folder": (
+        ("--json", "nodir/report.json"),
+        ("--json nodir/report.json", "does not exist"),
+    ),
+    "--json under a file": (
+        ("--json", "local.txt/report.json"),
+        ("--json local.txt/report.json", "is not a folder"),
+    ),
     "--max-size above 4G": (("--max-size", "5G"), ("--max-size '5G'", "at most 4G")),
     "--max-size one K above 4G": (("--max-size", "4194305K"), ("--max-size", "at most 4G")),
     "empty --ifname": (("--ifname", ""), ("--ifname must not be empty",)),
@@ -275,8 +360,9 @@ def no_contact(monkeypatch):
 
 
 @pytest.mark.parametrize("name", list(CHECK_REFUSED))
-def test_check_refuses_bad_flags_before_contacting_any_node(workdir: Path, capsys, monkeypatch,
-                                                            no_contact, name: str) -> None:
+def test_check_refuses_bad_flags_before_contacting_any_node(
+    workdir: Path, capsys, monkeypatch, no_contact, name: str
+) -> None:
     from orchestrator.cli import main
 
     args, words = CHECK_REFUSED[name]
@@ -291,8 +377,18 @@ def test_check_takes_4g_and_a_writable_json_path(workdir: Path, monkeypatch, no_
 
     monkeypatch.chdir(workdir)
     with pytest.raises(NodesContacted):  # got past every flag to the nodes
-        main(["check", "two_remote.txt", "--run-dir", "runs", "--max-size", "4G",
-              "--json", "report.json"])
+        main(
+            [
+                "check",
+                "two_remote.txt",
+                "--run-dir",
+                "runs",
+                "--max-size",
+                "4G",
+                "--json",
+                "report.json",
+            ]
+        )
     assert not (workdir / "report.json").exists()
 
 
@@ -302,8 +398,7 @@ def test_one_failed_node_reads_as_its_own_line_several_are_grouped() -> None:
     one = NodeErrors([NodeError("node1", "connection refused", exit_code=2)], "connecting")
     assert str(one) == "node1: connection refused" and one.exit_code == 2
     assert len(one.errors) == 1
-    two = NodeErrors([NodeError("node1", "refused"), NodeError("node2", "no answer")],
-                     "connecting")
+    two = NodeErrors([NodeError("node1", "refused"), NodeError("node2", "no answer")], "connecting")
     assert str(two) == "connecting failed on 2 node(s):\n  node1: refused\n  node2: no answer"
     assert two.exit_code == 1
 
@@ -324,8 +419,10 @@ def test_dry_run_prints_the_plan_and_starts_nothing(results, workdir: Path) -> N
 
 
 def test_render_writes_plan_and_one_executable_script_per_node(results, workdir: Path) -> None:
-    for name, folder, count in (("render one node", "out-local", 1),
-                                ("render two nodes", "out dir", 2)):
+    for name, folder, count in (
+        ("render one node", "out-local", 1),
+        ("render two nodes", "out dir", 2),
+    ):
         result = results[name]
         assert result.returncode == 0, result.stderr
         out = workdir / folder
@@ -357,19 +454,31 @@ def test_render_keeps_secrets_out_and_quotes_values(results, workdir: Path) -> N
 def test_console_script_reports_errors_the_same_way(workdir: Path) -> None:
     if not CONSOLE_SCRIPT.exists():
         pytest.skip(f"no console script next to {sys.executable}")
-    result = subprocess.run([str(CONSOLE_SCRIPT), "launch", "empty.txt", "--dry-run"],
-                            cwd=workdir, capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [str(CONSOLE_SCRIPT), "launch", "empty.txt", "--dry-run"],
+        cwd=workdir,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert "empty.txt: no hosts" in result.stderr
 
 
 @pytest.mark.parametrize("argv", [["--help"], ["launch", "--help"]])
 def test_help_does_not_import_torch(argv: list[str]) -> None:
-    result = subprocess.run([sys.executable, "-X", "importtime", "-m", "orchestrator", *argv],
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "orchestrator", *argv],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 0 and "Usage:" in result.stdout
-    imported = [line.rsplit("|", 1)[-1].strip() for line in result.stderr.splitlines()
-                if line.startswith("import time:")]
+    imported = [
+        line.rsplit("|", 1)[-1].strip()
+        for line in result.stderr.splitlines()
+        if line.startswith("import time:")
+    ]
     assert "click" in imported  # the check sees real imports
     torch_modules = [m for m in imported if m == "torch" or m.startswith("torch.")]
     assert torch_modules == []

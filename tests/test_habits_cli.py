@@ -35,8 +35,7 @@ def orchestrator(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 
 def render(place: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], dict]:
     done = orchestrator("render", "hosts.txt", "-o", "out", "--run-id", "r", *args, cwd=place)
-    plan = yaml.safe_load((place / "out" / "plan.yaml").read_text()) if done.returncode == 0 \
-        else {}
+    plan = yaml.safe_load((place / "out" / "plan.yaml").read_text()) if done.returncode == 0 else {}
     return done, plan
 
 
@@ -47,8 +46,7 @@ def test_deepspeed_env_files_home_then_cwd(tmp_path: Path) -> None:
     assert deepspeed_env_files(cwd, home, {}) == []
     (home / ".deepspeed_env").write_text("A=1\n")
     (cwd / ".deepspeed_env").write_text("A=2\n")
-    assert deepspeed_env_files(cwd, home, {}) == [home / ".deepspeed_env",
-                                                  cwd / ".deepspeed_env"]
+    assert deepspeed_env_files(cwd, home, {}) == [home / ".deepspeed_env", cwd / ".deepspeed_env"]
     assert deepspeed_env_files(home, home, {}) == [home / ".deepspeed_env"]
     (cwd / "site.env").write_text("A=3\n")
     assert deepspeed_env_files(cwd, home, {"DS_ENV_FILE": "site.env"}) == [cwd / "site.env"]
@@ -57,13 +55,16 @@ def test_deepspeed_env_files_home_then_cwd(tmp_path: Path) -> None:
 def test_deepspeed_env_is_used_said_and_its_secrets_kept_secret(place: Path) -> None:
     (place.parent / "home" / ".deepspeed_env").write_text("NCCL_IB_HCA=mlx5_0\nLEVEL=home\n")
     (place / ".deepspeed_env").write_text(
-        "NCCL_SOCKET_IFNAME=ib0\nLEVEL=cwd\nHF_TOKEN=hf_s3cr3t_v4lue\nexport WANDB_API_KEY='k3y'\n")
+        "NCCL_SOCKET_IFNAME=ib0\nLEVEL=cwd\nHF_TOKEN=hf_s3cr3t_v4lue\nexport WANDB_API_KEY='k3y'\n"
+    )
     done, plan = render(place, "--no-forward-env")
     assert done.returncode == 0, done.stderr
     said = [line for line in done.stderr.splitlines() if "env file" in line]
-    assert said == [f"[orchestrator] env file {place.parent / 'home' / '.deepspeed_env'}, "
-                    f"{place / '.deepspeed_env'} (DeepSpeed's .deepspeed_env) sets variables "
-                    "on every node; --no-env-file ignores it"]
+    assert said == [
+        f"[orchestrator] env file {place.parent / 'home' / '.deepspeed_env'}, "
+        f"{place / '.deepspeed_env'} (DeepSpeed's .deepspeed_env) sets variables "
+        "on every node; --no-env-file ignores it"
+    ]
     env = plan["nodes"][1]["env"]
     assert env["NCCL_IB_HCA"] == "mlx5_0" and env["LEVEL"] == "cwd"
     assert env["NCCL_SOCKET_IFNAME"] == "ib0"
@@ -83,11 +84,13 @@ def test_no_env_file_turns_it_off_and_env_file_replaces_it(place: Path) -> None:
     done, plan = render(place, "--env-file", "mine.env")
     assert done.returncode == 0 and "env file" not in done.stderr
     assert "FROM_MINE" in plan["nodes"][0]["env"] and "FROM_DS" not in plan["nodes"][0]["env"]
-    done = orchestrator("render", "hosts.txt", "-o", "o2", "--env-file", "mine.env",
-                        "--no-env-file", cwd=place)
+    done = orchestrator(
+        "render", "hosts.txt", "-o", "o2", "--env-file", "mine.env", "--no-env-file", cwd=place
+    )
     assert done.returncode == 2
-    assert done.stderr.strip() == ("orchestrator: error: --env-file and --no-env-file "
-                                   "together: give one of them")
+    assert done.stderr.strip() == (
+        "orchestrator: error: --env-file and --no-env-file together: give one of them"
+    )
 
 
 def test_a_bad_deepspeed_env_line_is_named(place: Path) -> None:
@@ -95,18 +98,21 @@ def test_a_bad_deepspeed_env_line_is_named(place: Path) -> None:
     done, _ = render(place)
     assert done.returncode == 2
     assert done.stderr.splitlines()[-1] == (
-        f"orchestrator: error: {place / '.deepspeed_env'}:2: expected NAME=VALUE, got "
-        "'not a pair'")
+        f"orchestrator: error: {place / '.deepspeed_env'}:2: expected NAME=VALUE, got 'not a pair'"
+    )
 
 
-@pytest.mark.parametrize("args", [("--num_nodes", "2", "--num_gpus", "2"),
-                                  ("--num-nodes", "2", "--num-gpus", "2")])
+@pytest.mark.parametrize(
+    "args", [("--num_nodes", "2", "--num_gpus", "2"), ("--num-nodes", "2", "--num-gpus", "2")]
+)
 def test_underscore_spellings_and_the_plan_shows_the_selection(place: Path, args) -> None:
     done, plan = render(place, *args)
     assert done.returncode == 0, done.stderr
     assert plan["selection"] == "--num-nodes 2 --num-gpus 2"
-    assert [(n["host"], n["slots"], n["env"]["CUDA_VISIBLE_DEVICES"]) for n in plan["nodes"]] \
-        == [("worker-0", "0,1", "0,1"), ("worker-1", "0,1", "0,1")]
+    assert [(n["host"], n["slots"], n["env"]["CUDA_VISIBLE_DEVICES"]) for n in plan["nodes"]] == [
+        ("worker-0", "0,1", "0,1"),
+        ("worker-1", "0,1", "0,1"),
+    ]
     assert plan["world_size"] == 4
 
 
@@ -121,13 +127,16 @@ def test_bind_cores_to_rank_spelling_renders_the_start_time_sets(place: Path) ->
     assert subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    (("--include", "worker-0", "--exclude", "worker-1"), "--include and --exclude together"),
-    (("--include", "worker-7"), "--include 'worker-7': host 'worker-7' is not in hosts.txt"),
-    (("--exclude", "worker-1:4"), "--exclude 'worker-1:4': host worker-1 has no slot 4"),
-    (("--num-nodes", "5"), "--num-nodes 5: hosts.txt lists only 3 host(s)"),
-    (("--backend", "slurm", "--num-gpus", "2"), None),  # allowed: a node list
-])
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("--include", "worker-0", "--exclude", "worker-1"), "--include and --exclude together"),
+        (("--include", "worker-7"), "--include 'worker-7': host 'worker-7' is not in hosts.txt"),
+        (("--exclude", "worker-1:4"), "--exclude 'worker-1:4': host worker-1 has no slot 4"),
+        (("--num-nodes", "5"), "--num-nodes 5: hosts.txt lists only 3 host(s)"),
+        (("--backend", "slurm", "--num-gpus", "2"), None),  # allowed: a node list
+    ],
+)
 def test_bad_selection_exits_2_in_one_line(place: Path, args, message) -> None:
     done = orchestrator("render", "hosts.txt", "-o", "out", *args, cwd=place)
     if message is None:
@@ -141,22 +150,32 @@ def test_bad_selection_exits_2_in_one_line(place: Path, args, message) -> None:
 
 
 def test_selection_without_hostfile_under_slurm_is_refused(place: Path) -> None:
-    done = orchestrator("render", "--backend", "slurm", "--nodes", "2", "-o", "out",
-                        "--num-gpus", "2", cwd=place)
+    done = orchestrator(
+        "render", "--backend", "slurm", "--nodes", "2", "-o", "out", "--num-gpus", "2", cwd=place
+    )
     assert done.returncode == 2
     assert "--num-gpus chooses hosts out of a hostfile: give HOSTFILE" in done.stderr
 
 
 def test_help_names_each_flag_and_what_it_mirrors() -> None:
     for command in ("launch", "render"):
-        text = subprocess.run([*CLI, command, "--help"], capture_output=True, text=True,
-                              check=True).stdout
+        text = subprocess.run(
+            [*CLI, command, "--help"], capture_output=True, text=True, check=True
+        ).stdout
         flat = " ".join(text.split())
-        for words in ("--include", "DeepSpeed's --include", "DeepSpeed's --exclude",
-                      "--num-nodes, --num_nodes", "DeepSpeed's --num_nodes",
-                      "--num-gpus, --num_gpus", "DeepSpeed's --num_gpus",
-                      "--bind-cores, --bind_cores_to_rank", "DeepSpeed's --bind_cores_to_rank",
-                      "--no-env-file", ".deepspeed_env"):
+        for words in (
+            "--include",
+            "DeepSpeed's --include",
+            "DeepSpeed's --exclude",
+            "--num-nodes, --num_nodes",
+            "DeepSpeed's --num_nodes",
+            "--num-gpus, --num_gpus",
+            "DeepSpeed's --num_gpus",
+            "--bind-cores, --bind_cores_to_rank",
+            "DeepSpeed's --bind_cores_to_rank",
+            "--no-env-file",
+            ".deepspeed_env",
+        ):
             assert words in flat, (command, words)
     check = subprocess.run([*CLI, "check", "--help"], capture_output=True, text=True).stdout
     assert "--include" in check and "--num_gpus" in check
@@ -165,13 +184,17 @@ def test_help_names_each_flag_and_what_it_mirrors() -> None:
 NOT_SENT = "CUDA_VISIBLE_DEVICES=0 names this machine's GPUs and is not set on the nodes"
 
 
-@pytest.mark.parametrize(("args", "on_nodes"), [
-    ((), None),  # the node's own GPUs, all of them
-    (("--include", "worker-1:2"), "2"),  # DeepSpeed's way to choose them
-    (("--env", "CUDA_VISIBLE_DEVICES=3"), "3"),  # one value for every node, said explicitly
-])
-def test_the_controllers_cuda_visible_devices_stays_here(place: Path, monkeypatch, args,
-                                                          on_nodes: str | None) -> None:
+@pytest.mark.parametrize(
+    ("args", "on_nodes"),
+    [
+        ((), None),  # the node's own GPUs, all of them
+        (("--include", "worker-1:2"), "2"),  # DeepSpeed's way to choose them
+        (("--env", "CUDA_VISIBLE_DEVICES=3"), "3"),  # one value for every node, said explicitly
+    ],
+)
+def test_the_controllers_cuda_visible_devices_stays_here(
+    place: Path, monkeypatch, args, on_nodes: str | None
+) -> None:
     # Launching from inside a SLURM allocation (or any shell holding one GPU) must not pin
     # every node to that GPU's index: it names this machine's devices, not theirs.
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")

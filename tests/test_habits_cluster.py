@@ -42,9 +42,24 @@ def workdir(tmp_path: Path) -> Path:
 
 def launch(cluster, workdir: Path, run_id: str, *args: str, environ: dict | None = None):
     hostfile = cluster.write_hostfile(workdir / "hosts.txt", slots=4)
-    done = run_cli(["launch", str(hostfile), "--run-dir", str(workdir / "runs"), "--run-id",
-                    run_id, "--color", "never", *args, "--", "report.py"],
-                   cwd=workdir, env=environ or cluster.environ(), timeout=300)
+    done = run_cli(
+        [
+            "launch",
+            str(hostfile),
+            "--run-dir",
+            str(workdir / "runs"),
+            "--run-id",
+            run_id,
+            "--color",
+            "never",
+            *args,
+            "--",
+            "report.py",
+        ],
+        cwd=workdir,
+        env=environ or cluster.environ(),
+        timeout=300,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert_nothing_left(run_id)
     reports = {}
@@ -53,9 +68,15 @@ def launch(cluster, workdir: Path, run_id: str, *args: str, environ: dict | None
         if match:
             rank, local, address, cvd, site, digest, cpus = match.group(3).split()
             assert rank == match.group(2)
-            reports[int(rank)] = {"node": match.group(1), "local": int(local),
-                                  "address": address, "cvd": cvd, "site": site,
-                                  "digest": digest, "cpus": set(map(int, cpus.split(",")))}
+            reports[int(rank)] = {
+                "node": match.group(1),
+                "local": int(local),
+                "address": address,
+                "cvd": cvd,
+                "site": site,
+                "digest": digest,
+                "cpus": set(map(int, cpus.split(","))),
+            }
     return done, reports
 
 
@@ -78,8 +99,14 @@ def assert_disjoint_per_node(reports: dict) -> None:
 def test_include_with_deepspeed_env_and_probed_core_binding(cluster, workdir: Path) -> None:
     n0, n1, n2 = cluster.nodes
     (workdir / ".deepspeed_env").write_text(f"DS_SITE=rack7\nHF_TOKEN={SECRET}\n")
-    done, reports = launch(cluster, workdir, "habits-include", "--include",
-                           f"{n0.name}:1,3@{n2.name}:0,2", "--bind-cores")
+    done, reports = launch(
+        cluster,
+        workdir,
+        "habits-include",
+        "--include",
+        f"{n0.name}:1,3@{n2.name}:0,2",
+        "--bind-cores",
+    )
     assert by_node(reports) == [(n0.address, "1,3", [0, 1]), (n2.address, "0,2", [0, 1])]
     assert sorted(reports) == [0, 1, 2, 3]
     assert "env file" in done.stderr and ".deepspeed_env" in done.stderr
@@ -99,9 +126,16 @@ def test_include_with_deepspeed_env_and_probed_core_binding(cluster, workdir: Pa
 
 def test_exclude_with_core_sets_computed_by_the_script(cluster, workdir: Path) -> None:
     n0, n1, n2 = cluster.nodes
-    done, reports = launch(cluster, workdir, "habits-exclude", "--exclude",
-                           f"{n0.name}@{n1.name}:0,1@{n2.name}:1,2,3", "--bind_cores_to_rank",
-                           "--no-preflight", "--no-env-file")
+    done, reports = launch(
+        cluster,
+        workdir,
+        "habits-exclude",
+        "--exclude",
+        f"{n0.name}@{n1.name}:0,1@{n2.name}:1,2,3",
+        "--bind_cores_to_rank",
+        "--no-preflight",
+        "--no-env-file",
+    )
     assert by_node(reports) == [(n1.address, "2,3", [0, 1]), (n2.address, "0", [0])]
     assert all(r["site"] == "-" for r in reports.values())
     assert_disjoint_per_node(reports)
@@ -111,22 +145,33 @@ def test_exclude_with_core_sets_computed_by_the_script(cluster, workdir: Path) -
 def test_num_nodes_takes_the_first_hosts_with_all_their_slots(cluster, workdir: Path) -> None:
     n0, n1, _ = cluster.nodes
     _, reports = launch(cluster, workdir, "habits-nodes", "--num_nodes", "2")
-    assert by_node(reports) == [(n0.address, "0,1,2,3", [0, 1, 2, 3]),
-                                (n1.address, "0,1,2,3", [0, 1, 2, 3])]
+    assert by_node(reports) == [
+        (n0.address, "0,1,2,3", [0, 1, 2, 3]),
+        (n1.address, "0,1,2,3", [0, 1, 2, 3]),
+    ]
 
 
 @pytest.mark.slurm
-def test_slurm_selection_is_a_node_list_with_each_nodes_ids(slurm_cluster,
-                                                            workdir: Path) -> None:
+def test_slurm_selection_is_a_node_list_with_each_nodes_ids(slurm_cluster, workdir: Path) -> None:
     """Under SLURM the chosen hosts become --nodelist, and each node (SLURM orders them its
     own way) sets its own slot ids; --bind-cores is computed on each node."""
     n0, n1, n2 = slurm_cluster.cluster.nodes
-    done, reports = launch(slurm_cluster.cluster, workdir, "habits-slurm", "--backend",
-                           "slurm", "--partition", "debug", "--exclude",
-                           f"{n0.name}@{n1.name}:0,1@{n2.name}:0,3", "--bind-cores",
-                           environ=slurm_cluster.environ())
-    assert sorted(by_node(reports)) == sorted([(n1.address, "2,3", [0, 1]),
-                                               (n2.address, "1,2", [0, 1])])
+    done, reports = launch(
+        slurm_cluster.cluster,
+        workdir,
+        "habits-slurm",
+        "--backend",
+        "slurm",
+        "--partition",
+        "debug",
+        "--exclude",
+        f"{n0.name}@{n1.name}:0,1@{n2.name}:0,3",
+        "--bind-cores",
+        environ=slurm_cluster.environ(),
+    )
+    assert sorted(by_node(reports)) == sorted(
+        [(n1.address, "2,3", [0, 1]), (n2.address, "1,2", [0, 1])]
+    )
     assert_disjoint_per_node(reports)
     sbatch = (workdir / "runs" / "habits-slurm" / "job.sbatch").read_text()
     assert f"#SBATCH --nodelist={n1.name},{n2.name}" in sbatch

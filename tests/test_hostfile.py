@@ -23,8 +23,7 @@ from orchestrator.hostfile import (
     parse_hostfile,
 )
 
-FAST = settings(max_examples=200, deadline=None,
-                suppress_health_check=[HealthCheck.too_slow])
+FAST = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 ROUND_TRIP = settings(FAST, max_examples=60)
 
 
@@ -57,16 +56,21 @@ def test_deepspeed_mpich_bare_and_user_forms() -> None:
         Host("node1", slots=8, max_slots=16, source="hosts.txt:2"),
         Host("node2", slots=4, source="hosts.txt:3"),
         Host("node3", source="hosts.txt:5"),
-        Host("node4", user="alice", port=2222, ifname="eth1", python="/opt/py/bin/python",
-             source="hosts.txt:6"),
+        Host(
+            "node4",
+            user="alice",
+            port=2222,
+            ifname="eth1",
+            python="/opt/py/bin/python",
+            source="hosts.txt:6",
+        ),
         Host("node5", max_slots=2, user="bob", source="hosts.txt:7"),
     )
 
 
 def test_ranges_keep_zero_padding_and_share_fields() -> None:
     cluster = parse_hostfile("gpu[01-03,07] slots=8\ncpu[8-11]:2\n", "h")
-    assert names(cluster) == ["gpu01", "gpu02", "gpu03", "gpu07", "cpu8", "cpu9", "cpu10",
-                              "cpu11"]
+    assert names(cluster) == ["gpu01", "gpu02", "gpu03", "gpu07", "cpu8", "cpu9", "cpu10", "cpu11"]
     assert {h.slots for h in cluster.hosts} == {8, 2}
     assert cluster.hosts[0].source == "h:1" and cluster.hosts[-1].source == "h:2"
 
@@ -101,11 +105,15 @@ def test_yaml_list_of_mappings_and_scalars() -> None:
 
 
 def test_yaml_defaults_apply_and_entries_win() -> None:
-    text = ("defaults:\n  slots: 2\n  python: /opt/venv/bin/python\n"
-            "hosts:\n  - host: a\n  - host: b\n    slots: 8\n")
+    text = (
+        "defaults:\n  slots: 2\n  python: /opt/venv/bin/python\n"
+        "hosts:\n  - host: a\n  - host: b\n    slots: 8\n"
+    )
     cluster = parse_hostfile(text, "cluster.yml")
     assert [(h.name, h.slots, h.python) for h in cluster.hosts] == [
-        ("a", 2, "/opt/venv/bin/python"), ("b", 8, "/opt/venv/bin/python")]
+        ("a", 2, "/opt/venv/bin/python"),
+        ("b", 8, "/opt/venv/bin/python"),
+    ]
 
 
 def test_yaml_detected_by_content_without_suffix() -> None:
@@ -113,21 +121,27 @@ def test_yaml_detected_by_content_without_suffix() -> None:
     assert names(parse_hostfile("hosts:\n  - a\n", "hosts")) == ["a"]
 
 
-@pytest.mark.parametrize(("text", "line", "words"), [
-    ("- host: a\n  slotz: 2\n", 2,
-     ["unknown key 'slotz'", "host, slots, max_slots, user, port, ifname, python"]),
-    ("hosts:\n  - a\nextra: 1\n", 3, ["unknown top-level key 'extra'", "defaults, hosts"]),
-    ("defaults:\n  host: a\nhosts: [b]\n", 2, ["unknown key 'host'"]),
-    ("- host: a\n  slots: [1, 2]\n", 2, ["slots must be a single value"]),
-    ("- host: a\n  slots: ~\n", 2, ["slots must be a single value"]),
-    ("- slots: 2\n", 1, ["no 'host' field"]),
-    ("- host: a\n  host: b\n", 2, ["host given twice"]),
-    ("- host: a\n  slots: 0\n", 1, ["slots must be a positive integer"]),
-    ("- host: 'a b'\n", 1, ["not a valid host name", "' '"]),
-    ("- host: a\n- host: [x\n", 3, ["invalid YAML"]),
-    ("defaults: {slots: 1}\n", 1, ["missing 'hosts:'"]),
-    ("hosts: node1\n", 1, ["expected a list of hosts"]),
-])
+@pytest.mark.parametrize(
+    ("text", "line", "words"),
+    [
+        (
+            "- host: a\n  slotz: 2\n",
+            2,
+            ["unknown key 'slotz'", "host, slots, max_slots, user, port, ifname, python"],
+        ),
+        ("hosts:\n  - a\nextra: 1\n", 3, ["unknown top-level key 'extra'", "defaults, hosts"]),
+        ("defaults:\n  host: a\nhosts: [b]\n", 2, ["unknown key 'host'"]),
+        ("- host: a\n  slots: [1, 2]\n", 2, ["slots must be a single value"]),
+        ("- host: a\n  slots: ~\n", 2, ["slots must be a single value"]),
+        ("- slots: 2\n", 1, ["no 'host' field"]),
+        ("- host: a\n  host: b\n", 2, ["host given twice"]),
+        ("- host: a\n  slots: 0\n", 1, ["slots must be a positive integer"]),
+        ("- host: 'a b'\n", 1, ["not a valid host name", "' '"]),
+        ("- host: a\n- host: [x\n", 3, ["invalid YAML"]),
+        ("defaults: {slots: 1}\n", 1, ["missing 'hosts:'"]),
+        ("hosts: node1\n", 1, ["expected a list of hosts"]),
+    ],
+)
 def test_yaml_errors_name_the_line(text: str, line: int, words: list[str]) -> None:
     error = parse_error(text, "c.yaml")
     assert str(error).startswith(f"c.yaml:{line}: "), str(error)
@@ -148,36 +162,42 @@ def test_yaml_multi_document_is_refused() -> None:
 # --- text errors -------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("text", "line", "words"), [
-    ("a slots=2\nb slots x\n", 2, ["expected key=value, got 'slots'", "valid keys: ifname"]),
-    ("a\nb colour=red\n", 2, ["unknown key 'colour'",
-                              "ifname, max_slots, port, python, slots, user"]),
-    ("a slots=0\n", 1, ["slots must be a positive integer, got 0"]),
-    ("a slots=-3\n", 1, ["slots must be a positive integer, got -3"]),
-    ("a:0\n", 1, ["slots must be a positive integer"]),
-    ("a:\n", 1, ["slots must be a positive integer"]),
-    ("a slots=two\n", 1, ["slots must be a positive integer, got 'two'"]),
-    ("a slots=4 max_slots=2\n", 1, ["max_slots=2 is smaller than slots=4"]),
-    ("a slots=1 slots=2\n", 1, ["slots given twice"]),
-    ("a port=0\n", 1, ["port must be a number from 1 to 65535"]),
-    ("a port=65536\n", 1, ["port must be a number from 1 to 65535"]),
-    ("slots=2\n", 1, ["must start with the host name"]),
-    ("a;rm\n", 1, ["not a valid host name", "';'"]),
-    ("a$(reboot)\n", 1, ["not a valid host name", "'$'"]),
-    ("`x`\n", 1, ["not a valid host name"]),
-    ("bad'quote\n", 1, ["not a valid host name"]),
-    ("b!b@a\n", 1, ["not a valid user name"]),
-    ("a ifname=eth0;x\n", 1, ["not a valid interface name"]),
-    ("a:b:c\n", 1, ["neither host:N nor an IPv6 address"]),
-    ("[fd00::1]x\n", 1, ["unexpected 'x'"]),
-    ("node[1-3\n", 1, ["unbalanced brackets"]),
-    ("node1-3]\n", 1, ["unbalanced brackets"]),
-    ("node[3-1]\n", 1, ["counts down"]),
-    ("node[a-c]\n", 1, ["bad range"]),
-    ("node[]\n", 1, ["bad range"]),
-    ("node[0-100000]\n", 1, ["expands to more than"]),
-    ("@a\n", 1, ["not a valid user name"]),
-])
+@pytest.mark.parametrize(
+    ("text", "line", "words"),
+    [
+        ("a slots=2\nb slots x\n", 2, ["expected key=value, got 'slots'", "valid keys: ifname"]),
+        (
+            "a\nb colour=red\n",
+            2,
+            ["unknown key 'colour'", "ifname, max_slots, port, python, slots, user"],
+        ),
+        ("a slots=0\n", 1, ["slots must be a positive integer, got 0"]),
+        ("a slots=-3\n", 1, ["slots must be a positive integer, got -3"]),
+        ("a:0\n", 1, ["slots must be a positive integer"]),
+        ("a:\n", 1, ["slots must be a positive integer"]),
+        ("a slots=two\n", 1, ["slots must be a positive integer, got 'two'"]),
+        ("a slots=4 max_slots=2\n", 1, ["max_slots=2 is smaller than slots=4"]),
+        ("a slots=1 slots=2\n", 1, ["slots given twice"]),
+        ("a port=0\n", 1, ["port must be a number from 1 to 65535"]),
+        ("a port=65536\n", 1, ["port must be a number from 1 to 65535"]),
+        ("slots=2\n", 1, ["must start with the host name"]),
+        ("a;rm\n", 1, ["not a valid host name", "';'"]),
+        ("a$(reboot)\n", 1, ["not a valid host name", "'$'"]),
+        ("`x`\n", 1, ["not a valid host name"]),
+        ("bad'quote\n", 1, ["not a valid host name"]),
+        ("b!b@a\n", 1, ["not a valid user name"]),
+        ("a ifname=eth0;x\n", 1, ["not a valid interface name"]),
+        ("a:b:c\n", 1, ["neither host:N nor an IPv6 address"]),
+        ("[fd00::1]x\n", 1, ["unexpected 'x'"]),
+        ("node[1-3\n", 1, ["unbalanced brackets"]),
+        ("node1-3]\n", 1, ["unbalanced brackets"]),
+        ("node[3-1]\n", 1, ["counts down"]),
+        ("node[a-c]\n", 1, ["bad range"]),
+        ("node[]\n", 1, ["bad range"]),
+        ("node[0-100000]\n", 1, ["expands to more than"]),
+        ("@a\n", 1, ["not a valid user name"]),
+    ],
+)
 def test_text_errors_name_the_line(text: str, line: int, words: list[str]) -> None:
     error = parse_error(text, "hosts.txt")
     assert str(error).startswith(f"hosts.txt:{line}: "), str(error)
@@ -187,32 +207,41 @@ def test_text_errors_name_the_line(text: str, line: int, words: list[str]) -> No
     assert "{" not in str(error).split(": ", 1)[0]  # no unformatted placeholder
 
 
-@pytest.mark.parametrize("text", [
-    "node[²-3]\n",  # int() refuses '²' although str.isdigit() accepts it
-    "a port=²\n",
-    "a slots=٣\n",  # Arabic-indic digit: ASCII digits only
-    "- host: a\n  port: '¹'\n",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "node[²-3]\n",  # int() refuses '²' although str.isdigit() accepts it
+        "a port=²\n",
+        "a slots=٣\n",  # Arabic-indic digit: ASCII digits only
+        "- host: a\n  port: '¹'\n",
+    ],
+)
 def test_non_ascii_digits_are_refused(text: str) -> None:
     parse_error(text, "h.yaml" if text.startswith("-") else "h")
 
 
-@pytest.mark.parametrize(("text", "what"), [
-    ('- host: "node1\\n"\n', "host name"),  # a `$` in the pattern allowed a final newline
-    ('- host: a\n  user: "bob\\n"\n', "user name"),
-    ('- host: a\n  ifname: "eth0\\n"\n', "interface name"),
-])
+@pytest.mark.parametrize(
+    ("text", "what"),
+    [
+        ('- host: "node1\\n"\n', "host name"),  # a `$` in the pattern allowed a final newline
+        ('- host: a\n  user: "bob\\n"\n', "user name"),
+        ('- host: a\n  ifname: "eth0\\n"\n', "interface name"),
+    ],
+)
 def test_trailing_newline_in_a_name_is_refused(text: str, what: str) -> None:
     assert f"not a valid {what}" in str(parse_error(text, "h.yaml"))
 
 
-@pytest.mark.parametrize(("text", "line"), [
-    ("a\nb\na\n", 3),
-    ("a slots=1\n\n# x\na:2\n", 4),
-    ("localhost\n127.0.0.1\n", 2),  # the same machine twice
-    ("n[1-2]\nn2\n", 2),
-    ("n[1,1]\n", 1),
-])
+@pytest.mark.parametrize(
+    ("text", "line"),
+    [
+        ("a\nb\na\n", 3),
+        ("a slots=1\n\n# x\na:2\n", 4),
+        ("localhost\n127.0.0.1\n", 2),  # the same machine twice
+        ("n[1-2]\nn2\n", 2),
+        ("n[1,1]\n", 1),
+    ],
+)
 def test_duplicate_hosts_are_refused(text: str, line: int) -> None:
     error = parse_error(text, "hosts.txt")
     assert str(error).startswith(f"hosts.txt:{line}: duplicate host")
@@ -223,8 +252,9 @@ def test_same_host_on_other_ports_is_two_nodes() -> None:
     assert len(parse_hostfile("a port=22\na port=2222\n").hosts) == 2
 
 
-@pytest.mark.parametrize("text", ["", "\n\n", "   \n", "# only\n  # comments\n",
-                                  "hosts: []\n", "---\n", "[]\n"])
+@pytest.mark.parametrize(
+    "text", ["", "\n\n", "   \n", "# only\n  # comments\n", "hosts: []\n", "---\n", "[]\n"]
+)
 def test_empty_hostfile_is_an_error_never_localhost(text: str) -> None:
     error = parse_error(text, "hosts.yaml" if text.startswith(("h", "-", "[")) else "hosts")
     assert "no hosts" in str(error) and "no fallback to localhost" in str(error)
@@ -268,15 +298,87 @@ def parse_or_source_error(text: str, path: str) -> None:
     assert cluster.hosts and all(isinstance(h, Host) for h in cluster.hosts)
 
 
-FRAGMENTS = st.sampled_from([
-    "node", "n1", "a", "localhost", "127.0.0.1", "::1", "fd00::2", "10.0.0.1", "gpu",
-    " ", "  ", "\t", "\n", "\r\n", "#", ":", "::", "@", "=", "[", "]", "-", ",", "0", "1",
-    "01", "9", "65535", "99999999999999999999", "²", "٣", "slots", "max_slots", "max-slots",
-    "port", "user", "ifname", "python", "slots=", "=2", "- ", "-", "host:", "hosts:",
-    "defaults:", "---", "...", "{", "}", "'", '"', "!!python/object:os.system", "&a", "*a",
-    "<<:", "? ", "|", ">", "~", "null", "\x00", "\x85", "\u2028", "é", "$(x)", ";", "`",
-    "\\", "%", "^", "!", "*", "&", "[1-3]", "[01-10,12]", "[9-1]", "[1-999999]",
-])
+FRAGMENTS = st.sampled_from(
+    [
+        "node",
+        "n1",
+        "a",
+        "localhost",
+        "127.0.0.1",
+        "::1",
+        "fd00::2",
+        "10.0.0.1",
+        "gpu",
+        " ",
+        "  ",
+        "\t",
+        "\n",
+        "\r\n",
+        "#",
+        ":",
+        "::",
+        "@",
+        "=",
+        "[",
+        "]",
+        "-",
+        ",",
+        "0",
+        "1",
+        "01",
+        "9",
+        "65535",
+        "99999999999999999999",
+        "²",
+        "٣",
+        "slots",
+        "max_slots",
+        "max-slots",
+        "port",
+        "user",
+        "ifname",
+        "python",
+        "slots=",
+        "=2",
+        "- ",
+        "-",
+        "host:",
+        "hosts:",
+        "defaults:",
+        "---",
+        "...",
+        "{",
+        "}",
+        "'",
+        '"',
+        "!!python/object:os.system",
+        "&a",
+        "*a",
+        "<<:",
+        "? ",
+        "|",
+        ">",
+        "~",
+        "null",
+        "\x00",
+        "\x85",
+        "\u2028",
+        "é",
+        "$(x)",
+        ";",
+        "`",
+        "\\",
+        "%",
+        "^",
+        "!",
+        "*",
+        "&",
+        "[1-3]",
+        "[01-10,12]",
+        "[9-1]",
+        "[1-999999]",
+    ]
+)
 
 
 @FAST
@@ -289,24 +391,38 @@ def test_any_text_parses_or_raises_source_error(text: str, path: str) -> None:
 
 
 @FAST
-@given(st.lists(FRAGMENTS, max_size=40).map("".join),
-       st.sampled_from(["h", "h.yaml"]))
+@given(st.lists(FRAGMENTS, max_size=40).map("".join), st.sampled_from(["h", "h.yaml"]))
 def test_hostfile_shaped_text_parses_or_raises_source_error(text: str, path: str) -> None:
     parse_or_source_error(text, path)
 
 
 @st.composite
 def yamlish(draw) -> str:
-    value = st.one_of(st.integers(-5, 70000), st.text(max_size=8), st.none(),
-                      st.lists(st.integers(0, 3), max_size=2), FRAGMENTS)
-    entry = st.one_of(value, st.dictionaries(
-        st.sampled_from(["host", "slots", "max_slots", "user", "port", "ifname", "python",
-                         "bogus", "1"]), value, max_size=4))
-    root = st.one_of(st.lists(entry, max_size=4),
-                     st.fixed_dictionaries({"hosts": st.one_of(st.lists(entry, max_size=3),
-                                                               value)},
-                                           optional={"defaults": entry, "x": value}),
-                     value)
+    value = st.one_of(
+        st.integers(-5, 70000),
+        st.text(max_size=8),
+        st.none(),
+        st.lists(st.integers(0, 3), max_size=2),
+        FRAGMENTS,
+    )
+    entry = st.one_of(
+        value,
+        st.dictionaries(
+            st.sampled_from(
+                ["host", "slots", "max_slots", "user", "port", "ifname", "python", "bogus", "1"]
+            ),
+            value,
+            max_size=4,
+        ),
+    )
+    root = st.one_of(
+        st.lists(entry, max_size=4),
+        st.fixed_dictionaries(
+            {"hosts": st.one_of(st.lists(entry, max_size=3), value)},
+            optional={"defaults": entry, "x": value},
+        ),
+        value,
+    )
     return yaml.safe_dump(draw(root))
 
 
@@ -319,12 +435,12 @@ def test_yaml_shaped_documents_parse_or_raise_source_error(text: str, path: str)
 # --- property: round trip ----------------------------------------------------------------
 
 LABEL = st.text(string.ascii_lowercase + string.digits + "-", min_size=1, max_size=10).filter(
-    lambda s: s[0] != "-" and s[-1] != "-")
+    lambda s: s[0] != "-" and s[-1] != "-"
+)
 HOSTNAME = st.one_of(
     st.lists(LABEL, min_size=1, max_size=3).map(".".join),
     st.ip_addresses(v=4).map(str).filter(lambda a: not a.startswith("127.")),
-    st.ip_addresses(v=6).filter(lambda a: not a.is_loopback and a.ipv4_mapped is None).map(
-        str),
+    st.ip_addresses(v=6).filter(lambda a: not a.is_loopback and a.ipv4_mapped is None).map(str),
 )
 WORD = string.ascii_letters + string.digits + "_"
 
@@ -340,16 +456,26 @@ PYTHON = word("/", WORD + "/.-", 20)
 
 @st.composite
 def host_entries(draw) -> list[Host]:
-    hosts = draw(st.lists(HOSTNAME.filter(lambda n: not Host(n).is_local), min_size=1,
-                          max_size=6, unique=True))
+    hosts = draw(
+        st.lists(
+            HOSTNAME.filter(lambda n: not Host(n).is_local), min_size=1, max_size=6, unique=True
+        )
+    )
     result = []
     for name in hosts:
         slots = draw(st.none() | st.integers(1, 64))
         max_slots = draw(st.none() | st.integers(slots or 1, 128))
-        result.append(Host(
-            name=name, slots=slots, max_slots=max_slots, user=draw(st.none() | USER),
-            port=draw(st.none() | st.integers(1, 65535)), ifname=draw(st.none() | IFNAME),
-            python=draw(st.none() | PYTHON)))
+        result.append(
+            Host(
+                name=name,
+                slots=slots,
+                max_slots=max_slots,
+                user=draw(st.none() | USER),
+                port=draw(st.none() | st.integers(1, 65535)),
+                ifname=draw(st.none() | IFNAME),
+                python=draw(st.none() | PYTHON),
+            )
+        )
     return result
 
 
@@ -366,8 +492,8 @@ def text_line(host: Host, mpich: bool) -> str:
     if host.slots is not None:
         if mpich:
             target = (f"{host.user}@" if host.user else "") + (
-                f"[{host.name}]:{host.slots}" if is_v6(host.name) else
-                f"{host.name}:{host.slots}")
+                f"[{host.name}]:{host.slots}" if is_v6(host.name) else f"{host.name}:{host.slots}"
+            )
         else:
             fields.append(f"slots={host.slots}")
     for key in ("max_slots", "port", "ifname", "python"):
@@ -377,8 +503,11 @@ def text_line(host: Host, mpich: bool) -> str:
 
 
 def yaml_entry(host: Host) -> dict:
-    return {k: getattr(host, k) for k in ("slots", "max_slots", "user", "port", "ifname",
-                                          "python") if getattr(host, k) is not None}
+    return {
+        k: getattr(host, k)
+        for k in ("slots", "max_slots", "user", "port", "ifname", "python")
+        if getattr(host, k) is not None
+    }
 
 
 def fields_of(cluster_or_hosts) -> list[tuple]:
@@ -387,8 +516,11 @@ def fields_of(cluster_or_hosts) -> list[tuple]:
 
 
 @ROUND_TRIP
-@given(host_entries(), st.sampled_from(["deepspeed", "mpich", "yaml-list", "yaml-hosts"]),
-       st.booleans())
+@given(
+    host_entries(),
+    st.sampled_from(["deepspeed", "mpich", "yaml-list", "yaml-hosts"]),
+    st.booleans(),
+)
 def test_round_trip_through_every_format(hosts: list[Host], form: str, comments: bool) -> None:
     if form in ("deepspeed", "mpich"):
         lines = [text_line(h, mpich=form == "mpich") for h in hosts]

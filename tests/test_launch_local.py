@@ -71,16 +71,30 @@ def write(tmp_path: Path, name: str, text: str) -> Path:
 
 
 def launch(tmp_path: Path, run_id: str, *args: str, timeout: float = 240):
-    return run_cli(["launch", LOCAL, "--run-dir", str(tmp_path / "runs"), "--run-id", run_id,
-                    "--color", "never", *args], cwd=tmp_path, timeout=timeout)
+    return run_cli(
+        [
+            "launch",
+            LOCAL,
+            "--run-dir",
+            str(tmp_path / "runs"),
+            "--run-id",
+            run_id,
+            "--color",
+            "never",
+            *args,
+        ],
+        cwd=tmp_path,
+        timeout=timeout,
+    )
 
 
 def test_bundled_trainer_trains_and_the_run_is_recorded(tmp_path: Path) -> None:
     done = launch(tmp_path, "demo")
     assert done.returncode == 0, done.stdout + done.stderr
     out = done.stdout
-    losses = [float(x) for x in re.findall(r"^\[localhost r0\] step \d+/\d+ .*loss ([\d.]+)",
-                                           out, re.M)]
+    losses = [
+        float(x) for x in re.findall(r"^\[localhost r0\] step \d+/\d+ .*loss ([\d.]+)", out, re.M)
+    ]
     assert len(losses) >= 3, out
     assert losses[-1] < losses[0] / 2, f"loss did not fall: {losses}"
     assert re.search(r"^\[localhost r0\] .*samples/s \d+", out, re.M)
@@ -97,7 +111,9 @@ def test_bundled_trainer_trains_and_the_run_is_recorded(tmp_path: Path) -> None:
     assert status["started_at"] and status["ended_at"]
     assert [n["exit_code"] for n in status["nodes"]] == [0]
     assert [(r["rank"], r["exit_code"], r["state"]) for r in status["ranks"]] == [
-        (0, 0, "succeeded"), (1, 0, "succeeded")]
+        (0, 0, "succeeded"),
+        (1, 0, "succeeded"),
+    ]
     assert all(r["ended_at"] for r in status["ranks"])
     rank0 = (record / "logs" / "rank-0.log").read_text()
     assert re.search(r"^done: ", rank0, re.M), "per-rank log holds the rank's own lines"
@@ -111,8 +127,12 @@ def test_user_script_with_arguments_runs_under_torchrun(tmp_path: Path) -> None:
     done = launch(tmp_path, "user", "--", "train.py", "--lr", "0.1")
     assert done.returncode == 0, done.stdout + done.stderr
     for rank in (0, 1):
-        assert re.search(rf"^\[localhost r{rank}\] rank {rank} of 2: sum 3 \(expected 3\) "
-                         r"args \['--lr', '0.1'\]$", done.stdout, re.M), done.stdout
+        assert re.search(
+            rf"^\[localhost r{rank}\] rank {rank} of 2: sum 3 \(expected 3\) "
+            r"args \['--lr', '0.1'\]$",
+            done.stdout,
+            re.M,
+        ), done.stdout
         assert f"[localhost r{rank}] rank {rank} to stderr" in done.stdout
         own = (tmp_path / "runs" / "user" / "logs" / f"rank-{rank}.log").read_text()
         assert f"rank {rank} of 2: sum 3" in own and f"rank {1 - rank} of" not in own
@@ -124,9 +144,10 @@ def test_failing_rank_is_named_with_its_code_and_last_lines(tmp_path: Path) -> N
     done = launch(tmp_path, "fails", "--grace", "3", "--", "fail.py")
     assert done.returncode == 3, done.stdout + done.stderr
     assert time.monotonic() - started < 50, "rank 0 must be stopped, not waited for"
-    assert re.search(r"job failed: rank 1 \(local rank 1\) on localhost ended with exit code 3",
-                     done.stdout), done.stdout
-    summary = done.stdout[done.stdout.index("job failed"):]
+    assert re.search(
+        r"job failed: rank 1 \(local rank 1\) on localhost ended with exit code 3", done.stdout
+    ), done.stdout
+    summary = done.stdout[done.stdout.index("job failed") :]
     assert "rank 1 is about to fail" in summary
     status = status_of(tmp_path / "runs", "fails")
     assert status["state"] == "failed" and status["exit_code"] == 3
@@ -146,8 +167,8 @@ def test_rank_lines_are_never_spliced_and_none_is_lost(tmp_path: Path) -> None:
     for rank in (0, 1):
         check_lines((logs / f"rank-{rank}.log").read_text().splitlines(), rank, lines)
         prefix = f"[localhost r{rank}] "
-        check_lines([x[len(prefix):] for x in combined if x.startswith(prefix)], rank, lines)
-        console = [x[len(prefix):] for x in done.stdout.splitlines() if x.startswith(prefix)]
+        check_lines([x[len(prefix) :] for x in combined if x.startswith(prefix)], rank, lines)
+        console = [x[len(prefix) :] for x in done.stdout.splitlines() if x.startswith(prefix)]
         check_lines(console, rank, lines)
 
 
@@ -161,8 +182,10 @@ def test_logs_command_reads_the_run_record(tmp_path: Path) -> None:
     one = run_cli(["logs", "logged", "--rank", "1", *runs])
     assert one.stdout == (logs / "rank-1.log").read_text()
     grep = run_cli(["logs", "logged", "--grep", "to stderr", *runs])
-    assert sorted(grep.stdout.splitlines()) == ["[localhost r0] rank 0 to stderr",
-                                                "[localhost r1] rank 1 to stderr"]
+    assert sorted(grep.stdout.splitlines()) == [
+        "[localhost r0] rank 0 to stderr",
+        "[localhost r1] rank 1 to stderr",
+    ]
     tail = run_cli(["logs", "logged", "--tail", "1", *runs])
     assert tail.stdout.splitlines() == whole.stdout.splitlines()[-1:]
     bad = run_cli(["logs", "logged", "--rank", "7", *runs])
@@ -202,8 +225,21 @@ def test_detached_run_can_be_followed_inspected_and_stopped(tmp_path: Path) -> N
 def test_interrupt_stops_every_rank(tmp_path: Path, signum: int) -> None:
     write(tmp_path, "sleeper.py", SLEEPER)
     run_id = f"int{int(signum)}"
-    proc = start_cli(["launch", LOCAL, "--run-dir", str(tmp_path / "runs"), "--run-id", run_id,
-                      "--color", "never", "--", "sleeper.py"], cwd=tmp_path)
+    proc = start_cli(
+        [
+            "launch",
+            LOCAL,
+            "--run-dir",
+            str(tmp_path / "runs"),
+            "--run-id",
+            run_id,
+            "--color",
+            "never",
+            "--",
+            "sleeper.py",
+        ],
+        cwd=tmp_path,
+    )
     wait_for_line(tmp_path / "runs" / run_id / "logs" / "rank-1.log", "rank 1 ready", 60)
     proc.send_signal(signum)
     out, _ = proc.communicate(timeout=30)
@@ -215,9 +251,25 @@ def test_interrupt_stops_every_rank(tmp_path: Path, signum: int) -> None:
 
 def test_rank_ignoring_sigterm_is_killed_after_the_grace(tmp_path: Path) -> None:
     write(tmp_path, "sleeper.py", SLEEPER)
-    proc = start_cli(["launch", LOCAL, "--run-dir", str(tmp_path / "runs"), "--run-id", "stub",
-                      "--color", "never", "--grace", "2", "--env", "IGNORE_TERM=1", "--",
-                      "sleeper.py"], cwd=tmp_path)
+    proc = start_cli(
+        [
+            "launch",
+            LOCAL,
+            "--run-dir",
+            str(tmp_path / "runs"),
+            "--run-id",
+            "stub",
+            "--color",
+            "never",
+            "--grace",
+            "2",
+            "--env",
+            "IGNORE_TERM=1",
+            "--",
+            "sleeper.py",
+        ],
+        cwd=tmp_path,
+    )
     wait_for_line(tmp_path / "runs" / "stub" / "logs" / "rank-1.log", "rank 1 ready", 60)
     sent = time.monotonic()
     proc.send_signal(signal.SIGINT)
@@ -235,8 +287,9 @@ def test_rank_ignoring_sigterm_is_killed_after_the_grace(tmp_path: Path) -> None
 def test_render_writes_scripts_that_run_by_hand(tmp_path: Path) -> None:
     write(tmp_path, "train.py", ALLREDUCE)
     out_dir = tmp_path / "rendered"
-    done = run_cli(["render", LOCAL, "-o", str(out_dir), "--run-id", "byhand", "--", "train.py"],
-                   cwd=tmp_path)
+    done = run_cli(
+        ["render", LOCAL, "-o", str(out_dir), "--run-id", "byhand", "--", "train.py"], cwd=tmp_path
+    )
     assert done.returncode == 0, done.stderr
     assert sorted(p.name for p in out_dir.iterdir()) == ["node0.sh", "plan.yaml"]
     script = out_dir / "node0.sh"

@@ -18,11 +18,22 @@ MAX_LINES = 400
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("orchestrator", "orchestrator.errors"),
     # shipped to the nodes as source, or pure data
-    ("orchestrator.agent", "orchestrator.route", "orchestrator.cores", "orchestrator.hostfile",
-     "orchestrator.spec", "orchestrator.selection"),
+    (
+        "orchestrator.agent",
+        "orchestrator.route",
+        "orchestrator.cores",
+        "orchestrator.hostfile",
+        "orchestrator.spec",
+        "orchestrator.selection",
+    ),
     ("orchestrator.plan", "orchestrator.render"),
-    ("orchestrator.backends", "orchestrator.nodes", "orchestrator.logs", "orchestrator.runs",
-     "orchestrator.detach"),
+    (
+        "orchestrator.backends",
+        "orchestrator.nodes",
+        "orchestrator.logs",
+        "orchestrator.runs",
+        "orchestrator.detach",
+    ),
     ("orchestrator.execute", "orchestrator.supervise", "orchestrator.probe"),
     ("orchestrator.launcher",),
     ("orchestrator.slurm", "orchestrator.check", "orchestrator.control"),
@@ -31,8 +42,12 @@ LAYERS: tuple[tuple[str, ...], ...] = (
 # The trainer stands alone: what ranks run imports nothing of the controller.
 TRAINER = "orchestrator.trainer"
 # Run on the nodes by an interpreter that may have nothing but the standard library.
-NODE_SIDE = ("orchestrator.agent", "orchestrator.route", "orchestrator.cores",
-             "orchestrator.check.reach")
+NODE_SIDE = (
+    "orchestrator.agent",
+    "orchestrator.route",
+    "orchestrator.cores",
+    "orchestrator.check.reach",
+)
 
 
 def module_name(path: Path) -> str:
@@ -98,7 +113,7 @@ def test_no_import_cycles() -> None:
         state[name] = 1
         for target in sorted(edges[name]):
             if state.get(target) == 1:
-                cycle = path[path.index(target):] + [target]
+                cycle = path[path.index(target) :] + [target]
                 pytest.fail(f"import cycle: {' -> '.join(cycle)}")
             if target not in state:
                 visit(target, [*path, target])
@@ -126,25 +141,32 @@ def test_node_side_code_needs_the_standard_library_alone() -> None:
                 if within(root, own):
                     continue
                 top = root.split(".")[0]
-                assert top in sys.stdlib_module_names or top == "__future__", \
-                    f"{path.relative_to(ROOT)}:{node.lineno} imports {root}: it runs on nodes " \
+                assert top in sys.stdlib_module_names or top == "__future__", (
+                    f"{path.relative_to(ROOT)}:{node.lineno} imports {root}: it runs on nodes "
                     f"that have the standard library alone"
+                )
 
 
 def test_no_module_is_longer_than_a_few_screens() -> None:
-    long = {str(p.relative_to(ROOT)): n for p in MODULES.values()
-            if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES}
+    long = {
+        str(p.relative_to(ROOT)): n
+        for p in MODULES.values()
+        if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES
+    }
     assert not long, f"modules over {MAX_LINES} lines: {long}"
 
 
 def test_a_name_prefix_is_a_folder() -> None:
     """No `check.py` beside `check_run.py`: a shared prefix asks for a folder `check/`."""
     for folder in [PACKAGE, *(p for p in PACKAGE.rglob("*") if p.is_dir())]:
-        names = {p.stem for p in folder.iterdir()
-                 if (p.suffix == ".py" or (p / "__init__.py").exists()) and
-                 not p.stem.startswith("_")}
-        clashes = sorted(f"{a} / {b}" for a in names for b in names
-                         if a != b and b.startswith(a + "_"))
+        names = {
+            p.stem
+            for p in folder.iterdir()
+            if (p.suffix == ".py" or (p / "__init__.py").exists()) and not p.stem.startswith("_")
+        }
+        clashes = sorted(
+            f"{a} / {b}" for a in names for b in names if a != b and b.startswith(a + "_")
+        )
         assert not clashes, f"{folder.relative_to(ROOT)}: prefixed siblings {clashes}"
 
 
@@ -153,15 +175,19 @@ def test_every_package_is_shipped() -> None:
     with open(ROOT / "pyproject.toml", "rb") as file:
         listed = set(tomllib.load(file)["tool"]["setuptools"]["packages"])
     on_disk = {name for name, path in MODULES.items() if path.name == "__init__.py"}
-    assert listed - {"orchestrator.templates"} == on_disk, \
+    assert listed - {"orchestrator.templates"} == on_disk, (
         "pyproject.toml's [tool.setuptools] packages must list every package folder"
+    )
 
 
 def test_no_stdlib_name_is_shadowed() -> None:
     """A module named like a standard one (select.py) shadows it for a script run from its
     folder, and the node-side scripts are run that way."""
-    clash = sorted(str(p.relative_to(ROOT)) for name, p in MODULES.items()
-                   if p.stem in sys.stdlib_module_names and p.stem not in ("__init__", "__main__"))
+    clash = sorted(
+        str(p.relative_to(ROOT))
+        for name, p in MODULES.items()
+        if p.stem in sys.stdlib_module_names and p.stem not in ("__init__", "__main__")
+    )
     assert not clash, f"modules named like standard library ones: {clash}"
 
 

@@ -26,8 +26,14 @@ LINES = st.lists(st.binary(max_size=20).map(lambda b: b.replace(b"\n", b"")), ma
 
 
 def make_sink(tmp_path: Path, console=None, color=False, mask=lambda d: d) -> LogSink:
-    return LogSink(tmp_path / "logs", {0: "a r0", 1: "a r1", 2: "b r2"}, {0: "a", 1: "b"},
-                   console, color, mask=mask)
+    return LogSink(
+        tmp_path / "logs",
+        {0: "a r0", 1: "a r1", 2: "b r2"},
+        {0: "a", 1: "b"},
+        console,
+        color,
+        mask=mask,
+    )
 
 
 def test_files_and_console_carry_attributed_lines(tmp_path) -> None:
@@ -44,8 +50,10 @@ def test_files_and_console_carry_attributed_lines(tmp_path) -> None:
     assert (logs / "rank-2.log").read_bytes() == b"from b\n"
     assert not (logs / "rank-1.log").exists()
     assert (logs / "node-1.log").read_bytes() == b"torchrun says\n"
-    combined = (b"[a r0] hello\n[a r0] world\n[b r2] from b\n[b] torchrun says\n"
-                b"[orchestrator] starting\n[a r0] again\n")
+    combined = (
+        b"[a r0] hello\n[a r0] world\n[b r2] from b\n[b] torchrun says\n"
+        b"[orchestrator] starting\n[a r0] again\n"
+    )
     assert (logs / "combined.log").read_bytes() == combined
     assert console.getvalue() == combined
 
@@ -187,17 +195,25 @@ def test_follow_of_a_missing_file_ends_when_done(tmp_path) -> None:
     assert list(follow(tmp_path / "none.log", lambda: True)) == []
 
 
-@pytest.mark.parametrize(("grep", "node", "kept"), [
-    (None, None, [0, 1, 2, 3, 4]),
-    ("loss", None, [0, 2]),
-    (None, "a", [0, 1, 3]),
-    (None, "ab", [2]),
-    ("loss", "a", [0]),
-    (r"^\[orchestrator\]", None, [4]),
-])
+@pytest.mark.parametrize(
+    ("grep", "node", "kept"),
+    [
+        (None, None, [0, 1, 2, 3, 4]),
+        ("loss", None, [0, 2]),
+        (None, "a", [0, 1, 3]),
+        (None, "ab", [2]),
+        ("loss", "a", [0]),
+        (r"^\[orchestrator\]", None, [4]),
+    ],
+)
 def test_line_filter(grep, node, kept) -> None:
-    lines = [b"[a r0] loss 1\n", b"[a r1] ok\n", b"[ab r2] loss 2\n", b"[a] torchrun\n",
-             b"[orchestrator] run 1 started\n"]
+    lines = [
+        b"[a r0] loss 1\n",
+        b"[a r1] ok\n",
+        b"[ab r2] loss 2\n",
+        b"[a] torchrun\n",
+        b"[orchestrator] run 1 started\n",
+    ]
     keep = line_filter(grep, node)
     assert [i for i, line in enumerate(lines) if keep(line)] == kept
 

@@ -22,8 +22,10 @@ from orchestrator.nodes import FrameParser
 
 PROPERTY = settings(max_examples=60, deadline=None)
 
-FIELD = st.one_of(st.integers(-5, 10**9),
-                  st.builds("{}.{:06d}".format, st.integers(0, 2 * 10**9), st.integers(0, 999999)))
+FIELD = st.one_of(
+    st.integers(-5, 10**9),
+    st.builds("{}.{:06d}".format, st.integers(0, 2 * 10**9), st.integers(0, 999999)),
+)
 
 
 @st.composite
@@ -53,14 +55,26 @@ def test_frame_encoding() -> None:
 
 
 def test_parser_decodes_each_kind() -> None:
-    data = (frame("S", 4242, "1.5") + frame("O", 0, payload=b"line\n")
-            + frame("N", payload=b"torchrun\n") + frame("E", 0, 1, "2.0")
-            + frame("F", 0, payload=b'{"message": "boom"}') + frame("M", payload=b"note\n")
-            + frame("H", "3.0") + frame("X", 1, "4.0"))
+    data = (
+        frame("S", 4242, "1.5")
+        + frame("O", 0, payload=b"line\n")
+        + frame("N", payload=b"torchrun\n")
+        + frame("E", 0, 1, "2.0")
+        + frame("F", 0, payload=b'{"message": "boom"}')
+        + frame("M", payload=b"note\n")
+        + frame("H", "3.0")
+        + frame("X", 1, "4.0")
+    )
     assert FrameParser().feed(data) == [
-        ("S", ("4242", "1.5"), b""), ("O", ("0",), b"line\n"), ("N", (), b"torchrun\n"),
-        ("E", ("0", "1", "2.0"), b""), ("F", ("0",), b'{"message": "boom"}'),
-        ("M", (), b"note\n"), ("H", ("3.0",), b""), ("X", ("1", "4.0"), b"")]
+        ("S", ("4242", "1.5"), b""),
+        ("O", ("0",), b"line\n"),
+        ("N", (), b"torchrun\n"),
+        ("E", ("0", "1", "2.0"), b""),
+        ("F", ("0",), b'{"message": "boom"}'),
+        ("M", (), b"note\n"),
+        ("H", ("3.0",), b""),
+        ("X", ("1", "4.0"), b""),
+    ]
 
 
 def test_payload_may_hold_newlines_and_look_like_frames() -> None:
@@ -89,7 +103,7 @@ def test_frames_survive_byte_by_byte(items) -> None:
     parser = FrameParser()
     got = []
     for i in range(len(data)):
-        got += parser.feed(data[i:i + 1])
+        got += parser.feed(data[i : i + 1])
     assert got == items and parser.buf == b""
 
 
@@ -129,19 +143,23 @@ def test_length_prefixed(data: bytes) -> None:
 
 
 def test_bootstrap_runs_the_source_it_is_sent() -> None:
-    source = b"import sys, json\nconfig = json.loads(read_exact(int(read_exact(8))))\n" \
-             b"sys.stdout.write(config['say'] + ' \\u00e9')\n"
+    source = (
+        b"import sys, json\nconfig = json.loads(read_exact(int(read_exact(8))))\n"
+        b"sys.stdout.write(config['say'] + ' \\u00e9')\n"
+    )
     stdin = length_prefixed(source) + length_prefixed(b'{"say": "hello"}')
-    result = subprocess.run([sys.executable, "-c", BOOTSTRAP], input=stdin,
-                            capture_output=True, timeout=30)
+    result = subprocess.run(
+        [sys.executable, "-c", BOOTSTRAP], input=stdin, capture_output=True, timeout=30
+    )
     assert result.returncode == 0, result.stderr.decode()
     assert result.stdout.decode() == "hello \u00e9"
 
 
 def test_bootstrap_ends_cleanly_when_the_controller_goes_away() -> None:
     stdin = length_prefixed(b"print('never')\n")[:12]  # cut short: stdin closes
-    result = subprocess.run([sys.executable, "-c", BOOTSTRAP], input=stdin,
-                            capture_output=True, timeout=30)
+    result = subprocess.run(
+        [sys.executable, "-c", BOOTSTRAP], input=stdin, capture_output=True, timeout=30
+    )
     assert result.returncode == 1 and b"the controller went away" in result.stderr
     assert b"never" not in result.stdout and b"Traceback" not in result.stderr
 
@@ -152,8 +170,13 @@ def test_bootstrap_ends_cleanly_when_the_controller_goes_away() -> None:
 def start_agent(env: dict | None = None) -> subprocess.Popen:
     from orchestrator.nodes import agent_source
 
-    proc = subprocess.Popen([sys.executable, "-u", "-c", BOOTSTRAP], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, "-u", "-c", BOOTSTRAP],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
     proc.stdin.write(length_prefixed(agent_source()))
     return proc
 
@@ -187,8 +210,12 @@ def test_commands_do_not_read_the_login_shell_rc_file_again(tmp_path) -> None:
     # Started by `exec python` from sshd's session shell, the agent has SHLVL=0 and
     # SSH_CLIENT; a `bash -c` it starts must not take itself for that session shell.
     (tmp_path / ".bashrc").write_text(f"touch {tmp_path}/bashrc-was-read\n")
-    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "SSH_CLIENT": "10.0.0.1 5000 22",
-           "SHLVL": "0"}
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "HOME": str(tmp_path),
+        "SSH_CLIENT": "10.0.0.1 5000 22",
+        "SHLVL": "0",
+    }
     proc = start_agent(env)
     seen = run_step(proc, b"", ["bash", "-c", "echo level $SHLVL"])
     proc.stdin.close()
@@ -204,14 +231,19 @@ def test_commands_are_read_from_whole_lines_however_they_arrive() -> None:
     reader = CommandReader()
     assert reader.feed(b"hb\nst") == []
     assert reader.feed(b"op 2.5\n\nkill\nstop\nbogus\n") == [
-        ("stop", 2.5), ("kill", 0.0), ("stop", None)]
+        ("stop", 2.5),
+        ("kill", 0.0),
+        ("stop", None),
+    ]
     assert reader.feed(b"kil") == [] and reader.feed(b"l\n") == [("kill", 0.0)]
 
 
 def test_loader_installs_modules_that_import_each_other() -> None:
-    modules = [("lab_pkg.sub.low", "VALUE = 41\n"),
-               ("lab_pkg.sub.high", "from lab_pkg.sub.low import VALUE\nANSWER = VALUE + 1\n"),
-               ("lab_pkg.top", "import lab_pkg.sub.high\nANSWER = lab_pkg.sub.high.ANSWER\n")]
+    modules = [
+        ("lab_pkg.sub.low", "VALUE = 41\n"),
+        ("lab_pkg.sub.high", "from lab_pkg.sub.low import VALUE\nANSWER = VALUE + 1\n"),
+        ("lab_pkg.top", "import lab_pkg.sub.high\nANSWER = lab_pkg.sub.high.ANSWER\n"),
+    ]
     try:
         top = install(modules)
         assert top is sys.modules["lab_pkg.top"] and top.ANSWER == 42
@@ -226,8 +258,13 @@ def test_loader_installs_modules_that_import_each_other() -> None:
 
 def test_the_agent_runs_isolated_with_nothing_but_what_it_is_sent(tmp_path) -> None:
     # As on a node: -I -S, started where no orchestrator package can be imported from.
-    proc = subprocess.Popen(agent_argv(sys.executable, "test"), stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path)
+    proc = subprocess.Popen(
+        agent_argv(sys.executable, "test"),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=tmp_path,
+    )
     proc.stdin.write(length_prefixed(agent_source()))
     seen = run_step(proc, b"", ["bash", "-c", "echo isolated"])
     proc.stdin.close()

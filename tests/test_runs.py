@@ -48,8 +48,10 @@ def test_create_under_a_file_says_the_run_dir_is_the_problem(tmp_path) -> None:
     assert "--run-dir" in str(info.value) and "already exists" not in str(info.value)
 
 
-@pytest.mark.parametrize("run_id", ["", "a/b", "../x", ".hidden", "-r", "a b", "a\n", "r1\n",
-                                    "x" * 101, "é", "a;b", "$(id)"])
+@pytest.mark.parametrize(
+    "run_id",
+    ["", "a/b", "../x", ".hidden", "-r", "a b", "a\n", "r1\n", "x" * 101, "é", "a;b", "$(id)"],
+)
 def test_bad_run_ids_are_refused(tmp_path, run_id: str) -> None:
     with pytest.raises(ConfigError, match="--run-id"):
         check_run_id(run_id)
@@ -131,8 +133,11 @@ def test_status_writes_are_atomic_for_readers(tmp_path) -> None:
 
 
 def test_list_runs_orders_by_start_and_skips_non_runs(tmp_path) -> None:
-    for run_id, started in (("b", "2026-01-02T00:00:00.000Z"), ("a", "2026-01-03T00:00:00.000Z"),
-                            ("c", "2026-01-01T00:00:00.000Z")):
+    for run_id, started in (
+        ("b", "2026-01-02T00:00:00.000Z"),
+        ("a", "2026-01-03T00:00:00.000Z"),
+        ("c", "2026-01-01T00:00:00.000Z"),
+    ):
         RunRecord.create(tmp_path, run_id).write_status({"started_at": started})
     RunRecord.create(tmp_path, "no-status")
     RunRecord.create(tmp_path, "corrupt").status_path.write_text("{")
@@ -154,8 +159,9 @@ def test_controller_alive_for_this_process() -> None:
 
 def test_recycled_pid_is_not_the_controller() -> None:
     pid = os.getpid()  # alive, but started at another time than the recorded controller
-    assert not controller_alive({"controller": {"pid": pid,
-                                                "start_time": process_start_time(pid) - 1}})
+    assert not controller_alive(
+        {"controller": {"pid": pid, "start_time": process_start_time(pid) - 1}}
+    )
 
 
 def test_dead_or_unrecorded_controller() -> None:

@@ -26,20 +26,25 @@ def chosen(selection: Selection, text: str = HOSTS, nproc: int | None = None) ->
 
 def test_deepspeed_examples() -> None:
     assert chosen(Selection(include="worker-0@worker-1:0,2")) == {
-        "worker-0": (0, 1, 2, 3), "worker-1": (0, 2)}
+        "worker-0": (0, 1, 2, 3),
+        "worker-1": (0, 2),
+    }
     assert chosen(Selection(exclude="worker-1:0")) == {
-        "worker-0": (0, 1, 2, 3), "worker-1": (1, 2, 3), "worker-2": (0, 1, 2, 3)}
+        "worker-0": (0, 1, 2, 3),
+        "worker-1": (1, 2, 3),
+        "worker-2": (0, 1, 2, 3),
+    }
     assert chosen(Selection(exclude="worker-1")) == {
-        "worker-0": (0, 1, 2, 3), "worker-2": (0, 1, 2, 3)}
-    assert chosen(Selection(num_nodes=2)) == {"worker-0": (0, 1, 2, 3),
-                                              "worker-1": (0, 1, 2, 3)}
+        "worker-0": (0, 1, 2, 3),
+        "worker-2": (0, 1, 2, 3),
+    }
+    assert chosen(Selection(num_nodes=2)) == {"worker-0": (0, 1, 2, 3), "worker-1": (0, 1, 2, 3)}
     assert chosen(Selection(num_gpus=2)) == {f"worker-{i}": (0, 1) for i in range(3)}
     assert chosen(Selection(num_nodes=1, num_gpus=3)) == {"worker-0": (0, 1, 2)}
 
 
 def test_hostfile_order_is_kept_and_slots_are_sorted_once() -> None:
-    assert list(chosen(Selection(include="worker-2:3,1,1@worker-0:2"))) == ["worker-0",
-                                                                             "worker-2"]
+    assert list(chosen(Selection(include="worker-2:3,1,1@worker-0:2"))) == ["worker-0", "worker-2"]
     assert chosen(Selection(include="worker-2:3,1,1"))["worker-2"] == (1, 3)
 
 
@@ -53,23 +58,32 @@ def test_nproc_per_node_sets_the_slots_to_choose_from() -> None:
     assert chosen(Selection(include="a"), "a\nb\n") == {"a": (0,)}  # a bare host: one slot
 
 
-@pytest.mark.parametrize(("selection", "message"), [
-    (Selection(include="worker-0", exclude="worker-1"), r"^--include and --exclude together"),
-    (Selection(include="worker-0", num_nodes=1), r"^--num-nodes with --include"),
-    (Selection(exclude="worker-0", num_gpus=1), r"^--num-gpus with --exclude"),
-    (Selection(include="worker-9:0"), r"^--include 'worker-9:0': host 'worker-9' is not in "
-                                      r"hosts.txt \(hosts: worker-0, worker-1, worker-2\)"),
-    (Selection(exclude="worker-1:4"), r"^--exclude 'worker-1:4': host worker-1 has no slot 4 "
-                                      r"\(its slots are 0-3; hosts.txt:2\)"),
-    (Selection(include="worker-1:x"), r"slot 'x' of host worker-1 is not a slot id"),
-    (Selection(include="worker-1:"), r"slot '' of host worker-1 is not a slot id"),
-    (Selection(include=""), r"^--include is empty"),
-    (Selection(exclude="worker-0@worker-1@worker-2"), r"leaves no slot on any host"),
-    (Selection(num_nodes=4), r"^--num-nodes 4: hosts.txt lists only 3 host"),
-    (Selection(num_gpus=5), r"^--num-gpus 5: host worker-0 \(hosts.txt:1\) has 4 slot"),
-    (Selection(num_gpus=0), r"^--num-gpus must be a positive integer, got 0"),
-    (Selection(num_nodes=-1), r"^--num-nodes must be a positive integer"),
-])
+@pytest.mark.parametrize(
+    ("selection", "message"),
+    [
+        (Selection(include="worker-0", exclude="worker-1"), r"^--include and --exclude together"),
+        (Selection(include="worker-0", num_nodes=1), r"^--num-nodes with --include"),
+        (Selection(exclude="worker-0", num_gpus=1), r"^--num-gpus with --exclude"),
+        (
+            Selection(include="worker-9:0"),
+            r"^--include 'worker-9:0': host 'worker-9' is not in "
+            r"hosts.txt \(hosts: worker-0, worker-1, worker-2\)",
+        ),
+        (
+            Selection(exclude="worker-1:4"),
+            r"^--exclude 'worker-1:4': host worker-1 has no slot 4 "
+            r"\(its slots are 0-3; hosts.txt:2\)",
+        ),
+        (Selection(include="worker-1:x"), r"slot 'x' of host worker-1 is not a slot id"),
+        (Selection(include="worker-1:"), r"slot '' of host worker-1 is not a slot id"),
+        (Selection(include=""), r"^--include is empty"),
+        (Selection(exclude="worker-0@worker-1@worker-2"), r"leaves no slot on any host"),
+        (Selection(num_nodes=4), r"^--num-nodes 4: hosts.txt lists only 3 host"),
+        (Selection(num_gpus=5), r"^--num-gpus 5: host worker-0 \(hosts.txt:1\) has 4 slot"),
+        (Selection(num_gpus=0), r"^--num-gpus must be a positive integer, got 0"),
+        (Selection(num_nodes=-1), r"^--num-nodes must be a positive integer"),
+    ],
+)
 def test_contradictions_are_bad_input(selection: Selection, message: str) -> None:
     with pytest.raises(ConfigError, match=message) as info:
         chosen(selection)
@@ -112,13 +126,19 @@ def test_include_and_exclude_match_the_model(picks: list[set[int]], whole: list[
 
 
 @settings(max_examples=50, deadline=None)
-@given(st.sampled_from(["worker-0@worker-1:0,2", "worker-1:3", "worker-0:1@worker-2"]),
-       st.integers(1, 3))
+@given(
+    st.sampled_from(["worker-0@worker-1:0,2", "worker-1:3", "worker-0:1@worker-2"]),
+    st.integers(1, 3),
+)
 def test_plan_ranks_follow_the_selection(include: str, nodes: int) -> None:
     """nproc = chosen slots, CUDA_VISIBLE_DEVICES = their ids, ranks contiguous in order."""
     cluster = select_hosts(parse_hostfile(HOSTS, "hosts.txt"), Selection(include=include))
-    spec = JobSpec(program=Program.from_argv([]), python="python3", workdir="/w",
-                   env=(("CUDA_VISIBLE_DEVICES", "9"),))
+    spec = JobSpec(
+        program=Program.from_argv([]),
+        python="python3",
+        workdir="/w",
+        env=(("CUDA_VISIBLE_DEVICES", "9"),),
+    )
     plan = make_plan(cluster, spec, "r")
     assert plan.selection == f"--include {include}"
     start = 0
@@ -132,7 +152,10 @@ def test_plan_ranks_follow_the_selection(include: str, nodes: int) -> None:
 
 
 def test_without_selection_no_visible_devices_are_set() -> None:
-    plan = make_plan(parse_hostfile(HOSTS, "hosts.txt"),
-                     JobSpec(program=Program.from_argv([]), python="p", workdir="/w"), "r")
+    plan = make_plan(
+        parse_hostfile(HOSTS, "hosts.txt"),
+        JobSpec(program=Program.from_argv([]), python="p", workdir="/w"),
+        "r",
+    )
     assert all("CUDA_VISIBLE_DEVICES" not in dict(n.env) for n in plan.nodes)
     assert "selection" not in plan.to_dict()

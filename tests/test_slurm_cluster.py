@@ -33,16 +33,32 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slurm]
 
 
 def test_two_node_ddp_all_reduce(slurm_cluster: SlurmCluster, work: Path) -> None:
-    done = orchestrator(slurm_cluster, work, *launch_args(
-        work, "ddp", "--nodes", "2", "--nproc-per-node", "2", "--partition", "debug", "--",
-        "all_reduce.py"))
+    done = orchestrator(
+        slurm_cluster,
+        work,
+        *launch_args(
+            work,
+            "ddp",
+            "--nodes",
+            "2",
+            "--nproc-per-node",
+            "2",
+            "--partition",
+            "debug",
+            "--",
+            "all_reduce.py",
+        ),
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     job_id = job_id_in(done.stdout)
     assert "run ddp: SLURM job" in done.stdout and "run ddp succeeded" in done.stdout
     status = status_of(work, "ddp")
     hosts = [node["host"] for node in status["nodes"]]
-    assert (status["backend"], status["slurm_job_id"], status["state"]) == \
-        ("slurm", job_id, "succeeded")
+    assert (status["backend"], status["slurm_job_id"], status["state"]) == (
+        "slurm",
+        job_id,
+        "succeeded",
+    )
     assert [r["state"] for r in status["ranks"]] == ["succeeded"] * 4
     for rank in range(4):  # one attributed stream, and a file per rank
         host = hosts[rank // 2]
@@ -55,9 +71,23 @@ def test_two_node_ddp_all_reduce(slurm_cluster: SlurmCluster, work: Path) -> Non
 
 
 def test_rendered_script_submitted_by_hand(slurm_cluster: SlurmCluster, work: Path) -> None:
-    done = orchestrator(slurm_cluster, work, "render", "--backend", "slurm", "--nodes", "2",
-                        "--partition", "debug", "-o", "out", "--run-id", "byhand", "--",
-                        "all_reduce.py")
+    done = orchestrator(
+        slurm_cluster,
+        work,
+        "render",
+        "--backend",
+        "slurm",
+        "--nodes",
+        "2",
+        "--partition",
+        "debug",
+        "-o",
+        "out",
+        "--run-id",
+        "byhand",
+        "--",
+        "all_reduce.py",
+    )
     assert done.returncode == 0, done.stderr
     script = work / "out" / "job.sbatch"
     assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
@@ -70,11 +100,23 @@ def test_rendered_script_submitted_by_hand(slurm_cluster: SlurmCluster, work: Pa
     assert_gone(slurm_cluster, job_id, "byhand")
 
 
-def test_failing_rank_ends_the_job_and_is_named(slurm_cluster: SlurmCluster,
-                                                work: Path) -> None:
-    done = orchestrator(slurm_cluster, work, *launch_args(
-        work, "fail", "--nodes", "2", "--nproc-per-node", "2", "--env", "FAIL_RANK=3", "--",
-        "ranks.py"))
+def test_failing_rank_ends_the_job_and_is_named(slurm_cluster: SlurmCluster, work: Path) -> None:
+    done = orchestrator(
+        slurm_cluster,
+        work,
+        *launch_args(
+            work,
+            "fail",
+            "--nodes",
+            "2",
+            "--nproc-per-node",
+            "2",
+            "--env",
+            "FAIL_RANK=3",
+            "--",
+            "ranks.py",
+        ),
+    )
     job_id = job_id_in(done.stdout)
     status = status_of(work, "fail")
     host = status["nodes"][1]["host"]
@@ -89,10 +131,15 @@ def test_failing_rank_ends_the_job_and_is_named(slurm_cluster: SlurmCluster,
 
 def test_ctrl_c_cancels_the_job_everywhere(slurm_cluster: SlurmCluster, work: Path) -> None:
     proc = subprocess.Popen(
-        command(*launch_args(work, "cc", "--nodes", "2", "--nproc-per-node", "2", "--",
-                             "ranks.py")),
-        cwd=work, env=slurm_cluster.environ(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        text=True)
+        command(
+            *launch_args(work, "cc", "--nodes", "2", "--nproc-per-node", "2", "--", "ranks.py")
+        ),
+        cwd=work,
+        env=slurm_cluster.environ(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         wait_for(lambda: combined(work, "cc").count(" up on ") == 4, 120, "4 ranks up")
         proc.send_signal(signal.SIGINT)
@@ -108,8 +155,11 @@ def test_ctrl_c_cancels_the_job_everywhere(slurm_cluster: SlurmCluster, work: Pa
 
 def test_detached_job_over_a_login_node(slurm_cluster: SlurmCluster, work: Path) -> None:
     login = slurm_cluster.nodes[-1].name
-    done = orchestrator(slurm_cluster, work, *launch_args(
-        work, "det", "--nodes", "2", "--login", login, "--detach", "--", "ranks.py"))
+    done = orchestrator(
+        slurm_cluster,
+        work,
+        *launch_args(work, "det", "--nodes", "2", "--login", login, "--detach", "--", "ranks.py"),
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     job_id = job_id_in(done.stdout)
     assert f"run det: SLURM job {job_id} submitted" in done.stdout
@@ -118,8 +168,13 @@ def test_detached_job_over_a_login_node(slurm_cluster: SlurmCluster, work: Path)
     shown = orchestrator(slurm_cluster, work, "status", "det", *run)
     assert "run det: running" in shown.stdout
     assert f"slurm job {job_id}: RUNNING, via {login}" in shown.stdout
-    follow = subprocess.Popen(command("logs", "det", "-f", *run), cwd=work,
-                              env=slurm_cluster.environ(), stdout=subprocess.PIPE, text=True)
+    follow = subprocess.Popen(
+        command("logs", "det", "-f", *run),
+        cwd=work,
+        env=slurm_cluster.environ(),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         stopped = orchestrator(slurm_cluster, work, "stop", "det", *run)
         assert stopped.returncode == 0, stopped.stdout + stopped.stderr
@@ -135,31 +190,40 @@ def test_detached_job_over_a_login_node(slurm_cluster: SlurmCluster, work: Path)
 
 
 def test_sbatch_rejections_are_bad_input(slurm_cluster: SlurmCluster, work: Path) -> None:
-    done = orchestrator(slurm_cluster, work, *launch_args(
-        work, "badpart", "--nodes", "1", "--partition", "nosuch", "--", "ranks.py"))
+    done = orchestrator(
+        slurm_cluster,
+        work,
+        *launch_args(work, "badpart", "--nodes", "1", "--partition", "nosuch", "--", "ranks.py"),
+    )
     script = work / "runs" / "badpart" / "job.sbatch"
     assert done.returncode == 2, done.stdout + done.stderr
     assert f"sbatch rejected {script}" in done.stderr
     assert "invalid partition specified: nosuch" in done.stderr
     assert "Traceback" not in done.stderr
 
-    done = orchestrator(slurm_cluster, work, *launch_args(
-        work, "toomany", "--nodes", "4", "--", "ranks.py"))  # sbatch accepts, never runs
+    done = orchestrator(
+        slurm_cluster, work, *launch_args(work, "toomany", "--nodes", "4", "--", "ranks.py")
+    )  # sbatch accepts, never runs
     assert done.returncode == 2, done.stdout + done.stderr
     job_id = job_id_in(done.stdout)
     # SLURM says PartitionNodeLimit or PartitionConfig, depending on its scheduling pass
-    assert re.search(rf"SLURM will not start job {job_id}: Partition(NodeLimit|Config) \(it .*"
-                     r"\); cancelled it", done.stderr), done.stderr
+    assert re.search(
+        rf"SLURM will not start job {job_id}: Partition(NodeLimit|Config) \(it .*"
+        r"\); cancelled it",
+        done.stderr,
+    ), done.stderr
     assert str(work / "runs" / "toomany" / "job.sbatch") in done.stderr
     assert status_of(work, "toomany")["state"] == "failed"
     assert_gone(slurm_cluster, job_id, "toomany")
 
 
-def test_missing_commands_and_unreachable_controller(slurm_cluster: SlurmCluster,
-                                                     work: Path) -> None:
+def test_missing_commands_and_unreachable_controller(
+    slurm_cluster: SlurmCluster, work: Path
+) -> None:
     bare = slurm_cluster.environ({"PATH": str(Path(sys.executable).parent)})
-    done = orchestrator(slurm_cluster, work, *launch_args(
-        work, "nocmd", "--nodes", "1", "--", "ranks.py"), env=bare)
+    done = orchestrator(
+        slurm_cluster, work, *launch_args(work, "nocmd", "--nodes", "1", "--", "ranks.py"), env=bare
+    )
     assert done.returncode == 2, done.stderr
     assert "sbatch: command not found" in done.stderr and "Traceback" not in done.stderr
 
@@ -168,11 +232,12 @@ def test_missing_commands_and_unreachable_controller(slurm_cluster: SlurmCluster
     text = re.sub(r"(?m)^SlurmctldPort=.*$", "SlurmctldPort=9", text)
     conf.write_text(re.sub(r"(?m)^MessageTimeout=.*$", "MessageTimeout=2", text))
     (work / "cgroup.conf").write_text((slurm_cluster.dir / "cgroup.conf").read_text())
-    done = orchestrator(slurm_cluster, work, *launch_args(
-        work, "noctld", "--nodes", "1", "--", "ranks.py"),
-        env=slurm_cluster.environ({"SLURM_CONF": str(conf)}))
+    done = orchestrator(
+        slurm_cluster,
+        work,
+        *launch_args(work, "noctld", "--nodes", "1", "--", "ranks.py"),
+        env=slurm_cluster.environ({"SLURM_CONF": str(conf)}),
+    )
     assert done.returncode == 1, done.stderr
     assert "cannot reach the SLURM controller" in done.stderr
     assert "Traceback" not in done.stderr
-
-

@@ -17,8 +17,9 @@ from orchestrator.slurm.stream import AttemptFiles, read_fields
 from orchestrator.supervise import NodeState, RankState, Supervisor
 
 
-def supervisor(tmp_path: Path, nnodes: int = 2, nproc: int = 1,
-               max_restarts: int = 0) -> Supervisor:
+def supervisor(
+    tmp_path: Path, nnodes: int = 2, nproc: int = 1, max_restarts: int = 0
+) -> Supervisor:
     """As the follower builds one for an attempt: no sessions, SLURM stops the nodes."""
     nodes, ranks, labels = [], [], {}
     for k in range(nnodes):
@@ -28,8 +29,17 @@ def supervisor(tmp_path: Path, nnodes: int = 2, nproc: int = 1,
             ranks.append(RankState(rank, k, local, f"n{k}"))
             labels[rank] = f"n{k} r{rank}"
     sink = LogSink(tmp_path / "logs", labels, {k: f"n{k}" for k in range(nnodes)}, None, False)
-    return Supervisor(nodes, ranks, [], queue.Queue(), sink, grace=0, heartbeat_timeout=0,
-                      stop_on_failure=False, max_restarts=max_restarts)
+    return Supervisor(
+        nodes,
+        ranks,
+        [],
+        queue.Queue(),
+        sink,
+        grace=0,
+        heartbeat_timeout=0,
+        stop_on_failure=False,
+        max_restarts=max_restarts,
+    )
 
 
 def write(path: Path, text: str) -> None:
@@ -42,14 +52,19 @@ def write(path: Path, text: str) -> None:
 
 
 def test_an_attempt_streams_output_then_starts_and_exits_in_the_order_they_happened(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     sup = supervisor(tmp_path)
     files = AttemptFiles(tmp_path / "attempt0", nnodes=2, nproc=1)
     exits: list[tuple[int, int, float]] = []
 
     def pump() -> None:
-        files.pump(sup.sink, sup, lambda *exit: (exits.append(exit),
-                                                 sup.rank_exited(*exit)), sup.node_exited)
+        files.pump(
+            sup.sink,
+            sup,
+            lambda *exit: (exits.append(exit), sup.rank_exited(*exit)),
+            sup.node_exited,
+        )
         sup.sink.flush()
 
     pump()  # nothing written yet (the node directories do not even exist)
@@ -102,8 +117,12 @@ def test_a_rewritten_rank_exit_is_the_ranks_next_run_ending(tmp_path: Path) -> N
     exits: list[tuple[int, int, float]] = []
 
     def pump() -> None:
-        files.pump(sup.sink, sup, lambda *exit: (exits.append(exit),
-                                                 sup.rank_exited(*exit)), sup.node_exited)
+        files.pump(
+            sup.sink,
+            sup,
+            lambda *exit: (exits.append(exit), sup.rank_exited(*exit)),
+            sup.node_exited,
+        )
 
     node = files.node_dir(0)
     write(node / "node.start", "1 1.0\n")
@@ -137,8 +156,9 @@ def test_a_rewritten_rank_exit_is_the_ranks_next_run_ending(tmp_path: Path) -> N
     sup.sink.close()
 
 
-@pytest.mark.parametrize(("text", "fields"), [("0 1.5\n", ["0", "1.5"]), ("0 1.5", None),
-                                               ("\n", None), (None, None)])
+@pytest.mark.parametrize(
+    ("text", "fields"), [("0 1.5\n", ["0", "1.5"]), ("0 1.5", None), ("\n", None), (None, None)]
+)
 def test_read_fields(tmp_path: Path, text, fields) -> None:
     path = tmp_path / "node.exit"
     if text is not None:
@@ -165,10 +185,13 @@ def test_slurm_ending_the_job_is_said_first_and_nodes_left_are_settled(tmp_path:
     sup.nodes[0].started_at = 1.0
     outcome = job_outcome(7, JobInfo("TIMEOUT", exit_code=0), sup, None, tmp_path / "none")
     assert (outcome.state, outcome.exit_code) == ("failed", 1)
-    assert outcome.summary.startswith("job ended: SLURM job 7 ended TIMEOUT: it reached its "
-                                      "time limit (--time)")
-    assert all(n.done and n.state == "failed" and n.detail == "ended by SLURM (job TIMEOUT)"
-               for n in sup.nodes)
+    assert outcome.summary.startswith(
+        "job ended: SLURM job 7 ended TIMEOUT: it reached its time limit (--time)"
+    )
+    assert all(
+        n.done and n.state == "failed" and n.detail == "ended by SLURM (job TIMEOUT)"
+        for n in sup.nodes
+    )
     assert {r.state for r in sup.ranks.values()} == {"unknown"}
     cancelled = job_outcome(7, JobInfo("CANCELLED", exit_code=15), None, None, tmp_path)
     assert (cancelled.state, cancelled.exit_code) == ("stopped", 15)
@@ -190,8 +213,9 @@ def test_a_job_that_failed_before_its_ranks_shows_the_batch_output(tmp_path: Pat
     outcome = job_outcome(7, JobInfo("FAILED", exit_code=2), supervisor(tmp_path), None, batch)
     assert (outcome.state, outcome.exit_code) == ("failed", 2)
     lines = outcome.summary.splitlines()
-    assert lines[0] == ("job failed: SLURM job 7 ended FAILED with exit code 2 before any node "
-                        "started its ranks")
+    assert lines[0] == (
+        "job failed: SLURM job 7 ended FAILED with exit code 2 before any node started its ranks"
+    )
     assert lines[1] == f"last 20 line(s) of {batch}:" and lines[-1] == "  line 29"
 
 

@@ -32,12 +32,15 @@ def captured(name: str) -> str:
     return (DATA / name).read_text()
 
 
-@pytest.mark.parametrize(("stdout", "job_id"), [
-    ("16\n", 16),  # sbatch --parsable
-    ("17;olab19\n", 17),  # --parsable on a multi-cluster setup: id;cluster
-    ("Submitted batch job 9\n", 9),  # plain sbatch
-    ("sbatch: warning: can't honor --ntasks-per-node set to 1\n18\n", 18),
-])
+@pytest.mark.parametrize(
+    ("stdout", "job_id"),
+    [
+        ("16\n", 16),  # sbatch --parsable
+        ("17;olab19\n", 17),  # --parsable on a multi-cluster setup: id;cluster
+        ("Submitted batch job 9\n", 9),  # plain sbatch
+        ("sbatch: warning: can't honor --ntasks-per-node set to 1\n18\n", 18),
+    ],
+)
 def test_job_id_from_sbatch(stdout: str, job_id: int) -> None:
     assert parse_job_id(stdout) == job_id
 
@@ -47,22 +50,36 @@ def test_sbatch_without_a_job_id_is_an_error() -> None:
         parse_job_id("sbatch: error: something\n")
 
 
-@pytest.mark.parametrize(("text", "code"), [
-    ("0:0", 0), ("3:0", 3), ("1:0", 1), ("0:15", 143), ("0:9", 137), ("", None), ("n/a", None),
-])
+@pytest.mark.parametrize(
+    ("text", "code"),
+    [
+        ("0:0", 0),
+        ("3:0", 3),
+        ("1:0", 1),
+        ("0:15", 143),
+        ("0:9", 137),
+        ("", None),
+        ("n/a", None),
+    ],
+)
 def test_exit_code_exit_and_signal(text: str, code: int | None) -> None:
     assert parse_exit_code(text) == code
 
 
-@pytest.mark.parametrize(("stdout", "expected"), [
-    ("RUNNING|None|olab19-node[0-1]\n", JobInfo("RUNNING", "None", "olab19-node[0-1]")),
-    ("PENDING|PartitionNodeLimit|\n", JobInfo("PENDING", "PartitionNodeLimit", "")),
-    ("PENDING|PartitionConfig|\n", JobInfo("PENDING", "PartitionConfig", "")),
-    ("PENDING|BeginTime|\n", JobInfo("PENDING", "BeginTime", "")),  # after a requeue
-    ("COMPLETING|NonZeroExitCode|olab19-node0\n",
-     JobInfo("COMPLETING", "NonZeroExitCode", "olab19-node0")),
-    ("", None),  # squeue -h -j ID of a job that has left the queue
-])
+@pytest.mark.parametrize(
+    ("stdout", "expected"),
+    [
+        ("RUNNING|None|olab19-node[0-1]\n", JobInfo("RUNNING", "None", "olab19-node[0-1]")),
+        ("PENDING|PartitionNodeLimit|\n", JobInfo("PENDING", "PartitionNodeLimit", "")),
+        ("PENDING|PartitionConfig|\n", JobInfo("PENDING", "PartitionConfig", "")),
+        ("PENDING|BeginTime|\n", JobInfo("PENDING", "BeginTime", "")),  # after a requeue
+        (
+            "COMPLETING|NonZeroExitCode|olab19-node0\n",
+            JobInfo("COMPLETING", "NonZeroExitCode", "olab19-node0"),
+        ),
+        ("", None),  # squeue -h -j ID of a job that has left the queue
+    ],
+)
 def test_squeue_state_reason_nodes(stdout: str, expected: JobInfo | None) -> None:
     assert parse_squeue(stdout) == expected
 
@@ -80,8 +97,12 @@ def test_scontrol_job_after_a_requeue() -> None:
 
 def test_scontrol_failed_job() -> None:
     info = parse_scontrol_job(captured("scontrol-failed.txt"))
-    assert (info.state, info.reason, info.exit_code, info.restarts) == \
-        ("FAILED", "NonZeroExitCode", 1, 0)
+    assert (info.state, info.reason, info.exit_code, info.restarts) == (
+        "FAILED",
+        "NonZeroExitCode",
+        1,
+        0,
+    )
 
 
 def test_scontrol_cancelled_job_exit_code_is_the_signal() -> None:
@@ -108,13 +129,16 @@ def test_scontrol_of_an_unknown_job() -> None:
     assert parse_scontrol_job("slurm_load_jobs error: Invalid job id specified\n") is None
 
 
-@pytest.mark.parametrize(("stdout", "state", "code", "restarts"), [
-    ("COMPLETED|0:0|node[1-2]\n", "COMPLETED", 0, 0),
-    ("CANCELLED by 0|0:15|node1\n", "CANCELLED", 143, 0),
-    ("FAILED|3:0|node[1-2]\n", "FAILED", 3, 0),
-    ("REQUEUED|0:0|node[1-2]\nCOMPLETED|0:0|node[3-4]\n", "COMPLETED", 0, 1),
-    ("TIMEOUT|0:0|node1\n", "TIMEOUT", 0, 0),
-])
+@pytest.mark.parametrize(
+    ("stdout", "state", "code", "restarts"),
+    [
+        ("COMPLETED|0:0|node[1-2]\n", "COMPLETED", 0, 0),
+        ("CANCELLED by 0|0:15|node1\n", "CANCELLED", 143, 0),
+        ("FAILED|3:0|node[1-2]\n", "FAILED", 3, 0),
+        ("REQUEUED|0:0|node[1-2]\nCOMPLETED|0:0|node[3-4]\n", "COMPLETED", 0, 1),
+        ("TIMEOUT|0:0|node1\n", "TIMEOUT", 0, 0),
+    ],
+)
 def test_sacct_lines(stdout: str, state: str, code: int, restarts: int) -> None:
     info = parse_sacct(stdout)
     assert (info.state, info.exit_code, info.restarts) == (state, code, restarts)
@@ -126,16 +150,20 @@ def test_sacct_without_accounting_knows_nothing() -> None:
 
 
 def test_unreachable_controller_message_says_what_to_check() -> None:
-    error = unreachable_or("slurm_load_jobs error: Unable to contact slurm controller (connect "
-                           "failure)\n", ["squeue"], "on this machine")
+    error = unreachable_or(
+        "slurm_load_jobs error: Unable to contact slurm controller (connect failure)\n",
+        ["squeue"],
+        "on this machine",
+    )
     assert "cannot reach the SLURM controller" in str(error)
     assert "SLURM_CONF" in str(error) and error.exit_code == 1
     other = unreachable_or("squeue: error: Invalid user\n", ["squeue", "-h"], "on this machine")
     assert str(other) == "squeue -h failed on this machine: squeue: error: Invalid user"
 
 
-def test_missing_command_is_a_clear_config_error(monkeypatch: pytest.MonkeyPatch,
-                                                 tmp_path: Path) -> None:
+def test_missing_command_is_a_clear_config_error(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(ConfigError, match="sbatch: command not found.*--login HOST"):
         SlurmCommands().run(["sbatch", "--version"])

@@ -39,13 +39,30 @@ from tests.trainer_helpers import (
 pytestmark = [pytest.mark.cluster, pytest.mark.slurm]
 
 
-def test_rendered_script_with_restarts_submitted_by_hand(slurm_cluster: SlurmCluster,
-                                                         work: Path) -> None:
+def test_rendered_script_with_restarts_submitted_by_hand(
+    slurm_cluster: SlurmCluster, work: Path
+) -> None:
     """`render --backend slurm --max-restarts 1`: the c10d rendezvous across the allocation,
     a rank that crashes once, torchrun restarting both nodes' workers, the job completing."""
-    done = orchestrator(slurm_cluster, work, "render", "--backend", "slurm", "--nodes", "2",
-                        "--max-restarts", "1", "--env", "CRASH_ONCE_RANK=1", "-o", "out",
-                        "--run-id", "byhand-restarts", "--", "all_reduce.py")
+    done = orchestrator(
+        slurm_cluster,
+        work,
+        "render",
+        "--backend",
+        "slurm",
+        "--nodes",
+        "2",
+        "--max-restarts",
+        "1",
+        "--env",
+        "CRASH_ONCE_RANK=1",
+        "-o",
+        "out",
+        "--run-id",
+        "byhand-restarts",
+        "--",
+        "all_reduce.py",
+    )
     assert done.returncode == 0, done.stderr
     job_id = slurm_cluster.sbatch(work / "out" / "job.sbatch", cwd=work)
     info = slurm_cluster.wait_job(job_id, timeout=150)
@@ -59,8 +76,6 @@ def test_rendered_script_with_restarts_submitted_by_hand(slurm_cluster: SlurmClu
     assert_gone(slurm_cluster, job_id, "byhand-restarts")
 
 
-
-
 def _requeued_job(work: Path, run_id: str) -> int:
     """Wait for the job's requeue; its id. (SLURM then holds it back for the lab's
     cred_expire, 20 s, before it starts again.)"""
@@ -69,16 +84,35 @@ def _requeued_job(work: Path, run_id: str) -> int:
 
 
 def test_signal_before_the_time_limit_checkpoints_and_requeues(
-        slurm_cluster: SlurmCluster, work: Path) -> None:
+    slurm_cluster: SlurmCluster, work: Path
+) -> None:
     """SLURM itself sends SIGUSR1 100 s before a 3-minute limit, or up to 60 s earlier as
     its manual warns: 20-80 s in, once the ranks are up and have their handlers. They save
     and stop, the script requeues, the ranks resume."""
     (work / "ckpt").mkdir()
     proc = subprocess.Popen(
-        command(*launch_args(work, "sig", "--nodes", "2", "--time", "3", "--signal", "USR1@100",
-                             "--requeue", "--", "checkpointing.py", "ckpt")),
-        cwd=work, env=slurm_cluster.environ(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        text=True)
+        command(
+            *launch_args(
+                work,
+                "sig",
+                "--nodes",
+                "2",
+                "--time",
+                "3",
+                "--signal",
+                "USR1@100",
+                "--requeue",
+                "--",
+                "checkpointing.py",
+                "ckpt",
+            )
+        ),
+        cwd=work,
+        env=slurm_cluster.environ(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         job_id = _requeued_job(work, "sig")
         out, _ = proc.communicate(timeout=120)
@@ -90,21 +124,47 @@ def test_signal_before_the_time_limit_checkpoints_and_requeues(
         got = out.index(f" r{rank}] rank {rank} got SIGUSR1")
         assert out.index(f" r{rank}] rank {rank} resumed from checkpoint {rank} (restart 1)") > got
     status = status_of(work, "sig")
-    assert (status["state"], status["attempt"], status["slurm_state"]) == \
-        ("succeeded", 1, "COMPLETED")
+    assert (status["state"], status["attempt"], status["slurm_state"]) == (
+        "succeeded",
+        1,
+        "COMPLETED",
+    )
     assert_gone(slurm_cluster, job_id, "sig")
 
 
 def test_bundled_trainer_checkpoints_on_the_signal_and_resumes(
-        slurm_cluster: SlurmCluster, work: Path) -> None:
+    slurm_cluster: SlurmCluster, work: Path
+) -> None:
     """The documented recipe: --signal USR1@N --requeue, trainer --checkpoint-dir D --resume.
     SLURM's warning is sent here at once, as SLURM sends it (to the batch shell)."""
     proc = subprocess.Popen(
-        command(*launch_args(work, "train", "--nodes", "2", "--signal", "USR1@300", "--requeue",
-                             "--", "-m", "orchestrator.trainer", "--checkpoint-dir", "ckpt",
-                             "--resume", "--epochs", "1000", "--log-every", "1")),
-        cwd=work, env=slurm_cluster.environ(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        text=True)
+        command(
+            *launch_args(
+                work,
+                "train",
+                "--nodes",
+                "2",
+                "--signal",
+                "USR1@300",
+                "--requeue",
+                "--",
+                "-m",
+                "orchestrator.trainer",
+                "--checkpoint-dir",
+                "ckpt",
+                "--resume",
+                "--epochs",
+                "1000",
+                "--log-every",
+                "1",
+            )
+        ),
+        cwd=work,
+        env=slurm_cluster.environ(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         wait_for(lambda: re.search(r"r0\] step \d+/", combined(work, "train")), 150, "training")
         job_id = job_id_in(combined(work, "train"))
@@ -123,29 +183,53 @@ def test_bundled_trainer_checkpoints_on_the_signal_and_resumes(
 
 
 def test_a_rank_crashing_once_restarts_and_resumes_to_the_same_model(
-        slurm_cluster: SlurmCluster, work: Path) -> None:
+    slurm_cluster: SlurmCluster, work: Path
+) -> None:
     """--max-restarts 1 through the sbatch script's c10d rendezvous: rank 1 crashes once after
     the first checkpoint, torchrun restarts the workers on both nodes, the job goes on, the
     trainer resumes and ends with the model of an uninterrupted run (2 local ranks: the same
     world size, quicker than a second SLURM job)."""
     trainer = ["--", str(CRASH_ONCE), *CRASH_ONCE_ARGS, "--synthetic-samples", "1024"]
-    done = orchestrator(slurm_cluster, work, *launch_args(
-        work, "restart", "--nodes", "2", "--max-restarts", "1", "--env=CRASH_ONCE_RANK=1",
-        "--env=OMP_NUM_THREADS=1", *trainer, "--checkpoint-dir", "ckpt-restart"), timeout=300)
+    done = orchestrator(
+        slurm_cluster,
+        work,
+        *launch_args(
+            work,
+            "restart",
+            "--nodes",
+            "2",
+            "--max-restarts",
+            "1",
+            "--env=CRASH_ONCE_RANK=1",
+            "--env=OMP_NUM_THREADS=1",
+            *trainer,
+            "--checkpoint-dir",
+            "ckpt-restart",
+        ),
+        timeout=300,
+    )
     out = done.stdout + done.stderr
     assert done.returncode == 0, out
     job_id = job_id_in(done.stdout)
     status = status_of(work, "restart")
     host = status["nodes"][1]["host"]
-    assert f"rank 1 on {host} failed with exit code 3; torchrun restarts the workers " \
-           "(--max-restarts 1 per node)" in out
-    assert re.search(rf"restarted 1 time\(s\) \(--max-restarts 1\):\n.*restart 1: rank 1 on "
-                     rf"{host} ended with exit code 3 after [\d.]+ s\n.*run restart succeeded",
-                     out), out
-    assert (status["state"], status["slurm_state"], status["restarts"]) == \
-        ("succeeded", "COMPLETED", 1), status
-    assert status["restart_causes"][0].startswith(f"restart 1: rank 1 on {host} ended with "
-                                                  "exit code 3"), status
+    assert (
+        f"rank 1 on {host} failed with exit code 3; torchrun restarts the workers "
+        "(--max-restarts 1 per node)" in out
+    )
+    assert re.search(
+        rf"restarted 1 time\(s\) \(--max-restarts 1\):\n.*restart 1: rank 1 on "
+        rf"{host} ended with exit code 3 after [\d.]+ s\n.*run restart succeeded",
+        out,
+    ), out
+    assert (status["state"], status["slurm_state"], status["restarts"]) == (
+        "succeeded",
+        "COMPLETED",
+        1,
+    ), status
+    assert status["restart_causes"][0].startswith(
+        f"restart 1: rank 1 on {host} ended with exit code 3"
+    ), status
     assert [r["state"] for r in status["ranks"]] == ["succeeded"] * 2
     logs = work / "runs" / "restart" / "logs"
     rank1 = (logs / "rank-1.log").read_text()
@@ -155,10 +239,23 @@ def test_a_rank_crashing_once_restarts_and_resumes_to_the_same_model(
     assert re.search(r"resumed from ckpt-restart/ckpt-\d+\.pt at step [1-9]", rank0), rank0
     assert_gone(slurm_cluster, job_id, "restart")
 
-    plain = orchestrator(slurm_cluster, work, "launch", str(REPO / "hostfiles" / "local.txt"),
-                         "--run-dir", str(work / "runs"), "--run-id", "plain",
-                         "--env=OMP_NUM_THREADS=1", *trainer, "--checkpoint-dir", "ckpt-plain")
+    plain = orchestrator(
+        slurm_cluster,
+        work,
+        "launch",
+        str(REPO / "hostfiles" / "local.txt"),
+        "--run-dir",
+        str(work / "runs"),
+        "--run-id",
+        "plain",
+        "--env=OMP_NUM_THREADS=1",
+        *trainer,
+        "--checkpoint-dir",
+        "ckpt-plain",
+    )
     assert plain.returncode == 0, plain.stdout + plain.stderr
-    difference = max_abs_difference(load_weights(work / "ckpt-restart" / "final.pt"),
-                                    load_weights(work / "ckpt-plain" / "final.pt"))
+    difference = max_abs_difference(
+        load_weights(work / "ckpt-restart" / "final.pt"),
+        load_weights(work / "ckpt-plain" / "final.pt"),
+    )
     assert difference <= RESUME_TOLERANCE, difference

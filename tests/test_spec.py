@@ -44,10 +44,13 @@ def test_program_module_and_script() -> None:
     assert script.describe() == "train.py -m x"
 
 
-@pytest.mark.parametrize(("argv", "words"), [
-    (["-m"], "'-m' needs a module name"),
-    (["--lr", "1"], "put orchestrator options before '--'"),
-])
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        (["-m"], "'-m' needs a module name"),
+        (["--lr", "1"], "put orchestrator options before '--'"),
+    ],
+)
 def test_program_errors(argv: list[str], words: str) -> None:
     with pytest.raises(ConfigError, match=words):
         Program.from_argv(argv)
@@ -56,16 +59,25 @@ def test_program_errors(argv: list[str], words: str) -> None:
 # --- --master-port -----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("value", "port"), [
-    (None, None), ("auto", None), (" AUTO ", None), ("1", 1), ("29500", 29500),
-    (" 65535 ", 65535), (8080, 8080),
-])
+@pytest.mark.parametrize(
+    ("value", "port"),
+    [
+        (None, None),
+        ("auto", None),
+        (" AUTO ", None),
+        ("1", 1),
+        ("29500", 29500),
+        (" 65535 ", 65535),
+        (8080, 8080),
+    ],
+)
 def test_master_port_accepts(value, port) -> None:
     assert parse_master_port(value) == port
 
 
-@pytest.mark.parametrize("value", ["0", "70000", "65536", "abc", "", "-1", "+80", "1e3",
-                                   "²", "٣", "29 500", 0])
+@pytest.mark.parametrize(
+    "value", ["0", "70000", "65536", "abc", "", "-1", "+80", "1e3", "²", "٣", "29 500", 0]
+)
 def test_master_port_refuses(value) -> None:
     with pytest.raises(ConfigError, match="--master-port must be a number from 1 to 65535"):
         parse_master_port(value)
@@ -108,18 +120,25 @@ def test_secret_names_by_pattern_and_by_flag() -> None:
 
 def test_env_assignments() -> None:
     assert parse_env_assignments(["A=1", "B=", "C=x=y", "D= spaced "]) == [
-        ("A", "1"), ("B", ""), ("C", "x=y"), ("D", " spaced ")]
+        ("A", "1"),
+        ("B", ""),
+        ("C", "x=y"),
+        ("D", " spaced "),
+    ]
 
 
-@pytest.mark.parametrize(("item", "words"), [
-    ("FOO", "--env 'FOO': expected NAME=VALUE, e.g. --env FOO=1"),
-    ("=1", "is not a valid variable name"),
-    ("1A=1", "'1A' is not a valid variable name"),
-    ("A-B=1", "is not a valid variable name"),
-    ("FOO\n=1", "is not a valid variable name"),  # `$` in the pattern let a final \n through
-    ("MASTER_ADDR=x", "MASTER_ADDR is set by the orchestrator"),
-    ("RANK=3", "RANK is set by the orchestrator"),
-])
+@pytest.mark.parametrize(
+    ("item", "words"),
+    [
+        ("FOO", "--env 'FOO': expected NAME=VALUE, e.g. --env FOO=1"),
+        ("=1", "is not a valid variable name"),
+        ("1A=1", "'1A' is not a valid variable name"),
+        ("A-B=1", "is not a valid variable name"),
+        ("FOO\n=1", "is not a valid variable name"),  # `$` in the pattern let a final \n through
+        ("MASTER_ADDR=x", "MASTER_ADDR is set by the orchestrator"),
+        ("RANK=3", "RANK is set by the orchestrator"),
+    ],
+)
 def test_env_assignment_errors_name_the_flag(item: str, words: str) -> None:
     with pytest.raises(ConfigError) as info:
         parse_env_assignments([item])
@@ -143,17 +162,28 @@ def test_env_file(tmp_path) -> None:
     path = tmp_path / "job.env"
     path.write_text(
         "# comment\n\nA=1\nexport B = two words \nC='quoted # not a comment'\n"
-        'D="double"\nE=\nF=\'unbalanced\nG=a=b\n', encoding="utf-8")
+        'D="double"\nE=\nF=\'unbalanced\nG=a=b\n',
+        encoding="utf-8",
+    )
     assert load_env_file(path) == [
-        ("A", "1"), ("B", "two words"), ("C", "quoted # not a comment"), ("D", "double"),
-        ("E", ""), ("F", "'unbalanced"), ("G", "a=b")]
+        ("A", "1"),
+        ("B", "two words"),
+        ("C", "quoted # not a comment"),
+        ("D", "double"),
+        ("E", ""),
+        ("F", "'unbalanced"),
+        ("G", "a=b"),
+    ]
 
 
-@pytest.mark.parametrize(("text", "line", "words"), [
-    ("A=1\nJUSTANAME\n", 2, "expected NAME=VALUE"),
-    ("A=1\n\n1X=2\n", 3, "'1X' is not a valid variable name"),
-    ("WORLD_SIZE=4\n", 1, "WORLD_SIZE is set by the orchestrator"),
-])
+@pytest.mark.parametrize(
+    ("text", "line", "words"),
+    [
+        ("A=1\nJUSTANAME\n", 2, "expected NAME=VALUE"),
+        ("A=1\n\n1X=2\n", 3, "'1X' is not a valid variable name"),
+        ("WORLD_SIZE=4\n", 1, "WORLD_SIZE is set by the orchestrator"),
+    ],
+)
 def test_env_file_errors_name_file_and_line(tmp_path, text: str, line: int, words: str) -> None:
     path = tmp_path / "job.env"
     path.write_text(text, encoding="utf-8")
@@ -176,19 +206,34 @@ def test_env_file_missing_or_binary(tmp_path) -> None:
 
 def test_forwarded_env_takes_known_prefixes_only() -> None:
     environ = {
-        "NCCL_DEBUG": "INFO", "GLOO_X": "1", "TORCH_SHOW_CPP_STACKTRACES": "1",
-        "CUDA_VISIBLE_DEVICES": "0,1", "PYTHONPATH": "/src", "OMP_NUM_THREADS": "4",
-        "HOME": "/root", "PATH": "/bin", "NCCL_SOCKET_IFNAME": "eth0",
-        "GLOO_SOCKET_IFNAME": "eth0", "PYTHONHOME": "/x", "PYTHONSTARTUP": "/y",
+        "NCCL_DEBUG": "INFO",
+        "GLOO_X": "1",
+        "TORCH_SHOW_CPP_STACKTRACES": "1",
+        "CUDA_VISIBLE_DEVICES": "0,1",
+        "PYTHONPATH": "/src",
+        "OMP_NUM_THREADS": "4",
+        "HOME": "/root",
+        "PATH": "/bin",
+        "NCCL_SOCKET_IFNAME": "eth0",
+        "GLOO_SOCKET_IFNAME": "eth0",
+        "PYTHONHOME": "/x",
+        "PYTHONSTARTUP": "/y",
         "NCCL_BAD\n": "1",
     }
     # CUDA_VISIBLE_DEVICES names the controller's GPUs; the interfaces are chosen per node.
     assert forwarded_env(environ) == [
-        ("GLOO_X", "1"), ("NCCL_DEBUG", "INFO"), ("OMP_NUM_THREADS", "4"),
-        ("PYTHONPATH", "/src"), ("TORCH_SHOW_CPP_STACKTRACES", "1")]
+        ("GLOO_X", "1"),
+        ("NCCL_DEBUG", "INFO"),
+        ("OMP_NUM_THREADS", "4"),
+        ("PYTHONPATH", "/src"),
+        ("TORCH_SHOW_CPP_STACKTRACES", "1"),
+    ]
 
 
 def test_merge_env_later_wins_first_order_kept() -> None:
     assert merge_env([("A", "1"), ("B", "1")], [("C", "2"), ("A", "2")], [("B", "3")]) == (
-        ("A", "2"), ("B", "3"), ("C", "2"))
+        ("A", "2"),
+        ("B", "3"),
+        ("C", "2"),
+    )
     assert merge_env() == ()

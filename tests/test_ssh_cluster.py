@@ -54,8 +54,17 @@ def cli(cluster, workdir: Path, *args: str, env: dict | None = None, timeout: fl
 
 
 def launch_args(workdir: Path, hostfile: Path, run_id: str, *rest: str) -> list[str]:
-    return ["launch", str(hostfile), "--run-dir", str(workdir / "runs"), "--run-id", run_id,
-            "--color", "never", *rest]
+    return [
+        "launch",
+        str(hostfile),
+        "--run-dir",
+        str(workdir / "runs"),
+        "--run-id",
+        run_id,
+        "--color",
+        "never",
+        *rest,
+    ]
 
 
 def test_six_rank_ddp_job_across_three_nodes(cluster, workdir: Path) -> None:
@@ -65,12 +74,15 @@ def test_six_rank_ddp_job_across_three_nodes(cluster, workdir: Path) -> None:
     master = cluster.nodes[0].address
     for node_rank, node in enumerate(cluster.nodes):
         for rank in (2 * node_rank, 2 * node_rank + 1):
-            pattern = (rf"^\[{node.name} r{rank}\] rank {rank}/6 node_rank {node_rank} sum 15 "
-                       rf"ok True master {re.escape(master)}:\d+ ifname eth0/eth0$")
+            pattern = (
+                rf"^\[{node.name} r{rank}\] rank {rank}/6 node_rank {node_rank} sum 15 "
+                rf"ok True master {re.escape(master)}:\d+ ifname eth0/eth0$"
+            )
             assert re.search(pattern, done.stdout, re.M), (pattern, done.stdout)
     record = workdir / "runs" / "ddp6"
     assert sorted(p.name for p in (record / "logs").glob("rank-*.log")) == [
-        f"rank-{r}.log" for r in range(6)]
+        f"rank-{r}.log" for r in range(6)
+    ]
     assert sorted(p.name for p in record.glob("node*.sh")) == ["node0.sh", "node1.sh", "node2.sh"]
     plan = yaml.safe_load((record / "plan.yaml").read_text())
     assert plan["master_addr"].startswith(f"{master}  #")
@@ -85,22 +97,35 @@ def test_interface_is_chosen_per_node(make_cluster, tmp_path: Path) -> None:
     (tmp_path / "ddp.py").write_text(DDP_CHECK)
     with make_cluster(2) as small:
         other = small.nodes[1]
-        for step in (["ip", "link", "set", "eth0", "down"], ["ip", "link", "set", "eth0", "name",
-                     "ib0"], ["ip", "link", "set", "ib0", "up"]):
+        for step in (
+            ["ip", "link", "set", "eth0", "down"],
+            ["ip", "link", "set", "eth0", "name", "ib0"],
+            ["ip", "link", "set", "ib0", "up"],
+        ):
             small.exec_in(other, step, check=True)
         hostfile = small.write_hostfile(tmp_path / "hosts.txt", slots=1)
-        dry = run_cli(["launch", str(hostfile), "--dry-run", "--", "ddp.py"], cwd=tmp_path,
-                      env=small.environ())
+        dry = run_cli(
+            ["launch", str(hostfile), "--dry-run", "--", "ddp.py"],
+            cwd=tmp_path,
+            env=small.environ(),
+        )
         assert dry.returncode == 0, dry.stderr
         assert re.search(r"ifname: 'eth0  # probed: \S+ reaches", dry.stdout), dry.stdout
         assert re.search(r"ifname: 'ib0  # probed: \S+ reaches", dry.stdout), dry.stdout
         assert "export GLOO_SOCKET_IFNAME=ib0" in dry.stdout
-        done = run_cli(["launch", str(hostfile), "--run-dir", str(tmp_path / "runs"), "--",
-                        "ddp.py"], cwd=tmp_path, env=small.environ(), timeout=300)
+        done = run_cli(
+            ["launch", str(hostfile), "--run-dir", str(tmp_path / "runs"), "--", "ddp.py"],
+            cwd=tmp_path,
+            env=small.environ(),
+            timeout=300,
+        )
         assert done.returncode == 0, done.stdout + done.stderr
         assert re.search(rf"^\[{other.name} r1\] .* ifname ib0/ib0$", done.stdout, re.M)
-        forced = run_cli(["launch", str(hostfile), "--ifname", "eth0", "--dry-run", "--",
-                          "ddp.py"], cwd=tmp_path, env=small.environ())
+        forced = run_cli(
+            ["launch", str(hostfile), "--ifname", "eth0", "--dry-run", "--", "ddp.py"],
+            cwd=tmp_path,
+            env=small.environ(),
+        )
         assert forced.returncode == 2, forced.stdout + forced.stderr
         assert f"{other.name}: network interface 'eth0' does not exist" in forced.stderr
 
@@ -124,18 +149,25 @@ def test_host_keys_unknown_refused_changed_refused_new_accepted(cluster, workdir
         assert "--accept-new-host-keys" in refused.stderr
         assert cluster.nodes[0].name not in refused.stderr
 
-        accepted = cli(cluster, workdir, "exec", str(hostfile), "--accept-new-host-keys", "--",
-                       "true")
+        accepted = cli(
+            cluster, workdir, "exec", str(hostfile), "--accept-new-host-keys", "--", "true"
+        )
         assert accepted.returncode == 0, accepted.stderr
         recorded = (cluster.home / ".ssh" / "known_hosts").read_text()
         assert target.host_public_key.split()[1] in recorded
         again = cli(cluster, workdir, "exec", str(hostfile), "--", "true")
         assert again.returncode == 0, again.stderr
 
-        cluster.write_known_hosts(changed={target.name: __import__(
-            "tests.lab.ssh", fromlist=["wrong_host_key"]).wrong_host_key()})
-        changed = cli(cluster, workdir, "exec", str(hostfile), "--accept-new-host-keys", "--",
-                      "true")
+        cluster.write_known_hosts(
+            changed={
+                target.name: __import__(
+                    "tests.lab.ssh", fromlist=["wrong_host_key"]
+                ).wrong_host_key()
+            }
+        )
+        changed = cli(
+            cluster, workdir, "exec", str(hostfile), "--accept-new-host-keys", "--", "true"
+        )
         assert changed.returncode == 2
         assert f"{target.name}: host key of" in changed.stderr and "CHANGED" in changed.stderr
         assert "ssh-keygen -R" in changed.stderr
@@ -148,8 +180,11 @@ def test_unreachable_node_is_named_before_anything_starts(cluster, workdir: Path
     hostfile = workdir / "hosts.txt"
     hostfile.write_text(f"{cluster.nodes[0].name} slots=1\n{ghost} slots=1\n")
     started = time.monotonic()
-    done = cli(cluster, workdir, *launch_args(workdir, hostfile, "ghost", "--connect-timeout",
-                                              "3", "--", "ddp.py"))
+    done = cli(
+        cluster,
+        workdir,
+        *launch_args(workdir, hostfile, "ghost", "--connect-timeout", "3", "--", "ddp.py"),
+    )
     took = time.monotonic() - started
     assert done.returncode == 1, done.stdout + done.stderr
     assert re.search(rf"{re.escape(ghost)}: (no answer from|cannot connect to) ", done.stderr)
@@ -163,11 +198,9 @@ def test_unknown_host_refused_connection_and_wrong_user(cluster, workdir: Path) 
     node = cluster.nodes[0]
     unknown_file = workdir / "unknown.txt"
     unknown_file.write_text(f"{node.name}\nno-such-node.invalid\n")
-    unknown = cli(cluster, workdir, *launch_args(workdir, unknown_file, "unknown", "--",
-                                                 "ddp.py"))
+    unknown = cli(cluster, workdir, *launch_args(workdir, unknown_file, "unknown", "--", "ddp.py"))
     assert unknown.returncode == 2, unknown.stdout + unknown.stderr
-    assert "no-such-node.invalid: cannot resolve host name 'no-such-node.invalid'" in \
-        unknown.stderr
+    assert "no-such-node.invalid: cannot resolve host name 'no-such-node.invalid'" in unknown.stderr
     assert "Traceback" not in unknown.stderr and not (workdir / "runs" / "unknown").exists()
     assert_nothing_left("unknown", within=1)
     refused_file = workdir / "refused.txt"
@@ -184,13 +217,24 @@ def test_unknown_host_refused_connection_and_wrong_user(cluster, workdir: Path) 
 
 def test_busy_explicit_port_is_an_error_and_auto_picks_another(cluster, workdir: Path) -> None:
     hostfile = cluster.write_hostfile(workdir / "hosts.txt", nodes=[0, 1])
-    listener = cluster.popen_in(cluster.nodes[0], ["python3", "-c", (
-        "import socket,time; s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, "
-        "socket.SO_REUSEADDR, 1); s.bind(('', 29500)); s.listen(); time.sleep(120)")])
+    listener = cluster.popen_in(
+        cluster.nodes[0],
+        [
+            "python3",
+            "-c",
+            (
+                "import socket,time; s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, "
+                "socket.SO_REUSEADDR, 1); s.bind(('', 29500)); s.listen(); time.sleep(120)"
+            ),
+        ],
+    )
     try:
         time.sleep(1)
-        busy = cli(cluster, workdir, *launch_args(workdir, hostfile, "busy", "--master-port",
-                                                  "29500", "--", "ddp.py"))
+        busy = cli(
+            cluster,
+            workdir,
+            *launch_args(workdir, hostfile, "busy", "--master-port", "29500", "--", "ddp.py"),
+        )
         assert busy.returncode == 2, busy.stdout + busy.stderr
         assert f"{cluster.nodes[0].name}: MASTER_PORT 29500 is already in use" in busy.stderr
         assert not (workdir / "runs" / "busy").exists()
@@ -213,10 +257,14 @@ def test_node_whose_python_lacks_torch_is_named(cluster, workdir: Path) -> None:
     bare_python = str(bare / "bin" / "python")
     assert cluster.exec_in(cluster.nodes[1], [bare_python, "-c", "import torch"]).returncode
     hostfile = workdir / "hosts.yaml"
-    hostfile.write_text(yaml.safe_dump([
-        {"host": cluster.nodes[0].name, "slots": 1},
-        {"host": cluster.nodes[1].name, "slots": 1, "python": bare_python},
-    ]))
+    hostfile.write_text(
+        yaml.safe_dump(
+            [
+                {"host": cluster.nodes[0].name, "slots": 1},
+                {"host": cluster.nodes[1].name, "slots": 1, "python": bare_python},
+            ]
+        )
+    )
     done = cli(cluster, workdir, *launch_args(workdir, hostfile, "notorch", "--", "ddp.py"))
     assert done.returncode == 2, done.stdout + done.stderr
     assert f"{cluster.nodes[1].name}: torch is not installed for {bare_python}" in done.stderr
@@ -224,12 +272,17 @@ def test_node_whose_python_lacks_torch_is_named(cluster, workdir: Path) -> None:
     assert "Traceback" not in done.stderr
     assert not (workdir / "runs" / "notorch").exists()
     missing = workdir / "missing.yaml"
-    missing.write_text(yaml.safe_dump([{"host": cluster.nodes[0].name, "python": "/nope/py"},
-                                       {"host": cluster.nodes[1].name}]))
+    missing.write_text(
+        yaml.safe_dump(
+            [{"host": cluster.nodes[0].name, "python": "/nope/py"}, {"host": cluster.nodes[1].name}]
+        )
+    )
     gone = cli(cluster, workdir, *launch_args(workdir, missing, "nopy", "--", "ddp.py"))
     assert gone.returncode == 2, gone.stdout + gone.stderr
-    assert (f"{cluster.nodes[0].name}: cannot run python '/nope/py': not found on this node; "
-            "pass --python PATH") in gone.stderr
+    assert (
+        f"{cluster.nodes[0].name}: cannot run python '/nope/py': not found on this node; "
+        "pass --python PATH"
+    ) in gone.stderr
     assert "Traceback" not in gone.stderr
     assert_nothing_left("notorch", within=1)
     assert_nothing_left("nopy", within=1)
@@ -240,14 +293,34 @@ def test_environment_reaches_every_node_and_secrets_stay_secret(cluster, workdir
     (workdir / "job.env").write_text("# comment\nexport FROM_FILE='file value'\n")
     secret = "s3cr3t-Value-9f2"
     names = ["NCCL_DEBUG", "TORCH_CPP_LOG_LEVEL", "FOO", "FROM_FILE", "HF_TOKEN"]
-    done = cli(cluster, workdir, *launch_args(
-        workdir, hostfile, "envs", "--env", "FOO=a b $c", "--env-file", "job.env",
-        "--env", f"HF_TOKEN={secret}", "--", "env_report.py", *names),
-        env={"NCCL_DEBUG": "WARN", "TORCH_CPP_LOG_LEVEL": "ERROR"})
+    done = cli(
+        cluster,
+        workdir,
+        *launch_args(
+            workdir,
+            hostfile,
+            "envs",
+            "--env",
+            "FOO=a b $c",
+            "--env-file",
+            "job.env",
+            "--env",
+            f"HF_TOKEN={secret}",
+            "--",
+            "env_report.py",
+            *names,
+        ),
+        env={"NCCL_DEBUG": "WARN", "TORCH_CPP_LOG_LEVEL": "ERROR"},
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     for rank, node in enumerate(cluster.nodes):
-        for line in ("NCCL_DEBUG=WARN", "TORCH_CPP_LOG_LEVEL=ERROR", "FOO=a b $c",
-                     "FROM_FILE=file value", "HF_TOKEN=***"):
+        for line in (
+            "NCCL_DEBUG=WARN",
+            "TORCH_CPP_LOG_LEVEL=ERROR",
+            "FOO=a b $c",
+            "FROM_FILE=file value",
+            "HF_TOKEN=***",
+        ):
             assert f"[{node.name} r{rank}] {line}" in done.stdout, (line, done.stdout)
     assert secret not in done.stdout + done.stderr
     record = workdir / "runs" / "envs"
@@ -258,9 +331,14 @@ def test_environment_reaches_every_node_and_secrets_stay_secret(cluster, workdir
     assert {p.name for p in on_nodes} >= {"node0.sh", "rank-0.out", "rank-2.out"}
     for path in on_nodes:  # the nodes' copies of the scripts, the ranks' raw output
         assert secret not in path.read_text(errors="replace"), path
-    plain = cli(cluster, workdir, *launch_args(workdir, hostfile, "noenv", "--no-forward-env",
-                                               "--", "env_report.py", "NCCL_DEBUG"),
-                env={"NCCL_DEBUG": "WARN"})
+    plain = cli(
+        cluster,
+        workdir,
+        *launch_args(
+            workdir, hostfile, "noenv", "--no-forward-env", "--", "env_report.py", "NCCL_DEBUG"
+        ),
+        env={"NCCL_DEBUG": "WARN"},
+    )
     assert plain.returncode == 0
     assert f"[{cluster.nodes[0].name} r0] NCCL_DEBUG=<unset>" in plain.stdout
 
@@ -269,15 +347,20 @@ def test_sync_copies_the_code_to_every_node(cluster, workdir: Path) -> None:
     code = workdir / "project"
     (code / "data").mkdir(parents=True)
     (code / "data" / "numbers.txt").write_text("21\n")
-    (code / "main.py").write_text(textwrap.dedent("""
+    (code / "main.py").write_text(
+        textwrap.dedent("""
         import os
         here = os.path.dirname(os.path.abspath(__file__))
         value = int(open(os.path.join("data", "numbers.txt")).read())
         print(f"ran {os.path.abspath(__file__)} in {os.getcwd()} value {value * 2}")
-    """))
+    """)
+    )
     hostfile = cluster.write_hostfile(workdir / "hosts.txt")
-    done = cli(cluster, workdir, *launch_args(workdir, hostfile, "synced", "--sync", str(code),
-                                              "--", "main.py"))
+    done = cli(
+        cluster,
+        workdir,
+        *launch_args(workdir, hostfile, "synced", "--sync", str(code), "--", "main.py"),
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     for rank, node in enumerate(cluster.nodes):
         copy = f"/root/.orchestrator/runs/synced/node{rank}/project"
@@ -288,15 +371,31 @@ def test_sync_copies_the_code_to_every_node(cluster, workdir: Path) -> None:
 
 def test_exec_runs_a_command_everywhere_with_a_summary(cluster, workdir: Path) -> None:
     hostfile = cluster.write_hostfile(workdir / "hosts.txt")
-    done = cli(cluster, workdir, "exec", str(hostfile), "--color", "never", "--",
-               "ip -4 -o addr show eth0 | awk '{print $4}'")
+    done = cli(
+        cluster,
+        workdir,
+        "exec",
+        str(hostfile),
+        "--color",
+        "never",
+        "--",
+        "ip -4 -o addr show eth0 | awk '{print $4}'",
+    )
     assert done.returncode == 0, done.stderr
     for node in cluster.nodes:
         assert f"[{node.name}] {node.address}/24" in done.stdout
         assert re.search(rf"^{node.name}\s+ok$", done.stdout, re.M)
     odd = cluster.nodes[1].address
-    failing = cli(cluster, workdir, "exec", str(hostfile), "--color", "never", "--",
-                  f"ip -4 -o addr show eth0 | grep -q {odd}/ && exit 4 || echo fine")
+    failing = cli(
+        cluster,
+        workdir,
+        "exec",
+        str(hostfile),
+        "--color",
+        "never",
+        "--",
+        f"ip -4 -o addr show eth0 | grep -q {odd}/ && exit 4 || echo fine",
+    )
     assert failing.returncode == 1
     assert re.search(rf"^{cluster.nodes[1].name}\s+exit code 4$", failing.stdout, re.M)
     assert "2 of 3 node(s) succeeded" in failing.stdout
@@ -320,22 +419,34 @@ def test_ssh_config_alias_and_proxy_jump_are_honoured(cluster, workdir: Path) ->
     hostfile.write_text("gpu-direct\ngpu-hidden\n")
     try:
         with cluster.blocked(None, hidden, port=22):
-            done = cli(cluster, workdir, "exec", str(hostfile), "--color", "never",
-                       "--connect-timeout", "5", "--", "ip -4 -o addr show eth0")
+            done = cli(
+                cluster,
+                workdir,
+                "exec",
+                str(hostfile),
+                "--color",
+                "never",
+                "--connect-timeout",
+                "5",
+                "--",
+                "ip -4 -o addr show eth0",
+            )
             assert done.returncode == 0, done.stdout + done.stderr
             assert f"[gpu-hidden] 2: eth0    inet {hidden.address}/24" in done.stdout, done.stdout
             assert f"[gpu-direct] 2: eth0    inet {direct.address}/24" in done.stdout
             unjumped = workdir / "direct.txt"
             unjumped.write_text(f"{hidden.name}\n")
-            blocked = cli(cluster, workdir, "exec", str(unjumped), "--connect-timeout", "3",
-                          "--", "true")
+            blocked = cli(
+                cluster, workdir, "exec", str(unjumped), "--connect-timeout", "3", "--", "true"
+            )
             assert blocked.returncode == 1, "the block must be real for the test to mean anything"
     finally:
         cluster.write_ssh_config()
 
 
-def test_default_key_and_ssh_agent_work_without_any_config(cluster, workdir: Path,
-                                                            tmp_path: Path) -> None:
+def test_default_key_and_ssh_agent_work_without_any_config(
+    cluster, workdir: Path, tmp_path: Path
+) -> None:
     hostfile = cluster.write_hostfile(workdir / "hosts.txt")
     bare = ["--ssh-config", str(tmp_path / "no-such-config")]
     # ~/.ssh/id_ed25519 is found as ssh finds it: no config, no -i.
@@ -345,20 +456,22 @@ def test_default_key_and_ssh_agent_work_without_any_config(cluster, workdir: Pat
     # A home with no key at all: only an ssh-agent holding it lets us in.
     home = tmp_path / "agent-home"
     (home / ".ssh").mkdir(parents=True)
-    (home / ".ssh" / "known_hosts").write_text(
-        (cluster.home / ".ssh" / "known_hosts").read_text())
+    (home / ".ssh" / "known_hosts").write_text((cluster.home / ".ssh" / "known_hosts").read_text())
     socket_path = tmp_path / "agent.sock"
-    agent = subprocess.Popen(["ssh-agent", "-D", "-a", str(socket_path)],
-                             stdout=subprocess.DEVNULL)
+    agent = subprocess.Popen(["ssh-agent", "-D", "-a", str(socket_path)], stdout=subprocess.DEVNULL)
     try:
         wait_until(socket_path.exists, 10, "the ssh-agent socket")
         env = {**cluster.environ(), "HOME": str(home), "SSH_AUTH_SOCK": str(socket_path)}
-        without_agent = run_cli(["exec", str(hostfile), *bare, "--", "true"], cwd=workdir,
-                                env={k: v for k, v in env.items() if k != "SSH_AUTH_SOCK"})
+        without_agent = run_cli(
+            ["exec", str(hostfile), *bare, "--", "true"],
+            cwd=workdir,
+            env={k: v for k, v in env.items() if k != "SSH_AUTH_SOCK"},
+        )
         assert without_agent.returncode == 2, "no key and no agent must not get in"
         assert "authentication failed" in without_agent.stderr
-        added = subprocess.run(["ssh-add", str(cluster.ssh.key_path)], env=env,
-                               capture_output=True, text=True)
+        added = subprocess.run(
+            ["ssh-add", str(cluster.ssh.key_path)], env=env, capture_output=True, text=True
+        )
         assert added.returncode == 0, added.stderr
         with_agent = run_cli(["exec", str(hostfile), *bare, "--", "true"], cwd=workdir, env=env)
         assert with_agent.returncode == 0, with_agent.stderr

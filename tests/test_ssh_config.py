@@ -52,37 +52,57 @@ def test_include_inside_a_block_applies_only_to_that_block(home: Path) -> None:
 
 
 def test_match_and_first_value_wins(home: Path) -> None:
-    text = ("Host node1\n    Port 2201\nMatch originalhost node* user root\n    Port 2299\n"
-            "    StrictHostKeyChecking no\nHost *\n    User root\n")
+    text = (
+        "Host node1\n    Port 2201\nMatch originalhost node* user root\n    Port 2299\n"
+        "    StrictHostKeyChecking no\nHost *\n    User root\n"
+    )
     assert target(home, text, "node1").port == 2201
     second = target(home, text, "node2")
     assert (second.port, second.user, second.trust.strict) == (2299, "root", "no")
 
 
 def test_known_hosts_settings_and_their_tokens(home: Path) -> None:
-    found = target(home, "Host node1\n    HostName 10.0.0.1\n    User alice\n    Port 2222\n"
-                   "    UserKnownHostsFile %d/kh/%r@%h:%p ~/kh/%n \"~/with space\"\n"
-                   "    GlobalKnownHostsFile none\n    HostKeyAlias pool\n    CheckHostIP yes\n"
-                   "    HashKnownHosts yes\n    StrictHostKeyChecking accept-new\n")
-    assert found.trust.user_files == (f"{home}/kh/alice@10.0.0.1:2222", f"{home}/kh/node1",
-                                      f"{home}/with space")
+    found = target(
+        home,
+        "Host node1\n    HostName 10.0.0.1\n    User alice\n    Port 2222\n"
+        '    UserKnownHostsFile %d/kh/%r@%h:%p ~/kh/%n "~/with space"\n'
+        "    GlobalKnownHostsFile none\n    HostKeyAlias pool\n    CheckHostIP yes\n"
+        "    HashKnownHosts yes\n    StrictHostKeyChecking accept-new\n",
+    )
+    assert found.trust.user_files == (
+        f"{home}/kh/alice@10.0.0.1:2222",
+        f"{home}/kh/node1",
+        f"{home}/with space",
+    )
     assert found.trust.global_files == ()
-    assert (found.trust.key_alias, found.trust.check_host_ip, found.trust.hash_known_hosts,
-            found.trust.strict) == ("pool", True, True, "accept-new")
+    assert (
+        found.trust.key_alias,
+        found.trust.check_host_ip,
+        found.trust.hash_known_hosts,
+        found.trust.strict,
+    ) == ("pool", True, True, "accept-new")
 
 
-@pytest.mark.parametrize(("value", "strict"), [("yes", "yes"), ("ask", "yes"), ("no", "no"),
-                                               ("off", "no"), ("accept-new", "accept-new")])
+@pytest.mark.parametrize(
+    ("value", "strict"),
+    [("yes", "yes"), ("ask", "yes"), ("no", "no"), ("off", "no"), ("accept-new", "accept-new")],
+)
 def test_strict_host_key_checking_values(home: Path, value: str, strict: str) -> None:
     assert target(home, f"StrictHostKeyChecking {value}\n").trust.strict == strict
 
 
 def test_flags_win_over_the_config_and_hostfile_user_port_win(home: Path) -> None:
-    text = ("Host node1\n    User cfg\n    Port 2222\n    StrictHostKeyChecking yes\n"
-            "    UserKnownHostsFile ~/kh/cfg\n    ConnectTimeout 3\n    IdentityFile ~/k\n")
+    text = (
+        "Host node1\n    User cfg\n    Port 2222\n    StrictHostKeyChecking yes\n"
+        "    UserKnownHostsFile ~/kh/cfg\n    ConnectTimeout 3\n    IdentityFile ~/k\n"
+    )
     config = SshConfig(str(write(home / ".ssh" / "config", text)))
-    flags = SshOptions(known_hosts="/tmp/flag_kh", accept_new_host_keys=True,
-                       connect_timeout=7.0, identity_files=("/tmp/first",))
+    flags = SshOptions(
+        known_hosts="/tmp/flag_kh",
+        accept_new_host_keys=True,
+        connect_timeout=7.0,
+        identity_files=("/tmp/first",),
+    )
     found = resolve("node1", config, flags, user="hostfile", port=2200)
     assert (found.user, found.port, found.connect_timeout) == ("hostfile", 2200, 7.0)
     assert found.trust.user_files == ("/tmp/flag_kh",) and found.trust.strict == "accept-new"
@@ -92,8 +112,11 @@ def test_flags_win_over_the_config_and_hostfile_user_port_win(home: Path) -> Non
 
 
 def test_identities_only_keepalive_and_proxy_settings(home: Path) -> None:
-    found = target(home, "Host node1\n    IdentitiesOnly yes\n    ServerAliveInterval 15\n"
-                   "    ProxyJump admin@bastion:2022\n")
+    found = target(
+        home,
+        "Host node1\n    IdentitiesOnly yes\n    ServerAliveInterval 15\n"
+        "    ProxyJump admin@bastion:2022\n",
+    )
     assert found.identities_only and found.keepalive_s == 15.0
     assert found.proxy_jump == "admin@bastion:2022" and found.proxy_command is None
     bare = target(home, "Host node1\n    ProxyJump none\n")
@@ -101,10 +124,14 @@ def test_identities_only_keepalive_and_proxy_settings(home: Path) -> None:
 
 
 def test_unsupported_keyword_warns_once_with_file_and_line(
-        home: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    config = write(home / ".ssh" / "config", "Host node*\n    User root\n"
-                   "    KnownHostsCommand /usr/bin/fetch-keys %H\n    LogLevel ERROR\n"
-                   "    VerifyHostKeyDNS no\n")
+    home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = write(
+        home / ".ssh" / "config",
+        "Host node*\n    User root\n"
+        "    KnownHostsCommand /usr/bin/fetch-keys %H\n    LogLevel ERROR\n"
+        "    VerifyHostKeyDNS no\n",
+    )
     parsed = SshConfig(str(config))
     for alias in ("node1", "node2", "node1"):
         resolve(alias, parsed, SshOptions())

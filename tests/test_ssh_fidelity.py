@@ -33,8 +33,10 @@ pytestmark = pytest.mark.cluster
 
 # Runs as `sh -c IN_HOME HOME KEEP ARGV...`: KEEP is a list of /root entries this Python
 # needs (e.g. .pyenv), bound into HOME first so that they stay visible.
-IN_HOME = ('for d in $1; do mkdir -p "$0/$d" && mount --bind "/root/$d" "$0/$d" || exit 97; '
-           'done; mount --rbind "$0" /root && cd /root && shift && exec "$@"')
+IN_HOME = (
+    'for d in $1; do mkdir -p "$0/$d" && mount --bind "/root/$d" "$0/$d" || exit 97; '
+    'done; mount --rbind "$0" /root && cd /root && shift && exec "$@"'
+)
 RESOLVE = """
 import json, sys
 from orchestrator.backends.base import SshOptions
@@ -54,23 +56,35 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     require_lab()
     users = tmp_path_factory.mktemp("user-ca")
     new_key().write(users / "user_ca", comment="lab user CA")
-    cluster = Cluster.create(3, sshd_extra=f"Port {JUMP_PORT}\n"
-                             f"TrustedUserCAKeys {users / 'user_ca.pub'}")
+    cluster = Cluster.create(
+        3, sshd_extra=f"Port {JUMP_PORT}\nTrustedUserCAKeys {users / 'user_ca.pub'}"
+    )
     try:
         ca = new_key()
         ca_path = cluster.workdir / "host_ca"
         ca.write(ca_path, comment="lab host CA")
-        principals = ([cluster.nodes[0].name, cluster.nodes[0].address], ["elsewhere.example"],
-                      [cluster.nodes[2].name])
+        principals = (
+            [cluster.nodes[0].name, cluster.nodes[0].address],
+            ["elsewhere.example"],
+            [cluster.nodes[2].name],
+        )
         validity = ("always:forever", "always:forever", "20200101:20200102")
         for node, names, window in zip(cluster.nodes, principals, validity, strict=True):
             public = cluster.host_key_path(node).with_name("ssh_host_ed25519_key.pub")
-            cluster.present_host_certificate(node, sign_host_key(ca_path, public, names,
-                                                                 validity=window))
+            cluster.present_host_certificate(
+                node, sign_host_key(ca_path, public, names, validity=window)
+            )
         wrong = tuple(wrong_host_key() for _ in cluster.nodes)
         holder = new_key()
-        yield Fleet(cluster, cluster.ssh.identity, new_key(), ca.public, wrong, holder,
-                    user_certificates(users, holder, cluster.ssh.identity))
+        yield Fleet(
+            cluster,
+            cluster.ssh.identity,
+            new_key(),
+            ca.public,
+            wrong,
+            holder,
+            user_certificates(users, holder, cluster.ssh.identity),
+        )
     finally:
         cluster.teardown()
 
@@ -91,25 +105,45 @@ def user_certificates(users: Path, holder: KeyPair, client: KeyPair) -> dict[str
 def _kept_under_root() -> str:
     """The entries of /root that this Python and this checkout live in."""
     kept = set()
-    for path in (os.path.realpath(sys.executable), sys.prefix, sys.base_prefix,
-                 str(Path(__file__).resolve().parent.parent)):
+    for path in (
+        os.path.realpath(sys.executable),
+        sys.prefix,
+        sys.base_prefix,
+        str(Path(__file__).resolve().parent.parent),
+    ):
         parts = Path(os.path.realpath(path)).parts
         if parts[:2] == ("/", "root") and len(parts) > 2:
             kept.add(parts[2])
     return " ".join(sorted(kept))
 
 
-def in_home(home: Path, *argv: str, timeout: float = 60,
-            agent: Path | None = None) -> subprocess.CompletedProcess[str]:
+def in_home(
+    home: Path, *argv: str, timeout: float = 60, agent: Path | None = None
+) -> subprocess.CompletedProcess[str]:
     """Run `argv` with `home` as root's home directory (for ssh) and as $HOME (for us),
     with the ssh-agent at `agent` if given (else none)."""
     env = {k: v for k, v in os.environ.items() if k != "SSH_AUTH_SOCK"}
     env.update(HOME="/root", USER="root", LOGNAME="root")
     if agent is not None:
         env["SSH_AUTH_SOCK"] = str(agent)
-    return subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c",
-                           IN_HOME, str(home), _kept_under_root(), *argv], env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            IN_HOME,
+            str(home),
+            _kept_under_root(),
+            *argv,
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def make_home(fleet: Fleet, scenario: Scenario, root: Path) -> Home:
@@ -131,15 +165,15 @@ def ssh_agent(directory: Path, keys: list[Path]) -> Iterator[Path | None]:
         yield None
         return
     socket = directory / "agent.sock"
-    agent = subprocess.Popen(["ssh-agent", "-D", "-a", str(socket)], stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL)
+    agent = subprocess.Popen(
+        ["ssh-agent", "-D", "-a", str(socket)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     try:
         deadline = time.monotonic() + 10
         while not socket.exists() and time.monotonic() < deadline:
             time.sleep(0.01)
         env = {**os.environ, "SSH_AUTH_SOCK": str(socket)}
-        subprocess.run(["ssh-add", "-q", *map(str, keys)], env=env, check=True,
-                       capture_output=True)
+        subprocess.run(["ssh-add", "-q", *map(str, keys)], env=env, check=True, capture_output=True)
         yield socket
     finally:
         agent.terminate()
@@ -167,18 +201,27 @@ def our_reasons(hosts: list[str], done: subprocess.CompletedProcess[str]) -> lis
     """Per host: None when it connected (no error names it), else the refusal reason."""
     reasons: list[str | None] = []
     for host in hosts:
-        found = re.search(rf"(?:^\s*|error: ){re.escape(host)}(?: \(via jump host [^)\n]*\))?"
-                          r": (.*)$", done.stderr, re.M)
+        found = re.search(
+            rf"(?:^\s*|error: ){re.escape(host)}(?: \(via jump host [^)\n]*\))?"
+            r": (.*)$",
+            done.stderr,
+            re.M,
+        )
         if found is None:
             reasons.append(None)
             continue
         text = found.group(1)
-        for reason, pattern in (("unknown", r"host key of \S+ is not in"),
-                                ("changed", r"host key of \S+ has CHANGED"),
-                                ("revoked", r"host key of \S+ is REVOKED"),
-                                ("auth", r"authentication failed"),
-                                ("unreachable", r"connection refused|no answer from|"
-                                                r"cannot connect to|cannot resolve")):
+        for reason, pattern in (
+            ("unknown", r"host key of \S+ is not in"),
+            ("changed", r"host key of \S+ has CHANGED"),
+            ("revoked", r"host key of \S+ is REVOKED"),
+            ("auth", r"authentication failed"),
+            (
+                "unreachable",
+                r"connection refused|no answer from|"
+                r"cannot connect to|cannot resolve",
+            ),
+        ):
             if re.search(pattern, text):
                 reasons.append(reason)
                 break
@@ -222,24 +265,50 @@ def test_orchestrator_and_ssh_agree(fleet: Fleet, scenario: Scenario, tmp_path: 
         for key in ("user", "hostname", "port"):
             assert mine[key] == oracle[key][0], (host, key, mine, oracle[key])
         assert mine["userknownhostsfile"] == [
-            home_path(p) for p in oracle["userknownhostsfile"][0].split()], (host, mine)
+            home_path(p) for p in oracle["userknownhostsfile"][0].split()
+        ], (host, mine)
         if mine["identityfile"]:
             assert mine["identityfile"] == [home_path(p) for p in oracle["identityfile"]]
         assert (mine["proxyjump"] or None) == (oracle.get("proxyjump", [None])[0]), host
         assert mine["certificatefile"] == [
             home_path(p).replace("%r", mine["user"]).replace("%h", mine["hostname"])
-            for p in oracle.get("certificatefile", [])], (host, mine)
+            for p in oracle.get("certificatefile", [])
+        ], (host, mine)
 
     with ssh_agent(tmp_path, [theirs.root / key for key in scenario.agent]) as agent:
-        ssh_runs = [in_home(theirs.root, "ssh", "-o", "BatchMode=yes", *scenario.ssh_args,
-                            host, "true", agent=agent) for host in hosts]
-        exec_run = in_home(ours.root, sys.executable, "-m", "orchestrator", "exec",
-                           "hosts.txt", "--color", "never", *scenario.our_args, "--", "true",
-                           timeout=120, agent=agent)
+        ssh_runs = [
+            in_home(
+                theirs.root,
+                "ssh",
+                "-o",
+                "BatchMode=yes",
+                *scenario.ssh_args,
+                host,
+                "true",
+                agent=agent,
+            )
+            for host in hosts
+        ]
+        exec_run = in_home(
+            ours.root,
+            sys.executable,
+            "-m",
+            "orchestrator",
+            "exec",
+            "hosts.txt",
+            "--color",
+            "never",
+            *scenario.our_args,
+            "--",
+            "true",
+            timeout=120,
+            agent=agent,
+        )
     expected = [ssh_reason(done) for done in ssh_runs]
     got = our_reasons(hosts, exec_run)
-    detail = "\n".join(f"{h}: ssh {e!r}, orchestrator {g!r}" for h, e, g in
-                       zip(hosts, expected, got, strict=True))
+    detail = "\n".join(
+        f"{h}: ssh {e!r}, orchestrator {g!r}" for h, e, g in zip(hosts, expected, got, strict=True)
+    )
     detail += "\n" + exec_run.stderr + "\n" + "\n".join(done.stderr for done in ssh_runs)
     assert got == expected, detail
     assert tuple(expected) == scenario.expect, "the scenario must test what it says\n" + detail
@@ -260,8 +329,10 @@ def test_orchestrator_and_ssh_agree(fleet: Fleet, scenario: Scenario, tmp_path: 
         ssh_file, our_file = theirs.root / relative, ours.root / relative
         assert recorded_names(our_file, names) == recorded_names(ssh_file, names), relative
         hashed = [line.startswith("|1|") for line in ssh_file.read_text().splitlines()]
-        assert [line.startswith("|1|") for line in our_file.read_text().splitlines()] \
-            == hashed, (ssh_file.read_text(), our_file.read_text())
+        assert [line.startswith("|1|") for line in our_file.read_text().splitlines()] == hashed, (
+            ssh_file.read_text(),
+            our_file.read_text(),
+        )
 
 
 def test_mount_trick_gives_ssh_the_scenario_home(fleet: Fleet) -> None:
@@ -272,8 +343,9 @@ def test_mount_trick_gives_ssh_the_scenario_home(fleet: Fleet) -> None:
     assert not Path("/root/marker").exists(), "the mount must stay inside its namespace"
 
 
-def test_launch_and_check_through_a_config_only_ssh_understands(fleet: Fleet,
-                                                                 tmp_path: Path) -> None:
+def test_launch_and_check_through_a_config_only_ssh_understands(
+    fleet: Fleet, tmp_path: Path
+) -> None:
     """The issue's cluster: nodes reachable only by alias, user, key and known_hosts file
     that ~/.ssh/config names (nothing in ~/.ssh/known_hosts, no default key)."""
     root = tmp_path / "home"
@@ -282,27 +354,55 @@ def test_launch_and_check_through_a_config_only_ssh_understands(fleet: Fleet,
     fleet.client.write(root / "keys" / "cluster")
     home = Home(root)
     home.write(".ssh/config", "Include ~/.ssh/config.d/*\n")
-    home.write(".ssh/config.d/cluster", "".join(
-        f"Host gpu{n.index}\n    HostName {n.name}\n" for n in fleet.n[:2]) + (
-        "Host gpu*\n    User root\n    IdentityFile ~/keys/cluster\n"
-        "    UserKnownHostsFile ~/keys/cluster_known_hosts\n    StrictHostKeyChecking yes\n"))
-    home.write("keys/cluster_known_hosts", "".join(
-        f"{n.name} {n.host_public_key}\n" for n in fleet.n[:2]))
+    home.write(
+        ".ssh/config.d/cluster",
+        "".join(f"Host gpu{n.index}\n    HostName {n.name}\n" for n in fleet.n[:2])
+        + (
+            "Host gpu*\n    User root\n    IdentityFile ~/keys/cluster\n"
+            "    UserKnownHostsFile ~/keys/cluster_known_hosts\n    StrictHostKeyChecking yes\n"
+        ),
+    )
+    home.write(
+        "keys/cluster_known_hosts", "".join(f"{n.name} {n.host_public_key}\n" for n in fleet.n[:2])
+    )
     home.hash("keys/cluster_known_hosts")
     (root / "hosts.txt").write_text("gpu0 slots=1\ngpu1 slots=1\n")
     script = tmp_path / "hello.py"  # outside the mounted home: the nodes see the real /root
     script.write_text(
-        "import os\nprint('hello from', os.environ['RANK'], 'of', os.environ['WORLD_SIZE'])\n")
+        "import os\nprint('hello from', os.environ['RANK'], 'of', os.environ['WORLD_SIZE'])\n"
+    )
     assert in_home(root, "ssh", "-o", "BatchMode=yes", "gpu1", "true").returncode == 0
 
-    launched = in_home(root, sys.executable, "-m", "orchestrator", "launch", "hosts.txt",
-                       "--run-id", "viaconfig", "--color", "never", "--", str(script),
-                       timeout=300)
+    launched = in_home(
+        root,
+        sys.executable,
+        "-m",
+        "orchestrator",
+        "launch",
+        "hosts.txt",
+        "--run-id",
+        "viaconfig",
+        "--color",
+        "never",
+        "--",
+        str(script),
+        timeout=300,
+    )
     assert launched.returncode == 0, launched.stdout + launched.stderr
     assert "[gpu0 r0] hello from 0 of 2" in launched.stdout, launched.stdout
     assert "[gpu1 r1] hello from 1 of 2" in launched.stdout, launched.stdout
-    checked = in_home(root, sys.executable, "-m", "orchestrator", "check", "hosts.txt",
-                      "--skip-bandwidth", "--run-id", "checkviaconfig", timeout=300)
+    checked = in_home(
+        root,
+        sys.executable,
+        "-m",
+        "orchestrator",
+        "check",
+        "hosts.txt",
+        "--skip-bandwidth",
+        "--run-id",
+        "checkviaconfig",
+        timeout=300,
+    )
     assert checked.returncode == 0, checked.stdout + checked.stderr
     assert "RESULT: passed (2 node(s), 2 rank(s), gloo)" in checked.stdout, checked.stdout
     assert "warning" not in launched.stderr + checked.stderr

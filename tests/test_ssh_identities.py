@@ -28,8 +28,9 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def keygen(path: Path, passphrase: str = "") -> paramiko.PKey:
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", passphrase, "-f", str(path)],
-                   check=True)
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", "ed25519", "-N", passphrase, "-f", str(path)], check=True
+    )
     return paramiko.PKey.from_type_string(*_public(path.with_name(path.name + ".pub")))
 
 
@@ -56,19 +57,25 @@ def target(home: Path, text: str, alias: str = "node1"):
 
 def shown(keys: list[paramiko.PKey]) -> list[tuple[str, bytes]]:
     """What each offer presents: (key type, blob): a certificate or a plain key."""
-    return [(k.public_blob.key_type, k.public_blob.key_blob) if k.public_blob
-            else (k.get_name(), k.asbytes()) for k in keys]
+    return [
+        (k.public_blob.key_type, k.public_blob.key_blob)
+        if k.public_blob
+        else (k.get_name(), k.asbytes())
+        for k in keys
+    ]
 
 
 def plain(key: paramiko.PKey) -> tuple[str, bytes]:
     return key.get_name(), key.asbytes()
 
 
-def test_certificate_files_add_up_in_order_with_tokens_and_tilde(home: Path,
-                                                                 capsys) -> None:
-    found = target(home, "Host node*\n    CertificateFile ~/c/%h-%r.pub\n"
-                   "    CertificateFile /etc/c/one\nHost *\n    CertificateFile /etc/c/one\n"
-                   "    CertificateFile %d/two\n    User root\n")
+def test_certificate_files_add_up_in_order_with_tokens_and_tilde(home: Path, capsys) -> None:
+    found = target(
+        home,
+        "Host node*\n    CertificateFile ~/c/%h-%r.pub\n"
+        "    CertificateFile /etc/c/one\nHost *\n    CertificateFile /etc/c/one\n"
+        "    CertificateFile %d/two\n    User root\n",
+    )
     assert found.certificate_files == (f"{home}/c/node1-root.pub", "/etc/c/one", f"{home}/two")
     assert target(home, "Host other\n    CertificateFile /x\n").certificate_files == ()
     assert "not supported" not in capsys.readouterr().err
@@ -78,8 +85,9 @@ def test_certificate_file_first_then_its_key_and_no_implicit_certificate(home: P
     key = keygen(home / "k" / "id")
     cert = sign(home, home / "k" / "id", home / "k" / "mine.pub")
     sign(home, home / "k" / "id", home / "k" / "id-cert.pub")  # not read: a file is named
-    found = offers(target(home, f"Host *\n    IdentityFile ~/k/id\n    CertificateFile {cert}\n"
-                          ), [])
+    found = offers(
+        target(home, f"Host *\n    IdentityFile ~/k/id\n    CertificateFile {cert}\n"), []
+    )
     assert shown(found) == [_public(cert), plain(key)]
     assert found[0].asbytes() == key.asbytes()  # the certificate is signed by its own key
 
@@ -88,16 +96,16 @@ def test_implicit_certificate_follows_its_key(home: Path) -> None:
     first = keygen(home / "k" / "first")
     second = keygen(home / "k" / "second")
     cert = sign(home, home / "k" / "second", home / "k" / "second-cert.pub")
-    found = offers(target(home, "Host *\n    IdentityFile ~/k/first\n"
-                          "    IdentityFile ~/k/second\n"), [])
+    found = offers(
+        target(home, "Host *\n    IdentityFile ~/k/first\n    IdentityFile ~/k/second\n"), []
+    )
     assert shown(found) == [plain(first), plain(second), _public(cert)]
 
 
 def test_default_identity_and_its_certificate_when_no_identity_file(home: Path) -> None:
     key = keygen(home / ".ssh" / "id_ed25519")
     cert = sign(home, home / ".ssh" / "id_ed25519", home / ".ssh" / "id_ed25519-cert.pub")
-    assert shown(offers(target(home, "Host *\n    User root\n"), [])) == [plain(key),
-                                                                          _public(cert)]
+    assert shown(offers(target(home, "Host *\n    User root\n"), [])) == [plain(key), _public(cert)]
 
 
 def test_certificate_without_its_key_is_skipped_with_one_warning(home: Path, capsys) -> None:
@@ -105,13 +113,21 @@ def test_certificate_without_its_key_is_skipped_with_one_warning(home: Path, cap
     keygen(home / "k" / "elsewhere")
     cert = sign(home, home / "k" / "elsewhere", home / "k" / "orphan.pub")
     host = sign(home, home / "k" / "held", home / "k" / "host.pub", host=True)
-    found = offers(target(home, f"Host *\n    IdentityFile ~/k/held\n"
-                          f"    CertificateFile {cert}\n    CertificateFile {host}\n"
-                          "    CertificateFile ~/k/missing.pub\n"), [])
+    found = offers(
+        target(
+            home,
+            f"Host *\n    IdentityFile ~/k/held\n"
+            f"    CertificateFile {cert}\n    CertificateFile {host}\n"
+            "    CertificateFile ~/k/missing.pub\n",
+        ),
+        [],
+    )
     assert [k.public_blob for k in found] == [None]  # the plain key only
     err = capsys.readouterr().err
-    assert f"CertificateFile {cert} certifies a key that is neither an identity file nor " \
-           "in the ssh-agent" in err
+    assert (
+        f"CertificateFile {cert} certifies a key that is neither an identity file nor "
+        "in the ssh-agent" in err
+    )
     assert f"CertificateFile {host} holds no user certificate" in err
     assert "missing" not in err  # as ssh: a CertificateFile that does not exist is skipped
 

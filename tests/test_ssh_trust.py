@@ -24,11 +24,31 @@ def keygen(path: Path) -> paramiko.PKey:
     return paramiko.Ed25519Key.from_private_key_file(str(path))
 
 
-def certified(tmp_path: Path, key_path: Path, principals: str, validity: str = "always:forever",
-              ca: str = "ca") -> paramiko.PKey:
+def certified(
+    tmp_path: Path,
+    key_path: Path,
+    principals: str,
+    validity: str = "always:forever",
+    ca: str = "ca",
+) -> paramiko.PKey:
     """The host key as a server presents it with its certificate (paramiko's view)."""
-    subprocess.run(["ssh-keygen", "-q", "-s", str(tmp_path / ca), "-I", "test", "-h", "-n",
-                    principals, "-V", validity, f"{key_path}.pub"], check=True)
+    subprocess.run(
+        [
+            "ssh-keygen",
+            "-q",
+            "-s",
+            str(tmp_path / ca),
+            "-I",
+            "test",
+            "-h",
+            "-n",
+            principals,
+            "-V",
+            validity,
+            f"{key_path}.pub",
+        ],
+        check=True,
+    )
     key = paramiko.Ed25519Key.from_private_key_file(str(key_path))
     key.load_certificate(f"{key_path}-cert.pub")
     return key
@@ -44,11 +64,17 @@ def keys(tmp_path: Path) -> dict[str, paramiko.PKey]:
 
 
 def make_target(tmp_path: Path, strict: str = "yes", port: int = 22, **trust) -> Target:
-    settings = HostTrust(user_files=(str(tmp_path / "known_hosts"),), global_files=(),
-                         strict=strict, key_alias=None, check_host_ip=False,
-                         hash_known_hosts=False)
-    return Target("node1", "node1", port, "root", (), False, None, None, 5.0, None,
-                  replace(settings, **trust))
+    settings = HostTrust(
+        user_files=(str(tmp_path / "known_hosts"),),
+        global_files=(),
+        strict=strict,
+        key_alias=None,
+        check_host_ip=False,
+        hash_known_hosts=False,
+    )
+    return Target(
+        "node1", "node1", port, "root", (), False, None, None, 5.0, None, replace(settings, **trust)
+    )
 
 
 def test_patterns_negation_wildcards_brackets_and_hashes() -> None:
@@ -57,18 +83,28 @@ def test_patterns_negation_wildcards_brackets_and_hashes() -> None:
     assert known_hosts.pattern_list_matches("[node?]:2222", "[node1]:2222")
     assert not known_hosts.pattern_list_matches("[node1]:2222", "node1")
     hashed = known_hosts.hashed_name("[node1]:2222")
-    line = known_hosts.parse(f"{hashed} ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIB6d9xxTGU8NPbsWZp"
-                             "6uJVrpu8f8x6yRmS66uOqeP0NM\n", "f")[0]
+    line = known_hosts.parse(
+        f"{hashed} ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIB6d9xxTGU8NPbsWZp"
+        "6uJVrpu8f8x6yRmS66uOqeP0NM\n",
+        "f",
+    )[0]
     assert line.matches("[node1]:2222") and not line.matches("node1")
 
 
 def test_parse_markers_skips_junk_and_names_lines(keys) -> None:
-    text = ("# comment\n\n" + entry("node1", keys["host"]) + entry("*", keys["ca"],
-            "@cert-authority") + "@bogus * ssh-ed25519 AAAA\nnode2 ssh-rsa notbase64!\n"
-            + entry("*", keys["other"], "@revoked"))
+    text = (
+        "# comment\n\n"
+        + entry("node1", keys["host"])
+        + entry("*", keys["ca"], "@cert-authority")
+        + "@bogus * ssh-ed25519 AAAA\nnode2 ssh-rsa notbase64!\n"
+        + entry("*", keys["other"], "@revoked")
+    )
     parsed = known_hosts.parse(text, "kh")
     assert [(k.marker, k.where) for k in parsed] == [
-        ("", "kh:3"), ("@cert-authority", "kh:4"), ("@revoked", "kh:7")]
+        ("", "kh:3"),
+        ("@cert-authority", "kh:4"),
+        ("@revoked", "kh:7"),
+    ]
 
 
 def test_append_hashed_is_read_back(tmp_path: Path, keys) -> None:
@@ -88,8 +124,7 @@ def test_certificate_fields_and_problems(tmp_path: Path, keys) -> None:
     assert good.ca_blob == keys["ca"].asbytes()
     assert good.problem("node1") is None and good.problem("gpu7.cluster") is None
     assert "not among its principals" in good.problem("node2")
-    expired = host_certificate(certified(tmp_path, tmp_path / "host", "node1",
-                                         "20200101:20200102"))
+    expired = host_certificate(certified(tmp_path, tmp_path / "host", "node1", "20200101:20200102"))
     assert "validity" in expired.problem("node1")
     forged = replace(good, signed=good.signed.replace(b"node1", b"node2"))
     assert "signature does not verify" in forged.problem("node1")
@@ -119,17 +154,20 @@ def test_certificate_trusted_then_revoked_ca(tmp_path: Path, keys) -> None:
     write_known(tmp_path, entry("other.example", keys["ca"], "@cert-authority"))
     with pytest.raises(HostKeyRefused, match="unknown"):
         Trust().check(make_target(tmp_path), "node1", presented, None)
-    write_known(tmp_path, entry("*", keys["ca"], "@cert-authority")
-                + entry("*", keys["ca"], "@revoked"))
+    write_known(
+        tmp_path, entry("*", keys["ca"], "@cert-authority") + entry("*", keys["ca"], "@revoked")
+    )
     with pytest.raises(HostKeyRefused, match="revoked"):
         Trust().check(make_target(tmp_path), "node1", presented, None)
 
 
-def test_accept_new_records_hashed_and_no_is_reported(tmp_path: Path, keys,
-                                                       capsys: pytest.CaptureFixture[str]) -> None:
+def test_accept_new_records_hashed_and_no_is_reported(
+    tmp_path: Path, keys, capsys: pytest.CaptureFixture[str]
+) -> None:
     trust = Trust()
-    trust.check(make_target(tmp_path, "accept-new", hash_known_hosts=True), "node1",
-                keys["host"], None)
+    trust.check(
+        make_target(tmp_path, "accept-new", hash_known_hosts=True), "node1", keys["host"], None
+    )
     assert (tmp_path / "known_hosts").read_text().startswith("|1|")
     trust.check(make_target(tmp_path), "node1", keys["host"], None)  # now known
     write_known(tmp_path, entry("node1", keys["other"]))
@@ -146,12 +184,12 @@ def test_port_fallback_alias_and_host_ip(tmp_path: Path, keys) -> None:
     write_known(tmp_path, entry("node1", keys["host"]))
     Trust().check(make_target(tmp_path, port=2222), "node1", keys["host"], None)
     with pytest.raises(HostKeyRefused, match="unknown"):
-        Trust().check(make_target(tmp_path, port=2222, key_alias="pool1"), "node1",
-                      keys["host"], None)
+        Trust().check(
+            make_target(tmp_path, port=2222, key_alias="pool1"), "node1", keys["host"], None
+        )
     write_known(tmp_path, entry("node1", keys["host"]) + entry("10.0.0.1", keys["other"]))
     with pytest.raises(HostKeyRefused, match="changed") as changed:
-        Trust().check(make_target(tmp_path, check_host_ip=True), "node1", keys["host"],
-                      "10.0.0.1")
+        Trust().check(make_target(tmp_path, check_host_ip=True), "node1", keys["host"], "10.0.0.1")
     assert changed.value.name == "10.0.0.1"
     write_known(tmp_path, entry("node1", keys["host"]))
     Trust().check(make_target(tmp_path, check_host_ip=True), "node1", keys["host"], "10.0.0.2")
@@ -164,5 +202,9 @@ def test_offered_algorithms_follow_known_key_types(tmp_path: Path, keys) -> None
     rsa = paramiko.RSAKey.generate(1024)
     write_known(tmp_path, entry("node1", rsa))
     offered = Trust().algorithms(make_target(tmp_path))
-    assert offered[:4] == ("rsa-sha2-512-cert-v01@openssh.com",
-                           "rsa-sha2-256-cert-v01@openssh.com", "rsa-sha2-512", "rsa-sha2-256")
+    assert offered[:4] == (
+        "rsa-sha2-512-cert-v01@openssh.com",
+        "rsa-sha2-256-cert-v01@openssh.com",
+        "rsa-sha2-512",
+        "rsa-sha2-256",
+    )

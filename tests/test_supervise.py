@@ -93,8 +93,7 @@ def detector(stop_on_failure: bool = True) -> tuple[Detector, Stopper, Notes]:
     nodes, ranks = two_nodes()
     notes = Notes()
     stopper = Stopper(nodes, [], notes, grace=1)
-    return Detector(nodes, ranks, notes, stopper, stop_on_failure=stop_on_failure), \
-        stopper, notes
+    return Detector(nodes, ranks, notes, stopper, stop_on_failure=stop_on_failure), stopper, notes
 
 
 def test_first_failure_is_by_exit_time_not_report_order() -> None:
@@ -134,7 +133,7 @@ def test_node_script_failing_before_any_rank_is_the_cause() -> None:
 def test_a_silent_node_is_lost() -> None:
     det, _, _ = detector()
     det.nodes[0].last_heard = time.monotonic() - 100
-    (node, why), = det.silent_nodes(time.monotonic(), heartbeat_timeout=30)
+    ((node, why),) = det.silent_nodes(time.monotonic(), heartbeat_timeout=30)
     assert node.host == "a" and "no word from its agent for 100 s" in why
     assert det.node_lost(node, why) == "a lost"
     outcome = det.outcome()
@@ -164,8 +163,16 @@ def test_loop_stops_every_node_when_a_rank_fails(tmp_path: Path) -> None:
     events: queue.Queue[Event] = queue.Queue()
     sink = LogSink(tmp_path, {r: f"r{r}" for r in range(4)}, {0: "a", 1: "b"}, None, False)
     states: list[str] = []
-    sup = Supervisor(nodes, ranks, sessions, events, sink, grace=3, heartbeat_timeout=30,
-                     on_change=lambda s: states.append("stopping" if s.stopping else "running"))
+    sup = Supervisor(
+        nodes,
+        ranks,
+        sessions,
+        events,
+        sink,
+        grace=3,
+        heartbeat_timeout=30,
+        on_change=lambda s: states.append("stopping" if s.stopping else "running"),
+    )
     now = time.time()
     for node in (0, 1):
         events.put(Event(node, "S", (str(100 + node), f"{now:.6f}")))
@@ -218,8 +225,10 @@ def test_a_failure_with_restarts_left_is_a_restart_named_by_its_first_rank() -> 
         assert det.node_exited(node, 0, t0 + 21) is None
     outcome = det.outcome()
     assert (outcome.state, outcome.exit_code) == ("succeeded", 0)
-    assert outcome.summary == ("restarted 1 time(s) (--max-restarts 2):\n"
-                               "  restart 1: rank 2 on b ended with exit code 3 after 5.0 s")
+    assert outcome.summary == (
+        "restarted 1 time(s) (--max-restarts 2):\n"
+        "  restart 1: rank 2 on b ended with exit code 3 after 5.0 s"
+    )
 
 
 def test_when_torchrun_gives_up_the_last_round_is_the_failure() -> None:
@@ -234,12 +243,14 @@ def test_when_torchrun_gives_up_the_last_round_is_the_failure() -> None:
     det.node_exited(det.nodes[0], 143, t0 + 26)
     outcome = det.outcome()
     assert (outcome.state, outcome.exit_code) == ("failed", 4)
-    assert outcome.summary.startswith("job failed: rank 2 (local rank 0) on b ended with exit "
-                                      "code 4 after 20.0 s")
+    assert outcome.summary.startswith(
+        "job failed: rank 2 (local rank 0) on b ended with exit code 4 after 20.0 s"
+    )
     assert outcome.summary.endswith(
         "restarted 2 time(s) (--max-restarts 2):\n"
         "  restart 1: rank 2 on b ended with exit code 3 after 1.0 s\n"
-        "  restart 2: rank 0 on a ended with signal SIGSEGV after 10.0 s")
+        "  restart 2: rank 0 on a ended with signal SIGSEGV after 10.0 s"
+    )
     assert det.ranks[2].state == "failed"
 
 
@@ -255,9 +266,17 @@ def test_loop_counts_a_restart_and_sees_the_rank_again(tmp_path: Path) -> None:
     events: queue.Queue[Event] = queue.Queue()
     sink = LogSink(tmp_path, {r: f"r{r}" for r in range(4)}, {0: "a", 1: "b"}, None, False)
     seen: list[dict] = []
-    sup = Supervisor(nodes, ranks, [FakeSession(0), FakeSession(1)], events, sink, grace=3,
-                     heartbeat_timeout=30, max_restarts=1,
-                     on_change=lambda s: seen.append(s.status()))
+    sup = Supervisor(
+        nodes,
+        ranks,
+        [FakeSession(0), FakeSession(1)],
+        events,
+        sink,
+        grace=3,
+        heartbeat_timeout=30,
+        max_restarts=1,
+        on_change=lambda s: seen.append(s.status()),
+    )
     now = time.time()
     events.put(Event(1, "E", ("3", "1", f"{now:.6f}")))
     events.put(Event(1, "O", ("3",), b"attempt 1\n"))
@@ -273,9 +292,14 @@ def test_loop_counts_a_restart_and_sees_the_rank_again(tmp_path: Path) -> None:
 
 
 def test_closing_lines_name_the_restarts_on_success_and_the_summary_on_failure() -> None:
-    assert Outcome("succeeded", 0).closing_lines("r1", 2.04, "runs/r1/logs") == \
-        ["run r1 succeeded in 2.0 s"]
-    assert Outcome("succeeded", 0, "restart 1: rank 2").closing_lines("r1", 2.0, "x") == \
-        ["restart 1: rank 2", "run r1 succeeded in 2.0 s"]
-    assert Outcome("failed", 3, "rank 1 failed").closing_lines("r1", 5.0, "runs/r1/logs") == \
-        ["rank 1 failed", "run r1 failed (exit code 3) after 5.0 s; logs in runs/r1/logs"]
+    assert Outcome("succeeded", 0).closing_lines("r1", 2.04, "runs/r1/logs") == [
+        "run r1 succeeded in 2.0 s"
+    ]
+    assert Outcome("succeeded", 0, "restart 1: rank 2").closing_lines("r1", 2.0, "x") == [
+        "restart 1: rank 2",
+        "run r1 succeeded in 2.0 s",
+    ]
+    assert Outcome("failed", 3, "rank 1 failed").closing_lines("r1", 5.0, "runs/r1/logs") == [
+        "rank 1 failed",
+        "run r1 failed (exit code 3) after 5.0 s; logs in runs/r1/logs",
+    ]

@@ -66,9 +66,24 @@ def job(cluster, tmp_path: Path):
 
     def start(run_id: str, *args: str, program: str = "training.py", env=None):
         env_args = [f"--env={name}={value}" for name, value in (env or {}).items()]
-        return start_cli(["launch", str(hostfile), "--run-dir", str(tmp_path / "runs"),
-                          "--run-id", run_id, "--color", "never", *env_args, *args, "--",
-                          program], cwd=tmp_path, env=cluster.environ())
+        return start_cli(
+            [
+                "launch",
+                str(hostfile),
+                "--run-dir",
+                str(tmp_path / "runs"),
+                "--run-id",
+                run_id,
+                "--color",
+                "never",
+                *env_args,
+                *args,
+                "--",
+                program,
+            ],
+            cwd=tmp_path,
+            env=cluster.environ(),
+        )
 
     start.tmp = tmp_path
     start.hostfile = hostfile
@@ -84,9 +99,12 @@ def test_rank_crash_on_another_node_stops_everything_and_is_named(cluster, job) 
     out, _ = proc.communicate(timeout=180)
     assert proc.returncode == 7, out
     node2 = cluster.nodes[2].name
-    assert re.search(rf"job failed: rank 2 \(local rank 0\) on {node2} ended with exit code 7 "
-                     r"after [\d.]+ s \(the first rank to fail\)", out), out
-    summary = out[out.index("job failed"):]
+    assert re.search(
+        rf"job failed: rank 2 \(local rank 0\) on {node2} ended with exit code 7 "
+        r"after [\d.]+ s \(the first rank to fail\)",
+        out,
+    ), out
+    summary = out[out.index("job failed") :]
     assert "rank 2 crashing with 7" in summary
     status = status_of(job.tmp / "runs", "crash")
     ranks = {r["rank"]: r for r in status["ranks"]}
@@ -166,11 +184,9 @@ def test_stopping_one_run_leaves_another_on_the_same_nodes_alone(cluster, job) -
         assert started.returncode == 0, out
     for run_id in ("first", "second"):
         wait_for_line(rank_log(job, run_id, 2), "rank 2 ready", 90)
-    follower = start_cli(["logs", "first", "-f", "--node", cluster.nodes[1].name, *runs],
-                         env=env)
+    follower = start_cli(["logs", "first", "-f", "--node", cluster.nodes[1].name, *runs], env=env)
     status = run_cli(["status", "first", *runs], env=env)
-    assert re.search(rf"^1\s+{cluster.nodes[1].name}\s+running", status.stdout, re.M), \
-        status.stdout
+    assert re.search(rf"^1\s+{cluster.nodes[1].name}\s+running", status.stdout, re.M), status.stdout
     second_pids = set(run_pids("second"))
     assert second_pids
 
@@ -210,14 +226,28 @@ def test_chatty_ranks_lose_no_line_and_splice_none(cluster, tmp_path: Path) -> N
     script = SPLICE.replace("LINES", str(lines)).replace("MAXLEN", "300")
     (tmp_path / "chatty.py").write_text(script)
     hostfile = cluster.write_hostfile(tmp_path / "hosts.txt", slots=2)
-    done = run_cli(["launch", str(hostfile), "--run-dir", str(tmp_path / "runs"), "--run-id",
-                    "chatty", "--color", "never", "--", "chatty.py"], cwd=tmp_path,
-                   env=cluster.environ(), timeout=600)
+    done = run_cli(
+        [
+            "launch",
+            str(hostfile),
+            "--run-dir",
+            str(tmp_path / "runs"),
+            "--run-id",
+            "chatty",
+            "--color",
+            "never",
+            "--",
+            "chatty.py",
+        ],
+        cwd=tmp_path,
+        env=cluster.environ(),
+        timeout=600,
+    )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr
     logs = tmp_path / "runs" / "chatty" / "logs"
     combined = (logs / "combined.log").read_text().splitlines()
     for rank in range(6):
         check_lines((logs / f"rank-{rank}.log").read_text().splitlines(), rank, lines)
         prefix = f"[{cluster.nodes[rank // 2].name} r{rank}] "
-        check_lines([x[len(prefix):] for x in combined if x.startswith(prefix)], rank, lines)
+        check_lines([x[len(prefix) :] for x in combined if x.startswith(prefix)], rank, lines)
     assert_nothing_left("chatty")

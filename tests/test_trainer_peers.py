@@ -122,8 +122,15 @@ def test_one_ranks_device_error_ends_every_rank_with_it(tmp_path: Path) -> None:
     for rank, device in ((0, "auto"), (1, "cuda")):
         cmd = [*TRAINER, *FAST, "--device", device, "--init-method", url, "--rank", str(rank),
                "--world-size", "2", "--timeout", "60"]  # fmt: skip
-        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                      text=True, env=trainer_env(CUDA_VISIBLE_DEVICES="")))
+        procs.append(
+            subprocess.Popen(
+                cmd,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=trainer_env(CUDA_VISIBLE_DEVICES=""),
+            )
+        )
     errors = []
     for proc in procs:
         code, _ = _exit_within(proc, 60)

@@ -60,8 +60,9 @@ def test_resume_from_a_checkpoint_past_the_total_is_refused(tmp_path: Path) -> N
     # Nothing was "finished" again: the longer run's files are untouched.
     assert {p.name: p.stat().st_mtime_ns for p in directory.iterdir()} == before
     # At the total itself: the run is finished, as the same command run again finds it.
-    again = run_trainer([*small, "--max-steps", "20", "--checkpoint-dir", str(directory),
-                         "--resume"])
+    again = run_trainer(
+        [*small, "--max-steps", "20", "--checkpoint-dir", str(directory), "--resume"]
+    )
     assert again.returncode == 0, again.stdout + again.stderr
     assert "at step 20" in again.stdout
 

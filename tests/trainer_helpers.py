@@ -22,8 +22,20 @@ FAST = ["--synthetic-samples", "512", "--no-eval"]
 # after the first checkpoint; about 85 steps per epoch on 3 ranks, 128 on 2, so the crash
 # comes well before the end.
 CRASH_ONCE = Path(__file__).resolve().parent / "data" / "crash_once.py"
-CRASH_ONCE_ARGS = ["--synthetic-samples", "2048", "--batch-size", "8", "--epochs", "2",
-                   "--no-eval", "--checkpoint-every", "10", "--log-every", "20", "--resume"]
+CRASH_ONCE_ARGS = [
+    "--synthetic-samples",
+    "2048",
+    "--batch-size",
+    "8",
+    "--epochs",
+    "2",
+    "--no-eval",
+    "--checkpoint-every",
+    "10",
+    "--log-every",
+    "20",
+    "--resume",
+]
 # As in test_trainer_equivalence: a resumed run matches a straight one to float rounding
 # (here the two runs also rendezvous differently: c10d with restarts, static without).
 RESUME_TOLERANCE = 1e-6

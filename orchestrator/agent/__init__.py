@@ -17,5 +17,12 @@ from __future__ import annotations
 from orchestrator.agent.bootstrap import BOOTSTRAP, agent_argv, agent_source
 from orchestrator.agent.protocol import IDLE_S, encode_config, frame, length_prefixed
 
-__all__ = ["BOOTSTRAP", "IDLE_S", "agent_argv", "agent_source", "encode_config", "frame",
-           "length_prefixed"]
+__all__ = [
+    "BOOTSTRAP",
+    "IDLE_S",
+    "agent_argv",
+    "agent_source",
+    "encode_config",
+    "frame",
+    "length_prefixed",
+]

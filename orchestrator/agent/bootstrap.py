@@ -46,8 +46,11 @@ def agent_source() -> bytes:
     global _AGENT_SOURCE
     if _AGENT_SOURCE is None:
         package = resources.files(__package__)
-        modules = [(f"{__package__}.{name}", package.joinpath(f"{name}.py").read_text())
-                   for name in NODE_MODULES]
-        _AGENT_SOURCE = (package.joinpath("loader.py").read_text()
-                         + f"\nsys.exit(install({modules!r}).main())\n").encode()
+        modules = [
+            (f"{__package__}.{name}", package.joinpath(f"{name}.py").read_text())
+            for name in NODE_MODULES
+        ]
+        _AGENT_SOURCE = (
+            package.joinpath("loader.py").read_text() + f"\nsys.exit(install({modules!r}).main())\n"
+        ).encode()
     return _AGENT_SOURCE

@@ -71,8 +71,9 @@ class Agent:
 
     def stop(self, reason: str, grace: float | None = None) -> None:
         """Stop the step's processes: after the config's grace unless told another."""
-        self.processes.begin_stop(float(self.config.get("grace", 10)) if grace is None
-                                  else grace, reason)
+        self.processes.begin_stop(
+            float(self.config.get("grace", 10)) if grace is None else grace, reason
+        )
 
     def start(self) -> None:
         if self.node_dir:
@@ -108,8 +109,12 @@ class Agent:
 
     def may_wait_for_next(self) -> bool:
         """After run(): the controller got everything and is still there to send more."""
-        return self.stdin_open and self.outbox.open and not self.outbox.data and \
-            not self.controller_silent
+        return (
+            self.stdin_open
+            and self.outbox.open
+            and not self.outbox.data
+            and not self.controller_silent
+        )
 
     def step(self) -> None:
         script_out = self.script_out if self.script_out and self.script_out.pipe else None
@@ -125,8 +130,11 @@ class Agent:
             self.outbox.write_some()
         if 0 in readable:
             self.read_commands()
-        if script_out is not None and script_out.pipe.fileno() in readable and \
-                (data := script_out.read_lines()):
+        if (
+            script_out is not None
+            and script_out.pipe.fileno() in readable
+            and (data := script_out.read_lines())
+        ):
             self.outbox.send_masked("N", payload=data)
         self.ranks.ship_output()
         self.ranks.ship_exits()

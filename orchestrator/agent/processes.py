@@ -41,8 +41,13 @@ class ProcessTree:
 
     def start(self, argv: list[str], cwd: str, env: dict[str, str]) -> subprocess.Popen:
         self.proc = subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            cwd=cwd, env=env, start_new_session=True,
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            cwd=cwd,
+            env=env,
+            start_new_session=True,
         )
         return self.proc
 
@@ -78,8 +83,10 @@ class ProcessTree:
                 signal_pid(pid, signal.SIGTERM)
             self.signalled.update(pids)
             if pids:
-                self.say(f"stopping ({reason}): SIGTERM to {len(pids)} process(es), "
-                         f"SIGKILL after {grace:g} s")
+                self.say(
+                    f"stopping ({reason}): SIGTERM to {len(pids)} process(es), "
+                    f"SIGKILL after {grace:g} s"
+                )
         self.last_scan = 0.0
 
     def enforce_stop(self, now: float, ranks_done: bool) -> None:
@@ -155,7 +162,7 @@ def descendants_of(root: int) -> list[int]:
                 stat = handle.read()
         except OSError:
             continue
-        fields = stat[stat.rfind(b")") + 2:].split()
+        fields = stat[stat.rfind(b")") + 2 :].split()
         if fields[0] in (b"Z", b"X"):
             continue
         children.setdefault(int(fields[1]), []).append(int(name))

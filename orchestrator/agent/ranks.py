@@ -71,8 +71,11 @@ class NodeRanks:
 
     def __init__(self, node_dir: str | None, ranks: list[int], outbox: Outbox) -> None:
         self.node_dir = node_dir
-        self.files = [RankFile(r, os.path.join(node_dir, f"rank-{r}.out"))
-                      for r in ranks] if node_dir else []
+        self.files = (
+            [RankFile(r, os.path.join(node_dir, f"rank-{r}.out")) for r in ranks]
+            if node_dir
+            else []
+        )
         self.outbox = outbox
         self.exited: set[int] = set()
         self.reported: dict[int, str] = {}  # rank -> its rank-N.exit line last shipped

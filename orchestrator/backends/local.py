@@ -18,14 +18,20 @@ class LocalChannel:
             # which then stops the node through the agent, in order.
             self.proc = subprocess.Popen(
                 agent_argv(python, tag),
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                start_new_session=True, bufsize=0,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+                bufsize=0,
                 env={**os.environ, "ORCHESTRATOR_RUN_ID": tag},
             )
         except OSError as exc:
-            raise NodeError(host, f"cannot run python {python!r}: {exc.strerror}; "
-                            "pass --python PATH or set python in the hostfile",
-                            exit_code=2) from None
+            raise NodeError(
+                host,
+                f"cannot run python {python!r}: {exc.strerror}; "
+                "pass --python PATH or set python in the hostfile",
+                exit_code=2,
+            ) from None
 
     def write(self, data: bytes) -> None:
         try:

@@ -45,9 +45,14 @@ class Reporter:
 
 def start_watchdog(reporter: Reporter, timeout: float) -> threading.Timer:
     """After `timeout` seconds, report where this rank was stuck and end the process."""
+
     def expire() -> None:
-        reporter.emit("error", ok=False, phase=reporter.phase,
-                      error=f"timed out after {timeout:g} s during {reporter.phase}")
+        reporter.emit(
+            "error",
+            ok=False,
+            phase=reporter.phase,
+            error=f"timed out after {timeout:g} s during {reporter.phase}",
+        )
         sys.stdout.flush()
         os._exit(EXIT_TIMEOUT)
 
@@ -58,15 +63,20 @@ def start_watchdog(reporter: Reporter, timeout: float) -> threading.Timer:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m orchestrator.check.collectives",
-                                     description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m orchestrator.check.collectives", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
-    parser.add_argument("--max-size", type=measure.parse_size, default=None,
-                        help="largest bandwidth message, e.g. 64M (default: 64M on gloo, "
-                             "1G on nccl)")
+    parser.add_argument(
+        "--max-size",
+        type=measure.parse_size,
+        default=None,
+        help="largest bandwidth message, e.g. 64M (default: 64M on gloo, 1G on nccl)",
+    )
     parser.add_argument("--skip-bandwidth", action="store_true")
-    parser.add_argument("--timeout", type=float, default=180.0,
-                        help="give up (exit 124) after this many seconds")
+    parser.add_argument(
+        "--timeout", type=float, default=180.0, help="give up (exit 124) after this many seconds"
+    )
     return parser.parse_args(argv)
 
 
@@ -99,9 +109,16 @@ def run(args: argparse.Namespace, reporter: Reporter) -> int:
     dist.init_process_group(args.backend, timeout=timedelta(seconds=args.timeout))
     rank, world_size = dist.get_rank(), dist.get_world_size()
     # CUDA_VISIBLE_DEVICES as the rank sees it: a selection's slot ids (--include ...)
-    reporter.emit("start", world_size=world_size, local_rank=local_rank, backend=args.backend,
-                  device=str(device), host=socket.gethostname(), torch=torch.__version__,
-                  cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"))
+    reporter.emit(
+        "start",
+        world_size=world_size,
+        local_rank=local_rank,
+        backend=args.backend,
+        device=str(device),
+        host=socket.gethostname(),
+        torch=torch.__version__,
+        cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
+    )
 
     def sync() -> None:
         if device.type == "cuda":
@@ -122,8 +139,12 @@ def run(args: argparse.Namespace, reporter: Reporter) -> int:
             sync()
             elapsed_ms = (time.perf_counter() - started) * 1e3
             mismatch = measure.first_mismatch(got, expected)
-            fields: dict[str, object] = {"op": op, "case": case, "ok": mismatch is None,
-                                         "ms": round(elapsed_ms, 3)}
+            fields: dict[str, object] = {
+                "op": op,
+                "case": case,
+                "ok": mismatch is None,
+                "ms": round(elapsed_ms, 3),
+            }
             if case == "scalar":
                 fields["got"] = got
             if mismatch is not None:
@@ -133,8 +154,9 @@ def run(args: argparse.Namespace, reporter: Reporter) -> int:
     reporter.phase = "barrier"
     started = time.perf_counter()
     barrier()
-    reporter.emit("result", op="barrier", case="", ok=True,
-                  ms=round((time.perf_counter() - started) * 1e3, 3))
+    reporter.emit(
+        "result", op="barrier", case="", ok=True, ms=round((time.perf_counter() - started) * 1e3, 3)
+    )
 
     if not args.skip_bandwidth:
         max_size = args.max_size or measure.DEFAULT_MAX_SIZE[args.backend]
@@ -143,8 +165,15 @@ def run(args: argparse.Namespace, reporter: Reporter) -> int:
                 reporter.phase = f"bandwidth {op} {measure.format_size(size)}"
                 row = time_op(torch, dist, op, size, world_size, device, sync, barrier)
                 if rank == 0:
-                    reporter.emit("bandwidth", op=op, size=row.size, count=row.count,
-                                  seconds=row.seconds, warmup=row.warmup, iters=row.iters)
+                    reporter.emit(
+                        "bandwidth",
+                        op=op,
+                        size=row.size,
+                        count=row.count,
+                        seconds=row.seconds,
+                        warmup=row.warmup,
+                        iters=row.iters,
+                    )
 
     reporter.phase = "final barrier"
     barrier()
@@ -154,9 +183,11 @@ def run(args: argparse.Namespace, reporter: Reporter) -> int:
     return 0 if reporter.ok else 1
 
 
-def run_case(torch, dist, op: str, case: str, rank: int, world_size: int,
-             device) -> tuple[list[int], list[int]]:
+def run_case(
+    torch, dist, op: str, case: str, rank: int, world_size: int, device
+) -> tuple[list[int], list[int]]:
     """Run one case of `op`; return (what this rank got, what it must get), flattened."""
+
     def tensor(values: list[int]):
         return torch.tensor(values, dtype=torch.int64, device=device)
 
@@ -180,8 +211,7 @@ def run_case(torch, dist, op: str, case: str, rank: int, world_size: int,
         got = torch.full((length,), -1, dtype=torch.int64, device=device)
         dist.reduce_scatter(got, [tensor(chunk) for chunk in inputs])
     elif op == "all_gather":
-        outputs = [torch.full((length,), -1, dtype=torch.int64, device=device)
-                   for _ in range(n)]
+        outputs = [torch.full((length,), -1, dtype=torch.int64, device=device) for _ in range(n)]
         dist.all_gather(outputs, tensor(mine))
         got = torch.cat(outputs)
     elif op == "broadcast":
@@ -194,8 +224,9 @@ def run_case(torch, dist, op: str, case: str, rank: int, world_size: int,
     return got.cpu().tolist(), expected
 
 
-def time_op(torch, dist, op: str, size: int, world_size: int, device, sync,
-            barrier) -> measure.BandwidthRow:
+def time_op(
+    torch, dist, op: str, size: int, world_size: int, device, sync, barrier
+) -> measure.BandwidthRow:
     """Time one op at one size: warm-up, then the mean of the timed iterations on this
     rank, averaged over all ranks (as nccl-tests reports it). The number of timed
     iterations follows the slowest rank's last warm-up (see measure.timed_iterations)."""
@@ -213,6 +244,7 @@ def time_op(torch, dist, op: str, size: int, world_size: int, device, sync,
 
         def once() -> None:
             gather(receive, send)
+
     for _ in range(warmup):
         began = time.perf_counter()
         once()
@@ -225,12 +257,14 @@ def time_op(torch, dist, op: str, size: int, world_size: int, device, sync,
     for _ in range(iters):
         once()
     sync()
-    mean = torch.tensor([(time.perf_counter() - started) / iters], dtype=torch.float64,
-                        device=device)
+    mean = torch.tensor(
+        [(time.perf_counter() - started) / iters], dtype=torch.float64, device=device
+    )
     dist.all_reduce(mean)
     seconds = mean.item() / world_size
-    return measure.BandwidthRow(op, measure.bytes_moved(op, count, world_size), count, seconds,
-                              world_size, warmup, iters)
+    return measure.BandwidthRow(
+        op, measure.bytes_moved(op, count, world_size), count, seconds, world_size, warmup, iters
+    )
 
 
 if __name__ == "__main__":

@@ -59,16 +59,19 @@ class NodeReport:
         missing = [i for i in self.slot_ids if i >= have]
         if not missing:
             return None
-        return (f"{have} CUDA device(s), none for the chosen slot id(s) "
-                f"{','.join(map(str, missing))}")
+        return (
+            f"{have} CUDA device(s), none for the chosen slot id(s) {','.join(map(str, missing))}"
+        )
 
     @property
     def gpu_fix(self) -> str:
         """What to change when `gpu_shortfall` says something."""
         if self.slot_ids is None:
             return "lower slots= / --nproc-per-node"
-        return (f"choose slot ids below {self.cuda_devices} with --include/--exclude/"
-                "--num-gpus, or set slots= to the node's GPU count")
+        return (
+            f"choose slot ids below {self.cuda_devices} with --include/--exclude/"
+            "--num-gpus, or set slots= to the node's GPU count"
+        )
 
     @property
     def devices_cell(self) -> str:
@@ -88,12 +91,19 @@ class NodeReport:
         return self.get("ifname_addr")
 
     def to_dict(self) -> dict:
-        return {"host": self.host, "slots": self.slots, "python": self.python,
-                "slot_ids": list(self.slot_ids) if self.slot_ids is not None else None,
-                "local": self.local, "ssh_error": self.ssh_error,
-                "ssh_rtt_ms": self.ssh_rtt_ms, "probe": dict(self.probe),
-                "probe_error": self.probe_error, "reach": dict(self.reach),
-                "reach_skipped": self.reach_skipped or None}
+        return {
+            "host": self.host,
+            "slots": self.slots,
+            "python": self.python,
+            "slot_ids": list(self.slot_ids) if self.slot_ids is not None else None,
+            "local": self.local,
+            "ssh_error": self.ssh_error,
+            "ssh_rtt_ms": self.ssh_rtt_ms,
+            "probe": dict(self.probe),
+            "probe_error": self.probe_error,
+            "reach": dict(self.reach),
+            "reach_skipped": self.reach_skipped or None,
+        }
 
 
 @dataclass(frozen=True)

@@ -156,9 +156,16 @@ class BandwidthRow:
         return busbw_gbs(self.op, self.size, self.seconds, self.world_size)
 
     def to_dict(self) -> dict:
-        return {"op": self.op, "size_bytes": self.size, "count": self.count,
-                "time_us": self.seconds * 1e6, "algbw_gbs": self.algbw,
-                "busbw_gbs": self.busbw, "warmup": self.warmup, "iters": self.iters}
+        return {
+            "op": self.op,
+            "size_bytes": self.size,
+            "count": self.count,
+            "time_us": self.seconds * 1e6,
+            "algbw_gbs": self.algbw,
+            "busbw_gbs": self.busbw,
+            "warmup": self.warmup,
+            "iters": self.iters,
+        }
 
 
 # --- expected values -------------------------------------------------------------------
@@ -193,8 +200,9 @@ def broadcast_root(world_size: int) -> int:
     return world_size - 1
 
 
-def vector_input(op: str, rank: int, world_size: int,
-                 length: int = PATTERN_LENGTH) -> list[list[int]]:
+def vector_input(
+    op: str, rank: int, world_size: int, length: int = PATTERN_LENGTH
+) -> list[list[int]]:
     """What rank `rank` contributes in the vector case: one list per chunk.
 
     reduce_scatter has one chunk per destination rank; all_gather, all_reduce and
@@ -204,8 +212,7 @@ def vector_input(op: str, rank: int, world_size: int,
     return [[pattern(rank, chunk, i) for i in range(length)] for chunk in range(chunks)]
 
 
-def expected_vector(op: str, rank: int, world_size: int,
-                    length: int = PATTERN_LENGTH) -> list[int]:
+def expected_vector(op: str, rank: int, world_size: int, length: int = PATTERN_LENGTH) -> list[int]:
     """The exact result on `rank` of the vector case of `op`, flattened."""
     n = world_size
     ranks_sum = n * (n - 1) // 2
@@ -281,7 +288,7 @@ def parse_report_lines(lines: Iterable[str]) -> list[dict]:
         if start < 0:
             continue
         try:
-            record = json.loads(line[start + len(MARKER):])
+            record = json.loads(line[start + len(MARKER) :])
         except ValueError:
             continue
         if isinstance(record, dict):

@@ -66,6 +66,7 @@ def connect_each(cluster: Cluster, ssh: object | None) -> list[NodeConnection | 
 
 def ssh_rtts(connections: Sequence[NodeConnection]) -> dict[int, float]:
     """Median of RTT_SAMPLES SSH keepalive round trips per SSH connection, in ms (by id)."""
+
     def one(connection) -> float | None:
         client = getattr(connection, "client", None)
         if client is None:
@@ -101,27 +102,42 @@ def ssh_rtts(connections: Sequence[NodeConnection]) -> dict[int, float]:
 # --- step 1: node facts -----------------------------------------------------------------
 
 
-def probe_facts(cluster: Cluster, connections: list, pythons: list[str], master_addr: str,
-                *, ifname: str | None, master_port: int | None,
-                tag: str) -> dict[int, tuple[dict, str | None]]:
+def probe_facts(
+    cluster: Cluster,
+    connections: list,
+    pythons: list[str],
+    master_addr: str,
+    *,
+    ifname: str | None,
+    master_port: int | None,
+    tag: str,
+) -> dict[int, tuple[dict, str | None]]:
     """{node index: (key=values, error)} for every connected node (check_probe.sh.j2)."""
     argvs = {}
     for index, (host, connection) in enumerate(zip(cluster.hosts, connections, strict=True)):
         if isinstance(connection, NodeError):
             continue
         script = render_template(
-            "check_probe.sh.j2", host=host.name, python=pythons[index],
-            master_addr=master_addr, ifname=host.ifname or ifname,
-            is_master=index == 0, port=master_port, default_port=DEFAULT_MASTER_PORT)
+            "check_probe.sh.j2",
+            host=host.name,
+            python=pythons[index],
+            master_addr=master_addr,
+            ifname=host.ifname or ifname,
+            is_master=index == 0,
+            port=master_port,
+            default_port=DEFAULT_MASTER_PORT,
+        )
         argvs[index] = ["bash", "-c", script]
     results = run_each(connections, pythons, argvs, PROBE_TIME_LIMIT_S, tag)
-    return {index: ((parse_probe_output(r.output), None) if r.ok else
-                    ({}, _failure(r, pythons[index])))
-            for index, r in results.items()}
+    return {
+        index: ((parse_probe_output(r.output), None) if r.ok else ({}, _failure(r, pythons[index])))
+        for index, r in results.items()
+    }
 
 
-def run_each(connections: list, pythons: list[str], argvs: dict[int, list[str]],
-             time_limit: float, tag: str) -> dict[int, NodeResult]:
+def run_each(
+    connections: list, pythons: list[str], argvs: dict[int, list[str]], time_limit: float, tag: str
+) -> dict[int, NodeResult]:
     """run_on_nodes over the nodes in `argvs` (agents tagged with the run id); a node whose
     agent cannot even start gets a failed result instead of ending the check. Ctrl-C stops
     every node and the check."""
@@ -130,8 +146,13 @@ def run_each(connections: list, pythons: list[str], argvs: dict[int, list[str]],
     while pending:
         order = sorted(pending)
         try:
-            done = run_on_nodes([connections[i] for i in order], [pythons[i] for i in order],
-                                [pending[i] for i in order], time_limit=time_limit, tag=tag)
+            done = run_on_nodes(
+                [connections[i] for i in order],
+                [pythons[i] for i in order],
+                [pending[i] for i in order],
+                time_limit=time_limit,
+                tag=tag,
+            )
         except NodeError as exc:
             failed = next((i for i in order if connections[i].host == exc.host), None)
             if failed is None:
@@ -140,7 +161,8 @@ def run_each(connections: list, pythons: list[str], argvs: dict[int, list[str]],
             del pending[failed]
             continue
         if any(r.state == "stopped" for r in done) and not any(
-                "time limit" in r.detail for r in done):
+            "time limit" in r.detail for r in done
+        ):
             raise Interrupted("interrupted; stopped the check on every node")
         results.update(zip(order, done, strict=True))
         break
@@ -162,25 +184,57 @@ def reach_source() -> str:
     return resources.files("orchestrator.check").joinpath("reach.py").read_text(encoding="utf-8")
 
 
-def reach_master(reports: list[NodeReport], connections: list, master: Master, *,
-                 timeout: float, tag: str) -> list[NodeReport]:
+def reach_master(
+    reports: list[NodeReport], connections: list, master: Master, *, timeout: float, tag: str
+) -> list[NodeReport]:
     """Every usable node connects to MASTER_ADDR:PORT while the master listens."""
     token = secrets.token_hex(8)
     source = reach_source()
     # A node whose interface is missing, or has no address to bind, is diagnosed as such.
-    connecting = [r for r in reports if r.usable and r.get("ifname_exists") != "no"
-                  and (r.source or not r.get("ifname"))]
+    connecting = [
+        r
+        for r in reports
+        if r.usable and r.get("ifname_exists") != "no" and (r.source or not r.get("ifname"))
+    ]
     if not reports[0].usable:
         return [replace(r, reach_skipped="the master cannot run the listener") for r in reports]
     argvs = {}
     for report in connecting:
         argvs[report.index] = [
-            report.python, "-c", source, "--host", master.addr, "--port", str(master.port),
-            "--source", report.source, "--token", token, "--node", str(report.index),
-            "--timeout", f"{timeout:g}", "--sshd-port", str(master.sshd_port)]
-    listener = argvs.get(0) or [reports[0].python, "-c", source, "--host", master.addr,
-                                "--port", str(master.port), "--token", token, "--node", "0",
-                                "--timeout", f"{timeout:g}", "--no-connect"]
+            report.python,
+            "-c",
+            source,
+            "--host",
+            master.addr,
+            "--port",
+            str(master.port),
+            "--source",
+            report.source,
+            "--token",
+            token,
+            "--node",
+            str(report.index),
+            "--timeout",
+            f"{timeout:g}",
+            "--sshd-port",
+            str(master.sshd_port),
+        ]
+    listener = argvs.get(0) or [
+        reports[0].python,
+        "-c",
+        source,
+        "--host",
+        master.addr,
+        "--port",
+        str(master.port),
+        "--token",
+        token,
+        "--node",
+        "0",
+        "--timeout",
+        f"{timeout:g}",
+        "--no-connect",
+    ]
     argvs[0] = [*listener, "--listen", str(len(connecting))]
     pythons = [r.python for r in reports]
     results = run_each(connections, pythons, argvs, timeout + 30.0, tag)
@@ -190,8 +244,11 @@ def reach_master(reports: list[NodeReport], connections: list, master: Master, *
         if result is None:
             updated.append(replace(report, reach_skipped="not testable (see the problems)"))
         elif not result.ok:
-            updated.append(replace(report, reach={
-                "reach": "error", "reach_error": _failure(result, report.python)}))
+            updated.append(
+                replace(
+                    report, reach={"reach": "error", "reach_error": _failure(result, report.python)}
+                )
+            )
         else:
             updated.append(replace(report, reach=parse_probe_output(result.output)))
     return updated

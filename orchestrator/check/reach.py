@@ -46,8 +46,9 @@ def listen(port: int, expect: int, lifetime: float, token: str, ready: threading
     """Accept connections until `expect` distinct nodes sent the token, or `lifetime` ends."""
     family = socket.AF_INET6 if socket.has_dualstack_ipv6() else socket.AF_INET
     try:
-        server = socket.create_server(("", port), family=family,
-                                      dualstack_ipv6=family == socket.AF_INET6)
+        server = socket.create_server(
+            ("", port), family=family, dualstack_ipv6=family == socket.AF_INET6
+        )
     except OSError as exc:
         say("listen_error", describe(exc))
         ready.set()
@@ -75,8 +76,9 @@ def listen(port: int, expect: int, lifetime: float, token: str, ready: threading
     say("heard", ",".join(sorted(heard, key=int)))
 
 
-def attempt(address: tuple, family: int, source: str | None, token: str, node: str,
-            timeout: float) -> float:
+def attempt(
+    address: tuple, family: int, source: str | None, token: str, node: str, timeout: float
+) -> float:
     """One connection; returns the connect time in seconds or raises OSError."""
     with socket.socket(family, socket.SOCK_STREAM) as sock:
         if source:
@@ -88,13 +90,15 @@ def attempt(address: tuple, family: int, source: str | None, token: str, node: s
         sock.sendall(f"{token} {node}\n".encode())
         reply = sock.recv(256).decode(errors="replace").split()
         if reply != [token, "ok"]:
-            raise ConnectionError("the port answered, but not the check's listener "
-                                  "(something else listens there?)")
+            raise ConnectionError(
+                "the port answered, but not the check's listener (something else listens there?)"
+            )
         return took
 
 
-def connect(host: str, port: int, source: str | None, token: str, node: str,
-            timeout: float) -> bool:
+def connect(
+    host: str, port: int, source: str | None, token: str, node: str, timeout: float
+) -> bool:
     deadline = time.monotonic() + timeout
     try:
         infos = socket.getaddrinfo(host, port, socket.AF_INET, socket.SOCK_STREAM)
@@ -134,8 +138,9 @@ def connect(host: str, port: int, source: str | None, token: str, node: str,
 def sshd_port(host: str, port: int, source: str | None) -> None:
     """For the diagnosis: is the master's sshd reachable from the same address?"""
     try:
-        with socket.create_connection((host, port), timeout=2.0,
-                                      source_address=(source, 0) if source else None):
+        with socket.create_connection(
+            (host, port), timeout=2.0, source_address=(source, 0) if source else None
+        ):
             say("sshd_port", "ok")
     except OSError as exc:
         say("sshd_port", describe(exc))
@@ -150,8 +155,13 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--node", required=True, help="this node's index")
     parser.add_argument("--timeout", type=float, default=5.0)
     parser.add_argument("--sshd-port", type=int, default=22)
-    parser.add_argument("--listen", type=int, default=0, metavar="EXPECT",
-                        help="open the listener and wait for EXPECT nodes (master only)")
+    parser.add_argument(
+        "--listen",
+        type=int,
+        default=0,
+        metavar="EXPECT",
+        help="open the listener and wait for EXPECT nodes (master only)",
+    )
     parser.add_argument("--no-connect", action="store_true", help="only listen")
     args = parser.parse_args(argv)
     source = args.source or None
@@ -159,12 +169,14 @@ def main(argv: list[str]) -> int:
     if args.listen:
         ready = threading.Event()
         lifetime = args.timeout + 2.0
-        listener = threading.Thread(target=listen, daemon=True,
-                                    args=(args.port, args.listen, lifetime, args.token, ready))
+        listener = threading.Thread(
+            target=listen, daemon=True, args=(args.port, args.listen, lifetime, args.token, ready)
+        )
         listener.start()
         ready.wait()
-    connected = args.no_connect or connect(args.host, args.port, source, args.token,
-                                           args.node, args.timeout)
+    connected = args.no_connect or connect(
+        args.host, args.port, source, args.token, args.node, args.timeout
+    )
     if not connected:
         sshd_port(args.host, args.sshd_port, source)
     if listener is not None:

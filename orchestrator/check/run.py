@@ -97,8 +97,10 @@ def run_check(cluster: Cluster, options: CheckOptions, out: TextIO | None = None
     layout = make_plan(cluster, spec, options.run_id)  # bad input (max_slots...) fails here
     slots = [node.nproc for node in layout.nodes]
     chosen = f" ({cluster.selection})" if cluster.selection else ""  # --include/--exclude/...
-    say(f"[check] {len(cluster.hosts)} node(s), {layout.world_size} rank(s) from "
-        f"{cluster.path}{chosen}")
+    say(
+        f"[check] {len(cluster.hosts)} node(s), {layout.world_size} rank(s) from "
+        f"{cluster.path}{chosen}"
+    )
     connections = connect_each(cluster, options.ssh)
     try:
         return _check(cluster, options, spec, slots, connections, started, say)
@@ -106,15 +108,27 @@ def run_check(cluster: Cluster, options: CheckOptions, out: TextIO | None = None
         close_all([c for c in connections if not isinstance(c, NodeError)])
 
 
-def _check(cluster: Cluster, options: CheckOptions, spec: JobSpec, slots: list[int],
-           connections: list, started: float, say: Callable[..., None]) -> int:
+def _check(
+    cluster: Cluster,
+    options: CheckOptions,
+    spec: JobSpec,
+    slots: list[int],
+    connections: list,
+    started: float,
+    say: Callable[..., None],
+) -> int:
     reports, master = inspect_nodes(cluster, options, slots, connections, say)
     backend, backend_reason = choose_backend(reports, options.backend)
     problems = node_problems(reports, master, backend)
     if len(cluster.hosts) > 1 and is_loopback(master.addr):
-        problems.append(Problem("cluster", f"MASTER_ADDR would be {master.addr}, a loopback "
-                                "address the other nodes cannot reach; list nodes by names or "
-                                "addresses they can reach, or pass --master-addr"))
+        problems.append(
+            Problem(
+                "cluster",
+                f"MASTER_ADDR would be {master.addr}, a loopback "
+                "address the other nodes cannot reach; list nodes by names or "
+                "addresses they can reach, or pass --master-addr",
+            )
+        )
     say("")
     say(f"NODES (backend {backend}: {backend_reason})")
     say(node_table(reports, master, problems, backend))
@@ -125,10 +139,13 @@ def _check(cluster: Cluster, options: CheckOptions, spec: JobSpec, slots: list[i
     if any(p.blocks_job for p in problems):
         say("COLLECTIVES: not run; fix the problems below first")
     else:
-        say(f"[check] collectives job on {world_size} rank(s) ({backend}), run "
-            f"{options.run_id} in {options.run_dir}")
-        job = run_collectives(cluster, options, replace(spec, master_port=master.port),
-                              backend, connections)
+        say(
+            f"[check] collectives job on {world_size} rank(s) ({backend}), run "
+            f"{options.run_id} in {options.run_dir}"
+        )
+        job = run_collectives(
+            cluster, options, replace(spec, master_port=master.port), backend, connections
+        )
         problems += job.problems
         say("")
         if job.interrupted:
@@ -138,8 +155,10 @@ def _check(cluster: Cluster, options: CheckOptions, spec: JobSpec, slots: list[i
             say(collectives_table(job.rows))
         if job.bandwidth:
             say("")
-            say(f"BANDWIDTH ({backend}, {world_size} ranks; time: mean of the timed "
-                "iterations, averaged over ranks; algbw = size/time, busbw as nccl-tests)")
+            say(
+                f"BANDWIDTH ({backend}, {world_size} ranks; time: mean of the timed "
+                "iterations, averaged over ranks; algbw = size/time, busbw as nccl-tests)"
+            )
             say(bandwidth_table(job.bandwidth))
     elapsed = time.monotonic() - started
     say("")
@@ -149,59 +168,93 @@ def _check(cluster: Cluster, options: CheckOptions, spec: JobSpec, slots: list[i
         say(problems_text(problems))
         say(f"RESULT: FAILED ({len(problems)} problem(s)) in {elapsed:.1f} s")
     else:
-        say(f"RESULT: passed ({len(reports)} node(s), {world_size} rank(s), {backend}) in "
-            f"{elapsed:.1f} s")
+        say(
+            f"RESULT: passed ({len(reports)} node(s), {world_size} rank(s), {backend}) in "
+            f"{elapsed:.1f} s"
+        )
     if options.json_path:
-        write_json(options.json_path, {
-            "ok": not problems and not job.interrupted, "elapsed_s": round(elapsed, 3),
-            "hostfile": cluster.path, "selection": cluster.selection or None,
-            "run_id": options.run_id, "run_dir": options.run_dir,
-            "job": job.state, "backend": backend, "backend_reason": backend_reason,
-            "world_size": world_size,
-            "master": {"host": master.host, "addr": master.addr, "port": master.port},
-            "nodes": [r.to_dict() for r in reports],
-            "collectives": [row.__dict__ for row in job.rows],
-            "bandwidth": [row.to_dict() for row in job.bandwidth],
-            "problems": [str(p) for p in problems],
-        })
+        write_json(
+            options.json_path,
+            {
+                "ok": not problems and not job.interrupted,
+                "elapsed_s": round(elapsed, 3),
+                "hostfile": cluster.path,
+                "selection": cluster.selection or None,
+                "run_id": options.run_id,
+                "run_dir": options.run_dir,
+                "job": job.state,
+                "backend": backend,
+                "backend_reason": backend_reason,
+                "world_size": world_size,
+                "master": {"host": master.host, "addr": master.addr, "port": master.port},
+                "nodes": [r.to_dict() for r in reports],
+                "collectives": [row.__dict__ for row in job.rows],
+                "bandwidth": [row.to_dict() for row in job.bandwidth],
+                "problems": [str(p) for p in problems],
+            },
+        )
     if job.interrupted:
         return job.exit_code
     return 0 if not problems else 1
 
 
-def inspect_nodes(cluster: Cluster, options: CheckOptions, slots: list[int],
-                  connections: list, say: Callable[..., None]
-                  ) -> tuple[list[NodeReport], Master]:
+def inspect_nodes(
+    cluster: Cluster,
+    options: CheckOptions,
+    slots: list[int],
+    connections: list,
+    say: Callable[..., None],
+) -> tuple[list[NodeReport], Master]:
     """Steps 1 and 2: every node's facts and its TCP reach to the rendezvous."""
     live = [c for c in connections if not isinstance(c, NodeError)]
     rtts = ssh_rtts(live)
     first = connections[0]
     master_addr = options.master_addr or (
-        first.address if not isinstance(first, NodeError) else cluster.hosts[0].name)
+        first.address if not isinstance(first, NodeError) else cluster.hosts[0].name
+    )
     pythons = [host.python or options.python for host in cluster.hosts]
     say(f"[check] probing {len(live)} node(s): python, torch, NCCL, CUDA, interface, disk")
-    facts = probe_facts(cluster, connections, pythons, master_addr, ifname=options.ifname,
-                        master_port=options.master_port, tag=options.run_id)
+    facts = probe_facts(
+        cluster,
+        connections,
+        pythons,
+        master_addr,
+        ifname=options.ifname,
+        master_port=options.master_port,
+        tag=options.run_id,
+    )
     reports = []
     for index, (host, connection) in enumerate(zip(cluster.hosts, connections, strict=True)):
         probe, probe_error = facts.get(index, ({}, None))
-        reports.append(NodeReport(
-            index, host.name, slots[index], pythons[index], local=host.is_local,
-            ssh_error=connection.message if isinstance(connection, NodeError) else None,
-            ssh_rtt_ms=rtts.get(id(connection)), probe=probe, probe_error=probe_error,
-            slot_ids=host.slot_ids))
+        reports.append(
+            NodeReport(
+                index,
+                host.name,
+                slots[index],
+                pythons[index],
+                local=host.is_local,
+                ssh_error=connection.message if isinstance(connection, NodeError) else None,
+                ssh_rtt_ms=rtts.get(id(connection)),
+                probe=probe,
+                probe_error=probe_error,
+                slot_ids=host.slot_ids,
+            )
+        )
     port = reports[0].get("port")
     sshd_port = getattr(getattr(first, "target", None), "port", 22)
-    master = Master(cluster.hosts[0].name, master_addr, int(port) if port.isdigit() else None,
-                    sshd_port)
+    master = Master(
+        cluster.hosts[0].name, master_addr, int(port) if port.isdigit() else None, sshd_port
+    )
     if master.port is not None and reports[0].get("port_free") == "yes":
         say(f"[check] TCP from every node to {master.endpoint} (the rendezvous)")
-        timeout = min(REACH_TIMEOUT_S, float(getattr(options.ssh, "connect_timeout", None)
-                                                     or REACH_TIMEOUT_S))
+        timeout = min(
+            REACH_TIMEOUT_S, float(getattr(options.ssh, "connect_timeout", None) or REACH_TIMEOUT_S)
+        )
         reports = reach_master(reports, connections, master, timeout=timeout, tag=options.run_id)
     else:
-        reports = [replace(r, reach_skipped="no usable rendezvous port on the master")
-                   for r in reports]
+        reports = [
+            replace(r, reach_skipped="no usable rendezvous port on the master") for r in reports
+        ]
     return reports, master
 
 
@@ -214,15 +267,19 @@ def job_spec(options: CheckOptions) -> JobSpec:
         args.append("--skip-bandwidth")
     return JobSpec(
         program=Program("orchestrator.check.collectives", tuple(args), is_module=True),
-        python=options.python, workdir="/", nproc_per_node=options.nproc_per_node,
-        master_addr=options.master_addr, master_port=options.master_port,
+        python=options.python,
+        workdir="/",
+        nproc_per_node=options.nproc_per_node,
+        master_addr=options.master_addr,
+        master_port=options.master_port,
         ifname=options.ifname,
         env=merge_env(forwarded_env() if options.forward_env else []),
     )
 
 
-def run_collectives(cluster: Cluster, options: CheckOptions, spec: JobSpec, backend: str,
-                    connections: list) -> JobResult:
+def run_collectives(
+    cluster: Cluster, options: CheckOptions, spec: JobSpec, backend: str, connections: list
+) -> JobResult:
     """Step 3: launch orchestrator.check.collectives on every slot; read its reports back."""
     from orchestrator.launcher import LaunchOptions, prepare, run_plan
     from orchestrator.render import write_rendered
@@ -230,9 +287,15 @@ def run_collectives(cluster: Cluster, options: CheckOptions, spec: JobSpec, back
 
     args = ("--backend", backend, *spec.program.args)
     spec = replace(spec, program=replace(spec.program, args=args))
-    launch_options = LaunchOptions(run_dir=options.run_dir, run_id=options.run_id,
-                                   argv=options.argv, grace=5.0, color="never",
-                                   preflight=True, ssh=options.ssh)
+    launch_options = LaunchOptions(
+        run_dir=options.run_dir,
+        run_id=options.run_id,
+        argv=options.argv,
+        grace=5.0,
+        color="never",
+        preflight=True,
+        ssh=options.ssh,
+    )
     plan, scripts = prepare(cluster, spec, launch_options, connections)
     record = RunRecord.create(options.run_dir, options.run_id)
     write_rendered(record.path, plan, scripts)
@@ -250,14 +313,25 @@ def run_collectives(cluster: Cluster, options: CheckOptions, spec: JobSpec, back
     if job.interrupted:
         job.problems = [Problem(where, f"interrupted; its logs are in {record.logs_dir}")]
     elif outcome.state != "succeeded" and not problems:
-        problems.append(Problem(where, f"the collectives job {outcome.state}: "
-                                f"{outcome.summary}\n    its logs are in {record.logs_dir}"))
+        problems.append(
+            Problem(
+                where,
+                f"the collectives job {outcome.state}: "
+                f"{outcome.summary}\n    its logs are in {record.logs_dir}",
+            )
+        )
     elif outcome.state == "succeeded" and not options.skip_bandwidth:
-        expected = 2 * len(measure.sweep_sizes(options.max_size
-                                             or measure.DEFAULT_MAX_SIZE[backend]))
+        expected = 2 * len(
+            measure.sweep_sizes(options.max_size or measure.DEFAULT_MAX_SIZE[backend])
+        )
         if len(bandwidth) < expected:
-            problems.append(Problem(where, f"rank 0 reported {len(bandwidth)} of {expected} "
-                                    f"bandwidth results; see {record.logs_dir}"))
+            problems.append(
+                Problem(
+                    where,
+                    f"rank 0 reported {len(bandwidth)} of {expected} "
+                    f"bandwidth results; see {record.logs_dir}",
+                )
+            )
     return job
 
 
@@ -271,9 +345,11 @@ def parse_max_size(text: str) -> int:
     except ValueError as exc:
         raise ConfigError(f"--max-size: {exc}") from None
     if size > MAX_SWEEP_SIZE:
-        raise ConfigError(f"--max-size {text!r}: at most {measure.format_size(MAX_SWEEP_SIZE)} "
-                          f"({MAX_SWEEP_SIZE} bytes), as every rank allocates buffers of this "
-                          "size; give e.g. 1G")
+        raise ConfigError(
+            f"--max-size {text!r}: at most {measure.format_size(MAX_SWEEP_SIZE)} "
+            f"({MAX_SWEEP_SIZE} bytes), as every rank allocates buffers of this "
+            "size; give e.g. 1G"
+        )
     return size
 
 
@@ -282,12 +358,14 @@ def check_json_path(path: str) -> None:
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
         problem = "is not a folder" if os.path.exists(folder) else "does not exist"
-        raise ConfigError(f"--json {path}: {folder} {problem}; create that folder first or "
-                          "give another path")
+        raise ConfigError(
+            f"--json {path}: {folder} {problem}; create that folder first or give another path"
+        )
     if os.path.isdir(path):
         raise ConfigError(f"--json {path}: is a folder; give a file path")
-    writable = os.access(path, os.W_OK) if os.path.exists(path) else \
-        os.access(folder, os.W_OK | os.X_OK)
+    writable = (
+        os.access(path, os.W_OK) if os.path.exists(path) else os.access(folder, os.W_OK | os.X_OK)
+    )
     if not writable:
         raise ConfigError(f"--json {path}: cannot write it: permission denied")
 

@@ -12,41 +12,82 @@ import click
 
 from orchestrator.errors import ConfigError
 
-SLURM_KEYS = ("nodes", "partition", "time", "account", "job_name", "gpus_per_node",
-              "cpus_per_node", "sbatch_args", "signal", "requeue")
+SLURM_KEYS = (
+    "nodes",
+    "partition",
+    "time",
+    "account",
+    "job_name",
+    "gpus_per_node",
+    "cpus_per_node",
+    "sbatch_args",
+    "signal",
+    "requeue",
+)
 
 
 def backend_options(func):
     """--backend and the SLURM job's options; shared by launch and render."""
     options = [
-        click.option("--backend", type=click.Choice(["auto", "local", "ssh", "slurm"]),
-                     default="auto", show_default=True,
-                     help="auto or ssh: SSH to the hosts (localhost entries run directly); "
-                          "local: every host must be this machine; slurm: one sbatch job "
-                          "(HOSTFILE optional, then --nodes; MASTER_PORT from the job id "
-                          "unless --master-port)."),
-        click.option("--nodes", type=int, default=None, metavar="N",
-                     help="[slurm] Number of nodes, when no HOSTFILE names them."),
+        click.option(
+            "--backend",
+            type=click.Choice(["auto", "local", "ssh", "slurm"]),
+            default="auto",
+            show_default=True,
+            help="auto or ssh: SSH to the hosts (localhost entries run directly); "
+            "local: every host must be this machine; slurm: one sbatch job "
+            "(HOSTFILE optional, then --nodes; MASTER_PORT from the job id "
+            "unless --master-port).",
+        ),
+        click.option(
+            "--nodes",
+            type=int,
+            default=None,
+            metavar="N",
+            help="[slurm] Number of nodes, when no HOSTFILE names them.",
+        ),
         click.option("--partition", metavar="NAME", help="[slurm] Partition to run in."),
-        click.option("--time", metavar="LIMIT",
-                     help="[slurm] Time limit (MINUTES, HH:MM:SS, DAYS-HH:MM...)."),
+        click.option(
+            "--time", metavar="LIMIT", help="[slurm] Time limit (MINUTES, HH:MM:SS, DAYS-HH:MM...)."
+        ),
         click.option("--account", metavar="NAME", help="[slurm] Account to charge."),
         click.option("--job-name", metavar="NAME", help="[slurm] Job name. Default: the run id."),
-        click.option("--gpus-per-node", type=int, default=None, metavar="N",
-                     help="[slurm] GPUs per node (also the default --nproc-per-node)."),
-        click.option("--cpus-per-node", type=int, default=None, metavar="N",
-                     help="[slurm] CPUs per node (the node's one task)."),
-        click.option("--sbatch-arg", "sbatch_args", multiple=True, metavar="OPTION",
-                     help="[slurm] Any other sbatch option, written as an #SBATCH line after "
-                          "the others (repeatable), e.g. --sbatch-arg=--mem=64G."),
-        click.option("--signal", metavar="SIG@SECONDS",
-                     help="[slurm] Have SLURM send SIG (USR1 or USR2) that many seconds before "
-                          "the time limit; the script passes it to the ranks (the bundled "
-                          "trainer saves a checkpoint and exits), e.g. USR1@120."),
-        click.option("--requeue", is_flag=True,
-                     help="[slurm] Let SLURM requeue the job; with --signal, the script "
-                          "requeues it once the ranks stopped on the signal, so it resumes "
-                          "(trainer: --checkpoint-dir DIR --resume)."),
+        click.option(
+            "--gpus-per-node",
+            type=int,
+            default=None,
+            metavar="N",
+            help="[slurm] GPUs per node (also the default --nproc-per-node).",
+        ),
+        click.option(
+            "--cpus-per-node",
+            type=int,
+            default=None,
+            metavar="N",
+            help="[slurm] CPUs per node (the node's one task).",
+        ),
+        click.option(
+            "--sbatch-arg",
+            "sbatch_args",
+            multiple=True,
+            metavar="OPTION",
+            help="[slurm] Any other sbatch option, written as an #SBATCH line after "
+            "the others (repeatable), e.g. --sbatch-arg=--mem=64G.",
+        ),
+        click.option(
+            "--signal",
+            metavar="SIG@SECONDS",
+            help="[slurm] Have SLURM send SIG (USR1 or USR2) that many seconds before "
+            "the time limit; the script passes it to the ranks (the bundled "
+            "trainer saves a checkpoint and exits), e.g. USR1@120.",
+        ),
+        click.option(
+            "--requeue",
+            is_flag=True,
+            help="[slurm] Let SLURM requeue the job; with --signal, the script "
+            "requeues it once the ranks stopped on the signal, so it resumes "
+            "(trainer: --checkpoint-dir DIR --resume).",
+        ),
     ]
     return functools.reduce(lambda f, option: option(f), reversed(options), func)
 
@@ -67,13 +108,17 @@ def check_backend(backend: str, slurm, hostfile: str | None):
     if given:
         raise ConfigError(f"{given[0]} applies to --backend slurm only")
     if hostfile is None:
-        raise ConfigError("HOSTFILE is missing: give the hostfile before `--` (it may be left "
-                          "out only with --backend slurm)")
+        raise ConfigError(
+            "HOSTFILE is missing: give the hostfile before `--` (it may be left "
+            "out only with --backend slurm)"
+        )
     cluster = load_hostfile(hostfile)
     if backend == "local" and not cluster.is_local:
         first = next(h for h in cluster.hosts if not h.is_local)
-        raise ConfigError(f"{first.source}: --backend local, but {first.name} is not this "
-                          "machine; use --backend ssh (or auto)")
+        raise ConfigError(
+            f"{first.source}: --backend local, but {first.name} is not this "
+            "machine; use --backend ssh (or auto)"
+        )
     return cluster
 
 
@@ -89,6 +134,6 @@ class HostfileOptional(click.Command):
 def split_hostfile(hostfile: str | None, program: tuple[str, ...]):
     """A first positional argument that came after `--` is the program, not a HOSTFILE."""
     raw = click.get_current_context().meta.get("raw_args", [])
-    if hostfile is not None and "--" in raw and hostfile not in raw[:raw.index("--")]:
+    if hostfile is not None and "--" in raw and hostfile not in raw[: raw.index("--")]:
         return None, (hostfile, *program)
     return hostfile, program

@@ -60,33 +60,79 @@ def cli() -> None:
 @job_options
 @selection_options
 @backend_options
-@click.option("--login", metavar="HOST",
-              help="[slurm] Run sbatch/squeue/scancel on this login node over SSH; --run-dir "
-                   "must then be on a file system the cluster shares (same path).")
-@click.option("--sync", "sync_dir", metavar="DIR",
-              help="Copy DIR into every node's run directory (over SFTP) before starting; "
-                   "the ranks start in the copy. Default: the script is expected at the same "
-                   "path on every node (shared file system).")
+@click.option(
+    "--login",
+    metavar="HOST",
+    help="[slurm] Run sbatch/squeue/scancel on this login node over SSH; --run-dir "
+    "must then be on a file system the cluster shares (same path).",
+)
+@click.option(
+    "--sync",
+    "sync_dir",
+    metavar="DIR",
+    help="Copy DIR into every node's run directory (over SFTP) before starting; "
+    "the ranks start in the copy. Default: the script is expected at the same "
+    "path on every node (shared file system).",
+)
 @run_options
 @ssh_options
-@click.option("--dry-run", is_flag=True,
-              help="Probe the nodes, then print the plan and every node script; start nothing.")
-@click.option("--detach", is_flag=True,
-              help="Return once the job runs on every node; a background controller "
-                   "supervises it. Use `logs RUN -f`, `status RUN` and `stop RUN` later.")
-@click.option("--no-preflight", "preflight", flag_value=False, default=True,
-              help="Skip probing the nodes (python, torch, interface, port) before starting.")
-@click.option("--grace", type=click.FloatRange(min=0), default=10.0, show_default=True,
-              metavar="SECONDS",
-              help="On a failure or Ctrl-C, how long ranks get between SIGTERM and SIGKILL.")
-@click.option("--heartbeat-timeout", type=click.FloatRange(min=0), default=30.0,
-              show_default=True, metavar="SECONDS",
-              help="A node silent this long is lost (the run stops); a node that hears "
-                   "nothing from the orchestrator this long stops its part by itself.")
-@click.option("--color", type=click.Choice(["auto", "always", "never"]), default="auto",
-              show_default=True, help="Colour the rank prefixes.")
-def launch(hostfile, program, dry_run, detach, preflight, grace, heartbeat_timeout, color,
-           run_id, run_dir, backend, login, **job):
+@click.option(
+    "--dry-run",
+    is_flag=True,
+    help="Probe the nodes, then print the plan and every node script; start nothing.",
+)
+@click.option(
+    "--detach",
+    is_flag=True,
+    help="Return once the job runs on every node; a background controller "
+    "supervises it. Use `logs RUN -f`, `status RUN` and `stop RUN` later.",
+)
+@click.option(
+    "--no-preflight",
+    "preflight",
+    flag_value=False,
+    default=True,
+    help="Skip probing the nodes (python, torch, interface, port) before starting.",
+)
+@click.option(
+    "--grace",
+    type=click.FloatRange(min=0),
+    default=10.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="On a failure or Ctrl-C, how long ranks get between SIGTERM and SIGKILL.",
+)
+@click.option(
+    "--heartbeat-timeout",
+    type=click.FloatRange(min=0),
+    default=30.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="A node silent this long is lost (the run stops); a node that hears "
+    "nothing from the orchestrator this long stops its part by itself.",
+)
+@click.option(
+    "--color",
+    type=click.Choice(["auto", "always", "never"]),
+    default="auto",
+    show_default=True,
+    help="Colour the rank prefixes.",
+)
+def launch(
+    hostfile,
+    program,
+    dry_run,
+    detach,
+    preflight,
+    grace,
+    heartbeat_timeout,
+    color,
+    run_id,
+    run_dir,
+    backend,
+    login,
+    **job,
+):
     """Run a job on every node of HOSTFILE.
 
     Without a script, runs the bundled DDP trainer (python -m orchestrator.trainer).
@@ -110,20 +156,25 @@ def launch(hostfile, program, dry_run, detach, preflight, grace, heartbeat_timeo
         raise ConfigError("--login applies to --backend slurm only")
     cluster = None
     if backend != "slurm":
-        cluster = select(check_backend(backend, slurm, hostfile), selection,
-                         job["nproc_per_node"])
+        cluster = select(check_backend(backend, slurm, hostfile), selection, job["nproc_per_node"])
     spec = make_spec(program, gpus_chosen=gpus_chosen(selection, cluster, backend), **job)
     options = LaunchOptions(
-        run_dir=run_dir, run_id=check_run_id(run_id) if run_id else new_run_id(),
-        argv=tuple(["orchestrator", *sys.argv[1:]]), grace=grace,
-        heartbeat_timeout=heartbeat_timeout, color=color, preflight=preflight, ssh=ssh,
+        run_dir=run_dir,
+        run_id=check_run_id(run_id) if run_id else new_run_id(),
+        argv=tuple(["orchestrator", *sys.argv[1:]]),
+        grace=grace,
+        heartbeat_timeout=heartbeat_timeout,
+        color=color,
+        preflight=preflight,
+        ssh=ssh,
     )
     if backend == "slurm":
         from orchestrator.hostfile import load_hostfile
         from orchestrator.slurm.submit import launch_slurm
 
-        cluster = select(load_hostfile(hostfile) if hostfile else None, selection,
-                         job["nproc_per_node"])
+        cluster = select(
+            load_hostfile(hostfile) if hostfile else None, selection, job["nproc_per_node"]
+        )
         return launch_slurm(cluster, spec, slurm, options, dry_run=dry_run, detach=detach)
     return run_launch(cluster, spec, options, dry_run=dry_run, detach=detach)
 
@@ -131,9 +182,14 @@ def launch(hostfile, program, dry_run, detach, preflight, grace, heartbeat_timeo
 @cli.command(cls=HostfileOptional, context_settings=CONTEXT)
 @click.argument("hostfile", type=click.Path(), required=False)
 @click.argument("program", nargs=-1, type=click.UNPROCESSED, metavar="[-- SCRIPT ARGS...]")
-@click.option("-o", "--output", "out_dir", required=True, metavar="DIR",
-              help="Folder to write plan.yaml and node0.sh, node1.sh, ... (or job.sbatch) "
-                   "into.")
+@click.option(
+    "-o",
+    "--output",
+    "out_dir",
+    required=True,
+    metavar="DIR",
+    help="Folder to write plan.yaml and node0.sh, node1.sh, ... (or job.sbatch) into.",
+)
 @click.option("--run-id", metavar="NAME", help="Run id written into the scripts.")
 @job_options
 @selection_options
@@ -157,19 +213,28 @@ def render(hostfile, program, out_dir, run_id, backend, **job):
     if backend == "slurm":
         from orchestrator.slurm.submit import write_slurm_render
 
-        cluster = select(load_hostfile(hostfile) if hostfile else None, selection,
-                         job["nproc_per_node"])
+        cluster = select(
+            load_hostfile(hostfile) if hostfile else None, selection, job["nproc_per_node"]
+        )
         spec = make_spec(program, gpus_chosen=gpus_chosen(selection, cluster, backend), **job)
-        for path in write_slurm_render(out_dir, cluster, spec, slurm,
-                                       check_run_id(run_id) if run_id else new_run_id(),
-                                       tuple(["orchestrator", *sys.argv[1:]])):
+        for path in write_slurm_render(
+            out_dir,
+            cluster,
+            spec,
+            slurm,
+            check_run_id(run_id) if run_id else new_run_id(),
+            tuple(["orchestrator", *sys.argv[1:]]),
+        ):
             click.echo(str(path))
         return 0
     cluster = select(check_backend(backend, slurm, hostfile), selection, job["nproc_per_node"])
     spec = make_spec(program, gpus_chosen=gpus_chosen(selection, cluster, backend), **job)
     check_script_exists(cluster, spec)  # as launch does, when every node is this machine
-    options = LaunchOptions(run_dir="", run_id=check_run_id(run_id) if run_id else new_run_id(),
-                            argv=tuple(["orchestrator", *sys.argv[1:]]))
+    options = LaunchOptions(
+        run_dir="",
+        run_id=check_run_id(run_id) if run_id else new_run_id(),
+        argv=tuple(["orchestrator", *sys.argv[1:]]),
+    )
     plan, scripts = prepare(cluster, spec, options, connections=None)
     for path in write_rendered(out_dir, plan, scripts):
         click.echo(str(path))
@@ -178,18 +243,36 @@ def render(hostfile, program, out_dir, run_id, backend, **job):
 
 @cli.command("exec", context_settings=CONTEXT)
 @click.argument("hostfile", type=click.Path())
-@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED,
-                metavar="-- COMMAND...")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED, metavar="-- COMMAND...")
 @ssh_options
-@click.option("--python", metavar="PATH",
-              help="Interpreter that runs the small node agent on every node (standard library "
-                   "only). Default: this orchestrator's interpreter path; a hostfile python wins.")
-@click.option("--grace", type=click.FloatRange(min=0), default=5.0, show_default=True,
-              metavar="SECONDS", help="On Ctrl-C, time between SIGTERM and SIGKILL.")
-@click.option("--timeout", type=click.FloatRange(min=0), default=None, metavar="SECONDS",
-              help="Stop the command everywhere after this long.")
-@click.option("--color", type=click.Choice(["auto", "always", "never"]), default="auto",
-              show_default=True, help="Colour the host prefixes.")
+@click.option(
+    "--python",
+    metavar="PATH",
+    help="Interpreter that runs the small node agent on every node (standard library "
+    "only). Default: this orchestrator's interpreter path; a hostfile python wins.",
+)
+@click.option(
+    "--grace",
+    type=click.FloatRange(min=0),
+    default=5.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="On Ctrl-C, time between SIGTERM and SIGKILL.",
+)
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0),
+    default=None,
+    metavar="SECONDS",
+    help="Stop the command everywhere after this long.",
+)
+@click.option(
+    "--color",
+    type=click.Choice(["auto", "always", "never"]),
+    default="auto",
+    show_default=True,
+    help="Colour the host prefixes.",
+)
 def exec_command(hostfile, command, python, grace, timeout, color, **ssh):
     """Run a shell command on every node of HOSTFILE at once.
 
@@ -202,9 +285,15 @@ def exec_command(hostfile, command, python, grace, timeout, color, **ssh):
 
     refuse_empty(python=python)
     cluster = load_hostfile(hostfile)
-    return exec_on_cluster(cluster, " ".join(command), python or sys.executable,
-                           make_ssh_options(**ssh), grace=grace, time_limit=timeout,
-                           color=color)
+    return exec_on_cluster(
+        cluster,
+        " ".join(command),
+        python or sys.executable,
+        make_ssh_options(**ssh),
+        grace=grace,
+        time_limit=timeout,
+        color=color,
+    )
 
 
 @cli.command(context_settings=CONTEXT)
@@ -214,8 +303,13 @@ def exec_command(hostfile, command, python, grace, timeout, color, **ssh):
 @click.option("--rank", type=int, default=None, help="Only this global rank's output.")
 @click.option("--node", metavar="HOST", help="Only lines of this node's ranks and its torchrun.")
 @click.option("--grep", metavar="REGEX", help="Only lines matching REGEX.")
-@click.option("--tail", type=click.IntRange(min=0), default=None, metavar="N",
-              help="Start with the last N lines instead of the whole log.")
+@click.option(
+    "--tail",
+    type=click.IntRange(min=0),
+    default=None,
+    metavar="N",
+    help="Start with the last N lines instead of the whole log.",
+)
 def logs(run_id, run_dir, follow, rank, node, grep, tail):
     """Print a run's combined log (or one rank's), or follow it while it runs."""
     import re
@@ -233,8 +327,9 @@ def logs(run_id, run_dir, follow, rank, node, grep, tail):
     status = record.read_status()
     if rank is not None:
         if not 0 <= rank < int(status.get("world_size") or 0):
-            raise ConfigError(f"--rank {rank}: run {run_id} has ranks 0-"
-                              f"{int(status.get('world_size') or 0) - 1}")
+            raise ConfigError(
+                f"--rank {rank}: run {run_id} has ranks 0-{int(status.get('world_size') or 0) - 1}"
+            )
         path = record.logs_dir / f"rank-{rank}.log"
     else:
         path = record.logs_dir / "combined.log"
@@ -287,8 +382,14 @@ def status(run_id, run_dir, as_json):
 @cli.command(context_settings=CONTEXT)
 @click.argument("run_id", metavar="RUN")
 @run_dir_option
-@click.option("--wait", type=click.FloatRange(min=0), default=60.0, show_default=True,
-              metavar="SECONDS", help="How long to wait for the run to end.")
+@click.option(
+    "--wait",
+    type=click.FloatRange(min=0),
+    default=60.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="How long to wait for the run to end.",
+)
 def stop(run_id, run_dir, wait):
     """Stop a running run on every node (SIGTERM, then SIGKILL after its grace).
 
@@ -313,36 +414,90 @@ def runs(run_dir):
 
 @cli.command(context_settings=CONTEXT)
 @click.argument("hostfile", type=click.Path())
-@click.option("--nproc-per-node", type=click.IntRange(min=1), default=None, metavar="N",
-              help="Ranks per node. Default: each host's slots (1 for a bare host).")
-@click.option("--master-addr", metavar="ADDR",
-              help="Rendezvous address to test. Default: the first node, as reached by ssh.")
-@click.option("--master-port", default="auto", show_default=True, metavar="PORT|auto",
-              help="Rendezvous port to test and use. 'auto': 29500 when free on the master, "
-                   "else a free one.")
-@click.option("--ifname", metavar="IFACE",
-              help="Interface for NCCL and gloo on every node (a hostfile ifname wins). "
-                   "Default: the one whose route reaches MASTER_ADDR.")
-@click.option("--python", metavar="PATH",
-              help="Interpreter on every node. Default: this orchestrator's interpreter path; "
-                   "a hostfile python wins for its node.")
-@click.option("--backend", type=click.Choice(["auto", "nccl", "gloo"]), default="auto",
-              show_default=True, help="auto: NCCL when every node has CUDA devices, else gloo.")
-@click.option("--max-size", metavar="SIZE",
-              help="Largest message of the bandwidth sweep (from 1K, doubling), e.g. 64M or "
-                   "1G. Default: 64M with gloo, 1G with NCCL.")
+@click.option(
+    "--nproc-per-node",
+    type=click.IntRange(min=1),
+    default=None,
+    metavar="N",
+    help="Ranks per node. Default: each host's slots (1 for a bare host).",
+)
+@click.option(
+    "--master-addr",
+    metavar="ADDR",
+    help="Rendezvous address to test. Default: the first node, as reached by ssh.",
+)
+@click.option(
+    "--master-port",
+    default="auto",
+    show_default=True,
+    metavar="PORT|auto",
+    help="Rendezvous port to test and use. 'auto': 29500 when free on the master, else a free one.",
+)
+@click.option(
+    "--ifname",
+    metavar="IFACE",
+    help="Interface for NCCL and gloo on every node (a hostfile ifname wins). "
+    "Default: the one whose route reaches MASTER_ADDR.",
+)
+@click.option(
+    "--python",
+    metavar="PATH",
+    help="Interpreter on every node. Default: this orchestrator's interpreter path; "
+    "a hostfile python wins for its node.",
+)
+@click.option(
+    "--backend",
+    type=click.Choice(["auto", "nccl", "gloo"]),
+    default="auto",
+    show_default=True,
+    help="auto: NCCL when every node has CUDA devices, else gloo.",
+)
+@click.option(
+    "--max-size",
+    metavar="SIZE",
+    help="Largest message of the bandwidth sweep (from 1K, doubling), e.g. 64M or "
+    "1G. Default: 64M with gloo, 1G with NCCL.",
+)
 @click.option("--skip-bandwidth", is_flag=True, help="Check the collectives only.")
-@click.option("--json", "json_path", metavar="FILE", type=click.Path(dir_okay=False),
-              help="Also write the whole report as JSON to FILE.")
-@click.option("--timeout", type=click.FloatRange(min=1), default=180.0, show_default=True,
-              metavar="SECONDS", help="Give up on the collectives job after this long.")
-@click.option("--run-id", metavar="NAME", help="Name of the check's run. Default: the time "
-              "and a random suffix.")
+@click.option(
+    "--json",
+    "json_path",
+    metavar="FILE",
+    type=click.Path(dir_okay=False),
+    help="Also write the whole report as JSON to FILE.",
+)
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=1),
+    default=180.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="Give up on the collectives job after this long.",
+)
+@click.option(
+    "--run-id",
+    metavar="NAME",
+    help="Name of the check's run. Default: the time and a random suffix.",
+)
 @run_dir_option
 @selection_options
 @ssh_options
-def check(hostfile, nproc_per_node, master_addr, master_port, ifname, python, backend,
-          max_size, skip_bandwidth, json_path, timeout, run_id, run_dir, **ssh):
+def check(
+    hostfile,
+    nproc_per_node,
+    master_addr,
+    master_port,
+    ifname,
+    python,
+    backend,
+    max_size,
+    skip_bandwidth,
+    json_path,
+    timeout,
+    run_id,
+    run_dir,
+    **ssh,
+):
     """Prove that the nodes of HOSTFILE are ready for a job.
 
     Per node, in parallel: SSH round trip, python, torch, NCCL, CUDA devices vs slots, the
@@ -366,16 +521,25 @@ def check(hostfile, nproc_per_node, master_addr, master_port, ifname, python, ba
     selection = split_selection(ssh)
     cluster = select(load_hostfile(hostfile), selection, nproc_per_node)
     options = CheckOptions(
-        run_dir=run_dir, run_id=check_run_id(run_id) if run_id else new_run_id(),
-        argv=tuple(["orchestrator", *sys.argv[1:]]), python=python or sys.executable,
-        nproc_per_node=nproc_per_node, master_addr=master_addr,
-        master_port=parse_master_port(master_port), ifname=ifname, backend=backend,
-        max_size=max_size, skip_bandwidth=skip_bandwidth, timeout=timeout,
-        json_path=json_path, ssh=make_ssh_options(**ssh),
+        run_dir=run_dir,
+        run_id=check_run_id(run_id) if run_id else new_run_id(),
+        argv=tuple(["orchestrator", *sys.argv[1:]]),
+        python=python or sys.executable,
+        nproc_per_node=nproc_per_node,
+        master_addr=master_addr,
+        master_port=parse_master_port(master_port),
+        ifname=ifname,
+        backend=backend,
+        max_size=max_size,
+        skip_bandwidth=skip_bandwidth,
+        timeout=timeout,
+        json_path=json_path,
+        ssh=make_ssh_options(**ssh),
     )
     if os.path.exists(os.path.join(run_dir, options.run_id)):
-        raise ConfigError(f"run {options.run_id!r} already exists in {run_dir}; choose "
-                          "another --run-id")
+        raise ConfigError(
+            f"run {options.run_id!r} already exists in {run_dir}; choose another --run-id"
+        )
     return run_check(cluster, options)
 
 
@@ -396,4 +560,3 @@ def main(argv: list[str] | None = None) -> None:
         click.echo("orchestrator: interrupted; nothing was started", err=True)
         code = 130
     sys.exit(code if isinstance(code, int) else 0)
-

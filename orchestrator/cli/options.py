@@ -18,58 +18,113 @@ from orchestrator.errors import ConfigError
 def job_options(func):
     """Options that describe the job itself; shared by launch and render."""
     options = [
-        click.option("--nproc-per-node", type=int, default=None, metavar="N",
-                     help="Ranks per node. Default: each host's slots (1 for a bare host)."),
-        click.option("--master-addr", metavar="ADDR",
-                     help="Rendezvous address. Default: the first node (as reached by ssh; "
-                          "127.0.0.1 for a local job). Must be reachable from every node."),
-        click.option("--master-port", default="auto", show_default=True, metavar="PORT|auto",
-                     help="Rendezvous port. 'auto': a free port that the master node's "
-                          "kernel picks (so runs sharing nodes never collide; 29500 when not "
-                          "probed, as by `render`). An explicit port is checked free first."),
-        click.option("--ifname", metavar="IFACE",
-                     help="Network interface for NCCL and gloo (NCCL_SOCKET_IFNAME, "
-                          "GLOO_SOCKET_IFNAME) on every node. Default: on each node, the one "
-                          "whose route reaches MASTER_ADDR. A hostfile ifname wins for its node."),
-        click.option("--env", "env", multiple=True, metavar="NAME=VALUE",
-                     help="Set a variable on every node (repeatable)."),
-        click.option("--env-file", "env_files", multiple=True, metavar="FILE",
-                     type=click.Path(dir_okay=False),
-                     help="NAME=VALUE lines to set on every node (repeatable; --env wins); "
-                          "DeepSpeed's .deepspeed_env format. Without it, a .deepspeed_env in "
-                          "the home and current directories (or $DS_ENV_FILE) is used, as "
-                          "DeepSpeed does, and said so."),
-        click.option("--no-env-file", "no_env_file", is_flag=True,
-                     help="Do not read a .deepspeed_env found in the home or current "
-                          "directory."),
-        click.option("--secret-env", "secret_names", multiple=True, metavar="NAME",
-                     help="Treat NAME as a secret: its value is handed to the job at start, "
-                          "never written to scripts, plan or run record, and masked in logs. "
-                          "Names containing TOKEN, SECRET, PASSWORD, API_KEY, CREDENTIAL... "
-                          "are secrets already."),
-        click.option("--forward-env/--no-forward-env", default=True, show_default=True,
-                     help="Forward this shell's NCCL_*, GLOO_*, TORCH_*, CUDA_*, PYTHON* and "
-                          "OMP_* variables to every node, except those naming this machine's "
-                          "own interfaces and GPUs (CUDA_VISIBLE_DEVICES: choose the nodes' "
-                          "with --include/--num-gpus or --env)."),
-        click.option("--python", metavar="PATH",
-                     help="Interpreter (and its torchrun) on the nodes. Default: this "
-                          "orchestrator's own interpreter path, as on a shared file system. "
-                          "A hostfile python wins for its node."),
-        click.option("--workdir", metavar="DIR",
-                     help="Directory the ranks start in on every node. Default: the current "
-                          "directory."),
-        click.option("--max-restarts", "--max_restarts", "max_restarts", type=int, default=0,
-                     show_default=True, metavar="N",
-                     help="torchrun's --max-restarts: after a rank fails, torchrun restarts "
-                          "the workers on every node, up to N times per node (the job "
-                          "resumes from its own checkpoint); the run fails once torchrun "
-                          "gives up. N > 0 uses torchrun's c10d rendezvous."),
-        click.option("--bind-cores", "--bind_cores_to_rank", "bind_cores", is_flag=True,
-                     help="Pin each local rank to its own disjoint set of cores (and its NUMA "
-                          "node, with numactl) from the node's own topology, before the rank "
-                          "starts; the plan shows the sets. More local ranks than cores is "
-                          "refused. DeepSpeed's --bind_cores_to_rank."),
+        click.option(
+            "--nproc-per-node",
+            type=int,
+            default=None,
+            metavar="N",
+            help="Ranks per node. Default: each host's slots (1 for a bare host).",
+        ),
+        click.option(
+            "--master-addr",
+            metavar="ADDR",
+            help="Rendezvous address. Default: the first node (as reached by ssh; "
+            "127.0.0.1 for a local job). Must be reachable from every node.",
+        ),
+        click.option(
+            "--master-port",
+            default="auto",
+            show_default=True,
+            metavar="PORT|auto",
+            help="Rendezvous port. 'auto': a free port that the master node's "
+            "kernel picks (so runs sharing nodes never collide; 29500 when not "
+            "probed, as by `render`). An explicit port is checked free first.",
+        ),
+        click.option(
+            "--ifname",
+            metavar="IFACE",
+            help="Network interface for NCCL and gloo (NCCL_SOCKET_IFNAME, "
+            "GLOO_SOCKET_IFNAME) on every node. Default: on each node, the one "
+            "whose route reaches MASTER_ADDR. A hostfile ifname wins for its node.",
+        ),
+        click.option(
+            "--env",
+            "env",
+            multiple=True,
+            metavar="NAME=VALUE",
+            help="Set a variable on every node (repeatable).",
+        ),
+        click.option(
+            "--env-file",
+            "env_files",
+            multiple=True,
+            metavar="FILE",
+            type=click.Path(dir_okay=False),
+            help="NAME=VALUE lines to set on every node (repeatable; --env wins); "
+            "DeepSpeed's .deepspeed_env format. Without it, a .deepspeed_env in "
+            "the home and current directories (or $DS_ENV_FILE) is used, as "
+            "DeepSpeed does, and said so.",
+        ),
+        click.option(
+            "--no-env-file",
+            "no_env_file",
+            is_flag=True,
+            help="Do not read a .deepspeed_env found in the home or current directory.",
+        ),
+        click.option(
+            "--secret-env",
+            "secret_names",
+            multiple=True,
+            metavar="NAME",
+            help="Treat NAME as a secret: its value is handed to the job at start, "
+            "never written to scripts, plan or run record, and masked in logs. "
+            "Names containing TOKEN, SECRET, PASSWORD, API_KEY, CREDENTIAL... "
+            "are secrets already.",
+        ),
+        click.option(
+            "--forward-env/--no-forward-env",
+            default=True,
+            show_default=True,
+            help="Forward this shell's NCCL_*, GLOO_*, TORCH_*, CUDA_*, PYTHON* and "
+            "OMP_* variables to every node, except those naming this machine's "
+            "own interfaces and GPUs (CUDA_VISIBLE_DEVICES: choose the nodes' "
+            "with --include/--num-gpus or --env).",
+        ),
+        click.option(
+            "--python",
+            metavar="PATH",
+            help="Interpreter (and its torchrun) on the nodes. Default: this "
+            "orchestrator's own interpreter path, as on a shared file system. "
+            "A hostfile python wins for its node.",
+        ),
+        click.option(
+            "--workdir",
+            metavar="DIR",
+            help="Directory the ranks start in on every node. Default: the current directory.",
+        ),
+        click.option(
+            "--max-restarts",
+            "--max_restarts",
+            "max_restarts",
+            type=int,
+            default=0,
+            show_default=True,
+            metavar="N",
+            help="torchrun's --max-restarts: after a rank fails, torchrun restarts "
+            "the workers on every node, up to N times per node (the job "
+            "resumes from its own checkpoint); the run fails once torchrun "
+            "gives up. N > 0 uses torchrun's c10d rendezvous.",
+        ),
+        click.option(
+            "--bind-cores",
+            "--bind_cores_to_rank",
+            "bind_cores",
+            is_flag=True,
+            help="Pin each local rank to its own disjoint set of cores (and its NUMA "
+            "node, with numactl) from the node's own topology, before the rank "
+            "starts; the plan shows the sets. More local ranks than cores is "
+            "refused. DeepSpeed's --bind_cores_to_rank.",
+        ),
     ]
     return functools.reduce(lambda f, option: option(f), reversed(options), func)
 
@@ -77,20 +132,39 @@ def job_options(func):
 def selection_options(func):
     """Choosing hosts and slots out of the hostfile, DeepSpeed's way; launch, render, check."""
     options = [
-        click.option("--include", metavar="NAME[:SLOTS][@NAME...]",
-                     help="Use only these hosts, and of a host given as NAME:0,2 only those "
-                          "slot ids, e.g. 'worker-0@worker-1:0,2'. Each node's "
-                          "CUDA_VISIBLE_DEVICES lists its chosen slot ids; LOCAL_RANK i runs on "
-                          "the i-th. DeepSpeed's --include."),
-        click.option("--exclude", metavar="NAME[:SLOTS][@NAME...]",
-                     help="Use every host and slot but these, e.g. 'worker-1:0' (a NAME alone "
-                          "drops the whole host). DeepSpeed's --exclude."),
-        click.option("--num-nodes", "--num_nodes", "num_nodes", type=int, default=None,
-                     metavar="N", help="Use the first N hosts of the hostfile. DeepSpeed's "
-                     "--num_nodes."),
-        click.option("--num-gpus", "--num_gpus", "num_gpus", type=int, default=None,
-                     metavar="N", help="Use slots 0..N-1 of every host (CUDA_VISIBLE_DEVICES "
-                     "0,...,N-1). DeepSpeed's --num_gpus."),
+        click.option(
+            "--include",
+            metavar="NAME[:SLOTS][@NAME...]",
+            help="Use only these hosts, and of a host given as NAME:0,2 only those "
+            "slot ids, e.g. 'worker-0@worker-1:0,2'. Each node's "
+            "CUDA_VISIBLE_DEVICES lists its chosen slot ids; LOCAL_RANK i runs on "
+            "the i-th. DeepSpeed's --include.",
+        ),
+        click.option(
+            "--exclude",
+            metavar="NAME[:SLOTS][@NAME...]",
+            help="Use every host and slot but these, e.g. 'worker-1:0' (a NAME alone "
+            "drops the whole host). DeepSpeed's --exclude.",
+        ),
+        click.option(
+            "--num-nodes",
+            "--num_nodes",
+            "num_nodes",
+            type=int,
+            default=None,
+            metavar="N",
+            help="Use the first N hosts of the hostfile. DeepSpeed's --num_nodes.",
+        ),
+        click.option(
+            "--num-gpus",
+            "--num_gpus",
+            "num_gpus",
+            type=int,
+            default=None,
+            metavar="N",
+            help="Use slots 0..N-1 of every host (CUDA_VISIBLE_DEVICES "
+            "0,...,N-1). DeepSpeed's --num_gpus.",
+        ),
     ]
     return functools.reduce(lambda f, option: option(f), reversed(options), func)
 
@@ -111,9 +185,11 @@ def select(cluster, selection, nproc_per_node: int | None):
 
     if cluster is None:
         if selection.given:
-            raise ConfigError(f"{selection.describe().split()[0]} chooses hosts out of a "
-                              "hostfile: give HOSTFILE (with --backend slurm and no hostfile, "
-                              "use --nodes)")
+            raise ConfigError(
+                f"{selection.describe().split()[0]} chooses hosts out of a "
+                "hostfile: give HOSTFILE (with --backend slurm and no hostfile, "
+                "use --nodes)"
+            )
         return None
     return select_hosts(cluster, selection, nproc_per_node)
 
@@ -127,9 +203,11 @@ def env_file_layers(env_files, no_env_file: bool, say=None) -> list[list[tuple[s
     if not env_files and not no_env_file:
         env_files = deepspeed_env_files(os.getcwd(), os.path.expanduser("~"))
         if env_files:
-            (say or _note)(f"env file {', '.join(map(str, env_files))} (DeepSpeed's "
-                           ".deepspeed_env) sets variables on every node; --no-env-file "
-                           "ignores it")
+            (say or _note)(
+                f"env file {', '.join(map(str, env_files))} (DeepSpeed's "
+                ".deepspeed_env) sets variables on every node; --no-env-file "
+                "ignores it"
+            )
     return [load_env_file(path) for path in env_files]
 
 
@@ -139,10 +217,19 @@ def _note(text: str) -> None:
 
 def run_options(func):
     options = [
-        click.option("--run-id", metavar="NAME", help="Name of the run. Default: the time "
-                     "and a random suffix, e.g. 20261122-153012-a3f9."),
-        click.option("--run-dir", default="runs", show_default=True, metavar="DIR",
-                     help="Where run records are kept."),
+        click.option(
+            "--run-id",
+            metavar="NAME",
+            help="Name of the run. Default: the time "
+            "and a random suffix, e.g. 20261122-153012-a3f9.",
+        ),
+        click.option(
+            "--run-dir",
+            default="runs",
+            show_default=True,
+            metavar="DIR",
+            help="Where run records are kept.",
+        ),
     ]
     return functools.reduce(lambda f, option: option(f), reversed(options), func)
 
@@ -150,35 +237,66 @@ def run_options(func):
 def ssh_options(func):
     """How to reach nodes over SSH; shared by launch, exec and check."""
     options = [
-        click.option("--ssh-config", metavar="FILE", help="OpenSSH client config to use "
-                     "instead of ~/.ssh/config and /etc/ssh/ssh_config, like ssh -F."),
-        click.option("-i", "--identity", "identity_files", multiple=True, metavar="FILE",
-                     help="Private key to try first (repeatable); the ssh-agent and "
-                          "~/.ssh/id_* are tried too."),
-        click.option("--known-hosts", metavar="FILE", help="Host keys to verify nodes "
-                     "against, instead of the ssh config's UserKnownHostsFile."),
-        click.option("--accept-new-host-keys", is_flag=True,
-                     help="Accept and record the host key of a node not yet in known_hosts "
-                          "(a changed key is still refused), like ssh's "
-                          "StrictHostKeyChecking=accept-new."),
-        click.option("--connect-timeout", type=click.FloatRange(min=0.1), metavar="SECONDS",
-                     help="Give up on a node that does not answer within this time "
-                          "[default: the ssh config's ConnectTimeout, else 10]."),
+        click.option(
+            "--ssh-config",
+            metavar="FILE",
+            help="OpenSSH client config to use "
+            "instead of ~/.ssh/config and /etc/ssh/ssh_config, like ssh -F.",
+        ),
+        click.option(
+            "-i",
+            "--identity",
+            "identity_files",
+            multiple=True,
+            metavar="FILE",
+            help="Private key to try first (repeatable); the ssh-agent and "
+            "~/.ssh/id_* are tried too.",
+        ),
+        click.option(
+            "--known-hosts",
+            metavar="FILE",
+            help="Host keys to verify nodes "
+            "against, instead of the ssh config's UserKnownHostsFile.",
+        ),
+        click.option(
+            "--accept-new-host-keys",
+            is_flag=True,
+            help="Accept and record the host key of a node not yet in known_hosts "
+            "(a changed key is still refused), like ssh's "
+            "StrictHostKeyChecking=accept-new.",
+        ),
+        click.option(
+            "--connect-timeout",
+            type=click.FloatRange(min=0.1),
+            metavar="SECONDS",
+            help="Give up on a node that does not answer within this time "
+            "[default: the ssh config's ConnectTimeout, else 10].",
+        ),
     ]
     return functools.reduce(lambda f, option: option(f), reversed(options), func)
 
 
-def make_ssh_options(ssh_config, identity_files, known_hosts, accept_new_host_keys,
-                     connect_timeout):
+def make_ssh_options(
+    ssh_config, identity_files, known_hosts, accept_new_host_keys, connect_timeout
+):
     from orchestrator.backends.base import SshOptions
 
-    return SshOptions(config_path=ssh_config, known_hosts=known_hosts,
-                      accept_new_host_keys=accept_new_host_keys,
-                      connect_timeout=connect_timeout, identity_files=tuple(identity_files))
+    return SshOptions(
+        config_path=ssh_config,
+        known_hosts=known_hosts,
+        accept_new_host_keys=accept_new_host_keys,
+        connect_timeout=connect_timeout,
+        identity_files=tuple(identity_files),
+    )
 
 
-SSH_KEYS = ("ssh_config", "identity_files", "known_hosts", "accept_new_host_keys",
-            "connect_timeout")
+SSH_KEYS = (
+    "ssh_config",
+    "identity_files",
+    "known_hosts",
+    "accept_new_host_keys",
+    "connect_timeout",
+)
 
 
 def split_ssh(kwargs: dict) -> dict:
@@ -187,8 +305,13 @@ def split_ssh(kwargs: dict) -> dict:
 
 
 def run_dir_option(func):
-    return click.option("--run-dir", default="runs", show_default=True, metavar="DIR",
-                        help="Where run records are kept.")(func)
+    return click.option(
+        "--run-dir",
+        default="runs",
+        show_default=True,
+        metavar="DIR",
+        help="Where run records are kept.",
+    )(func)
 
 
 def refuse_empty(**flags: str | None) -> None:
@@ -208,9 +331,25 @@ def gpus_chosen(selection, cluster, backend: str) -> bool:
     return selection.given or (backend != "slurm" and cluster is not None and cluster.is_local)
 
 
-def make_spec(program_argv, *, nproc_per_node, master_addr, master_port, ifname, env,
-              env_files, no_env_file, secret_names, forward_env, python, workdir,
-              bind_cores=False, sync_dir=None, max_restarts=0, gpus_chosen=False):
+def make_spec(
+    program_argv,
+    *,
+    nproc_per_node,
+    master_addr,
+    master_port,
+    ifname,
+    env,
+    env_files,
+    no_env_file,
+    secret_names,
+    forward_env,
+    python,
+    workdir,
+    bind_cores=False,
+    sync_dir=None,
+    max_restarts=0,
+    gpus_chosen=False,
+):
     """The JobSpec of the flags. `gpus_chosen` (see `gpus_chosen()`): nothing is said about
     the controller's CUDA_VISIBLE_DEVICES not being forwarded."""
     refuse_empty(ifname=ifname, python=python, workdir=workdir)
@@ -228,11 +367,17 @@ def make_spec(program_argv, *, nproc_per_node, master_addr, master_port, ifname,
     layers += env_file_layers(env_files, no_env_file)
     layers.append(parse_env_assignments(env))
     here = os.environ.get(VISIBLE_DEVICES)
-    if forward_env and here is not None and not gpus_chosen and \
-            all(name != VISIBLE_DEVICES for layer in layers for name, _ in layer):
-        _note(f"{VISIBLE_DEVICES}={here} names this machine's GPUs and is not set on the "
-              "nodes; choose theirs with --include/--exclude/--num-gpus, or set one value "
-              f"for every node with --env {VISIBLE_DEVICES}=...")
+    if (
+        forward_env
+        and here is not None
+        and not gpus_chosen
+        and all(name != VISIBLE_DEVICES for layer in layers for name, _ in layer)
+    ):
+        _note(
+            f"{VISIBLE_DEVICES}={here} names this machine's GPUs and is not set on the "
+            "nodes; choose theirs with --include/--exclude/--num-gpus, or set one value "
+            f"for every node with --env {VISIBLE_DEVICES}=..."
+        )
     if workdir is not None and sync_dir is not None:
         raise ConfigError("--workdir and --sync both say where ranks start; give one of them")
     return JobSpec(

@@ -8,16 +8,17 @@ from orchestrator.runs import ACTIVE_STATES, controller_alive
 def effective_state(status: dict) -> str:
     """The recorded state, or 'lost' when an active run's controller is gone."""
     state = status.get("state", "?")
-    if state in ACTIVE_STATES and status.get("backend") != "slurm" and \
-            not controller_alive(status):
+    if state in ACTIVE_STATES and status.get("backend") != "slurm" and not controller_alive(status):
         return "lost"
     return state
 
 
 def _table(rows: list[list[str]]) -> str:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
-                     for row in rows)
+    return "\n".join(
+        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    )
 
 
 def _code(value: object) -> str:
@@ -33,9 +34,11 @@ def status_text(status: dict) -> str:
         f"  program {status.get('program')}",
     ]
     if status.get("slurm_job_id") is not None:
-        lines.append(f"  slurm job {status['slurm_job_id']}: {status.get('slurm_state') or '?'}"
-                     + (f", restart {status['attempt']}" if status.get("attempt") else "")
-                     + (f", via {status['slurm_login']}" if status.get("slurm_login") else ""))
+        lines.append(
+            f"  slurm job {status['slurm_job_id']}: {status.get('slurm_state') or '?'}"
+            + (f", restart {status['attempt']}" if status.get("attempt") else "")
+            + (f", via {status['slurm_login']}" if status.get("slurm_login") else "")
+        )
     lines += [
         f"  started {status.get('started_at')}"
         + (f", ended {status['ended_at']}" if status.get("ended_at") else ""),
@@ -49,14 +52,30 @@ def status_text(status: dict) -> str:
     nodes = status.get("nodes") or []
     if nodes:
         rows = [["NODE", "HOST", "STATE", "EXIT", "DETAIL"]]
-        rows += [[str(n.get("node_rank")), str(n.get("host")), str(n.get("state")),
-                  _code(n.get("exit_code")), n.get("detail") or ""] for n in nodes]
+        rows += [
+            [
+                str(n.get("node_rank")),
+                str(n.get("host")),
+                str(n.get("state")),
+                _code(n.get("exit_code")),
+                n.get("detail") or "",
+            ]
+            for n in nodes
+        ]
         lines += ["", _table(rows)]
     ranks = status.get("ranks") or []
     if ranks:
         rows = [["RANK", "HOST", "LOCAL", "STATE", "EXIT"]]
-        rows += [[str(r.get("rank")), str(r.get("host")), str(r.get("local_rank")),
-                  str(r.get("state")), _code(r.get("exit_code"))] for r in ranks]
+        rows += [
+            [
+                str(r.get("rank")),
+                str(r.get("host")),
+                str(r.get("local_rank")),
+                str(r.get("state")),
+                _code(r.get("exit_code")),
+            ]
+            for r in ranks
+        ]
         lines += ["", _table(rows)]
     if status.get("summary"):
         lines += ["", status["summary"]]
@@ -67,7 +86,16 @@ def runs_table(runs: list[tuple[str, dict]], run_dir: str) -> str:
     if not runs:
         return f"no runs in {run_dir}"
     rows = [["RUN", "STATE", "BACKEND", "NODES", "RANKS", "STARTED", "EXIT"]]
-    rows += [[run_id, effective_state(s), str(s.get("backend")), str(s.get("nnodes")),
-              str(s.get("world_size")), str(s.get("started_at")), _code(s.get("exit_code"))]
-             for run_id, s in runs]
+    rows += [
+        [
+            run_id,
+            effective_state(s),
+            str(s.get("backend")),
+            str(s.get("nnodes")),
+            str(s.get("world_size")),
+            str(s.get("started_at")),
+            _code(s.get("exit_code")),
+        ]
+        for run_id, s in runs
+    ]
     return _table(rows)

@@ -30,11 +30,25 @@ UNRUNNABLE = {
     "AccountNotAllowed": "the account may not use the partition",
     "QOSNotAllowed": "the QOS may not use the partition",
 }
-ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED",
-         "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "SPECIAL_EXIT", "REVOKED",
-         "UNKNOWN"}  # UNKNOWN: squeue, scontrol and sacct no longer know the job
-_UNREACHABLE = re.compile(r"Unable to contact slurm controller|Socket timed out|"
-                          r"Connection refused|Zero Bytes were transmitted", re.IGNORECASE)
+ENDED = {
+    "COMPLETED",
+    "FAILED",
+    "CANCELLED",
+    "TIMEOUT",
+    "NODE_FAIL",
+    "PREEMPTED",
+    "OUT_OF_MEMORY",
+    "BOOT_FAIL",
+    "DEADLINE",
+    "SPECIAL_EXIT",
+    "REVOKED",
+    "UNKNOWN",
+}  # UNKNOWN: squeue, scontrol and sacct no longer know the job
+_UNREACHABLE = re.compile(
+    r"Unable to contact slurm controller|Socket timed out|"
+    r"Connection refused|Zero Bytes were transmitted",
+    re.IGNORECASE,
+)
 
 
 @dataclass(frozen=True)
@@ -59,8 +73,9 @@ class JobInfo:
 def parse_job_id(stdout: str) -> int:
     """`sbatch --parsable` prints `ID` or `ID;CLUSTER`; plain sbatch `Submitted batch job ID`."""
     text = stdout.strip()
-    match = re.search(r"^(\d+)(?:;\S+)?$", text, re.MULTILINE) or \
-        re.search(r"Submitted batch job (\d+)", text)
+    match = re.search(r"^(\d+)(?:;\S+)?$", text, re.MULTILINE) or re.search(
+        r"Submitted batch job (\d+)", text
+    )
     if not match:
         raise OrchestratorError(f"sbatch printed no job id: {text!r}")
     return int(match.group(1))
@@ -81,8 +96,7 @@ def parse_squeue(stdout: str) -> JobInfo | None:
         if line.strip():
             state, _, rest = line.strip().partition("|")
             reason, _, nodelist = rest.partition("|")
-            return JobInfo(state=state.split()[0], reason=reason.strip(),
-                           nodelist=nodelist.strip())
+            return JobInfo(state=state.split()[0], reason=reason.strip(), nodelist=nodelist.strip())
     return None
 
 
@@ -104,10 +118,14 @@ def parse_scontrol_job(stdout: str) -> JobInfo | None:
     pairs = parse_pairs(stdout)
     if "JobState" not in pairs:
         return None
-    return JobInfo(state=pairs["JobState"], reason=pairs.get("Reason", ""),
-                   nodelist=pairs.get("NodeList", "") if pairs.get("NodeList") != "(null)"
-                   else "", exit_code=parse_exit_code(pairs.get("ExitCode", "")),
-                   restarts=int(pairs.get("Restarts", "0") or 0), source="scontrol")
+    return JobInfo(
+        state=pairs["JobState"],
+        reason=pairs.get("Reason", ""),
+        nodelist=pairs.get("NodeList", "") if pairs.get("NodeList") != "(null)" else "",
+        exit_code=parse_exit_code(pairs.get("ExitCode", "")),
+        restarts=int(pairs.get("Restarts", "0") or 0),
+        source="scontrol",
+    )
 
 
 def parse_sacct(stdout: str) -> JobInfo | None:
@@ -117,9 +135,13 @@ def parse_sacct(stdout: str) -> JobInfo | None:
         return None
     state, exit_code, nodelist = (lines[-1].split("|") + ["", "", ""])[:3]
     # "CANCELLED by 0" -> CANCELLED
-    return JobInfo(state=state.split()[0] if state.strip() else "UNKNOWN",
-                   exit_code=parse_exit_code(exit_code), nodelist=nodelist.strip(),
-                   restarts=len(lines) - 1, source="sacct")
+    return JobInfo(
+        state=state.split()[0] if state.strip() else "UNKNOWN",
+        exit_code=parse_exit_code(exit_code),
+        nodelist=nodelist.strip(),
+        restarts=len(lines) - 1,
+        source="sacct",
+    )
 
 
 # --- running the commands ----------------------------------------------------------------
@@ -140,19 +162,27 @@ class SlurmCommands:
             self._connection = session.connect(Host(name=login))
             session.report()
 
-    def run(self, argv: list[str], env: dict[str, str] | None = None,
-            timeout: float = COMMAND_TIMEOUT_S) -> tuple[int, str, str]:
+    def run(
+        self, argv: list[str], env: dict[str, str] | None = None, timeout: float = COMMAND_TIMEOUT_S
+    ) -> tuple[int, str, str]:
         """(exit status, stdout, stderr); a missing command is a ConfigError. `env` is
         added to the command's environment (over SSH: sent on stdin, never in argv)."""
         if self._connection is None:
             try:
-                done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True,
-                                      timeout=timeout, env={**os.environ, **(env or {})})
+                done = subprocess.run(
+                    argv,
+                    stdin=subprocess.DEVNULL,
+                    capture_output=True,
+                    timeout=timeout,
+                    env={**os.environ, **(env or {})},
+                )
             except FileNotFoundError:
                 raise self._missing(argv[0]) from None
             except subprocess.TimeoutExpired:
-                raise OrchestratorError(f"{argv[0]} did not answer within {timeout:g} s "
-                                        f"{self.where}; is the SLURM controller up?") from None
+                raise OrchestratorError(
+                    f"{argv[0]} did not answer within {timeout:g} s "
+                    f"{self.where}; is the SLURM controller up?"
+                ) from None
             rc, out, err = done.returncode, done.stdout, done.stderr
         else:
             rc, out, err = self._run_remote(argv, env or {}, timeout)
@@ -160,14 +190,17 @@ class SlurmCommands:
                 raise self._missing(argv[0])
         return rc, out.decode(errors="replace"), err.decode(errors="replace")
 
-    def _run_remote(self, argv: list[str], env: dict[str, str],
-                    timeout: float) -> tuple[int, bytes, bytes]:
+    def _run_remote(
+        self, argv: list[str], env: dict[str, str], timeout: float
+    ) -> tuple[int, bytes, bytes]:
         import paramiko
 
         # This shell's SLURM_CONF (a non-default cluster config) applies there too. Values
         # travel on stdin (sourced), never on a command line other users can see.
-        settings = {**({"SLURM_CONF": os.environ["SLURM_CONF"]} if "SLURM_CONF" in os.environ
-                       else {}), **env}
+        settings = {
+            **({"SLURM_CONF": os.environ["SLURM_CONF"]} if "SLURM_CONF" in os.environ else {}),
+            **env,
+        }
         command, stdin = shlex.join(argv), b""
         if settings:
             stdin = "".join(f"{k}={shlex.quote(v)}\n" for k, v in settings.items()).encode()
@@ -199,11 +232,15 @@ class SlurmCommands:
 
     def _missing(self, name: str) -> ConfigError:
         if self.login:
-            return ConfigError(f"{name}: command not found on {self.login}; is it a login node "
-                               "of a SLURM cluster (with sbatch, squeue and scancel on PATH)?")
-        return ConfigError(f"{name}: command not found: SLURM's client commands (sbatch, squeue, "
-                           "scancel) are not installed here or not on PATH; run from a login "
-                           "node of the cluster, or pass --login HOST to submit there over SSH")
+            return ConfigError(
+                f"{name}: command not found on {self.login}; is it a login node "
+                "of a SLURM cluster (with sbatch, squeue and scancel on PATH)?"
+            )
+        return ConfigError(
+            f"{name}: command not found: SLURM's client commands (sbatch, squeue, "
+            "scancel) are not installed here or not on PATH; run from a login "
+            "node of the cluster, or pass --login HOST to submit there over SSH"
+        )
 
     def check(self, argv: list[str]) -> str:
         """Run a query; an unreachable controller or another failure is an error."""
@@ -221,9 +258,11 @@ class SlurmCommands:
 def unreachable_or(stderr: str, argv: list[str], where: str) -> OrchestratorError:
     text = stderr.strip() or "(no message)"
     if _UNREACHABLE.search(text):
-        return OrchestratorError(f"cannot reach the SLURM controller {where} ({argv[0]}: "
-                                 f"{text}); is slurmctld up, and does SLURM_CONF (or "
-                                 "/etc/slurm/slurm.conf) point at it? `sinfo` shows the same")
+        return OrchestratorError(
+            f"cannot reach the SLURM controller {where} ({argv[0]}: "
+            f"{text}); is slurmctld up, and does SLURM_CONF (or "
+            "/etc/slurm/slurm.conf) point at it? `sinfo` shows the same"
+        )
     return OrchestratorError(f"{shlex.join(argv)} failed {where}: {text}")
 
 
@@ -237,8 +276,7 @@ def submit(commands: SlurmCommands, script_path: str, secrets: dict[str, str]) -
         message = err.strip() or out.strip() or f"exit status {rc}"
         if _UNREACHABLE.search(message):
             raise unreachable_or(message, ["sbatch"], commands.where)
-        raise ConfigError(f"sbatch rejected {script_path}:\n  "
-                          + "\n  ".join(message.splitlines()))
+        raise ConfigError(f"sbatch rejected {script_path}:\n  " + "\n  ".join(message.splitlines()))
     return parse_job_id(out)
 
 
@@ -260,11 +298,13 @@ def job_details(commands: SlurmCommands, job_id: int) -> JobInfo:
     info = parse_scontrol_job(out) if rc == 0 else None
     if info is not None:
         return info
-    rc, out, _ = commands.run(["sacct", "-n", "-P", "-X", "-j", str(job_id),
-                               "-o", "State,ExitCode,NodeList"])
+    rc, out, _ = commands.run(
+        ["sacct", "-n", "-P", "-X", "-j", str(job_id), "-o", "State,ExitCode,NodeList"]
+    )
     info = parse_sacct(out) if rc == 0 else None
-    return info or JobInfo(state="UNKNOWN", reason="no longer known to squeue, scontrol or "
-                           "sacct", source="none")
+    return info or JobInfo(
+        state="UNKNOWN", reason="no longer known to squeue, scontrol or sacct", source="none"
+    )
 
 
 def expand_nodelist(commands: SlurmCommands, nodelist: str) -> list[str]:
@@ -314,14 +354,19 @@ def cancel_run(record: RunRecord, status: dict, say=print, wait_s: float = 120.0
         say(f"run {record.run_id}: SLURM job {job_id} still listed by squeue after {wait_s:g} s")
         return 1
     deadline = time.monotonic() + 15
-    while controller_alive(status) and status.get("state") not in FINAL_STATES and \
-            time.monotonic() < deadline:  # the launcher following it records the end
+    while (
+        controller_alive(status)
+        and status.get("state") not in FINAL_STATES
+        and time.monotonic() < deadline
+    ):  # the launcher following it records the end
         time.sleep(0.2)
         status = record.read_status()
     if status.get("state") not in FINAL_STATES:
         record.write_status(final_status(status, info))
-    say(f"run {record.run_id}: {record.read_status().get('state')} (SLURM job {job_id} "
-        f"{info.state})")
+    say(
+        f"run {record.run_id}: {record.read_status().get('state')} (SLURM job {job_id} "
+        f"{info.state})"
+    )
     return 0
 
 
@@ -329,11 +374,19 @@ def final_status(status: dict, info: JobInfo) -> dict:
     """The status of a run whose job ended while nobody followed it."""
     state = {"COMPLETED": "succeeded", "CANCELLED": "stopped"}.get(info.state, "failed")
     code = 0 if state == "succeeded" else (info.exit_code or 1)
-    return {**status, "state": state, "slurm_state": info.state, "exit_code": code,
-            "ended_at": status.get("ended_at") or now_iso(),
-            "summary": status.get("summary") or (None if state == "succeeded" else
-                                                 f"SLURM job {status.get('slurm_job_id')} "
-                                                 f"ended {info.state}")}
+    return {
+        **status,
+        "state": state,
+        "slurm_state": info.state,
+        "exit_code": code,
+        "ended_at": status.get("ended_at") or now_iso(),
+        "summary": status.get("summary")
+        or (
+            None
+            if state == "succeeded"
+            else f"SLURM job {status.get('slurm_job_id')} ended {info.state}"
+        ),
+    }
 
 
 def refresh_status(record: RunRecord, status: dict) -> dict:
@@ -347,8 +400,11 @@ def refresh_status(record: RunRecord, status: dict) -> dict:
         info = query(commands, int(job_id))
     finally:
         commands.close()
-    status = {**status, "slurm_state": info.state + (f" ({info.reason})" if info.reason and
-                                                     info.reason != "None" else "")}
+    status = {
+        **status,
+        "slurm_state": info.state
+        + (f" ({info.reason})" if info.reason and info.reason != "None" else ""),
+    }
     if info.ended and not controller_alive(status):
         status = final_status(status, info)
         record.write_status(status)

@@ -38,8 +38,16 @@ UNREACHABLE_GRACE_S = 120.0  # how long squeue may fail before the launcher give
 class Follower:
     """Follows one submitted job to its end; see the module docstring."""
 
-    def __init__(self, job: SlurmJob, record: RunRecord, commands: SlurmCommands, job_id: int,
-                 base: dict, console: BinaryIO | None, color: bool) -> None:
+    def __init__(
+        self,
+        job: SlurmJob,
+        record: RunRecord,
+        commands: SlurmCommands,
+        job_id: int,
+        base: dict,
+        console: BinaryIO | None,
+        color: bool,
+    ) -> None:
         self.job, self.record, self.commands, self.job_id = job, record, commands, job_id
         self.base, self.console, self.color = base, console, color
         self.sink = LogSink(record.logs_dir, {}, {}, console, color)
@@ -62,8 +70,15 @@ class Follower:
         state = "queued" if self.info.state not in ("RUNNING", "COMPLETING") else "running"
         if (sup is not None and sup.stopping) or self.interrupted_by:
             state = "stopping"
-        self.record.write_status({**self.base, "state": state, "slurm_state": self.info.state,
-                                  **(sup.status() if sup else {}), **extra})
+        self.record.write_status(
+            {
+                **self.base,
+                "state": state,
+                "slurm_state": self.info.state,
+                **(sup.status() if sup else {}),
+                **extra,
+            }
+        )
 
     # --- the loop -----------------------------------------------------------------------
 
@@ -77,8 +92,9 @@ class Follower:
         except OrchestratorError as exc:
             self.note(f"error: {exc}")
             self.sink.close()
-            self.write_status(state="failed", exit_code=exc.exit_code, ended_at=now_iso(),
-                              summary=str(exc))
+            self.write_status(
+                state="failed", exit_code=exc.exit_code, ended_at=now_iso(), summary=str(exc)
+            )
             raise
         finally:
             for signum, handler in previous.items():
@@ -87,8 +103,12 @@ class Follower:
         for line in outcome.closing_lines(self.job.run_id, elapsed, self.record.logs_dir):
             self.note(line)
         self.sink.close()
-        self.write_status(state=outcome.state, exit_code=outcome.exit_code,
-                          ended_at=now_iso(), summary=outcome.summary or None)
+        self.write_status(
+            state=outcome.state,
+            exit_code=outcome.exit_code,
+            ended_at=now_iso(),
+            summary=outcome.summary or None,
+        )
         return outcome.exit_code
 
     def _loop(self) -> Outcome:
@@ -106,8 +126,10 @@ class Follower:
                 except OrchestratorError as exc:  # e.g. the controller restarting: retry
                     failing_since = failing_since or now
                     if now - failing_since > UNREACHABLE_GRACE_S:
-                        raise OrchestratorError(f"{exc}; SLURM job {self.job_id} may still "
-                                                "run: `orchestrator status` asks again") from None
+                        raise OrchestratorError(
+                            f"{exc}; SLURM job {self.job_id} may still "
+                            "run: `orchestrator status` asks again"
+                        ) from None
                     info = self.info
                 self._on_info(info)
             self._pump()
@@ -122,9 +144,11 @@ class Follower:
             name = signal.Signals(signum).name
             if self.interrupted_by is None:
                 self.interrupted_by = signum
-                self.note(f"{name}: cancelling SLURM job {self.job_id} (scancel: SIGTERM to "
-                          "every process, SIGKILL after SLURM's KillWait); Ctrl-C again to kill "
-                          "at once")
+                self.note(
+                    f"{name}: cancelling SLURM job {self.job_id} (scancel: SIGTERM to "
+                    "every process, SIGKILL after SLURM's KillWait); Ctrl-C again to kill "
+                    "at once"
+                )
                 slurm.cancel(self.commands, self.job_id)
             else:
                 self.note(f"{name} again: killing SLURM job {self.job_id} now")
@@ -137,9 +161,11 @@ class Follower:
         old, self.info = self.info, info
         if info.state == "PENDING" and info.reason in slurm.UNRUNNABLE:
             slurm.cancel(self.commands, self.job_id)
-            raise ConfigError(f"SLURM will not start job {self.job_id}: {info.reason} (it "
-                              f"{slurm.UNRUNNABLE[info.reason]}); cancelled it. Script: "
-                              f"{self.record.path / SCRIPT_NAME}")
+            raise ConfigError(
+                f"SLURM will not start job {self.job_id}: {info.reason} (it "
+                f"{slurm.UNRUNNABLE[info.reason]}); cancelled it. Script: "
+                f"{self.record.path / SCRIPT_NAME}"
+            )
         running = info.state in ("RUNNING", "COMPLETING") or (info.ended and info.nodelist)
         if self.sup is not None and (info.state == "PENDING" or info.state.startswith("REQUEUE")):
             self._pump()
@@ -166,8 +192,9 @@ class Follower:
             hosts = [f"node{k}" for k in range(job.nnodes)]
         if self.files is not None:  # the previous attempt's
             self.files.close()
-        self.files = AttemptFiles(Path(job.job_dir or "") / f"attempt{details.restarts}",
-                                  job.nnodes, job.nproc)
+        self.files = AttemptFiles(
+            Path(job.job_dir or "") / f"attempt{details.restarts}", job.nnodes, job.nproc
+        )
         nodes, ranks, labels = [], [], {}
         for k, host in enumerate(hosts):
             node_ranks = range(k * job.nproc, (k + 1) * job.nproc)
@@ -176,18 +203,27 @@ class Follower:
                 ranks.append(RankState(rank, k, local, host))
                 labels[rank] = f"{host} r{rank}"
         self.sink.close()
-        self.sink = LogSink(self.record.logs_dir, labels, dict(enumerate(hosts)), self.console,
-                            self.color)
+        self.sink = LogSink(
+            self.record.logs_dir, labels, dict(enumerate(hosts)), self.console, self.color
+        )
         port = job.master_port or PORT_BASE + self.job_id % PORT_SPAN
-        self.base.update(master=f"{job.master_addr or hosts[0]}:{port}",
-                         attempt=details.restarts)
-        self.sup = Supervisor(nodes, ranks, [], queue.Queue(), self.sink, grace=0,
-                              heartbeat_timeout=0, stop_on_failure=False,
-                              max_restarts=job.max_restarts,
-                              on_change=lambda sup: self.write_status(sup))
+        self.base.update(master=f"{job.master_addr or hosts[0]}:{port}", attempt=details.restarts)
+        self.sup = Supervisor(
+            nodes,
+            ranks,
+            [],
+            queue.Queue(),
+            self.sink,
+            grace=0,
+            heartbeat_timeout=0,
+            stop_on_failure=False,
+            max_restarts=job.max_restarts,
+            on_change=lambda sup: self.write_status(sup),
+        )
         if self.interrupted_by is not None:
-            self.sup.begin_stop(0, f"{signal.Signals(self.interrupted_by).name} to the "
-                                "orchestrator")
+            self.sup.begin_stop(
+                0, f"{signal.Signals(self.interrupted_by).name} to the orchestrator"
+            )
 
     # --- files --------------------------------------------------------------------------
 
@@ -206,8 +242,10 @@ class Follower:
         # "restarting" (--max-restarts): torchrun starts the workers again, the job goes on.
         if sup.ranks[rank].state == "failed" and not sup.stopping:
             host = sup.ranks[rank].host
-            self.note(f"rank {rank} on {host} ended with {describe_exit(code)}; srun ends the "
-                      "job step on every node (--kill-on-bad-exit)")
+            self.note(
+                f"rank {rank} on {host} ended with {describe_exit(code)}; srun ends the "
+                "job step on every node (--kill-on-bad-exit)"
+            )
             sup.begin_stop(0, f"rank {rank} on {host} failed")
             sup.stop_wall = when  # ranks that end after it were stopped, not failed
 
@@ -216,11 +254,14 @@ class Follower:
         assert sup is not None
         sup.node_exited(node, code, when)
         if code != 0 and not sup.stopping and self.job.max_restarts:
-            self.note(f"{node.host}: torchrun gave up ({describe_exit(code)}, --max-restarts "
-                      f"{self.job.max_restarts} spent); srun ends the job step on every node")
+            self.note(
+                f"{node.host}: torchrun gave up ({describe_exit(code)}, --max-restarts "
+                f"{self.job.max_restarts} spent); srun ends the job step on every node"
+            )
             sup.begin_stop(0, f"{node.host} failed")
             sup.stop_wall = when  # ranks that end after it were stopped, not failed
 
     def _outcome(self) -> Outcome:
-        return job_outcome(self.job_id, self.info, self.sup, self.interrupted_by,
-                           Path(self.batch.path))
+        return job_outcome(
+            self.job_id, self.info, self.sup, self.interrupted_by, Path(self.batch.path)
+        )

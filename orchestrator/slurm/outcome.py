@@ -26,8 +26,13 @@ JOB_ENDINGS = {
 }
 
 
-def job_outcome(job_id: int, info: JobInfo, sup: Supervisor | None,
-                interrupted_by: int | None, batch_output: Path) -> Outcome:
+def job_outcome(
+    job_id: int,
+    info: JobInfo,
+    sup: Supervisor | None,
+    interrupted_by: int | None,
+    batch_output: Path,
+) -> Outcome:
     """The outcome of job `job_id`, ended as `info` says; nodes that never reported their
     end are settled in `sup` (SLURM ended them before their script could say so)."""
     if sup is not None:
@@ -55,13 +60,13 @@ def job_outcome(job_id: int, info: JobInfo, sup: Supervisor | None,
             summary += "\n" + ranks.summary
         return Outcome("stopped" if info.state == "CANCELLED" else "failed", job_code, summary)
     started = sup is not None and any(n.started_at is not None for n in sup.nodes)
-    if ranks is not None and started and (ranks.state != "succeeded" or
-                                          info.state == "UNKNOWN"):
+    if ranks is not None and started and (ranks.state != "succeeded" or info.state == "UNKNOWN"):
         return ranks
-    tail = [line.decode(errors="replace").rstrip("\n") for line in
-            last_lines_of(batch_output, 20)]
-    lines = [f"job failed: {name} ended {info.state} with {describe_exit(job_code)}"
-             + (" and no rank failed" if started else " before any node started its ranks")]
+    tail = [line.decode(errors="replace").rstrip("\n") for line in last_lines_of(batch_output, 20)]
+    lines = [
+        f"job failed: {name} ended {info.state} with {describe_exit(job_code)}"
+        + (" and no rank failed" if started else " before any node started its ranks")
+    ]
     if tail:
         lines += [f"last {len(tail)} line(s) of {batch_output}:"]
         lines += [f"  {line}" for line in tail]

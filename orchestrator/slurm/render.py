@@ -36,8 +36,11 @@ from orchestrator.spec import VISIBLE_DEVICES, JobSpec, Program
 SCRIPT_NAME = "job.sbatch"
 PORT_BASE, PORT_SPAN = 20000, 10000  # MASTER_PORT = PORT_BASE + job id % PORT_SPAN
 FORWARDABLE_SIGNALS = ("USR1", "USR2")  # torchrun and the wrappers can ignore these safely
-_TIME = re.compile(r"^(\d+|\d+:\d{1,2}|\d+:\d{1,2}:\d{1,2}|\d+-\d+(:\d{1,2}){0,2}"
-                   r"|UNLIMITED|INFINITE)$", re.IGNORECASE)
+_TIME = re.compile(
+    r"^(\d+|\d+:\d{1,2}|\d+:\d{1,2}:\d{1,2}|\d+-\d+(:\d{1,2}){0,2}"
+    r"|UNLIMITED|INFINITE)$",
+    re.IGNORECASE,
+)
 _NAME_LIST = re.compile(r"^[A-Za-z0-9_.+-]+(,[A-Za-z0-9_.+-]+)*$")
 _JOB_NAME = re.compile(r"^[A-Za-z0-9_.+:@%=-]{1,200}$")
 _SIGNAL = re.compile(r"^(?:B:)?(?:SIG)?([A-Z0-9]+)@(\d+)$", re.IGNORECASE)
@@ -62,8 +65,11 @@ class SlurmOptions:
     def given_flags(self) -> list[str]:
         """The flags that were given (to say that they apply to --backend slurm only)."""
         flag = {"sbatch_args": "sbatch-arg"}
-        return [f"--{flag.get(f.name, f.name.replace('_', '-'))}" for f in fields(self)
-                if getattr(self, f.name) not in (None, (), False)]
+        return [
+            f"--{flag.get(f.name, f.name.replace('_', '-'))}"
+            for f in fields(self)
+            if getattr(self, f.name) not in (None, (), False)
+        ]
 
 
 @dataclass(frozen=True)
@@ -120,10 +126,16 @@ class SlurmJob:
             "sbatch": [f"#SBATCH {line}" for line in self.sbatch_lines],
             "secrets": list(self.secret_names),
             "env": dict(self.env),
-            **({"selection": self.selection, "cuda_visible_devices": dict(self.visible_devices)}
-               if self.selection else {}),
-            **({"cores": "(computed on each node at its start from its own topology)"}
-               if self.bind_cores else {}),
+            **(
+                {"selection": self.selection, "cuda_visible_devices": dict(self.visible_devices)}
+                if self.selection
+                else {}
+            ),
+            **(
+                {"cores": "(computed on each node at its start from its own topology)"}
+                if self.bind_cores
+                else {}
+            ),
             **restarts_entry(self.max_restarts),
         }
 
@@ -138,8 +150,10 @@ def parse_signal(value: str) -> tuple[str, int]:
         except ValueError:
             name = ""
     if not match or name not in FORWARDABLE_SIGNALS or not 0 < int(match.group(2)) <= 65535:
-        raise ConfigError(f"--signal {value!r}: expected USR1@SECONDS or USR2@SECONDS (e.g. "
-                          "USR1@120: SIGUSR1 to the ranks 120 s before the time limit)")
+        raise ConfigError(
+            f"--signal {value!r}: expected USR1@SECONDS or USR2@SECONDS (e.g. "
+            "USR1@120: SIGUSR1 to the ranks 120 s before the time limit)"
+        )
     return name, int(match.group(2))
 
 
@@ -148,21 +162,35 @@ def _check(options: SlurmOptions) -> None:
         ("--nodes", options.nodes, lambda v: v >= 1, "a positive number of nodes"),
         ("--gpus-per-node", options.gpus_per_node, lambda v: v >= 1, "a positive number"),
         ("--cpus-per-node", options.cpus_per_node, lambda v: v >= 1, "a positive number"),
-        ("--partition", options.partition, _NAME_LIST.match, "a partition name (or a "
-         "comma-separated list)"),
+        (
+            "--partition",
+            options.partition,
+            _NAME_LIST.match,
+            "a partition name (or a comma-separated list)",
+        ),
         ("--account", options.account, _NAME_LIST.match, "an account name"),
-        ("--time", options.time, _TIME.match, "a SLURM time limit: MINUTES, HH:MM:SS or "
-         "DAYS-HH[:MM[:SS]]"),
-        ("--job-name", options.job_name, _JOB_NAME.match, "a name of letters, digits and "
-         "_.+:@%=- (no spaces)"),
+        (
+            "--time",
+            options.time,
+            _TIME.match,
+            "a SLURM time limit: MINUTES, HH:MM:SS or DAYS-HH[:MM[:SS]]",
+        ),
+        (
+            "--job-name",
+            options.job_name,
+            _JOB_NAME.match,
+            "a name of letters, digits and _.+:@%=- (no spaces)",
+        ),
     ]
     for flag, value, ok, what in checks:
         if value is not None and not ok(value):
             raise ConfigError(f"{flag} {value!r}: expected {what}")
     for arg in options.sbatch_args:
         if not arg.startswith("-") or not arg.isprintable():
-            raise ConfigError(f"--sbatch-arg {arg!r}: expected one sbatch option on one line, "
-                              "e.g. --sbatch-arg=--mem=8G or --sbatch-arg=--constraint=a100")
+            raise ConfigError(
+                f"--sbatch-arg {arg!r}: expected one sbatch option on one line, "
+                "e.g. --sbatch-arg=--mem=8G or --sbatch-arg=--constraint=a100"
+            )
 
 
 def _uniform(cluster: Cluster, attribute: str, flag: str) -> str | int | None:
@@ -170,9 +198,11 @@ def _uniform(cluster: Cluster, attribute: str, flag: str) -> str | int | None:
     first = getattr(cluster.hosts[0], attribute)
     for host in cluster.hosts[1:]:
         if getattr(host, attribute) != first:
-            raise ConfigError(f"{host.source}: {attribute}={getattr(host, attribute)} differs "
-                              f"from the first host's ({first}); a SLURM job has the same "
-                              f"{attribute} on every node (pass {flag} instead)")
+            raise ConfigError(
+                f"{host.source}: {attribute}={getattr(host, attribute)} differs "
+                f"from the first host's ({first}); a SLURM job has the same "
+                f"{attribute} on every node (pass {flag} instead)"
+            )
     return first
 
 
@@ -181,27 +211,38 @@ def _uniform_selection(cluster: Cluster) -> int:
     first = cluster.hosts[0]
     for host in cluster.hosts[1:]:
         if host.slots != first.slots:
-            raise ConfigError(f"{cluster.selection}: leaves {host.slots} slot(s) on {host.name} "
-                              f"but {first.slots} on {first.name}; a SLURM job runs the same "
-                              "number of ranks on every node, so choose as many on each")
+            raise ConfigError(
+                f"{cluster.selection}: leaves {host.slots} slot(s) on {host.name} "
+                f"but {first.slots} on {first.name}; a SLURM job runs the same "
+                "number of ranks on every node, so choose as many on each"
+            )
     return int(first.slots or 1)
 
 
-def plan_slurm_job(spec: JobSpec, options: SlurmOptions, run_id: str,
-                   cluster: Cluster | None = None, job_dir: str | None = None,
-                   output: str | None = None) -> SlurmJob:
+def plan_slurm_job(
+    spec: JobSpec,
+    options: SlurmOptions,
+    run_id: str,
+    cluster: Cluster | None = None,
+    job_dir: str | None = None,
+    output: str | None = None,
+) -> SlurmJob:
     """Decide every value of the job; `cluster` (a hostfile) becomes the node list."""
     _check(options)
     if spec.sync_dir is not None:
-        raise ConfigError("--sync does not apply to --backend slurm: SLURM nodes share a file "
-                          "system; keep the code there and give --workdir")
+        raise ConfigError(
+            "--sync does not apply to --backend slurm: SLURM nodes share a file "
+            "system; keep the code there and give --workdir"
+        )
     nodelist: tuple[str, ...] = ()
     slots = python = ifname = None
     if cluster is not None:
         nodelist = tuple(h.name for h in cluster.hosts)
         if options.nodes is not None and options.nodes != len(nodelist):
-            raise ConfigError(f"--nodes {options.nodes} but {cluster.path} lists "
-                              f"{len(nodelist)} host(s); give one or the other")
+            raise ConfigError(
+                f"--nodes {options.nodes} but {cluster.path} lists "
+                f"{len(nodelist)} host(s); give one or the other"
+            )
         if cluster.selection:
             slots = _uniform_selection(cluster)
         elif spec.nproc_per_node is None:
@@ -212,10 +253,16 @@ def plan_slurm_job(spec: JobSpec, options: SlurmOptions, run_id: str,
     elif options.nodes is None:
         raise ConfigError("--backend slurm needs --nodes N (or a HOSTFILE naming the nodes)")
     nnodes = len(nodelist) or int(options.nodes or 1)
-    nproc = (slots if cluster is not None and cluster.selection else spec.nproc_per_node
-             or slots or options.gpus_per_node or 1)
-    visible_devices = tuple((h.name, ",".join(map(str, h.slot_ids)))
-                            for h in (cluster.hosts if cluster else ()) if h.slot_ids is not None)
+    nproc = (
+        slots
+        if cluster is not None and cluster.selection
+        else spec.nproc_per_node or slots or options.gpus_per_node or 1
+    )
+    visible_devices = tuple(
+        (h.name, ",".join(map(str, h.slot_ids)))
+        for h in (cluster.hosts if cluster else ())
+        if h.slot_ids is not None
+    )
 
     secret_names = tuple(sorted(name for name, _ in spec.env if spec.is_secret(name)))
     own = set(secret_names) | ({VISIBLE_DEVICES} if visible_devices else set())
@@ -228,8 +275,7 @@ def plan_slurm_job(spec: JobSpec, options: SlurmOptions, run_id: str,
         reason = "each node picks the interface whose route reaches MASTER_ADDR"
     env += [("ORCHESTRATOR_RUN_ID", run_id), ("PYTHONUNBUFFERED", "1")]
 
-    lines = [f"--job-name={options.job_name or run_id}", f"--nodes={nnodes}",
-             "--ntasks-per-node=1"]
+    lines = [f"--job-name={options.job_name or run_id}", f"--nodes={nnodes}", "--ntasks-per-node=1"]
     srun_args = []
     if options.cpus_per_node:
         lines.append(f"--cpus-per-task={options.cpus_per_node}")
@@ -237,8 +283,11 @@ def plan_slurm_job(spec: JobSpec, options: SlurmOptions, run_id: str,
     if options.gpus_per_node:
         lines.append(f"--gpus-per-node={options.gpus_per_node}")
         srun_args.append(f"--gpus-per-node={options.gpus_per_node}")
-    for flag, value in (("partition", options.partition), ("time", options.time),
-                        ("account", options.account)):
+    for flag, value in (
+        ("partition", options.partition),
+        ("time", options.time),
+        ("account", options.account),
+    ):
         if value:
             lines.append(f"--{flag}={value}")
     if nodelist:
@@ -256,13 +305,27 @@ def plan_slurm_job(spec: JobSpec, options: SlurmOptions, run_id: str,
         if not line.isprintable():
             raise ConfigError(f"#SBATCH {line!r}: a value contains a control character")
     return SlurmJob(
-        run_id=run_id, nnodes=nnodes, nproc=nproc, nodelist=nodelist,
-        python=python or spec.python, workdir=spec.workdir, program=spec.program,
-        env=tuple(env), secret_names=secret_names, master_addr=spec.master_addr,
-        master_port=spec.master_port, ifname=ifname, ifname_reason=reason,
-        sbatch_lines=tuple(lines), srun_args=tuple(srun_args), signal_name=signal_name,
-        requeue=options.requeue, job_dir=job_dir, output=output,
-        visible_devices=visible_devices, selection=cluster.selection if cluster else "",
+        run_id=run_id,
+        nnodes=nnodes,
+        nproc=nproc,
+        nodelist=nodelist,
+        python=python or spec.python,
+        workdir=spec.workdir,
+        program=spec.program,
+        env=tuple(env),
+        secret_names=secret_names,
+        master_addr=spec.master_addr,
+        master_port=spec.master_port,
+        ifname=ifname,
+        ifname_reason=reason,
+        sbatch_lines=tuple(lines),
+        srun_args=tuple(srun_args),
+        signal_name=signal_name,
+        requeue=options.requeue,
+        job_dir=job_dir,
+        output=output,
+        visible_devices=visible_devices,
+        selection=cluster.selection if cluster else "",
         bind_cores=spec.bind_cores,
         max_restarts=spec.max_restarts,
     )
@@ -270,5 +333,11 @@ def plan_slurm_job(spec: JobSpec, options: SlurmOptions, run_id: str,
 
 def render_sbatch(job: SlurmJob, command: str) -> str:
     """The sbatch script of the job, runnable by hand with `sbatch job.sbatch`."""
-    return render_template("slurm.sbatch.j2", job=job, command=command,
-                           script_name=SCRIPT_NAME, port_base=PORT_BASE, port_span=PORT_SPAN)
+    return render_template(
+        "slurm.sbatch.j2",
+        job=job,
+        command=command,
+        script_name=SCRIPT_NAME,
+        port_base=PORT_BASE,
+        port_span=PORT_SPAN,
+    )

@@ -44,9 +44,13 @@ class AttemptFiles:
                 os.close(tail.fd)
                 tail.fd = None
 
-    def pump(self, sink: LogSink, sup: Supervisor,
-             rank_exited: Callable[[int, int, float], None],
-             node_exited: Callable[[NodeState, int, float], None]) -> None:
+    def pump(
+        self,
+        sink: LogSink,
+        sup: Supervisor,
+        rank_exited: Callable[[int, int, float], None],
+        node_exited: Callable[[NodeState, int, float], None],
+    ) -> None:
         """Pass on new output; record node starts, then rank exits (in the order they
         happened, through `rank_exited(rank, code, when)`), then node exits (through
         `node_exited(node, code, when)`)."""
@@ -56,8 +60,9 @@ class AttemptFiles:
                 if sup.ranks[rank].state == "restarting":  # output again: torchrun restarted it
                     sup.rank_restarted(sup.ranks[rank])
         for node in sup.nodes:
-            if node.state == "starting" and (start := read_fields(self.node_dir(node.index) /
-                                                                  "node.start")):
+            if node.state == "starting" and (
+                start := read_fields(self.node_dir(node.index) / "node.start")
+            ):
                 node.state, node.started_at = "running", float(start[1])
                 for rank in node.ranks:
                     sup.ranks[rank].state = "running"
@@ -78,8 +83,7 @@ class AttemptFiles:
                 sup.ranks[rank].error_file = Path(error_file[0]).read_text(errors="replace")
             rank_exited(rank, code, when)
         for node in sup.nodes:
-            if not node.done and (fields := read_fields(self.node_dir(node.index) /
-                                                        "node.exit")):
+            if not node.done and (fields := read_fields(self.node_dir(node.index) / "node.exit")):
                 sink.node_output(node.index, self.node_files[node.index].rest())
                 node_exited(node, int(fields[0]), float(fields[1]))
 
@@ -91,4 +95,3 @@ def read_fields(path: Path) -> list[str] | None:
     except (FileNotFoundError, NotADirectoryError):
         return None
     return text.split() if text.endswith("\n") and text.strip() else None
-

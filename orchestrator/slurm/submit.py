@@ -31,20 +31,34 @@ from orchestrator.slurm.render import (
 from orchestrator.spec import JobSpec
 
 
-def prepare_slurm(cluster: Cluster | None, spec: JobSpec, slurm_options: SlurmOptions,
-                  run_id: str, argv: tuple[str, ...],
-                  record_path: Path | None = None) -> tuple[SlurmJob, str]:
+def prepare_slurm(
+    cluster: Cluster | None,
+    spec: JobSpec,
+    slurm_options: SlurmOptions,
+    run_id: str,
+    argv: tuple[str, ...],
+    record_path: Path | None = None,
+) -> tuple[SlurmJob, str]:
     """Plan and render; with a run record, nodes write their files into it."""
     job = plan_slurm_job(
-        spec, slurm_options, run_id, cluster,
+        spec,
+        slurm_options,
+        run_id,
+        cluster,
         job_dir=str(record_path / "nodes") if record_path else None,
-        output=str(record_path / "slurm-%j.out") if record_path else None)
+        output=str(record_path / "slurm-%j.out") if record_path else None,
+    )
     return job, render_sbatch(job, command_line(argv, job.secret_names))
 
 
-def write_slurm_render(out_dir: str, cluster: Cluster | None, spec: JobSpec,
-                       slurm_options: SlurmOptions, run_id: str,
-                       argv: tuple[str, ...]) -> list[Path]:
+def write_slurm_render(
+    out_dir: str,
+    cluster: Cluster | None,
+    spec: JobSpec,
+    slurm_options: SlurmOptions,
+    run_id: str,
+    argv: tuple[str, ...],
+) -> list[Path]:
     """`render --backend slurm`: DIR/plan.yaml and DIR/job.sbatch (for sbatch by hand)."""
     if slurm_options.login:
         raise ConfigError("--login applies to launch only")
@@ -56,64 +70,105 @@ def write_slurm_render(out_dir: str, cluster: Cluster | None, spec: JobSpec,
     return [out / "plan.yaml", out / SCRIPT_NAME]
 
 
-def launch_slurm(cluster: Cluster | None, spec: JobSpec, slurm_options: SlurmOptions,
-                 options: LaunchOptions, *, dry_run: bool = False, detach: bool = False,
-                 out: BinaryIO | None = None) -> int:
+def launch_slurm(
+    cluster: Cluster | None,
+    spec: JobSpec,
+    slurm_options: SlurmOptions,
+    options: LaunchOptions,
+    *,
+    dry_run: bool = False,
+    detach: bool = False,
+    out: BinaryIO | None = None,
+) -> int:
     """Submit the job and follow it to its end (or return after submission with detach)."""
     out = out or sys.stdout.buffer
     program = spec.program
     if not slurm_options.login and not program.is_module:
         path = os.path.join(spec.workdir, program.target)
         if not os.path.isfile(path):
-            raise ConfigError(f"script {program.target!r} not found (looked in {spec.workdir}); "
-                              "give its path relative to --workdir or an absolute path")
+            raise ConfigError(
+                f"script {program.target!r} not found (looked in {spec.workdir}); "
+                "give its path relative to --workdir or an absolute path"
+            )
     record_path = Path(options.run_dir).resolve() / options.run_id
     if not dry_run and record_path.exists():
-        raise ConfigError(f"run {options.run_id!r} already exists in {options.run_dir}; "
-                          "choose another --run-id")
-    job, script = prepare_slurm(cluster, spec, slurm_options, options.run_id, options.argv,
-                                record_path)
+        raise ConfigError(
+            f"run {options.run_id!r} already exists in {options.run_dir}; choose another --run-id"
+        )
+    job, script = prepare_slurm(
+        cluster, spec, slurm_options, options.run_id, options.argv, record_path
+    )
     if dry_run:
-        out.write(f"# plan.yaml\n{plan_yaml(job)}# ---- {record_path / SCRIPT_NAME} "
-                  f"(submitted with: sbatch --parsable {record_path / SCRIPT_NAME}) ----\n"
-                  f"{script}".encode())
+        out.write(
+            f"# plan.yaml\n{plan_yaml(job)}# ---- {record_path / SCRIPT_NAME} "
+            f"(submitted with: sbatch --parsable {record_path / SCRIPT_NAME}) ----\n"
+            f"{script}".encode()
+        )
         out.flush()
         return 0
     if detach:
         log_path = os.path.join(options.run_dir, f".{options.run_id}.controller.log")
-        result = run_detached(lambda report: _submit_and_follow(
-            job, script, spec, slurm_options, options, None, report), log_path)
+        result = run_detached(
+            lambda report: _submit_and_follow(
+                job, script, spec, slurm_options, options, None, report
+            ),
+            log_path,
+        )
         if "error" in result:
             out.write(f"orchestrator: error: {result['error']}\n".encode())
             out.flush()
             return int(result.get("exit_code") or 1)
         run, run_dir = options.run_id, options.run_dir
-        out.write((f"run {run}: SLURM job {result['job_id']} submitted\n"
-                   f"  follow it:  orchestrator logs {run} -f --run-dir {run_dir}\n"
-                   f"  state:      orchestrator status {run} --run-dir {run_dir}\n"
-                   f"  cancel it:  orchestrator stop {run} --run-dir {run_dir}\n").encode())
+        out.write(
+            (
+                f"run {run}: SLURM job {result['job_id']} submitted\n"
+                f"  follow it:  orchestrator logs {run} -f --run-dir {run_dir}\n"
+                f"  state:      orchestrator status {run} --run-dir {run_dir}\n"
+                f"  cancel it:  orchestrator stop {run} --run-dir {run_dir}\n"
+            ).encode()
+        )
         out.flush()
         return 0
     return _submit_and_follow(job, script, spec, slurm_options, options, out, None)
 
 
-def _submit_and_follow(job: SlurmJob, script: str, spec: JobSpec, slurm_options: SlurmOptions,
-                       options: LaunchOptions, console: BinaryIO | None, report) -> int:
+def _submit_and_follow(
+    job: SlurmJob,
+    script: str,
+    spec: JobSpec,
+    slurm_options: SlurmOptions,
+    options: LaunchOptions,
+    console: BinaryIO | None,
+    report,
+) -> int:
     record = RunRecord.create(Path(options.run_dir).resolve(), options.run_id)
     script_path = record.path / SCRIPT_NAME
     script_path.write_text(script, encoding="utf-8")
     (record.path / "plan.yaml").write_text(plan_yaml(job), encoding="utf-8")
     pid = os.getpid()
     base = {
-        "run_id": job.run_id, "backend": "slurm", "state": "starting",
+        "run_id": job.run_id,
+        "backend": "slurm",
+        "state": "starting",
         "command": command_line(options.argv, job.secret_names),
-        "program": job.program.describe(), "nnodes": job.nnodes, "world_size": job.world_size,
+        "program": job.program.describe(),
+        "nnodes": job.nnodes,
+        "world_size": job.world_size,
         "master": f"{job.master_addr or '(first node)'}:{job.master_port or '(from job id)'}",
-        "started_at": now_iso(), "ended_at": None, "exit_code": None,
-        "summary": None, "script": str(script_path), "slurm_job_id": None,
-        "slurm_state": None, "slurm_login": slurm_options.login, "attempt": 0,
-        "controller": {"pid": pid, "start_time": process_start_time(pid),
-                       "host": socket.gethostname()},
+        "started_at": now_iso(),
+        "ended_at": None,
+        "exit_code": None,
+        "summary": None,
+        "script": str(script_path),
+        "slurm_job_id": None,
+        "slurm_state": None,
+        "slurm_login": slurm_options.login,
+        "attempt": 0,
+        "controller": {
+            "pid": pid,
+            "start_time": process_start_time(pid),
+            "host": socket.gethostname(),
+        },
     }
     record.write_status(base)
     commands = None
@@ -122,14 +177,23 @@ def _submit_and_follow(job: SlurmJob, script: str, spec: JobSpec, slurm_options:
         if slurm_options.login:
             rc, _, _ = commands.run(["test", "-d", str(record.path)])
             if rc != 0:
-                raise ConfigError(f"--login {slurm_options.login}: it does not see the run "
-                                  f"folder {record.path}; with --login, --run-dir must be on a "
-                                  "file system shared with the cluster at the same path")
+                raise ConfigError(
+                    f"--login {slurm_options.login}: it does not see the run "
+                    f"folder {record.path}; with --login, --run-dir must be on a "
+                    "file system shared with the cluster at the same path"
+                )
         secrets = {k: v for k, v in spec.env if k in job.secret_names}
         job_id = slurm.submit(commands, str(script_path), secrets)
     except OrchestratorError as exc:
-        record.write_status({**base, "state": "failed", "exit_code": exc.exit_code,
-                             "ended_at": now_iso(), "summary": str(exc)})
+        record.write_status(
+            {
+                **base,
+                "state": "failed",
+                "exit_code": exc.exit_code,
+                "ended_at": now_iso(),
+                "summary": str(exc),
+            }
+        )
         if commands is not None:
             commands.close()
         raise

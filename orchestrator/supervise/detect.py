@@ -26,9 +26,16 @@ class Sink(Protocol):
 class Detector:
     """Keeps every node's and rank's state from their reports; says who failed first."""
 
-    def __init__(self, nodes: Sequence[NodeState], ranks: Sequence[RankState], sink: Sink,
-                 stopper: Stopper, *, stop_on_failure: bool = True,
-                 max_restarts: int = 0) -> None:
+    def __init__(
+        self,
+        nodes: Sequence[NodeState],
+        ranks: Sequence[RankState],
+        sink: Sink,
+        stopper: Stopper,
+        *,
+        stop_on_failure: bool = True,
+        max_restarts: int = 0,
+    ) -> None:
         self.nodes = list(nodes)
         self.ranks = {r.rank: r for r in ranks}
         self.sink = sink
@@ -52,9 +59,11 @@ class Detector:
             if failed:
                 state.state = "restarting"
                 if first and not self.stopper.stopping:
-                    self.sink.note(f"rank {rank} on {state.host} failed with "
-                                   f"{describe_exit(code)}; torchrun restarts the workers "
-                                   f"(--max-restarts {self.max_restarts} per node)")
+                    self.sink.note(
+                        f"rank {rank} on {state.host} failed with "
+                        f"{describe_exit(code)}; torchrun restarts the workers "
+                        f"(--max-restarts {self.max_restarts} per node)"
+                    )
                 return None
         if code == 0:
             state.state = "succeeded"
@@ -63,8 +72,10 @@ class Detector:
         else:
             state.state = "failed"
             if self.stop_on_failure and not self.stopper.stopping:
-                self.sink.note(f"rank {rank} on {state.host} failed with "
-                               f"{describe_exit(code)}; stopping the run on every node")
+                self.sink.note(
+                    f"rank {rank} on {state.host} failed with "
+                    f"{describe_exit(code)}; stopping the run on every node"
+                )
                 return f"rank {rank} on {state.host} failed"
         return None
 
@@ -81,8 +92,10 @@ class Detector:
         else:
             node.state = "failed"
             if self.stop_on_failure:
-                self.sink.note(f"{node.host}: node script ended with {describe_exit(code)}; "
-                               "stopping the run on every node")
+                self.sink.note(
+                    f"{node.host}: node script ended with {describe_exit(code)}; "
+                    "stopping the run on every node"
+                )
                 return f"{node.host} failed"
         return None
 
@@ -103,8 +116,13 @@ class Detector:
                 continue
             silent = now - node.last_heard
             if heartbeat_timeout > 0 and silent > heartbeat_timeout:
-                lost.append((node, f"no word from its agent for {silent:.0f} s "
-                                   "(link down, node or sshd gone?)"))
+                lost.append(
+                    (
+                        node,
+                        f"no word from its agent for {silent:.0f} s "
+                        "(link down, node or sshd gone?)",
+                    )
+                )
             elif self.stopper.overdue(now):
                 lost.append((node, "its agent did not report back after the stop"))
         return lost
@@ -129,8 +147,9 @@ class Detector:
 
     def restart_lines(self) -> list[str]:
         causes = self.rounds.restarts(self.gave_up)
-        return [describe_restart(n, cause, self.started_wall)
-                for n, cause in enumerate(causes, start=1)]
+        return [
+            describe_restart(n, cause, self.started_wall) for n, cause in enumerate(causes, start=1)
+        ]
 
     def outcome(self, timed_out: bool = False) -> Outcome:
         self.settle_restarts()
@@ -145,8 +164,9 @@ class Detector:
     def _outcome(self, timed_out: bool) -> Outcome:
         interrupted_by = self.stopper.interrupted_by
         if interrupted_by is not None:
-            return Outcome("stopped", 128 + interrupted_by,
-                           f"stopped by {signal.Signals(interrupted_by).name}")
+            return Outcome(
+                "stopped", 128 + interrupted_by, f"stopped by {signal.Signals(interrupted_by).name}"
+            )
         rank = self.first_failed_rank()
         if rank is not None:
             return Outcome("failed", rank.exit_code or 1, self.rank_summary(rank))
@@ -162,12 +182,17 @@ class Detector:
 
     def rank_summary(self, rank: RankState) -> str:
         elapsed = (rank.ended_at or time.time()) - self.started_wall
-        lines = [f"job failed: rank {rank.rank} (local rank {rank.local_rank}) on {rank.host} "
-                 f"ended with {describe_exit(rank.exit_code)} after {elapsed:.1f} s "
-                 "(the first rank to fail)"]
+        lines = [
+            f"job failed: rank {rank.rank} (local rank {rank.local_rank}) on {rank.host} "
+            f"ended with {describe_exit(rank.exit_code)} after {elapsed:.1f} s "
+            "(the first rank to fail)"
+        ]
         tail = self.sink.last_lines(rank=rank.rank)
-        lines.append(f"last {len(tail)} line(s) of rank {rank.rank}:" if tail
-                     else f"rank {rank.rank} printed nothing")
+        lines.append(
+            f"last {len(tail)} line(s) of rank {rank.rank}:"
+            if tail
+            else f"rank {rank.rank} printed nothing"
+        )
         lines += [f"  {line}" for line in tail]
         if rank.error_file:
             lines.append(f"torch error file of rank {rank.rank}:")
@@ -178,8 +203,10 @@ class Detector:
         if node.state == "lost":
             head = f"job failed: node {node.host} was lost: {node.detail}"
         else:
-            head = f"job failed: the node script on {node.host} ended with " \
-                   f"{describe_exit(node.exit_code)} before any rank failed"
+            head = (
+                f"job failed: the node script on {node.host} ended with "
+                f"{describe_exit(node.exit_code)} before any rank failed"
+            )
         tail = self.sink.last_lines(node=node.index)
         lines = [head] + ([f"last {len(tail)} line(s) from {node.host}:"] if tail else [])
         return "\n".join(lines + [f"  {line}" for line in tail])

@@ -61,5 +61,7 @@ class Rounds:
 
 
 def describe_restart(number: int, cause: RankExit, started_wall: float) -> str:
-    return (f"restart {number}: rank {cause.rank} on {cause.host} ended with "
-            f"{describe_exit(cause.exit_code)} after {cause.ended_at - started_wall:.1f} s")
+    return (
+        f"restart {number}: rank {cause.rank} on {cause.host} ended with "
+        f"{describe_exit(cause.exit_code)} after {cause.ended_at - started_wall:.1f} s"
+    )

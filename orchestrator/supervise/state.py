@@ -46,8 +46,11 @@ class Outcome:
         lines = [self.summary] if self.summary or self.state != "succeeded" else []
         if self.state == "succeeded":
             return [*lines, f"run {run_id} succeeded in {elapsed:.1f} s"]
-        return [*lines, f"run {run_id} {self.state} (exit code {self.exit_code}) after "
-                        f"{elapsed:.1f} s; logs in {logs_dir}"]
+        return [
+            *lines,
+            f"run {run_id} {self.state} (exit code {self.exit_code}) after "
+            f"{elapsed:.1f} s; logs in {logs_dir}",
+        ]
 
 
 def describe_exit(code: int | None) -> str:

@@ -30,8 +30,14 @@ class Notes(Protocol):
 class Stopper:
     """Sends `stop GRACE` / `kill` to every node still running, and handles signals."""
 
-    def __init__(self, nodes: Sequence[NodeState], sessions: Sequence[Session], notes: Notes,
-                 grace: float, on_first_stop: Callable[[], None] = lambda: None) -> None:
+    def __init__(
+        self,
+        nodes: Sequence[NodeState],
+        sessions: Sequence[Session],
+        notes: Notes,
+        grace: float,
+        on_first_stop: Callable[[], None] = lambda: None,
+    ) -> None:
         self.nodes = nodes
         self.sessions = sessions  # the caller may still be adding to it while nodes start
         self.notes = notes
@@ -71,8 +77,10 @@ class Stopper:
             self.interrupted_by = self.interrupted_by or signum
             name = signal.Signals(signum).name
             if self.signal_count == 1:
-                self.notes.note(f"{name}: stopping the run on every node "
-                                f"(grace {self.grace:g} s; Ctrl-C again to kill at once)")
+                self.notes.note(
+                    f"{name}: stopping the run on every node "
+                    f"(grace {self.grace:g} s; Ctrl-C again to kill at once)"
+                )
                 self.begin(self.grace, f"{name} to the orchestrator")
             else:
                 self.notes.note(f"{name} again: killing every process of the run now")

@@ -27,11 +27,21 @@ MAX_EVENTS_PER_STEP = 256  # then flush and look at heartbeats and signals again
 class Supervisor:
     """Drive a started run to its end and say how it ended."""
 
-    def __init__(self, nodes: Sequence[NodeState], ranks: Sequence[RankState],
-                 sessions: Sequence[NodeSession], events: queue.Queue[Event], sink: LogSink,
-                 *, grace: float, heartbeat_timeout: float, stop_on_failure: bool = True,
-                 time_limit: float | None = None, max_restarts: int = 0,
-                 on_change: Callable[[Supervisor], None] = lambda sup: None) -> None:
+    def __init__(
+        self,
+        nodes: Sequence[NodeState],
+        ranks: Sequence[RankState],
+        sessions: Sequence[NodeSession],
+        events: queue.Queue[Event],
+        sink: LogSink,
+        *,
+        grace: float,
+        heartbeat_timeout: float,
+        stop_on_failure: bool = True,
+        time_limit: float | None = None,
+        max_restarts: int = 0,
+        on_change: Callable[[Supervisor], None] = lambda sup: None,
+    ) -> None:
         self.events = events
         self.sink = sink
         self.grace = grace
@@ -39,10 +49,17 @@ class Supervisor:
         self.time_limit = time_limit
         self.timed_out = False
         self.on_change = on_change
-        self.stopper = Stopper(nodes, sessions, sink, grace,
-                               on_first_stop=lambda: self.on_change(self))
-        self.detector = Detector(nodes, ranks, sink, self.stopper,
-                                 stop_on_failure=stop_on_failure, max_restarts=max_restarts)
+        self.stopper = Stopper(
+            nodes, sessions, sink, grace, on_first_stop=lambda: self.on_change(self)
+        )
+        self.detector = Detector(
+            nodes,
+            ranks,
+            sink,
+            self.stopper,
+            stop_on_failure=stop_on_failure,
+            max_restarts=max_restarts,
+        )
         self.nodes = self.detector.nodes
         self.ranks = self.detector.ranks
         self.stopper.nodes = self.nodes
@@ -109,8 +126,11 @@ class Supervisor:
             self.stopper.handle_signals()
             for node, why in self.detector.silent_nodes(now, self.heartbeat_timeout):
                 self.node_lost(node, why)
-            if self.time_limit is not None and not self.timed_out and \
-                    time.time() - self.started_wall > self.time_limit:
+            if (
+                self.time_limit is not None
+                and not self.timed_out
+                and time.time() - self.started_wall > self.time_limit
+            ):
                 self.timed_out = True
                 self.begin_stop(0, f"time limit of {self.time_limit:g} s reached")
         self.sink.flush()
@@ -134,8 +154,11 @@ class Supervisor:
         elif kind == "M":
             self.sink.note(f"{node.host}: {event.data.decode(errors='replace').strip()}")
         elif kind == "S":
-            node.state, node.pid, node.started_at = "running", int(event.fields[0]), \
-                float(event.fields[1])
+            node.state, node.pid, node.started_at = (
+                "running",
+                int(event.fields[0]),
+                float(event.fields[1]),
+            )
             for rank in node.ranks:
                 self.ranks[rank].state = "running"
             self.on_change(self)
@@ -144,12 +167,18 @@ class Supervisor:
         elif kind == "E":
             self.rank_exited(int(event.fields[0]), int(event.fields[1]), float(event.fields[2]))
         elif kind == "X":
-            self.node_exited(node, int(event.fields[0]) if event.fields[0] != "None" else None,
-                             float(event.fields[1]))
+            self.node_exited(
+                node,
+                int(event.fields[0]) if event.fields[0] != "None" else None,
+                float(event.fields[1]),
+            )
         elif kind == "EOF" and not node.done:
             detail = event.data.decode(errors="replace").strip()
-            self.node_lost(node, "its agent ended without reporting"
-                           + (f": {detail.splitlines()[-1]}" if detail else ""))
+            self.node_lost(
+                node,
+                "its agent ended without reporting"
+                + (f": {detail.splitlines()[-1]}" if detail else ""),
+            )
 
     # --- reports: the detector decides, the stopper acts --------------------------------
 
@@ -179,6 +208,7 @@ class Supervisor:
 
     def status(self) -> dict:
         """The supervision part of status.json."""
+
         def when(t: float | None) -> str | None:
             return now_iso(t) if t is not None else None
 
@@ -188,15 +218,28 @@ class Supervisor:
             "restarts": len(self.detector.rounds.restarts(self.detector.gave_up)),
             "restart_causes": self.detector.restart_lines(),
             "nodes": [
-                {"node_rank": n.index, "host": n.host, "state": n.state,
-                 "exit_code": n.exit_code, "pid": n.pid, "started_at": when(n.started_at),
-                 "ended_at": when(n.ended_at), "detail": n.detail or None}
+                {
+                    "node_rank": n.index,
+                    "host": n.host,
+                    "state": n.state,
+                    "exit_code": n.exit_code,
+                    "pid": n.pid,
+                    "started_at": when(n.started_at),
+                    "ended_at": when(n.ended_at),
+                    "detail": n.detail or None,
+                }
                 for n in self.nodes
             ],
             "ranks": [
-                {"rank": r.rank, "node_rank": r.node, "local_rank": r.local_rank,
-                 "host": r.host, "state": r.state, "exit_code": r.exit_code,
-                 "ended_at": when(r.ended_at)}
+                {
+                    "rank": r.rank,
+                    "node_rank": r.node,
+                    "local_rank": r.local_rank,
+                    "host": r.host,
+                    "state": r.state,
+                    "exit_code": r.exit_code,
+                    "ended_at": when(r.ended_at),
+                }
                 for r in sorted(self.ranks.values(), key=lambda r: r.rank)
             ],
         }

@@ -227,8 +227,10 @@ def resolve_topology(
                 "--local-rank and --local-world-size (or LOCAL_RANK and LOCAL_WORLD_SIZE) "
                 "go together; give both, or neither to derive them from the ranks' host names"
             )
-        if local_rank is not None and local_world_size is not None and not (
-            0 <= local_rank < local_world_size <= world_size
+        if (
+            local_rank is not None
+            and local_world_size is not None
+            and not (0 <= local_rank < local_world_size <= world_size)
         ):
             raise TrainerUsageError(
                 f"--local-rank {local_rank} --local-world-size {local_world_size}: need "

@@ -188,9 +188,7 @@ def _rendezvous(topology: Topology, timeout: timedelta) -> Any:
 def _exchange(store: Any, topology: Topology, name: str, value: str) -> list[str]:
     """Every rank's ``value``, in rank order; waits for all of them up to the timeout."""
     store.set(f"{STORE_PREFIX}/{name}/{topology.rank}", value)
-    return [
-        store.get(f"{STORE_PREFIX}/{name}/{r}").decode() for r in range(topology.world_size)
-    ]
+    return [store.get(f"{STORE_PREFIX}/{name}/{r}").decode() for r in range(topology.world_size)]
 
 
 def _place(store: Any, topology: Topology) -> Topology:
@@ -202,9 +200,7 @@ def _place(store: Any, topology: Topology) -> Topology:
     return replace(topology, local_rank=local_rank, local_world_size=local_world)
 
 
-def _agree_on_device(
-    store: Any, topology: Topology, preference: str, gpus: int
-) -> DeviceChoice:
+def _agree_on_device(store: Any, topology: Topology, preference: str, gpus: int) -> DeviceChoice:
     """Each rank decides for its node; any rank's error, or a CPU fallback, holds for all."""
     assert topology.local_rank is not None and topology.local_world_size is not None
     try:

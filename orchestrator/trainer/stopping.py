@@ -106,9 +106,7 @@ class StopAgreement:
 
     def _start(self, step: int) -> None:
         now = time.perf_counter()
-        message = torch.tensor(
-            [self.request.signum, -self._propose(step, now)], dtype=torch.int64
-        )
+        message = torch.tensor([self.request.signum, -self._propose(step, now)], dtype=torch.int64)
         work = dist.all_reduce(
             message, op=dist.ReduceOp.MAX, group=self.runtime.control_group, async_op=True
         )

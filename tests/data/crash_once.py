@@ -22,8 +22,9 @@ def crash_after_a_checkpoint(directory: Path) -> None:
     os._exit(3)
 
 
-if os.environ.get("TORCHELASTIC_RESTART_COUNT") == "0" and \
-        os.environ.get("RANK") == os.environ.get("CRASH_ONCE_RANK"):
+if os.environ.get("TORCHELASTIC_RESTART_COUNT") == "0" and os.environ.get("RANK") == os.environ.get(
+    "CRASH_ONCE_RANK"
+):
     checkpoints = Path(sys.argv[sys.argv.index("--checkpoint-dir") + 1])
     threading.Thread(target=crash_after_a_checkpoint, args=(checkpoints,), daemon=True).start()
 runpy.run_module("orchestrator.trainer", run_name="__main__", alter_sys=True)

@@ -117,8 +117,14 @@ def sign_user_key(
     return text
 
 
-def _sign(ca_key: Path, public_key: Path, principals: Sequence[str], kind: list[str],
-          validity: str, identity: str) -> Path:
+def _sign(
+    ca_key: Path,
+    public_key: Path,
+    principals: Sequence[str],
+    kind: list[str],
+    validity: str,
+    identity: str,
+) -> Path:
     argv = ["ssh-keygen", "-q", "-s", str(ca_key), "-I", identity, *kind, "-V", validity]
     if principals:
         argv += ["-n", ",".join(principals)]

@@ -43,8 +43,9 @@ class Certificate:
         if not self.valid_after <= now < self.valid_before:
             return "it is outside its validity period"
         # ssh accepts wildcard principals in host certificates.
-        if self.principals and not any(pattern_list_matches(p, name.lower())
-                                       for p in self.principals):
+        if self.principals and not any(
+            pattern_list_matches(p, name.lower()) for p in self.principals
+        ):
             return f"{name} is not among its principals ({', '.join(self.principals)})"
         if self.critical_options:
             return "it carries critical options"
@@ -86,7 +87,7 @@ def parse(blob: bytes) -> Certificate:
     # The key's fields follow the nonce in the order of the plain key's own blob.
     plain = Message()
     plain.add_string(key_type.removesuffix(CERT_SUFFIX))
-    key_blob = plain.asbytes() + blob[start:message.packet.tell()]
+    key_blob = plain.asbytes() + blob[start : message.packet.tell()]
     message.get_int64()  # serial
     kind = message.get_int()
     key_id = message.get_text()
@@ -97,10 +98,21 @@ def parse(blob: bytes) -> Certificate:
     message.get_string()  # extensions: none matter for a host certificate
     message.get_string()  # reserved
     ca_blob = message.get_string()
-    signed = blob[:message.packet.tell()]
+    signed = blob[: message.packet.tell()]
     signature = message.get_string()
     principals = []
     while principals_data.get_remainder():
         principals.append(principals_data.get_text())
-    return Certificate(key_type, key_blob, kind, key_id, tuple(principals), valid_after,
-                       valid_before, critical, ca_blob, signed, signature)
+    return Certificate(
+        key_type,
+        key_blob,
+        kind,
+        key_id,
+        tuple(principals),
+        valid_after,
+        valid_before,
+        critical,
+        ca_blob,
+        signed,
+        signature,
+    )

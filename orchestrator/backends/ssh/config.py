@@ -99,8 +99,10 @@ class SshConfig:
             full = os.path.expanduser(name)
             if os.path.isfile(full):
                 self._read(full, is_user, "", 0)
-        text = "\n".join(f"{_paramiko_keyword(keyword, n)} {value}"
-                         for n, (_, keyword, value) in enumerate(self.lines))
+        text = "\n".join(
+            f"{_paramiko_keyword(keyword, n)} {value}"
+            for n, (_, keyword, value) in enumerate(self.lines)
+        )
         self._config = paramiko.SSHConfig.from_text(text)
 
     def lookup(self, alias: str) -> paramiko.SSHConfigDict:
@@ -111,8 +113,10 @@ class SshConfig:
             switched_off = isinstance(value, str) and value.lower() in ("no", "none")
             if keyword not in HONOURED and keyword not in NO_EFFECT and not switched_off:
                 where = self._origin(keyword, value)
-                warn_once(f"{where}: ssh option {keyword!r} is not supported here; going on "
-                          "as ssh would without it")
+                warn_once(
+                    f"{where}: ssh option {keyword!r} is not supported here; going on "
+                    "as ssh would without it"
+                )
         return found
 
     def _origin(self, keyword: str, value: object) -> str:
@@ -192,8 +196,13 @@ def _include_paths(value: str, is_user: bool, path: str, number: int) -> list[st
     return found
 
 
-def resolve(alias: str, config: SshConfig, options: SshOptions,
-            user: str | None = None, port: int | None = None) -> Target:
+def resolve(
+    alias: str,
+    config: SshConfig,
+    options: SshOptions,
+    user: str | None = None,
+    port: int | None = None,
+) -> Target:
     """Where `alias` leads, as `ssh -G` would say; a hostfile `user`/`port` wins."""
     found = config.lookup(alias)
     hostname = found.get("hostname", alias)
@@ -202,14 +211,20 @@ def resolve(alias: str, config: SshConfig, options: SshOptions,
     jump = found.get("proxyjump")
     command = found.get("proxycommand")
     tokens = _tokens(alias, hostname, port, user, found)
-    user_files = (options.known_hosts,) if options.known_hosts else \
-        _files(found.get("userknownhostsfile"), USER_KNOWN_HOSTS, tokens)
+    user_files = (
+        (options.known_hosts,)
+        if options.known_hosts
+        else _files(found.get("userknownhostsfile"), USER_KNOWN_HOSTS, tokens)
+    )
     global_files = _files(found.get("globalknownhostsfile"), GLOBAL_KNOWN_HOSTS, tokens)
     strict = _strictness(found.get("stricthostkeychecking", "ask"))
     if options.accept_new_host_keys:
         strict = "accept-new"  # the flag is ssh's `-o StrictHostKeyChecking=accept-new`
-    timeout = options.connect_timeout or _seconds(found.get("connecttimeout")) or \
-        DEFAULT_CONNECT_TIMEOUT_S
+    timeout = (
+        options.connect_timeout
+        or _seconds(found.get("connecttimeout"))
+        or DEFAULT_CONNECT_TIMEOUT_S
+    )
     return Target(
         alias=alias,
         hostname=hostname,
@@ -233,8 +248,7 @@ def resolve(alias: str, config: SshConfig, options: SshOptions,
     )
 
 
-def _certificate_files(found: paramiko.SSHConfigDict, tokens: dict[str, str]
-                       ) -> tuple[str, ...]:
+def _certificate_files(found: paramiko.SSHConfigDict, tokens: dict[str, str]) -> tuple[str, ...]:
     """Every CertificateFile that applies, in the order ssh reads them, each once."""
     files: list[str] = []
     for keyword, value in found.items():  # in the order the lines were read
@@ -263,22 +277,30 @@ def _strictness(value: str) -> str:
     return "accept-new" if value == "accept-new" else "yes"
 
 
-def _files(value: str | None, default: tuple[str, ...], tokens: dict[str, str]
-           ) -> tuple[str, ...]:
+def _files(value: str | None, default: tuple[str, ...], tokens: dict[str, str]) -> tuple[str, ...]:
     names = shlex.split(value) if value else list(default)
     if [n.lower() for n in names] == ["none"]:
         return ()
     return tuple(os.path.expanduser(expand_tokens(n, tokens)) for n in names)
 
 
-def _tokens(alias: str, hostname: str, port: int, user: str,
-            found: paramiko.SSHConfigDict) -> dict[str, str]:
+def _tokens(
+    alias: str, hostname: str, port: int, user: str, found: paramiko.SSHConfigDict
+) -> dict[str, str]:
     local = socket.gethostname()
     jump = found.get("proxyjump") or ""
     return {
-        "%": "%", "d": os.path.expanduser("~"), "h": hostname, "n": alias, "p": str(port),
-        "r": user, "u": getpass.getuser(), "i": str(os.getuid()), "L": local.split(".")[0],
-        "l": local, "k": found.get("hostkeyalias") or alias,
+        "%": "%",
+        "d": os.path.expanduser("~"),
+        "h": hostname,
+        "n": alias,
+        "p": str(port),
+        "r": user,
+        "u": getpass.getuser(),
+        "i": str(os.getuid()),
+        "L": local.split(".")[0],
+        "l": local,
+        "k": found.get("hostkeyalias") or alias,
         "C": hashlib.sha1(f"{local}{hostname}{port}{user}{jump}".encode()).hexdigest(),
     }
 

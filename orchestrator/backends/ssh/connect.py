@@ -93,8 +93,9 @@ class SshChannel:
 class SshConnection:
     """One node over SSH (plus the jump hosts it goes through)."""
 
-    def __init__(self, host: str, target: Target, client: paramiko.SSHClient,
-                 hops: list[paramiko.SSHClient]) -> None:
+    def __init__(
+        self, host: str, target: Target, client: paramiko.SSHClient, hops: list[paramiko.SSHClient]
+    ) -> None:
         self.host = host
         self.target = target
         self.client = client
@@ -107,7 +108,7 @@ class SshConnection:
     def start_agent(self, python: str, tag: str) -> SshChannel:
         command = (
             f"command -v {shlex.quote(python)} >/dev/null 2>&1 || "
-            f"{{ echo \"python {shlex.quote(python)} {MISSING_PYTHON_WORDS}\" >&2; "
+            f'{{ echo "python {shlex.quote(python)} {MISSING_PYTHON_WORDS}" >&2; '
             "exit 127; }; "
             f"ORCHESTRATOR_RUN_ID={shlex.quote(tag)} exec {shlex.join(agent_argv(python, tag))}"
         )
@@ -176,8 +177,9 @@ class _TrustPolicy(paramiko.MissingHostKeyPolicy):
         self.trust.check(self.target, self.shown, key, address)
 
 
-def _open_client(target: Target, session: SshSession, sock: object | None,
-                 shown: str) -> paramiko.SSHClient:
+def _open_client(
+    target: Target, session: SshSession, sock: object | None, shown: str
+) -> paramiko.SSHClient:
     client = paramiko.SSHClient()
     trust = session.trust
     client.set_missing_host_key_policy(_TrustPolicy(trust, target, shown, sock is None))
@@ -186,10 +188,15 @@ def _open_client(target: Target, session: SshSession, sock: object | None,
     algorithms = trust.algorithms(target)
     try:
         client.connect(
-            target.hostname, port=target.port, username=target.user,
+            target.hostname,
+            port=target.port,
+            username=target.user,
             # The keys ssh would offer, certificates included, in its order.
-            auth_strategy=OfferedKeys(target), timeout=timeout,
-            banner_timeout=timeout, auth_timeout=timeout, sock=sock,
+            auth_strategy=OfferedKeys(target),
+            timeout=timeout,
+            banner_timeout=timeout,
+            auth_timeout=timeout,
+            sock=sock,
             transport_factory=lambda *a, **kw: _transport(algorithms, *a, **kw),
         )
     except HostKeyRefused as exc:
@@ -200,22 +207,36 @@ def _open_client(target: Target, session: SshSession, sock: object | None,
         raise _authentication_failed(shown, target, where, exc) from None
     except socket.gaierror:
         client.close()
-        raise NodeError(shown, f"cannot resolve host name {target.hostname!r}; check the "
-                        "hostfile and the ssh config", exit_code=2) from None
+        raise NodeError(
+            shown,
+            f"cannot resolve host name {target.hostname!r}; check the hostfile and the ssh config",
+            exit_code=2,
+        ) from None
     except TimeoutError:
         client.close()
-        raise NodeError(shown, f"no answer from {where} within {timeout:g} s "
-                        "(node down, or unreachable from here?)") from None
+        raise NodeError(
+            shown,
+            f"no answer from {where} within {timeout:g} s (node down, or unreachable from here?)",
+        ) from None
     except paramiko.ssh_exception.NoValidConnectionsError as exc:
         client.close()
         codes = {getattr(e, "errno", None) for e in exc.errors.values()}
         if codes == {errno.ECONNREFUSED}:
-            raise NodeError(shown, f"connection refused at {where} (is sshd running there, "
-                            "and is the port right?)") from None
-        reasons = "; ".join(sorted({os.strerror(e.errno) if getattr(e, "errno", None)
-                                    else str(e) for e in exc.errors.values()}))
-        raise NodeError(shown, f"cannot connect to {where}: {reasons} (node down, or "
-                        "unreachable from here?)") from None
+            raise NodeError(
+                shown,
+                f"connection refused at {where} (is sshd running there, and is the port right?)",
+            ) from None
+        reasons = "; ".join(
+            sorted(
+                {
+                    os.strerror(e.errno) if getattr(e, "errno", None) else str(e)
+                    for e in exc.errors.values()
+                }
+            )
+        )
+        raise NodeError(
+            shown, f"cannot connect to {where}: {reasons} (node down, or unreachable from here?)"
+        ) from None
     except (OSError, EOFError, paramiko.SSHException) as exc:
         client.close()
         raise NodeError(shown, f"cannot connect to {where}: {exc}") from None
@@ -225,31 +246,42 @@ def _open_client(target: Target, session: SshSession, sock: object | None,
 
 
 def _refused(shown: str, target: Target, exc: HostKeyRefused) -> NodeError:
-    files = " or ".join(target.trust.user_files + target.trust.global_files) or \
-        "any known_hosts file (UserKnownHostsFile none)"
+    files = (
+        " or ".join(target.trust.user_files + target.trust.global_files)
+        or "any known_hosts file (UserKnownHostsFile none)"
+    )
     key = f"{exc.key.get_name()} {exc.key.fingerprint}"
     if exc.reason == "revoked":
-        message = (f"host key of {exc.name} is REVOKED ({key} is listed @revoked in {files}); "
-                   "refusing to connect")
+        message = (
+            f"host key of {exc.name} is REVOKED ({key} is listed @revoked in {files}); "
+            "refusing to connect"
+        )
     elif exc.reason == "changed":
         first = target.trust.user_files[0] if target.trust.user_files else ""
-        message = (f"host key of {exc.name} has CHANGED (now {key}; {exc.detail} lists "
-                   "another): the node was reinstalled, or someone is in between. If you "
-                   "trust the change, remove the old key (ssh-keygen -R "
-                   f"{shlex.quote(exc.name)} -f {shlex.quote(first)}) and connect again")
+        message = (
+            f"host key of {exc.name} has CHANGED (now {key}; {exc.detail} lists "
+            "another): the node was reinstalled, or someone is in between. If you "
+            "trust the change, remove the old key (ssh-keygen -R "
+            f"{shlex.quote(exc.name)} -f {shlex.quote(first)}) and connect again"
+        )
     else:
-        message = (f"host key of {exc.name} is not in {files} ({key}); check it and add it "
-                   "(e.g. ssh once, or ssh-keygen -s / @cert-authority for a CA), or rerun "
-                   "with --accept-new-host-keys to accept and record unknown keys")
+        message = (
+            f"host key of {exc.name} is not in {files} ({key}); check it and add it "
+            "(e.g. ssh once, or ssh-keygen -s / @cert-authority for a CA), or rerun "
+            "with --accept-new-host-keys to accept and record unknown keys"
+        )
     return NodeError(shown, message, exit_code=2)
 
 
-def _authentication_failed(shown: str, target: Target, where: str,
-                           exc: Exception) -> NodeError:
-    return NodeError(shown, f"authentication failed as {target.user}@{where} ({exc}); "
-                     "check the user (hostfile user=, ssh config User) and that your key "
-                     "is in the ssh-agent, a default key, or an IdentityFile (a certificate: "
-                     "CertificateFile, or KEY-cert.pub beside it)", exit_code=2)
+def _authentication_failed(shown: str, target: Target, where: str, exc: Exception) -> NodeError:
+    return NodeError(
+        shown,
+        f"authentication failed as {target.user}@{where} ({exc}); "
+        "check the user (hostfile user=, ssh config User) and that your key "
+        "is in the ssh-agent, a default key, or an IdentityFile (a certificate: "
+        "CertificateFile, or KEY-cert.pub beside it)",
+        exit_code=2,
+    )
 
 
 class _Transport(paramiko.Transport):
@@ -268,19 +300,24 @@ def _transport(algorithms: tuple[str, ...], *args, **kwargs) -> paramiko.Transpo
     transport.host_key_algorithms = algorithms
     options = transport.get_security_options()
     known = options.ciphers
-    options.ciphers = tuple(c for c in AEAD_CIPHERS if c in known) + \
-        tuple(c for c in known if c not in AEAD_CIPHERS)
+    options.ciphers = tuple(c for c in AEAD_CIPHERS if c in known) + tuple(
+        c for c in known if c not in AEAD_CIPHERS
+    )
     return transport
 
 
 def _tunnel(via: paramiko.SSHClient, target: Target, shown: str) -> paramiko.Channel:
     try:
         return via.get_transport().open_channel(
-            "direct-tcpip", (target.hostname, target.port), ("127.0.0.1", 0),
-            timeout=target.connect_timeout)
+            "direct-tcpip",
+            (target.hostname, target.port),
+            ("127.0.0.1", 0),
+            timeout=target.connect_timeout,
+        )
     except (OSError, EOFError, paramiko.SSHException) as exc:
-        raise NodeError(shown, f"jump host cannot reach {target.hostname}:{target.port}: "
-                        f"{exc}") from None
+        raise NodeError(
+            shown, f"jump host cannot reach {target.hostname}:{target.port}: {exc}"
+        ) from None
 
 
 def connect(host: Host, session: SshSession) -> SshConnection:
@@ -293,12 +330,12 @@ def connect(host: Host, session: SshSession) -> SshConnection:
             for jump in target.proxy_jump.split(","):
                 user, _, rest = jump.rpartition("@")
                 name, _, port = rest.partition(":")
-                hop = session.resolve(Host(name=name, user=user or None,
-                                           port=int(port) if port else None))
+                hop = session.resolve(
+                    Host(name=name, user=user or None, port=int(port) if port else None)
+                )
                 if hops:
                     sock = _tunnel(hops[-1], hop, host.name)
-                hops.append(_open_client(hop, session, sock,
-                                         f"{host.name} (via jump host {jump})"))
+                hops.append(_open_client(hop, session, sock, f"{host.name} (via jump host {jump})"))
             sock = _tunnel(hops[-1], target, host.name)
         elif target.proxy_command:
             sock = paramiko.ProxyCommand(target.proxy_command)

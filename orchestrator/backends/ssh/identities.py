@@ -33,9 +33,15 @@ from orchestrator.backends.ssh.notices import warn_once
 
 # ssh's default identities (readconf.c), when no IdentityFile is named; of these, paramiko
 # reads the rsa, ecdsa and ed25519 keys.
-DEFAULT_IDENTITIES = ("~/.ssh/id_rsa", "~/.ssh/id_ecdsa", "~/.ssh/id_ecdsa_sk",
-                      "~/.ssh/id_ed25519", "~/.ssh/id_ed25519_sk", "~/.ssh/id_xmss",
-                      "~/.ssh/id_dsa")
+DEFAULT_IDENTITIES = (
+    "~/.ssh/id_rsa",
+    "~/.ssh/id_ecdsa",
+    "~/.ssh/id_ecdsa_sk",
+    "~/.ssh/id_ed25519",
+    "~/.ssh/id_ed25519_sk",
+    "~/.ssh/id_xmss",
+    "~/.ssh/id_dsa",
+)
 KEY_CLASSES = (paramiko.Ed25519Key, paramiko.ECDSAKey, paramiko.RSAKey)
 IMPLICIT_CERT = "-cert.pub"
 OPENSSH_KEY_MAGIC = b"openssh-key-v1\x00"
@@ -107,14 +113,13 @@ def _public_half(path: str) -> bytes | None:
         return None
     if not data.startswith(OPENSSH_KEY_MAGIC):
         return None
-    header = Message(data[len(OPENSSH_KEY_MAGIC):])
+    header = Message(data[len(OPENSSH_KEY_MAGIC) :])
     for _ in range(3):  # cipher name, KDF name, KDF options
         header.get_string()
     return header.get_string() if header.get_int() >= 1 else None
 
 
-def _certified(path: str, signers: Sequence[paramiko.PKey],
-               explicit: bool) -> paramiko.PKey | None:
+def _certified(path: str, signers: Sequence[paramiko.PKey], explicit: bool) -> paramiko.PKey | None:
     """The certificate in `path` with the private key it certifies, if one is at hand."""
     try:
         blob = PublicBlob.from_file(path)
@@ -132,8 +137,10 @@ def _certified(path: str, signers: Sequence[paramiko.PKey],
     signer = next((key for key in signers if key.asbytes() == cert.key_blob), None)
     if signer is None:
         if explicit:
-            warn_once(f"CertificateFile {path} certifies a key that is neither an identity "
-                      "file nor in the ssh-agent; going on without it")
+            warn_once(
+                f"CertificateFile {path} certifies a key that is neither an identity "
+                "file nor in the ssh-agent; going on without it"
+            )
         return None
     certified = copy.copy(signer)  # the signer may be offered plain, too
     certified.public_blob = blob
@@ -173,13 +180,16 @@ class OfferedKeys(AuthStrategy):
                 continue  # its signature could not be made: ssh, too, goes on
             if further:  # a second factor is asked for: in BatchMode nobody can answer
                 raise paramiko.AuthenticationException(
-                    f"the server asks for more than a key ({', '.join(further)})")
+                    f"the server asks for more than a key ({', '.join(further)})"
+                )
             return further
         if not tried:
             raise paramiko.AuthenticationException(
-                "no key to offer: no agent key, default key or IdentityFile")
+                "no key to offer: no agent key, default key or IdentityFile"
+            )
         raise paramiko.AuthenticationException(
-            f"no key was accepted; offered {', '.join(map(_described, tried))}")
+            f"no key was accepted; offered {', '.join(map(_described, tried))}"
+        )
 
 
 def _agent() -> paramiko.Agent | None:

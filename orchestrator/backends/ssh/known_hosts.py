@@ -67,8 +67,9 @@ def pattern_list_matches(patterns: str, name: str) -> bool:
 
 def _wildcard(pattern: str) -> re.Pattern[str]:
     # Only * and ? are special in ssh patterns; brackets are literal ([host]:port).
-    return re.compile("".join(".*" if c == "*" else "." if c == "?" else re.escape(c)
-                              for c in pattern))
+    return re.compile(
+        "".join(".*" if c == "*" else "." if c == "?" else re.escape(c) for c in pattern)
+    )
 
 
 def _hashed_matches(field: str, name: str) -> bool:

@@ -33,8 +33,14 @@ from orchestrator.backends.ssh.notices import warn_once
 
 OK, NEW, CHANGED, REVOKED_STATUS = "ok", "new", "changed", "revoked"
 # OpenSSH's default HostKeyAlgorithms, certificates first (those paramiko can verify).
-PLAIN_ALGORITHMS = ("ssh-ed25519", "ecdsa-sha2-nistp256", "ecdsa-sha2-nistp384",
-                    "ecdsa-sha2-nistp521", "rsa-sha2-512", "rsa-sha2-256")
+PLAIN_ALGORITHMS = (
+    "ssh-ed25519",
+    "ecdsa-sha2-nistp256",
+    "ecdsa-sha2-nistp384",
+    "ecdsa-sha2-nistp521",
+    "rsa-sha2-512",
+    "rsa-sha2-256",
+)
 KEY_TYPE_OF = {"rsa-sha2-512": "ssh-rsa", "rsa-sha2-256": "ssh-rsa"}
 
 
@@ -93,8 +99,7 @@ class Trust:
         first = list(dict.fromkeys(first))
         return tuple(first) + tuple(a for a in default if a not in first)
 
-    def check(self, target: Target, shown: str, key: paramiko.PKey,
-              address: str | None) -> None:
+    def check(self, target: Target, shown: str, key: paramiko.PKey, address: str | None) -> None:
         """Return when `key` may be used for `target`; raise HostKeyRefused when not."""
         names = self.names(target, address)
         settings = target.trust
@@ -102,8 +107,11 @@ class Trust:
         plain = key.asbytes()
         cert = host_certificate(key)
         status = _judge(keys, names.host, names.principal, plain, cert)
-        if status == NEW and names.bare and \
-                _judge(keys, names.bare, names.principal, plain, cert) == OK:
+        if (
+            status == NEW
+            and names.bare
+            and _judge(keys, names.bare, names.principal, plain, cert) == OK
+        ):
             status = OK  # ssh also accepts the key listed under the name without the port
         if names.ip is None:
             ip_status = None
@@ -119,13 +127,13 @@ class Trust:
         if ip_status == CHANGED and names.ip:
             if settings.strict != "no":
                 raise HostKeyRefused("changed", names.ip, key, _listed_at(keys, names.ip, plain))
-            warn_once(f"the host key for {names.host} differs from the key for the IP "
-                      f"address {names.ip}")
+            warn_once(
+                f"the host key for {names.host} differs from the key for the IP address {names.ip}"
+            )
         if status == NEW:
             if settings.strict == "yes":
                 raise HostKeyRefused("unknown", names.host, key)
-            recorded = (names.host, names.ip) if ip_status == NEW and names.ip else \
-                (names.host,)
+            recorded = (names.host, names.ip) if ip_status == NEW and names.ip else (names.host,)
             self._record(target, recorded, plain)
             if settings.strict == "no":
                 self._unverified(shown)
@@ -137,8 +145,7 @@ class Trust:
         with self._lock:
             hosts, self.unverified = sorted(set(self.unverified)), []
         if hosts:
-            warn_once(f"host keys NOT verified (StrictHostKeyChecking no) for: "
-                      f"{', '.join(hosts)}")
+            warn_once(f"host keys NOT verified (StrictHostKeyChecking no) for: {', '.join(hosts)}")
 
     def _keys(self, target: Target) -> list[KnownKey]:
         return self.files.keys(target.trust.user_files + target.trust.global_files)
@@ -150,23 +157,27 @@ class Trust:
         try:
             self.files.append(path, names, plain, target.trust.hash_known_hosts)
         except OSError as exc:  # ssh, too, goes on when it cannot record the key
-            warn_once(f"could not record the host key of {names[0]} in {path}: "
-                      f"{exc.strerror}")
+            warn_once(f"could not record the host key of {names[0]} in {path}: {exc.strerror}")
 
     def _unverified(self, shown: str) -> None:
         with self._lock:
             self.unverified.append(shown)
 
 
-def _judge(keys: list[KnownKey], name: str, principal: str, plain: bytes,
-           cert: Certificate | None) -> str:
+def _judge(
+    keys: list[KnownKey], name: str, principal: str, plain: bytes, cert: Certificate | None
+) -> str:
     """The status of a key under one name: revoked, a valid certificate, else as plain."""
     revoked = {k.blob for k in keys if k.marker == REVOKED and k.matches(name)}
     if plain in revoked or (cert is not None and cert.ca_blob in revoked):
         return REVOKED_STATUS
-    if cert is not None and not cert.problem(principal) and any(
-            k.marker == CERT_AUTHORITY and k.blob == cert.ca_blob and k.matches(name)
-            for k in keys):
+    if (
+        cert is not None
+        and not cert.problem(principal)
+        and any(
+            k.marker == CERT_AUTHORITY and k.blob == cert.ca_blob and k.matches(name) for k in keys
+        )
+    ):
         return OK
     return _status(keys, name, plain)
 
@@ -181,8 +192,9 @@ def _status(keys: list[KnownKey], name: str, plain: bytes) -> str:
 
 def _listed_at(keys: list[KnownKey], name: str, plain: bytes) -> str:
     wanted = blob_type(plain)
-    return next((k.where for k in keys if not k.marker and k.key_type == wanted
-                 and k.matches(name)), "")
+    return next(
+        (k.where for k in keys if not k.marker and k.key_type == wanted and k.matches(name)), ""
+    )
 
 
 def _is_address(name: str) -> bool:

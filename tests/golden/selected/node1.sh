@@ -360,9 +360,11 @@ def read_topology(node_dir: str = NODE_DIR) -> Topology:
 def core_sets(topology: Topology, nproc: int) -> tuple[CoreSet, ...]:
     """One disjoint share of the cores per local rank; raises TooFewCores."""
     if nproc > len(topology.cpus):
-        raise TooFewCores(f"{nproc} local ranks but only {len(topology.cpus)} usable core(s) "
-                          f"({format_cpus(topology.cpus)}); run at most "
-                          f"{len(topology.cpus)} ranks on this node or leave out --bind-cores")
+        raise TooFewCores(
+            f"{nproc} local ranks but only {len(topology.cpus)} usable core(s) "
+            f"({format_cpus(topology.cpus)}); run at most "
+            f"{len(topology.cpus)} ranks on this node or leave out --bind-cores"
+        )
     node_of = {cpu: node for node, cpus in topology.numa for cpu in cpus}
     # NUMA node by node, so that contiguous shares stay within a node where they can.
     ordered = sorted(topology.cpus, key=lambda cpu: (node_of.get(cpu, -1), cpu))
@@ -370,7 +372,7 @@ def core_sets(topology: Topology, nproc: int) -> tuple[CoreSet, ...]:
     sets, start = [], 0
     for local_rank in range(nproc):
         size = share + (1 if local_rank < extra else 0)
-        cpus = tuple(ordered[start:start + size])
+        cpus = tuple(ordered[start : start + size])
         start += size
         nodes = {node_of.get(cpu) for cpu in cpus}
         node = nodes.pop() if len(nodes) == 1 else None
