@@ -19,13 +19,13 @@ There is no fallback: a missing or empty hostfile is an error, never "one local 
 from __future__ import annotations
 
 import ipaddress
-import itertools
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from orchestrator.errors import SourceError
+from orchestrator.hostlist import DIGITS, check_host, expand_range, is_ipv6
 
 if TYPE_CHECKING:
     import yaml  # imported where YAML hostfiles are read: the others need not pay ~20 ms
@@ -35,13 +35,9 @@ LOCAL_NAMES = frozenset({"localhost", "127.0.0.1", "::1", "localhost.localdomain
 # Fields a host may carry, in hostfile order; the YAML keys and the text `key=value` keys.
 FIELDS = ("host", "slots", "max_slots", "user", "port", "ifname", "python")
 _TEXT_KEYS = {"slots", "max_slots", "max-slots", "user", "port", "ifname", "python"}
-MAX_EXPANDED_HOSTS = 100_000
 
-_HOSTNAME = re.compile(r"^[A-Za-z0-9_](?:[A-Za-z0-9._-]*[A-Za-z0-9_])?$")
 _USER = re.compile(r"^[A-Za-z_][A-Za-z0-9._-]*$")
 _IFNAME = re.compile(r"^[A-Za-z0-9_.:@,^=-]{1,64}$")
-_RANGE = re.compile(r"\[([^\[\]]*)\]")
-_DIGITS = re.compile(r"[0-9]+")  # ASCII only: int() refuses some Unicode digits
 
 
 @dataclass(frozen=True)
@@ -178,7 +174,7 @@ def _split_mpich(target: str, fail) -> tuple[str, str | None]:
     """Split MPICH `host:N` (and `[v6addr]:N`); a bare IPv6 address has no slot suffix."""
     if target.startswith("["):
         addr, close, rest = target[1:].partition("]")
-        if close and _is_ipv6(addr):
+        if close and is_ipv6(addr):
             if rest and not rest.startswith(":"):
                 raise fail(f"unexpected {rest!r} after [{addr}]")
             return addr, (rest[1:] if rest else None)
@@ -186,16 +182,9 @@ def _split_mpich(target: str, fail) -> tuple[str, str | None]:
     if target.count(":") == 1:
         host, _, slots = target.partition(":")
         return host, slots
-    if target.count(":") > 1 and not _is_ipv6(target):
+    if target.count(":") > 1 and not is_ipv6(target):
         raise fail(f"{target!r} is neither host:N nor an IPv6 address")
     return target, None
-
-
-def _is_ipv6(text: str) -> bool:
-    try:
-        return isinstance(ipaddress.ip_address(text), ipaddress.IPv6Address)
-    except ValueError:
-        return False
 
 
 # --- YAML form ---------------------------------------------------------------------------
@@ -288,7 +277,7 @@ def _entry_values(node: yaml.Node, path: str, *, allow_host: bool) -> dict[str, 
     return values
 
 
-# --- shared: validation and range expansion ----------------------------------------------
+# --- shared: validation ------------------------------------------------------------------
 
 
 def _make_hosts(target: str, values: dict[str, object], path: str, lineno: int, fail) -> list[Host]:
@@ -304,61 +293,7 @@ def _make_hosts(target: str, values: dict[str, object], path: str, lineno: int, 
     if slots is not None and max_slots is not None and max_slots < slots:
         raise fail(f"max_slots={max_slots} is smaller than slots={slots}")
     template = Host(name="", source=f"{path}:{lineno}", **fields)  # type: ignore[arg-type]
-    return [replace(template, name=_check_host(name, fail)) for name in expand_range(target, fail)]
-
-
-def expand_range(target: str, fail=None) -> list[str]:
-    """Expand SLURM-style ranges: `node[01-03,07]` -> node01 node02 node03 node07."""
-    fail = fail or (lambda msg: ValueError(msg))
-    parts = _RANGE.split(target)
-    if "[" in target and len(parts) == 1 or any("[" in p or "]" in p for p in parts[::2]):
-        raise fail(f"unbalanced brackets in host {target!r}")
-    choices: list[list[str]] = []
-    total = 1
-    for index, part in enumerate(parts):
-        if index % 2 == 0:
-            choices.append([part])
-            continue
-        expanded = _expand_group(part, target, fail)
-        total *= len(expanded)
-        if total > MAX_EXPANDED_HOSTS:
-            raise fail(f"host range {target!r} expands to more than {MAX_EXPANDED_HOSTS} hosts")
-        choices.append(expanded)
-    return ["".join(combo) for combo in itertools.product(*choices)]
-
-
-def _expand_group(group: str, target: str, fail) -> list[str]:
-    names: list[str] = []
-    for item in group.split(","):
-        lo, dash, hi = item.partition("-")
-        if not _DIGITS.fullmatch(lo) or (dash and not _DIGITS.fullmatch(hi)):
-            raise fail(f"bad range {item!r} in host {target!r}; use e.g. node[01-04,07]")
-        if not dash:
-            names.append(lo)
-            continue
-        start, stop = int(lo), int(hi)
-        if stop < start:
-            raise fail(f"range {item!r} in host {target!r} counts down")
-        if stop - start >= MAX_EXPANDED_HOSTS:
-            raise fail(f"host range {target!r} expands to more than {MAX_EXPANDED_HOSTS} hosts")
-        width = len(lo) if lo.startswith("0") else 0
-        names.extend(str(n).zfill(width) for n in range(start, stop + 1))
-        if len(names) > MAX_EXPANDED_HOSTS:
-            raise fail(f"host range {target!r} expands to more than {MAX_EXPANDED_HOSTS} hosts")
-    return names
-
-
-def _check_host(name: str, fail) -> str:
-    if not name:
-        raise fail("empty host name")
-    if _HOSTNAME.fullmatch(name) or _is_ipv6(name):
-        return name
-    bad = sorted({c for c in name if not (c.isalnum() or c in "._-")})
-    shown = " ".join(repr(c) for c in bad) if bad else "its form"
-    raise fail(
-        f"host {name!r} is not a valid host name (because of {shown}); "
-        "use letters, digits, '.', '-' and '_'"
-    )
+    return [replace(template, name=check_host(name, fail)) for name in expand_range(target, fail)]
 
 
 def _positive_int(value: object, name: str, fail) -> int | None:
@@ -377,7 +312,7 @@ def _port(value: object, fail) -> int | None:
     if value is None:
         return None
     text = str(value).strip()
-    if not _DIGITS.fullmatch(text) or not 1 <= int(text) <= 65535:
+    if not DIGITS.fullmatch(text) or not 1 <= int(text) <= 65535:
         raise fail(f"port must be a number from 1 to 65535, got {value!r}")
     return int(text)
 

@@ -15,13 +15,13 @@ from pathlib import Path
 import pytest
 
 from orchestrator.check import measure
+from orchestrator.check.diagnose import node_problems
 from orchestrator.check.facts import choose_backend
 from orchestrator.check.nodes import reach_source
 from orchestrator.check.report import (
     Problem,
     bandwidth_table,
     collective_results,
-    node_problems,
     node_table,
 )
 from tests.check_helpers import MASTER, facts, node

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from orchestrator.check.diagnose import node_problems
 from orchestrator.check.facts import choose_backend
-from orchestrator.check.report import node_problems, node_table
+from orchestrator.check.report import node_table
 from tests.check_helpers import MASTER, facts, node
 
 GPU = {"nccl": "yes", "nccl_version": "2.21.5"}

@@ -14,14 +14,8 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from orchestrator.errors import ConfigError, SourceError
-from orchestrator.hostfile import (
-    MAX_EXPANDED_HOSTS,
-    Cluster,
-    Host,
-    expand_range,
-    load_hostfile,
-    parse_hostfile,
-)
+from orchestrator.hostfile import Cluster, Host, load_hostfile, parse_hostfile
+from orchestrator.hostlist import MAX_EXPANDED_HOSTS, expand_range
 
 FAST = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 ROUND_TRIP = settings(FAST, max_examples=60)

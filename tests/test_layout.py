@@ -23,6 +23,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "orchestrator.route",
         "orchestrator.cores",
         "orchestrator.hostfile",
+        "orchestrator.hostlist",
         "orchestrator.spec",
         "orchestrator.selection",
     ),

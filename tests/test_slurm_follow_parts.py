@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from orchestrator.logs import LogSink
-from orchestrator.slurm.commands import JobInfo
 from orchestrator.slurm.outcome import job_outcome
+from orchestrator.slurm.parse import JobInfo
 from orchestrator.slurm.stream import AttemptFiles, read_fields
 from orchestrator.supervise import NodeState, RankState, Supervisor
 

@@ -1,4 +1,4 @@
-"""What SLURM prints, read by orchestrator.slurm.commands: outputs captured from SLURM 22.05.
+"""What SLURM prints, read by orchestrator.slurm.parse: outputs captured from SLURM 22.05.
 
 The `scontrol -o show job` records in tests/data/slurm/ were captured on the lab cluster
 (paths replaced). sacct has no accounting storage in the lab; its lines follow
@@ -12,17 +12,16 @@ from pathlib import Path
 import pytest
 
 from orchestrator.errors import ConfigError, OrchestratorError
-from orchestrator.slurm.commands import (
+from orchestrator.slurm.commands import SlurmCommands, unreachable_or
+from orchestrator.slurm.parse import (
     UNRUNNABLE,
     JobInfo,
-    SlurmCommands,
     parse_exit_code,
     parse_job_id,
     parse_pairs,
     parse_sacct,
     parse_scontrol_job,
     parse_squeue,
-    unreachable_or,
 )
 
 DATA = Path(__file__).parent / "data" / "slurm"

@@ -2,6 +2,7 @@
 
 run.py drives the three steps; nodes.py gathers per-node facts and the rendezvous test (with
 reach.py, shipped to the nodes); collectives.py is the job every rank runs; measure.py holds
-the exact expected values and the bandwidth formulas; report.py turns it all into tables.
+the exact expected values and the bandwidth formulas; diagnose.py says what is wrong with
+the nodes, and report.py turns it all into problems and tables.
 Only collectives.py imports torch, and only when a rank runs it.
 """

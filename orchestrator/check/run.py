@@ -10,7 +10,7 @@
    sweep; its report lines are read back from runs/<run-id>/logs/rank-N.log.
 
 The report (tables, problems with what to fix, optional JSON) is built by
-orchestrator.check.report.
+orchestrator.check.diagnose and orchestrator.check.report.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from typing import TextIO
 
 from orchestrator.backends import close_all
 from orchestrator.check import measure
+from orchestrator.check.diagnose import node_problems
 from orchestrator.check.facts import Master, NodeReport, choose_backend
 from orchestrator.check.nodes import (
     REACH_TIMEOUT_S,
@@ -40,7 +41,6 @@ from orchestrator.check.report import (
     bandwidth_table,
     collective_results,
     collectives_table,
-    node_problems,
     node_table,
     problems_text,
 )

@@ -2,7 +2,8 @@
 
 `SlurmCommands` runs SLURM's client commands on this machine, or with `login` on a login
 node over SSH (orchestrator.backends.ssh). What SLURM prints is read by the small `parse_*`
-functions below (tested on captured outputs); everything else works on their results.
+functions of orchestrator.slurm.parse (tested on captured outputs); everything here works on
+their results.
 """
 
 from __future__ import annotations
@@ -12,136 +13,23 @@ import re
 import shlex
 import subprocess
 import time
-from dataclasses import dataclass
 
 from orchestrator.errors import ConfigError, OrchestratorError
 from orchestrator.runs import FINAL_STATES, RunRecord, controller_alive, now_iso
+from orchestrator.slurm.parse import (
+    JobInfo,
+    parse_job_id,
+    parse_sacct,
+    parse_scontrol_job,
+    parse_squeue,
+)
 
 COMMAND_TIMEOUT_S = 120.0
-# Pending reasons that no amount of waiting resolves: the request does not fit the
-# partition, account or QOS (sbatch accepts such jobs unless EnforcePartLimits is set).
-UNRUNNABLE = {
-    "PartitionNodeLimit": "asks for more nodes than the partition has or allows",
-    "PartitionTimeLimit": "asks for more time than the partition allows",
-    "PartitionConfig": "does not fit the partition's configuration (nodes, CPUs, GPUs...)",
-    "BadConstraints": "its constraints cannot be met",
-    "InvalidAccount": "the account is not valid",
-    "InvalidQOS": "the QOS is not valid",
-    "AccountNotAllowed": "the account may not use the partition",
-    "QOSNotAllowed": "the QOS may not use the partition",
-}
-ENDED = {
-    "COMPLETED",
-    "FAILED",
-    "CANCELLED",
-    "TIMEOUT",
-    "NODE_FAIL",
-    "PREEMPTED",
-    "OUT_OF_MEMORY",
-    "BOOT_FAIL",
-    "DEADLINE",
-    "SPECIAL_EXIT",
-    "REVOKED",
-    "UNKNOWN",
-}  # UNKNOWN: squeue, scontrol and sacct no longer know the job
 _UNREACHABLE = re.compile(
     r"Unable to contact slurm controller|Socket timed out|"
     r"Connection refused|Zero Bytes were transmitted",
     re.IGNORECASE,
 )
-
-
-@dataclass(frozen=True)
-class JobInfo:
-    """What SLURM says about a job right now."""
-
-    state: str  # PENDING, RUNNING, COMPLETING, COMPLETED, FAILED, ... or UNKNOWN
-    reason: str = ""
-    nodelist: str = ""
-    exit_code: int | None = None  # the batch script's, 128+N for signal N
-    restarts: int = 0
-    source: str = "squeue"
-
-    @property
-    def ended(self) -> bool:
-        return self.state in ENDED
-
-
-# --- parsing what SLURM prints -----------------------------------------------------------
-
-
-def parse_job_id(stdout: str) -> int:
-    """`sbatch --parsable` prints `ID` or `ID;CLUSTER`; plain sbatch `Submitted batch job ID`."""
-    text = stdout.strip()
-    match = re.search(r"^(\d+)(?:;\S+)?$", text, re.MULTILINE) or re.search(
-        r"Submitted batch job (\d+)", text
-    )
-    if not match:
-        raise OrchestratorError(f"sbatch printed no job id: {text!r}")
-    return int(match.group(1))
-
-
-def parse_exit_code(text: str) -> int | None:
-    """SLURM's `EXIT:SIGNAL` (`3:0`, `0:15`) -> a shell-style code (3, 143)."""
-    match = re.match(r"^(\d+):(\d+)$", text.strip())
-    if not match:
-        return None
-    code, signum = int(match.group(1)), int(match.group(2))
-    return code if code or not signum else 128 + signum
-
-
-def parse_squeue(stdout: str) -> JobInfo | None:
-    """`squeue -h -j ID -o %T|%r|%N` -> JobInfo; None when the job is no longer listed."""
-    for line in stdout.splitlines():
-        if line.strip():
-            state, _, rest = line.strip().partition("|")
-            reason, _, nodelist = rest.partition("|")
-            return JobInfo(state=state.split()[0], reason=reason.strip(), nodelist=nodelist.strip())
-    return None
-
-
-def parse_pairs(text: str) -> dict[str, str]:
-    """`scontrol -o show job` (Key=value, values may hold spaces) -> dict."""
-    pairs: dict[str, str] = {}
-    key = None
-    for token in text.split():
-        name, sep, value = token.partition("=")
-        if sep and re.match(r"^[A-Za-z][A-Za-z0-9_/:]*$", name):
-            key = name
-            pairs[key] = value
-        elif key is not None:
-            pairs[key] += " " + token
-    return pairs
-
-
-def parse_scontrol_job(stdout: str) -> JobInfo | None:
-    pairs = parse_pairs(stdout)
-    if "JobState" not in pairs:
-        return None
-    return JobInfo(
-        state=pairs["JobState"],
-        reason=pairs.get("Reason", ""),
-        nodelist=pairs.get("NodeList", "") if pairs.get("NodeList") != "(null)" else "",
-        exit_code=parse_exit_code(pairs.get("ExitCode", "")),
-        restarts=int(pairs.get("Restarts", "0") or 0),
-        source="scontrol",
-    )
-
-
-def parse_sacct(stdout: str) -> JobInfo | None:
-    """`sacct -n -P -X -j ID -o State,ExitCode,NodeList` -> JobInfo (the last line wins)."""
-    lines = [line for line in stdout.splitlines() if line.strip()]
-    if not lines:
-        return None
-    state, exit_code, nodelist = (lines[-1].split("|") + ["", "", ""])[:3]
-    # "CANCELLED by 0" -> CANCELLED
-    return JobInfo(
-        state=state.split()[0] if state.strip() else "UNKNOWN",
-        exit_code=parse_exit_code(exit_code),
-        nodelist=nodelist.strip(),
-        restarts=len(lines) - 1,
-        source="sacct",
-    )
 
 
 # --- running the commands ----------------------------------------------------------------

@@ -24,8 +24,9 @@ from orchestrator.errors import ConfigError, OrchestratorError
 from orchestrator.logs import LogSink
 from orchestrator.runs import RunRecord, now_iso
 from orchestrator.slurm import commands as slurm
-from orchestrator.slurm.commands import JobInfo, SlurmCommands
+from orchestrator.slurm.commands import SlurmCommands
 from orchestrator.slurm.outcome import job_outcome
+from orchestrator.slurm.parse import UNRUNNABLE, JobInfo
 from orchestrator.slurm.render import PORT_BASE, PORT_SPAN, SCRIPT_NAME, SlurmJob
 from orchestrator.slurm.stream import READ_BYTES, AttemptFiles
 from orchestrator.supervise import NodeState, Outcome, RankState, Supervisor, describe_exit
@@ -159,11 +160,11 @@ class Follower:
 
     def _on_info(self, info: JobInfo) -> None:
         old, self.info = self.info, info
-        if info.state == "PENDING" and info.reason in slurm.UNRUNNABLE:
+        if info.state == "PENDING" and info.reason in UNRUNNABLE:
             slurm.cancel(self.commands, self.job_id)
             raise ConfigError(
                 f"SLURM will not start job {self.job_id}: {info.reason} (it "
-                f"{slurm.UNRUNNABLE[info.reason]}); cancelled it. Script: "
+                f"{UNRUNNABLE[info.reason]}); cancelled it. Script: "
                 f"{self.record.path / SCRIPT_NAME}"
             )
         running = info.state in ("RUNNING", "COMPLETING") or (info.ended and info.nodelist)

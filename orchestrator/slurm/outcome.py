@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from orchestrator.logs import last_lines_of
-from orchestrator.slurm.commands import JobInfo
+from orchestrator.slurm.parse import JobInfo
 from orchestrator.supervise import Outcome, Supervisor, describe_exit
 
 JOB_ENDINGS = {

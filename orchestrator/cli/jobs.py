@@ -1,0 +1,273 @@
+"""The commands that start work on the nodes: `launch` (a job), `render` (its scripts, run
+nothing) and `exec` (a shell command everywhere)."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from orchestrator.cli.backend_options import (
+    HostfileOptional,
+    backend_options,
+    check_backend,
+    make_slurm_options,
+    split_hostfile,
+)
+from orchestrator.cli.context import CONTEXT
+from orchestrator.cli.options import (
+    gpus_chosen,
+    job_options,
+    make_spec,
+    make_ssh_options,
+    refuse_empty,
+    run_options,
+    select,
+    selection_options,
+    split_selection,
+    split_ssh,
+    ssh_options,
+)
+from orchestrator.errors import ConfigError
+
+
+@click.command(cls=HostfileOptional, context_settings=CONTEXT)
+@click.argument("hostfile", type=click.Path(), required=False)
+@click.argument("program", nargs=-1, type=click.UNPROCESSED, metavar="[-- SCRIPT ARGS...]")
+@job_options
+@selection_options
+@backend_options
+@click.option(
+    "--login",
+    metavar="HOST",
+    help="[slurm] Run sbatch/squeue/scancel on this login node over SSH; --run-dir "
+    "must then be on a file system the cluster shares (same path).",
+)
+@click.option(
+    "--sync",
+    "sync_dir",
+    metavar="DIR",
+    help="Copy DIR into every node's run directory (over SFTP) before starting; "
+    "the ranks start in the copy. Default: the script is expected at the same "
+    "path on every node (shared file system).",
+)
+@run_options
+@ssh_options
+@click.option(
+    "--dry-run",
+    is_flag=True,
+    help="Probe the nodes, then print the plan and every node script; start nothing.",
+)
+@click.option(
+    "--detach",
+    is_flag=True,
+    help="Return once the job runs on every node; a background controller "
+    "supervises it. Use `logs RUN -f`, `status RUN` and `stop RUN` later.",
+)
+@click.option(
+    "--no-preflight",
+    "preflight",
+    flag_value=False,
+    default=True,
+    help="Skip probing the nodes (python, torch, interface, port) before starting.",
+)
+@click.option(
+    "--grace",
+    type=click.FloatRange(min=0),
+    default=10.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="On a failure or Ctrl-C, how long ranks get between SIGTERM and SIGKILL.",
+)
+@click.option(
+    "--heartbeat-timeout",
+    type=click.FloatRange(min=0),
+    default=30.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="A node silent this long is lost (the run stops); a node that hears "
+    "nothing from the orchestrator this long stops its part by itself.",
+)
+@click.option(
+    "--color",
+    type=click.Choice(["auto", "always", "never"]),
+    default="auto",
+    show_default=True,
+    help="Colour the rank prefixes.",
+)
+def launch(
+    hostfile,
+    program,
+    dry_run,
+    detach,
+    preflight,
+    grace,
+    heartbeat_timeout,
+    color,
+    run_id,
+    run_dir,
+    backend,
+    login,
+    **job,
+):
+    """Run a job on every node of HOSTFILE.
+
+    Without a script, runs the bundled DDP trainer (python -m orchestrator.trainer).
+    Give your own after `--`: `orchestrator launch hosts.txt -- train.py --lr 0.1`
+    (or `-- -m package.module ...`). Exit status: 0 when every rank succeeded, else the
+    first failing rank's exit code (130 after Ctrl-C, 2 for bad input).
+
+    With --backend slurm, one sbatch job runs it (`launch --backend slurm --nodes 2
+    --partition gpu -- train.py`): the job id is printed, then its state and the ranks'
+    output; Ctrl-C cancels the job.
+    """
+    from orchestrator.launcher import LaunchOptions
+    from orchestrator.launcher import launch as run_launch
+    from orchestrator.runs import check_run_id, new_run_id
+
+    ssh = make_ssh_options(**split_ssh(job))
+    selection = split_selection(job)
+    hostfile, program = split_hostfile(hostfile, program)
+    slurm = make_slurm_options(job, login)
+    if backend != "slurm" and login:
+        raise ConfigError("--login applies to --backend slurm only")
+    cluster = None
+    if backend != "slurm":
+        cluster = select(check_backend(backend, slurm, hostfile), selection, job["nproc_per_node"])
+    spec = make_spec(program, gpus_chosen=gpus_chosen(selection, cluster, backend), **job)
+    options = LaunchOptions(
+        run_dir=run_dir,
+        run_id=check_run_id(run_id) if run_id else new_run_id(),
+        argv=tuple(["orchestrator", *sys.argv[1:]]),
+        grace=grace,
+        heartbeat_timeout=heartbeat_timeout,
+        color=color,
+        preflight=preflight,
+        ssh=ssh,
+    )
+    if backend == "slurm":
+        from orchestrator.hostfile import load_hostfile
+        from orchestrator.slurm.submit import launch_slurm
+
+        cluster = select(
+            load_hostfile(hostfile) if hostfile else None, selection, job["nproc_per_node"]
+        )
+        return launch_slurm(cluster, spec, slurm, options, dry_run=dry_run, detach=detach)
+    return run_launch(cluster, spec, options, dry_run=dry_run, detach=detach)
+
+
+@click.command(cls=HostfileOptional, context_settings=CONTEXT)
+@click.argument("hostfile", type=click.Path(), required=False)
+@click.argument("program", nargs=-1, type=click.UNPROCESSED, metavar="[-- SCRIPT ARGS...]")
+@click.option(
+    "-o",
+    "--output",
+    "out_dir",
+    required=True,
+    metavar="DIR",
+    help="Folder to write plan.yaml and node0.sh, node1.sh, ... (or job.sbatch) into.",
+)
+@click.option("--run-id", metavar="NAME", help="Run id written into the scripts.")
+@job_options
+@selection_options
+@backend_options
+def render(hostfile, program, out_dir, run_id, backend, **job):
+    """Write the plan and one torchrun script per node, without touching any node.
+
+    Each script runs by hand on its node: `bash DIR/node0.sh` on the first node, and so on.
+    Interfaces are picked by the scripts when they start (no probe here); MASTER_PORT is
+    29500 unless given. With --backend slurm: DIR/job.sbatch, to submit with
+    `sbatch DIR/job.sbatch` (the ranks' output then goes to slurm-<jobid>.out).
+    """
+    from orchestrator.hostfile import load_hostfile
+    from orchestrator.launcher import LaunchOptions, check_script_exists, prepare
+    from orchestrator.render import write_rendered
+    from orchestrator.runs import check_run_id, new_run_id
+
+    hostfile, program = split_hostfile(hostfile, program)
+    slurm = make_slurm_options(job)
+    selection = split_selection(job)
+    if backend == "slurm":
+        from orchestrator.slurm.submit import write_slurm_render
+
+        cluster = select(
+            load_hostfile(hostfile) if hostfile else None, selection, job["nproc_per_node"]
+        )
+        spec = make_spec(program, gpus_chosen=gpus_chosen(selection, cluster, backend), **job)
+        for path in write_slurm_render(
+            out_dir,
+            cluster,
+            spec,
+            slurm,
+            check_run_id(run_id) if run_id else new_run_id(),
+            tuple(["orchestrator", *sys.argv[1:]]),
+        ):
+            click.echo(str(path))
+        return 0
+    cluster = select(check_backend(backend, slurm, hostfile), selection, job["nproc_per_node"])
+    spec = make_spec(program, gpus_chosen=gpus_chosen(selection, cluster, backend), **job)
+    check_script_exists(cluster, spec)  # as launch does, when every node is this machine
+    options = LaunchOptions(
+        run_dir="",
+        run_id=check_run_id(run_id) if run_id else new_run_id(),
+        argv=tuple(["orchestrator", *sys.argv[1:]]),
+    )
+    plan, scripts = prepare(cluster, spec, options, connections=None)
+    for path in write_rendered(out_dir, plan, scripts):
+        click.echo(str(path))
+    return 0
+
+
+@click.command("exec", context_settings=CONTEXT)
+@click.argument("hostfile", type=click.Path())
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED, metavar="-- COMMAND...")
+@ssh_options
+@click.option(
+    "--python",
+    metavar="PATH",
+    help="Interpreter that runs the small node agent on every node (standard library "
+    "only). Default: this orchestrator's interpreter path; a hostfile python wins.",
+)
+@click.option(
+    "--grace",
+    type=click.FloatRange(min=0),
+    default=5.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="On Ctrl-C, time between SIGTERM and SIGKILL.",
+)
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0),
+    default=None,
+    metavar="SECONDS",
+    help="Stop the command everywhere after this long.",
+)
+@click.option(
+    "--color",
+    type=click.Choice(["auto", "always", "never"]),
+    default="auto",
+    show_default=True,
+    help="Colour the host prefixes.",
+)
+def exec_command(hostfile, command, python, grace, timeout, color, **ssh):
+    """Run a shell command on every node of HOSTFILE at once.
+
+    Output comes back attributed ([host] line); a table of exit codes ends it. The exit
+    status is 0 when the command succeeded everywhere, 1 otherwise. Ctrl-C stops the
+    command on every node. Example: orchestrator exec hosts.txt -- nvidia-smi -L
+    """
+    from orchestrator.execute import exec_on_cluster
+    from orchestrator.hostfile import load_hostfile
+
+    refuse_empty(python=python)
+    cluster = load_hostfile(hostfile)
+    return exec_on_cluster(
+        cluster,
+        " ".join(command),
+        python or sys.executable,
+        make_ssh_options(**ssh),
+        grace=grace,
+        time_limit=timeout,
+        color=color,
+    )

@@ -1,0 +1,127 @@
+"""The commands over the run records in --run-dir: `logs`, `status`, `stop` and `runs`."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from orchestrator.cli.context import CONTEXT
+from orchestrator.cli.options import run_dir_option
+from orchestrator.errors import ConfigError
+
+
+@click.command(context_settings=CONTEXT)
+@click.argument("run_id", metavar="RUN")
+@run_dir_option
+@click.option("-f", "--follow", is_flag=True, help="Keep printing new lines until the run ends.")
+@click.option("--rank", type=int, default=None, help="Only this global rank's output.")
+@click.option("--node", metavar="HOST", help="Only lines of this node's ranks and its torchrun.")
+@click.option("--grep", metavar="REGEX", help="Only lines matching REGEX.")
+@click.option(
+    "--tail",
+    type=click.IntRange(min=0),
+    default=None,
+    metavar="N",
+    help="Start with the last N lines instead of the whole log.",
+)
+def logs(run_id, run_dir, follow, rank, node, grep, tail):
+    """Print a run's combined log (or one rank's), or follow it while it runs."""
+    import re
+
+    from orchestrator.logs import follow as follow_file
+    from orchestrator.logs import last_lines_of, line_filter
+    from orchestrator.runs import FINAL_STATES, RunRecord, controller_alive
+
+    record = RunRecord.open(run_dir, run_id)
+    if grep is not None:
+        try:
+            re.compile(grep)
+        except re.error as exc:
+            raise ConfigError(f"--grep {grep!r} is not a valid regular expression: {exc}") from None
+    status = record.read_status()
+    if rank is not None:
+        if not 0 <= rank < int(status.get("world_size") or 0):
+            raise ConfigError(
+                f"--rank {rank}: run {run_id} has ranks 0-{int(status.get('world_size') or 0) - 1}"
+            )
+        path = record.logs_dir / f"rank-{rank}.log"
+    else:
+        path = record.logs_dir / "combined.log"
+    keep = line_filter(grep, node)
+    out = sys.stdout.buffer
+
+    def done() -> bool:
+        current = record.read_status()
+        return current.get("state") in FINAL_STATES or not controller_alive(current)
+
+    if tail is not None:
+        end = path.stat().st_size if path.exists() else 0  # the tail, then follow from here
+        for line in last_lines_of(path, tail, end=end, keep=keep if grep or node else None):
+            out.write(line)
+        out.flush()
+        lines = follow_file(path, done, offset=end) if follow else iter(())
+    else:
+        lines = follow_file(path, done if follow else (lambda: True))
+    try:
+        for line in lines:
+            if keep(line):
+                out.write(line)
+                out.flush()
+    except BrokenPipeError:
+        pass
+    return 0
+
+
+@click.command(context_settings=CONTEXT)
+@click.argument("run_id", metavar="RUN")
+@run_dir_option
+@click.option("--json", "as_json", is_flag=True, help="Print status.json as it is.")
+def status(run_id, run_dir, as_json):
+    """Show a run's state, per node and per rank."""
+    import json
+
+    from orchestrator.cli.views import status_text
+    from orchestrator.runs import RunRecord
+
+    record = RunRecord.open(run_dir, run_id)
+    current = record.read_status()
+    if current.get("backend") == "slurm":  # squeue/sacct's word on a run not yet ended
+        from orchestrator.slurm.commands import refresh_status
+
+        current = refresh_status(record, current)
+    click.echo(json.dumps(current, indent=2) if as_json else status_text(current))
+    return 0
+
+
+@click.command(context_settings=CONTEXT)
+@click.argument("run_id", metavar="RUN")
+@run_dir_option
+@click.option(
+    "--wait",
+    type=click.FloatRange(min=0),
+    default=60.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="How long to wait for the run to end.",
+)
+def stop(run_id, run_dir, wait):
+    """Stop a running run on every node (SIGTERM, then SIGKILL after its grace).
+
+    Works from any shell; stopping again kills at once.
+    """
+    from orchestrator.control import stop_run
+    from orchestrator.runs import RunRecord
+
+    return stop_run(RunRecord.open(run_dir, run_id), wait, say=click.echo)
+
+
+@click.command(context_settings=CONTEXT)
+@run_dir_option
+def runs(run_dir):
+    """List the runs in --run-dir with their state."""
+    from orchestrator.cli.views import runs_table
+    from orchestrator.runs import list_runs
+
+    click.echo(runs_table(list_runs(run_dir), run_dir))
+    return 0
