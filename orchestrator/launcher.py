@@ -43,6 +43,7 @@ class LaunchOptions:
     argv: tuple[str, ...]  # the orchestrator command line, for script headers
     grace: float = 10.0
     heartbeat_timeout: float = 30.0
+    stall_timeout: float = 600.0
     color: str = "auto"
     preflight: bool = True
     ssh: SshOptions | None = None
@@ -211,6 +212,7 @@ def run_plan(
         sink,
         grace=options.grace,
         heartbeat_timeout=options.heartbeat_timeout,
+        stall_timeout=options.stall_timeout,
         max_restarts=plan.max_restarts,
         on_change=on_change,
     )
@@ -234,6 +236,7 @@ def run_plan(
                         "secrets": secret_values,
                         "grace": options.grace,
                         "heartbeat_timeout": options.heartbeat_timeout,
+                        "stall_timeout": options.stall_timeout,
                     },
                 )
                 for node, connection in zip(plan.nodes, connections, strict=True)

@@ -28,6 +28,7 @@ class Event:
     kind: str
     fields: tuple[str, ...] = ()
     data: bytes = b""
+    at: float = 0.0  # when the controller received it (wall clock)
 
 
 class FrameParser:
@@ -85,6 +86,8 @@ class NodeSession:
         self.python = python
         self.tag = tag
         self.finished = False  # the agent said X: it now waits for another step
+        self.heard = time.monotonic()  # when its reader last got bytes from the agent
+        self.sent_at: float | None = None  # when its step's config was sent (wall clock)
         self.lock = threading.Lock()
         self.thread = threading.Thread(target=self._read, name=f"node{index}-reader", daemon=True)
 
@@ -105,9 +108,15 @@ class NodeSession:
             channel = connection.start_agent(python, tag)
             head = length_prefixed(agent_source())
         session = cls(index, connection, channel, events, python, tag)
+        session.sent_at = time.time()
         channel.write(head + encode_config(config))
         session.thread.start()
         return session
+
+    def answers(self) -> bool:
+        """Whether the node itself (its sshd) answers now; blocks until it does or the
+        connection dies, so callers ask from a thread of their own."""
+        return self.connection.answers()
 
     def send(self, command: str) -> None:
         with self.lock:
@@ -120,9 +129,11 @@ class NodeSession:
                 data = self.channel.read(1 << 20)
                 if not data:
                     break
+                self.heard = time.monotonic()
+                at = time.time()
                 for kind, fields, payload in parser.feed(data):
                     self.finished = kind == "X"  # nothing follows until another step
-                    self.events.put(Event(self.index, kind, fields, payload))
+                    self.events.put(Event(self.index, kind, fields, payload, at))
                     if self.finished:
                         return
         except (OSError, EOFError, ValueError) as exc:

@@ -144,14 +144,15 @@ def test_a_rank_exit_follows_all_of_its_output(tmp_path: Path) -> None:
         ("O", ("0",), b"first\n"),
         ("O", ("0",), b"last without newline\n"),
         ("F", ("0",), b'{"message": "*** failed"}'),
-        ("E", ("0", "1", "5.5"), b""),
+        ("E", ("0", "1", "5.5", "0"), b""),  # before any stop
     ]
     assert ranks.exited == {0} and not ranks.all_exited()
+    ranks.stopped_at = 5.9  # the agent began stopping the step (the node's clock)
     (tmp_path / "rank-1.exit").write_text("0 6.0\n")  # a rank that never wrote a line
     ranks.ship_output()
     ranks.ship_exits()
     ranks.ship_exits()
-    assert frames(outbox) == [("E", ("1", "0", "6.0"), b"")]  # once
+    assert frames(outbox) == [("E", ("1", "0", "6.0", "1"), b"")]  # once; after the stop
     assert ranks.all_exited()
 
 
@@ -172,9 +173,9 @@ def test_a_restarted_rank_reports_each_of_its_exits(tmp_path: Path) -> None:
     ranks.ship_exits()
     assert frames(outbox) == [
         ("O", ("0",), b"attempt 0\n"),
-        ("E", ("0", "1", "5.0"), b""),
+        ("E", ("0", "1", "5.0", "0"), b""),
         ("O", ("0",), b"attempt 1\n"),
-        ("E", ("0", "0", "9.0"), b""),
+        ("E", ("0", "0", "9.0", "0"), b""),
     ]
 
 

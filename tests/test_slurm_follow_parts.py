@@ -4,6 +4,7 @@ The whole path runs against real SLURM in test_slurm_cluster.py."""
 
 from __future__ import annotations
 
+import os
 import queue
 import signal
 from pathlib import Path
@@ -42,10 +43,21 @@ def supervisor(
     )
 
 
-def write(path: Path, text: str) -> None:
+def write(path: Path, text: str, written_at: float | None = None) -> None:
+    """Append `text`; `written_at` sets the file's modification time, which is what the
+    follower times starts and exits by (one clock for all nodes: the file system's)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a") as handle:
         handle.write(text)
+    if written_at is not None:
+        os.utime(path, (written_at, written_at))
+
+
+def approx(values):
+    """Exits or a time, equal to within the error of the measured file system clock."""
+    if isinstance(values, float):
+        return pytest.approx(values, abs=0.05)
+    return [(rank, code, pytest.approx(when, abs=0.05)) for rank, code, when in values]
 
 
 # --- streaming ---------------------------------------------------------------------------
@@ -69,27 +81,27 @@ def test_an_attempt_streams_output_then_starts_and_exits_in_the_order_they_happe
 
     pump()  # nothing written yet (the node directories do not even exist)
     assert [n.state for n in sup.nodes] == ["starting", "starting"] and exits == []
-    write(files.node_dir(0) / "node.start", "123 10.5\n")
+    write(files.node_dir(0) / "node.start", "123 10.5\n", 10.5)
     write(files.node_dir(0) / "node.out", "torchrun says\n")
     write(files.node_dir(0) / "rank-0.out", "step 1\nhalf a li")
     write(files.node_dir(1) / "node.start", "124 10")  # not complete yet
     pump()
-    assert sup.nodes[0].state == "running" and sup.nodes[0].started_at == 10.5
+    assert sup.nodes[0].state == "running" and sup.nodes[0].started_at == approx(10.5)
     assert sup.ranks[0].state == "running" and sup.nodes[1].state == "starting"
-    write(files.node_dir(1) / "node.start", ".7\n")
+    write(files.node_dir(1) / "node.start", ".7\n", 10.7)
     write(files.node_dir(0) / "rank-0.out", "ne")
-    write(files.node_dir(0) / "rank-0.exit", f"3 12.0 {tmp_path / 'error.json'}\n")
+    write(files.node_dir(0) / "rank-0.exit", f"3 12.0 {tmp_path / 'error.json'}\n", 12.0)
     write(tmp_path / "error.json", '{"message": "boom"}')
-    write(files.node_dir(1) / "rank-1.exit", "0 11.0\n")
+    write(files.node_dir(1) / "rank-1.exit", "0 11.0\n", 11.0)
     pump()
-    assert exits == [(1, 0, 11.0), (0, 3, 12.0)]  # by the time they ended
+    assert exits == approx([(1, 0, 11.0), (0, 3, 12.0)])  # by the time they ended
     assert sup.ranks[0].error_file == '{"message": "boom"}'
     assert (tmp_path / "logs" / "rank-0.log").read_text() == "step 1\nhalf a line\n"
     assert (tmp_path / "logs" / "node-0.log").read_text() == "torchrun says\n"
-    write(files.node_dir(0) / "node.exit", "3 12.5\n")
+    write(files.node_dir(0) / "node.exit", "3 12.5\n", 12.5)
     pump()
     pump()
-    assert exits == [(1, 0, 11.0), (0, 3, 12.0)]  # each exit once
+    assert exits == approx([(1, 0, 11.0), (0, 3, 12.0)])  # each exit once
     assert sup.nodes[0].done and sup.nodes[0].exit_code == 3 and not sup.nodes[1].done
     files.close()
     sup.sink.close()
@@ -125,24 +137,26 @@ def test_a_rewritten_rank_exit_is_the_ranks_next_run_ending(tmp_path: Path) -> N
         )
 
     node = files.node_dir(0)
-    write(node / "node.start", "1 1.0\n")
+    write(node / "node.start", "1 1.0\n", 1.0)
     write(node / "rank-1.out", "rank 1 crashing\n")
-    write(node / "rank-1.exit", "3 2.0 \n")
+    write(node / "rank-1.exit", "3 2.0 \n", 2.0)
     write(node / "rank-0.out", "rank 0 step 5\n")
-    write(node / "rank-0.exit", "143 2.1 \n")  # torchrun stopped it to restart
+    write(node / "rank-0.exit", "143 2.1 \n", 2.1)  # torchrun stopped it to restart
     pump()
     pump()
-    assert exits == [(1, 3, 2.0), (0, 143, 2.1)]
+    assert exits == approx([(1, 3, 2.0), (0, 143, 2.1)])
     assert [sup.ranks[r].state for r in (0, 1)] == ["restarting", "restarting"]
     write(node / "rank-1.out", "rank 1 resumed\n")
     pump()
     assert sup.ranks[1].state == "running" and sup.ranks[0].state == "restarting"
     (node / "rank-1.exit").write_text("0 9.0 \n")
+    os.utime(node / "rank-1.exit", (9.0, 9.0))
     (node / "rank-0.exit").write_text("0 9.5 \n")
+    os.utime(node / "rank-0.exit", (9.5, 9.5))
     pump()
     pump()
-    assert exits[2:] == [(1, 0, 9.0), (0, 0, 9.5)]
-    write(node / "node.exit", "0 10.0\n")
+    assert exits[2:] == approx([(1, 0, 9.0), (0, 0, 9.5)])
+    write(node / "node.exit", "0 10.0\n", 10.0)
     pump()
     outcome = job_outcome(7, JobInfo("COMPLETED", exit_code=0), sup, None, tmp_path / "none")
     assert (outcome.state, outcome.exit_code) == ("succeeded", 0)

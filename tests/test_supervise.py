@@ -130,15 +130,69 @@ def test_node_script_failing_before_any_rank_is_the_cause() -> None:
     assert "node script ended with exit code 127" in notes.notes[0]
 
 
-def test_a_silent_node_is_lost() -> None:
+def test_a_lost_node_is_the_outcome_and_stays_lost_whatever_it_reports_later() -> None:
     det, _, _ = detector()
-    det.nodes[0].last_heard = time.monotonic() - 100
-    ((node, why),) = det.silent_nodes(time.monotonic(), heartbeat_timeout=30)
-    assert node.host == "a" and "no word from its agent for 100 s" in why
-    assert det.node_lost(node, why) == "a lost"
+    assert det.node_lost(det.nodes[0], "no word from its agent for 31 s") == "a lost"
+    # The node was only slow: its agent reports its ranks and its end after all.
+    det.rank_exited(0, 0, time.time(), after_stop=True)
+    det.rank_exited(1, 0, time.time(), after_stop=True)
+    det.node_exited(det.nodes[0], 0, time.time())
+    det.rank_exited(2, 143, time.time(), after_stop=True)
+    det.node_exited(det.nodes[1], 143, time.time())
+    assert det.nodes[0].state == "lost" and det.ranks[0].state == "unknown"
     outcome = det.outcome()
     assert (outcome.state, outcome.exit_code) == ("lost", 1)
     assert "node a was lost: no word" in outcome.summary
+
+
+def test_a_rank_that_ended_after_its_node_got_the_stop_was_stopped_whatever_the_times() -> None:
+    """A node whose clock is behind reports its stopped rank as ending before the failure:
+    its agent's word (after the stop, in its own clock) decides, not the times."""
+    det, stopper, _ = detector()
+    failed_at = time.time()
+    assert det.rank_exited(0, 3, failed_at) == "rank 0 on a failed"
+    stopper.begin(1, "rank 0 on a failed")
+    det.rank_exited(2, 143, failed_at - 0.05, after_stop=True)
+    assert det.ranks[2].state == "stopped"
+    outcome = det.outcome()
+    assert (outcome.state, outcome.exit_code) == ("failed", 3)
+    assert "rank 0 (local rank 0) on a ended with exit code 3" in outcome.summary
+
+
+def test_a_node_gone_silent_before_a_rank_failed_is_the_first_failure() -> None:
+    """Power lost on node b: the ranks on a fail at once (their peer vanished), b is found
+    lost only after the stop; b fell silent first, so b is what failed."""
+    det, stopper, _ = detector()
+    det.nodes[1].heard_wall = time.time() - 0.5
+    assert det.rank_exited(0, 1, time.time()) == "rank 0 on a failed"
+    stopper.begin(1, "rank 0 on a failed")
+    det.node_lost(det.nodes[1], "its agent did not report back after the stop", gone=True)
+    outcome = det.outcome()
+    assert (outcome.state, outcome.exit_code) == ("lost", 1)
+    assert outcome.summary.startswith("job failed: node b was lost")
+
+
+def test_a_node_lost_during_the_stop_after_a_failure_does_not_take_the_blame() -> None:
+    det, stopper, _ = detector()
+    assert det.rank_exited(0, 3, time.time() - 1) == "rank 0 on a failed"
+    stopper.begin(1, "rank 0 on a failed")
+    det.nodes[1].heard_wall = time.time()  # heard after the failure: alive then
+    det.node_lost(det.nodes[1], "its agent did not report back after the stop", gone=True)
+    outcome = det.outcome()
+    assert (outcome.state, outcome.exit_code) == ("failed", 3)
+
+
+def test_killed_ranks_never_make_a_success() -> None:
+    """The node scripts ended with 0, but a rank never said how it ended."""
+    det, _, _ = detector()
+    for rank in (0, 1, 2):
+        det.rank_exited(rank, 0, time.time())
+    det.node_exited(det.nodes[0], 0, time.time())
+    det.node_exited(det.nodes[1], 0, time.time())
+    assert det.ranks[3].state == "unknown"
+    outcome = det.outcome()
+    assert (outcome.state, outcome.exit_code) == ("failed", 1)
+    assert "rank 3 on b: unknown" in outcome.summary
 
 
 def test_without_stop_on_failure_nothing_asks_to_stop() -> None:

@@ -23,8 +23,10 @@ from __future__ import annotations
 import os
 import select
 import signal
+import threading
 import time
 
+from orchestrator.agent.controller import ControllerHost
 from orchestrator.agent.processes import (
     ProcessTree,
     become_subreaper,
@@ -34,6 +36,7 @@ from orchestrator.agent.processes import (
 from orchestrator.agent.protocol import (
     HEARTBEAT_S,
     IDLE_S,
+    STALL_S,
     CommandReader,
     frame,
     next_config,
@@ -67,10 +70,13 @@ class Agent:
         self.controller_silent = False
         self.lock: IO[str] | None = None
         self.last_hb_in = time.monotonic()
-        self.last_hb_out = 0.0
+        self.controller_host = ControllerHost()
+        self.beating = threading.Event()
 
     def stop(self, reason: str, grace: float | None = None) -> None:
         """Stop the step's processes: after the config's grace unless told another."""
+        if self.ranks.stopped_at is None:  # ranks that end from now on were stopped
+            self.ranks.stopped_at = time.time()
         self.processes.begin_stop(
             float(self.config.get("grace", 10)) if grace is None else grace, reason
         )
@@ -96,10 +102,14 @@ class Agent:
             self.outbox.send(frame("X", 127, f"{time.time():.6f}"))
             self.outbox.flush(10)
             return 127
+        beats = threading.Thread(target=self.heartbeats, name="heartbeats", daemon=True)
+        beats.start()
         while True:
             self.step()
             if self.finished():
                 break
+        self.beating.set()  # nothing may follow X
+        beats.join()
         self.ranks.drain(10 if self.stdin_open else 2)
         self.ranks.ship_exits()
         self.ranks.mask_files()
@@ -140,15 +150,40 @@ class Agent:
         self.ranks.ship_exits()
         self.processes.reap()
         now = time.monotonic()
-        if now - self.last_hb_out >= HEARTBEAT_S:
-            self.last_hb_out = now
-            self.outbox.send(frame("H", f"{time.time():.6f}"))
-        timeout = float(self.config.get("heartbeat_timeout", 30))
-        if timeout > 0 and now - self.last_hb_in > timeout and not self.processes.stopping:
-            self.controller_silent = True
-            self.stop(f"no word from the controller for {timeout:g} s")
+        self.check_controller(now)
         if self.processes.stopping or self.processes.script_rc is not None:
             self.processes.enforce_stop(now, self.ranks.all_exited())
+
+    def heartbeats(self) -> None:
+        """H every HEARTBEAT_S from a thread of its own, whatever the loop is doing."""
+        while not self.beating.wait(HEARTBEAT_S):
+            t1, t2 = self.commands.ping
+            self.outbox.send(frame("H", f"{time.time():.6f}", t1, t2))
+            self.outbox.write_some()
+
+    def check_controller(self, now: float) -> None:
+        """No word from the controller for the heartbeat timeout: stop, unless its host
+        still answers (a busy or stalled controller, not a gone one); then wait up to the
+        stall timeout."""
+        timeout = float(self.config.get("heartbeat_timeout", 30))
+        silent = now - self.last_hb_in
+        if timeout <= 0 or silent <= timeout or self.processes.stopping:
+            return
+        stall = max(timeout, float(self.config.get("stall_timeout", STALL_S)))
+        answers = self.controller_host.answers(now)
+        if answers is None and silent <= stall:
+            return  # asked; the answer comes within a few seconds
+        if answers and silent <= stall:
+            if not self.controller_silent:
+                self.controller_silent = True
+                self.outbox.message(
+                    f"no word from the controller for {silent:.0f} s, but its host answers: "
+                    f"waiting up to {stall:g} s"
+                )
+            return
+        self.controller_silent = True
+        why = "its host does not answer" if not answers else f"waited {stall:g} s"
+        self.stop(f"no word from the controller for {silent:.0f} s; {why}")
 
     def finished(self) -> bool:
         if self.processes.script_rc is None:
@@ -169,6 +204,9 @@ class Agent:
             self.stop("the controller's connection closed")
             return
         self.last_hb_in = time.monotonic()
+        if self.controller_silent:
+            self.controller_silent = False
+            self.controller_host.forget()
         for command, grace in self.commands.feed(chunk):
             self.stop(f"{command} requested", grace)
 

@@ -3,11 +3,15 @@
 Frames to the controller (stdout): an ASCII header line `TYPE field...`, followed, for
 types with a length field, by exactly that many payload bytes:
   S pid t            started           O rank n + data   rank output (whole lines)
-  N n + data         script output     E rank rc t       a rank exited
+  N n + data         script output     E rank rc t s     a rank exited (s: 1 if after a stop)
   F rank n + data    rank error file   M n + data        a message from the agent
-  H t                heartbeat         X rc t            finished; nothing follows
-Commands from the controller (stdin lines): `hb`, `stop GRACE`, `kill`. A step's config is
-JSON with an 8-digit length prefix; after X, a `next` line announces the next step's.
+  H t3 t1 t2         heartbeat         X rc t            finished; nothing follows
+Every t is the node's wall clock. H echoes the controller's last `hb T1` (t1) with the time
+the agent read it (t2), `-` before any: one NTP round trip (orchestrator.supervise.clocks).
+E's s says whether the rank ended after the agent began stopping the step, both times in the
+node's clock, so a stopped rank is told from a failed one whatever the clocks say.
+Commands from the controller (stdin lines): `hb T1`, `stop GRACE`, `kill`. A step's config
+is JSON with an 8-digit length prefix; after X, a `next` line announces the next step's.
 
 Standard library only: this module runs on the nodes too (see orchestrator.agent.bootstrap).
 """
@@ -20,6 +24,7 @@ import select
 import time
 
 HEARTBEAT_S = 1.0  # the agent says H this often
+STALL_S = 600.0  # how long a silent controller whose host answers is waited for
 IDLE_S = 30.0  # how long a finished agent waits for the controller's next step
 
 
@@ -58,17 +63,24 @@ class CommandReader:
 
     def __init__(self) -> None:
         self.partial = b""
+        self.ping = ("-", "-")  # the last `hb T1`: (T1, when this node read it)
 
     def feed(self, chunk: bytes) -> list[tuple[str, float | None]]:
         """(command, grace) for each whole line: ("stop", GRACE or None), ("kill", 0.0).
 
-        `hb` only proves the controller is there: the caller notes any input as that.
+        `hb T1` proves the controller is there (the caller notes any input as that) and
+        is kept for the next heartbeat to echo.
         """
+        now = time.time()
         *lines, self.partial = (self.partial + chunk).split(b"\n")
         commands: list[tuple[str, float | None]] = []
         for line in lines:
             words = line.decode(errors="replace").split()
-            if not words or words[0] == "hb":
+            if not words:
+                continue
+            if words[0] == "hb":
+                if len(words) > 1:
+                    self.ping = (words[1], f"{now:.6f}")
                 continue
             if words[0] == "stop":
                 commands.append(("stop", float(words[1]) if len(words) > 1 else None))

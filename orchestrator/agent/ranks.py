@@ -79,6 +79,7 @@ class NodeRanks:
         self.outbox = outbox
         self.exited: set[int] = set()
         self.reported: dict[int, str] = {}  # rank -> its rank-N.exit line last shipped
+        self.stopped_at: float | None = None  # when the step began stopping (node clock)
 
     def all_exited(self) -> bool:
         return bool(self.files) and len(self.exited) == len(self.files)
@@ -111,7 +112,8 @@ class NodeRanks:
             if error_file and os.path.isfile(error_file[0]):
                 with open(error_file[0], "rb") as handle:
                     self.outbox.send_masked("F", rank.rank, payload=handle.read(1 << 16))
-            self.outbox.send(frame("E", rank.rank, rc, when))
+            stopped = self.stopped_at is not None and float(when) >= self.stopped_at
+            self.outbox.send(frame("E", rank.rank, rc, when, int(stopped)))
 
     def drain(self, flush_timeout: float) -> None:
         """Send what the ranks wrote last, in bounded pieces, then any unfinished line."""

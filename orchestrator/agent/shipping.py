@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import select
+import threading
 import time
 
 from orchestrator.agent.protocol import frame
@@ -39,10 +40,13 @@ class Outbox:
         self.fd = fd
         self.data = bytearray()
         self.open = True  # False once the controller is gone: nothing more is kept
+        # The heartbeat thread sends and writes too: frames go in and out whole.
+        self.lock = threading.Lock()
 
     def send(self, data: bytes) -> None:
-        if self.open:
-            self.data += data
+        with self.lock:
+            if self.open:
+                self.data += data
 
     def send_masked(self, kind: str, *fields: object, payload: bytes) -> None:
         self.send(frame(kind, *fields, payload=mask(payload, self.secrets)))
@@ -55,15 +59,16 @@ class Outbox:
             self.send_masked("O", rank, payload=data)
 
     def write_some(self) -> None:
-        try:
-            written = os.write(self.fd, self.data[:READ_CHUNK])
-        except BlockingIOError:
-            return
-        except OSError:  # the controller is gone; nobody to tell
-            self.open = False
-            self.data.clear()
-            return
-        del self.data[:written]
+        with self.lock:
+            try:
+                written = os.write(self.fd, self.data[:READ_CHUNK])
+            except BlockingIOError:
+                return
+            except OSError:  # the controller is gone; nobody to tell
+                self.open = False
+                self.data.clear()
+                return
+            del self.data[:written]
 
     def flush(self, timeout: float) -> None:
         end = time.monotonic() + timeout

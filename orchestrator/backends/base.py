@@ -60,6 +60,10 @@ class NodeConnection(Protocol):
         """Start `python -c BOOTSTRAP orchestrator-agent TAG` on the node, with
         ORCHESTRATOR_RUN_ID=TAG in its environment (TAG is the run id for a job)."""
 
+    def answers(self) -> bool:
+        """Whether the node itself answers (an SSH keepalive to its sshd), whatever its
+        agent is doing; blocks until it does (True) or the connection is gone (False)."""
+
     def put_tree(self, local_dir: str, remote_dir: str) -> int:
         """Copy a local directory to the node (`~/` is the node user's home)."""
 

@@ -67,6 +67,10 @@ class LocalConnection:
         self.address = "127.0.0.1"
         self.idle_agent: IdleAgent | None = None
 
+    def answers(self) -> bool:
+        """This machine is there as long as the controller is."""
+        return True
+
     def start_agent(self, python: str, tag: str) -> LocalChannel:
         return LocalChannel(self.host, python, tag)
 

@@ -85,8 +85,20 @@ from orchestrator.errors import ConfigError
     default=30.0,
     show_default=True,
     metavar="SECONDS",
-    help="A node silent this long is lost (the run stops); a node that hears "
-    "nothing from the orchestrator this long stops its part by itself.",
+    help="A node whose agent is silent this long and whose sshd does not answer an SSH "
+    "keepalive either is lost (the run stops); a node that hears nothing from the "
+    "orchestrator this long, and whose connection's other end does not answer, stops its "
+    "part by itself. 0: never.",
+)
+@click.option(
+    "--stall-timeout",
+    type=click.FloatRange(min=0),
+    default=600.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="A node whose agent is silent but whose sshd still answers is busy, not lost: "
+    "it is waited for this long before it counts as lost (and an agent waits as long for "
+    "a silent orchestrator whose host still answers).",
 )
 @click.option(
     "--color",
@@ -103,6 +115,7 @@ def launch(
     preflight,
     grace,
     heartbeat_timeout,
+    stall_timeout,
     color,
     run_id,
     run_dir,
@@ -141,6 +154,7 @@ def launch(
         argv=tuple(["orchestrator", *sys.argv[1:]]),
         grace=grace,
         heartbeat_timeout=heartbeat_timeout,
+        stall_timeout=stall_timeout,
         color=color,
         preflight=preflight,
         ssh=ssh,

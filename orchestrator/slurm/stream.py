@@ -7,17 +7,24 @@ whole lines into the sink and passes starts and exits on to the `Supervisor`, a 
 only once all its output is on the way (as the agent does on SSH nodes). Under torchrun's
 --max-restarts a rank runs again within the same attempt: its rank-R.out grows on and its
 rank-R.exit is rewritten when it ends again, which is passed on as its next exit.
+
+Times: the times the nodes write are in each node's own clock, which the follower cannot
+measure. The files' modification times are in one clock for all nodes, the shared file
+system's, and a file the follower writes there itself puts that clock into its own
+(`FileClock`): so starts and exits are timed by when their files were written.
 """
 
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 from orchestrator.agent.ranks import RankFile
 from orchestrator.logs import LogSink
 from orchestrator.supervise import NodeState, Supervisor
+from orchestrator.supervise.clocks import NodeClock
 
 READ_BYTES = 1 << 20  # per file and pump
 
@@ -34,6 +41,9 @@ class AttemptFiles:
                 self.rank_files[rank] = RankFile(rank, str(self.node_dir(k) / f"rank-{rank}.out"))
             self.node_files[k] = RankFile(k, str(self.node_dir(k) / "node.out"))
         self.reported: dict[int, list[str]] = {}  # rank -> its rank-R.exit last passed on
+        # The job directory, where a launch keeps the nodes' files (never a relative path).
+        job_dir = attempt_dir.parent if attempt_dir.is_absolute() else None
+        self.clock = FileClock(job_dir / ".orchestrator-clock" if job_dir else None)
 
     def node_dir(self, k: int) -> Path:
         return self.attempt_dir / f"node{k}"
@@ -59,11 +69,11 @@ class AttemptFiles:
                 sink.rank_output(rank, data)
                 if sup.ranks[rank].state == "restarting":  # output again: torchrun restarted it
                     sup.rank_restarted(sup.ranks[rank])
+        self.clock.measure()
         for node in sup.nodes:
-            if node.state == "starting" and (
-                start := read_fields(self.node_dir(node.index) / "node.start")
-            ):
-                node.state, node.started_at = "running", float(start[1])
+            start_file = self.node_dir(node.index) / "node.start"
+            if node.state == "starting" and read_fields(start_file):
+                node.state, node.started_at = "running", self.clock.written(start_file)
                 for rank in node.ranks:
                     sup.ranks[rank].state = "running"
                 sup.on_change(sup)
@@ -77,15 +87,17 @@ class AttemptFiles:
                 continue
             self.reported[rank] = fields
             sink.rank_output(rank, rank_file.rest())
-            ended.append((float(fields[1]), rank, int(fields[0]), fields[2:]))
+            when = self.clock.written(self.node_dir(sup.ranks[rank].node) / f"rank-{rank}.exit")
+            ended.append((when, rank, int(fields[0]), fields[2:]))
         for when, rank, code, error_file in sorted(ended):
             if error_file and os.path.isfile(error_file[0]):
                 sup.ranks[rank].error_file = Path(error_file[0]).read_text(errors="replace")
             rank_exited(rank, code, when)
         for node in sup.nodes:
-            if not node.done and (fields := read_fields(self.node_dir(node.index) / "node.exit")):
+            exit_file = self.node_dir(node.index) / "node.exit"
+            if not node.done and (fields := read_fields(exit_file)):
                 sink.node_output(node.index, self.node_files[node.index].rest())
-                node_exited(node, int(fields[0]), float(fields[1]))
+                node_exited(node, int(fields[0]), self.clock.written(exit_file))
 
 
 def read_fields(path: Path) -> list[str] | None:
@@ -95,3 +107,37 @@ def read_fields(path: Path) -> list[str] | None:
     except (FileNotFoundError, NotADirectoryError):
         return None
     return text.split() if text.endswith("\n") and text.strip() else None
+
+
+class FileClock:
+    """The shared file system's clock (its files' modification times) in the follower's.
+
+    Writing a file between two readings of the follower's clock brackets its modification
+    time: the offset is known to within half that interval (see supervise.clocks).
+    """
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+        self.clock = NodeClock()
+        self.measured = 0.0
+
+    def measure(self, every: float = 5.0) -> None:
+        now = time.monotonic()
+        if self.path is None or now - self.measured < every:
+            return
+        self.measured = now
+        try:
+            sent = time.time()
+            self.path.write_bytes(b"")
+            os.utime(self.path)  # an empty write may leave the time as it was
+            stamped = self.path.stat().st_mtime
+            self.clock.bracket(sent, stamped, time.time())
+        except OSError:  # not writable here: the times stay the file system's
+            pass
+
+    def written(self, path: Path) -> float:
+        """When `path` was last written, in the follower's clock (now, if it is gone)."""
+        try:
+            return self.clock.to_controller(path.stat().st_mtime)
+        except OSError:
+            return time.time()

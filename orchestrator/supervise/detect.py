@@ -10,11 +10,23 @@ from __future__ import annotations
 import signal
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 from orchestrator.supervise.restarts import Rounds, describe_restart
 from orchestrator.supervise.state import NodeState, Outcome, RankState, describe_exit
 from orchestrator.supervise.stopping import Stopper
+from orchestrator.supervise.verdict import FAULT_KINDS, Facts, verdict
+
+
+@dataclass(frozen=True)
+class Fault:
+    """A failure that happened before the run was stopped (see Detector.faults)."""
+
+    when: float  # the controller's clock
+    kind: str  # one of verdict.FAULT_KINDS
+    code: int | None
+    subject: RankState | NodeState
 
 
 class Sink(Protocol):
@@ -48,12 +60,21 @@ class Detector:
         self.rounds = Rounds.empty()
         self.gave_up = False
 
-    # --- reports ------------------------------------------------------------------------
+    # --- reports (every time in the controller's clock) -------------------------------
 
-    def rank_exited(self, rank: int, code: int, when: float) -> str | None:
+    def rank_exited(
+        self, rank: int, code: int, when: float, after_stop: bool | None = None
+    ) -> str | None:
+        """`after_stop`: the rank ended after its node had received the stop (its agent
+        says so, in its own clock). Without that word (SLURM), `when` is compared with
+        when the stop began, both in one clock."""
         state = self.ranks[rank]
+        if self.nodes[state.node].state == "lost":  # what a lost node says later is not heard
+            state.exit_code = code
+            return None
         state.exit_code, state.ended_at = code, when
-        failed = code != 0 and not self.stopper.caused(when)
+        stopped = after_stop if after_stop is not None else self.stopper.caused(when)
+        failed = code != 0 and not stopped
         if self.max_restarts:
             _, first = self.rounds.ended(state, code, when, failed)
             if failed:
@@ -67,7 +88,7 @@ class Detector:
                 return None
         if code == 0:
             state.state = "succeeded"
-        elif self.stopper.caused(when):
+        elif stopped:
             state.state = "stopped"
         else:
             state.state = "failed"
@@ -80,6 +101,9 @@ class Detector:
         return None
 
     def node_exited(self, node: NodeState, code: int | None, when: float) -> str | None:
+        if node.state == "lost":  # a node once lost stays lost in the record
+            node.exit_code = code
+            return None
         node.done, node.exit_code, node.ended_at = True, code, when
         stopping = self.stopper.stopping
         for rank in node.ranks:  # ranks still running had no chance to say how they ended
@@ -91,6 +115,7 @@ class Detector:
             node.state = "stopped"
         else:
             node.state = "failed"
+            node.failed_first = True
             if self.stop_on_failure:
                 self.sink.note(
                     f"{node.host}: node script ended with {describe_exit(code)}; "
@@ -99,39 +124,42 @@ class Detector:
                 return f"{node.host} failed"
         return None
 
-    def node_lost(self, node: NodeState, why: str) -> str | None:
+    def node_lost(self, node: NodeState, why: str, gone: bool = True) -> str | None:
+        """`gone`: neither the agent nor the node's sshd answers (node or link down), as
+        opposed to an agent silent on a node that still answers."""
         node.done, node.state, node.detail = True, "lost", why
-        node.ended_at = time.time()
+        node.ended_at, node.lost_gone = time.time(), gone
+        # A loss is a cause when it was seen before any stop, or when the node fell silent
+        # before the stop began and is gone: then it may well be what failed the ranks.
+        stopping = self.stopper.stopping
+        wall = self.stopper.wall
+        node.failed_first = not stopping or (gone and wall is not None and node.heard_wall < wall)
         for rank in node.ranks:
             if self.ranks[rank].exit_code is None:
                 self.ranks[rank].state = "unknown"
         self.sink.note(f"{node.host}: lost: {why}")
-        return None if self.stopper.stopping else f"{node.host} lost"
-
-    def silent_nodes(self, now: float, heartbeat_timeout: float) -> list[tuple[NodeState, str]]:
-        """Nodes to count as lost: silent too long, or not reporting back after a stop."""
-        lost = []
-        for node in self.nodes:
-            if node.done:
-                continue
-            silent = now - node.last_heard
-            if heartbeat_timeout > 0 and silent > heartbeat_timeout:
-                lost.append(
-                    (
-                        node,
-                        f"no word from its agent for {silent:.0f} s "
-                        "(link down, node or sshd gone?)",
-                    )
-                )
-            elif self.stopper.overdue(now):
-                lost.append((node, "its agent did not report back after the stop"))
-        return lost
+        return None if stopping else f"{node.host} lost"
 
     # --- the end ------------------------------------------------------------------------
 
+    def faults(self) -> list[Fault]:
+        """Every failure that happened before the stop, earliest first: failed ranks at
+        their exit, node scripts that failed, and lost nodes at the last time heard."""
+        found = [
+            Fault(r.ended_at if r.ended_at is not None else float("inf"), "rank", r.exit_code, r)
+            for r in self.ranks.values()
+            if r.state == "failed"
+        ]
+        for node in self.nodes:
+            if node.state == "failed" and node.failed_first:
+                found.append(Fault(node.ended_at or float("inf"), "script", node.exit_code, node))
+            elif node.state == "lost" and node.failed_first:
+                found.append(Fault(node.heard_wall, "lost", None, node))
+        return sorted(found, key=lambda f: (f.when, FAULT_KINDS.index(f.kind)))
+
     def first_failed_rank(self) -> RankState | None:
-        failed = [r for r in self.ranks.values() if r.state == "failed"]
-        return min(failed, key=lambda r: (r.ended_at or float("inf"), r.rank), default=None)
+        ranks = [f.subject for f in self.faults() if f.kind == "rank"]
+        return ranks[0] if ranks else None  # type: ignore[return-value]
 
     def settle_restarts(self) -> None:
         """At the end: a node script that failed means its torchrun gave up, and ranks that
@@ -161,27 +189,66 @@ class Detector:
             outcome.summary += "".join(f"\n  {line}" for line in restarts)
         return outcome
 
+    def facts(self, timed_out: bool) -> tuple[Facts, Fault | None]:
+        faults = self.faults()
+        first = faults[0] if faults else None
+        # With --max-restarts, ranks that failed before torchrun gave up are settled at the
+        # end; the node script that gave up carries the code of its last round's failure.
+        world = all(r.state == "succeeded" for r in self.ranks.values()) and all(
+            n.state == "succeeded" for n in self.nodes
+        )
+        facts = Facts(
+            interrupted_by=self.stopper.interrupted_by,
+            first_fault=first.kind if first else None,
+            fault_code=first.code if first else None,
+            timed_out=timed_out,
+            any_lost=any(n.state == "lost" for n in self.nodes),
+            world_succeeded=world,
+        )
+        return facts, first
+
     def _outcome(self, timed_out: bool) -> Outcome:
-        interrupted_by = self.stopper.interrupted_by
-        if interrupted_by is not None:
-            return Outcome(
-                "stopped", 128 + interrupted_by, f"stopped by {signal.Signals(interrupted_by).name}"
+        facts, first = self.facts(timed_out)
+        state, code, _ = verdict(facts)
+        if facts.interrupted_by is not None:
+            summary = f"stopped by {signal.Signals(facts.interrupted_by).name}"
+        elif first is not None and first.kind == "rank":
+            summary = self.rank_summary(first.subject)  # type: ignore[arg-type]
+        elif first is not None:
+            summary = self.node_summary(first.subject)  # type: ignore[arg-type]
+        elif timed_out:
+            summary = f"stopped: {self.stopper.reason}"
+        elif state == "lost":
+            lost = min((n for n in self.nodes if n.state == "lost"), key=lambda n: n.heard_wall)
+            summary = self.node_summary(lost)
+        elif state == "failed":
+            summary = self.incomplete_summary()
+        else:
+            summary = ""
+        return Outcome(state, code, summary)
+
+    def incomplete_summary(self) -> str:
+        """Why a run in which nothing failed did not succeed: what did not end with 0."""
+        ranks = sorted(
+            (r for r in self.ranks.values() if r.state != "succeeded"), key=lambda r: r.rank
+        )
+        nodes = [n for n in self.nodes if n.state != "succeeded"]
+        if ranks:
+            rank = ranks[0]
+            head = (
+                f"job failed: {len(ranks)} rank(s) did not end with exit code 0; rank "
+                f"{rank.rank} on {rank.host}: {rank.state}, {describe_exit(rank.exit_code)}"
             )
-        rank = self.first_failed_rank()
-        if rank is not None:
-            return Outcome("failed", rank.exit_code or 1, self.rank_summary(rank))
-        if timed_out:
-            return Outcome("failed", 124, f"stopped: {self.stopper.reason}")
-        failed = [n for n in self.nodes if n.state in ("failed", "lost")]
-        if failed:
-            first = min(failed, key=lambda n: n.ended_at or float("inf"))
-            state = "lost" if first.state == "lost" else "failed"
-            code = first.exit_code if first.state == "failed" and first.exit_code else 1
-            return Outcome(state, code, self.node_summary(first))
-        return Outcome("succeeded", 0)
+        else:
+            node = nodes[0]
+            head = f"job failed: the node script on {node.host}: {node.state}, " + describe_exit(
+                node.exit_code
+            )
+        reason = f" (the run was stopped: {self.stopper.reason})" if self.stopper.reason else ""
+        return head + reason
 
     def rank_summary(self, rank: RankState) -> str:
-        elapsed = (rank.ended_at or time.time()) - self.started_wall
+        elapsed = max(0.0, (rank.ended_at or time.time()) - self.started_wall)
         lines = [
             f"job failed: rank {rank.rank} (local rank {rank.local_rank}) on {rank.host} "
             f"ended with {describe_exit(rank.exit_code)} after {elapsed:.1f} s "

@@ -19,7 +19,7 @@ class RankExit:
     rank: int
     host: str
     exit_code: int
-    ended_at: float  # wall clock of the node
+    ended_at: float  # the controller's clock
 
 
 @dataclass
@@ -63,5 +63,5 @@ class Rounds:
 def describe_restart(number: int, cause: RankExit, started_wall: float) -> str:
     return (
         f"restart {number}: rank {cause.rank} on {cause.host} ended with "
-        f"{describe_exit(cause.exit_code)} after {cause.ended_at - started_wall:.1f} s"
+        f"{describe_exit(cause.exit_code)} after {max(0.0, cause.ended_at - started_wall):.1f} s"
     )

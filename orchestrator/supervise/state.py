@@ -6,6 +6,8 @@ import signal
 import time
 from dataclasses import dataclass, field
 
+from orchestrator.supervise.clocks import NodeClock
+
 
 @dataclass
 class RankState:
@@ -13,9 +15,9 @@ class RankState:
     node: int
     local_rank: int
     host: str
-    state: str = "starting"  # running, succeeded, failed, stopped, killed
+    state: str = "starting"  # running, succeeded, failed, stopped, killed, unknown
     exit_code: int | None = None
-    ended_at: float | None = None  # wall clock of the node
+    ended_at: float | None = None  # the controller's wall clock (node times are put into it)
     error_file: str = ""
 
 
@@ -27,11 +29,14 @@ class NodeState:
     state: str = "starting"  # running, succeeded, failed, stopped, lost
     exit_code: int | None = None
     pid: int | None = None
-    started_at: float | None = None
+    started_at: float | None = None  # the controller's wall clock, as every time here
     ended_at: float | None = None
-    last_heard: float = field(default_factory=time.monotonic)
     detail: str = ""
     done: bool = False
+    clock: NodeClock = field(default_factory=NodeClock)
+    heard_wall: float = field(default_factory=time.time)  # when its agent last said anything
+    failed_first: bool = False  # its failure or loss came before any stop: a cause
+    lost_gone: bool = False  # lost, and its sshd did not answer either: the node or link died
 
 
 @dataclass

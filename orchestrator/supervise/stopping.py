@@ -95,9 +95,10 @@ class Stopper:
         return self.stopping and self.wall is not None and when >= self.wall
 
     def heartbeat(self) -> None:
+        """`hb T1`: the controller's clock, which the agent echoes (see clocks.py)."""
         for session in self.sessions:
             if not self.nodes[session.index].done:
-                session.send("hb")
+                session.send(f"hb {time.time():.6f}")
 
 
 @contextlib.contextmanager

@@ -10,6 +10,7 @@ stop, into a stop by the `Stopper`.
 from __future__ import annotations
 
 import queue
+import threading
 import time
 from collections.abc import Callable, Sequence
 
@@ -17,6 +18,7 @@ from orchestrator.logs import LogSink
 from orchestrator.nodes import Event, NodeSession
 from orchestrator.runs import now_iso
 from orchestrator.supervise.detect import Detector
+from orchestrator.supervise.liveness import Liveness
 from orchestrator.supervise.state import NodeState, Outcome, RankState
 from orchestrator.supervise.stopping import Stopper
 
@@ -40,6 +42,7 @@ class Supervisor:
         stop_on_failure: bool = True,
         time_limit: float | None = None,
         max_restarts: int = 0,
+        stall_timeout: float = 600.0,
         on_change: Callable[[Supervisor], None] = lambda sup: None,
     ) -> None:
         self.events = events
@@ -64,6 +67,8 @@ class Supervisor:
         self.ranks = self.detector.ranks
         self.stopper.nodes = self.nodes
         self.started_wall = self.detector.started_wall
+        self.sessions = sessions  # the caller may still be adding to it while nodes start
+        self.liveness = Liveness(self.nodes, sessions, sink.note, heartbeat_timeout, stall_timeout)
 
     # --- what callers read and set (the SLURM follower drives a supervisor by hand) -----
 
@@ -101,8 +106,26 @@ class Supervisor:
     # --- the loop -----------------------------------------------------------------------
 
     def run(self) -> Outcome:
-        last_hb = time.monotonic()
         self.on_change(self)
+        ended = threading.Event()
+        beats = threading.Thread(target=self._beat, args=(ended,), name="heartbeats", daemon=True)
+        beats.start()
+        try:
+            self._loop()
+        finally:
+            ended.set()
+        self.sink.flush()
+        outcome = self.outcome()
+        self.on_change(self)
+        return outcome
+
+    def _beat(self, ended: threading.Event) -> None:
+        """Heartbeats to every agent from a timer of their own: a busy loop cannot hold
+        them back, so a slow controller does not look gone to its nodes."""
+        while not ended.wait(HEARTBEAT_S):
+            self.stopper.heartbeat()
+
+    def _loop(self) -> None:
         while not all(node.done for node in self.nodes):
             try:
                 event: Event | None = self.events.get(timeout=0.1)
@@ -119,13 +142,12 @@ class Supervisor:
                 except queue.Empty:
                     event = None
             self.sink.flush()
-            now = time.monotonic()
-            if now - last_hb >= HEARTBEAT_S:
-                last_hb = now
-                self.stopper.heartbeat()
+            # Events still queued: the controller is behind what the nodes said, and
+            # silence it has not read yet is not theirs.
+            self.liveness.tick(behind=handled >= MAX_EVENTS_PER_STEP)
             self.stopper.handle_signals()
-            for node, why in self.detector.silent_nodes(now, self.heartbeat_timeout):
-                self.node_lost(node, why)
+            for node, why, gone in self.liveness.check(self.overdue_by):
+                self.node_lost(node, why, gone)
             if (
                 self.time_limit is not None
                 and not self.timed_out
@@ -133,45 +155,42 @@ class Supervisor:
             ):
                 self.timed_out = True
                 self.begin_stop(0, f"time limit of {self.time_limit:g} s reached")
-        self.sink.flush()
-        outcome = self.outcome()
-        self.on_change(self)
-        return outcome
 
     def handle(self, event: Event) -> None:
         node = self.nodes[event.node]
-        node.last_heard = time.monotonic()
-        kind = event.kind
+        node.heard_wall = event.at or time.time()
+        kind, fields = event.kind, event.fields
         if kind == "O":
-            rank = int(event.fields[0])
+            rank = int(fields[0])
             self.sink.rank_output(rank, event.data)
             if rank in self.ranks and self.ranks[rank].state == "restarting":
                 self.rank_restarted(self.ranks[rank])
         elif kind == "N":
             self.sink.node_output(node.index, event.data)
         elif kind == "H":
-            pass
+            if len(fields) == 3 and fields[1] != "-":  # t3 t1 t2: one round trip
+                t3, t1, t2 = (float(f) for f in fields)
+                node.clock.exchange(t1, t2, t3, node.heard_wall)
         elif kind == "M":
             self.sink.note(f"{node.host}: {event.data.decode(errors='replace').strip()}")
         elif kind == "S":
-            node.state, node.pid, node.started_at = (
-                "running",
-                int(event.fields[0]),
-                float(event.fields[1]),
-            )
+            sent = self.sent_at(node.index)
+            if sent is not None:
+                node.clock.bracket(sent, float(fields[1]), node.heard_wall)
+            node.state, node.pid = "running", int(fields[0])
+            node.started_at = self.on_our_clock(node, float(fields[1]))
             for rank in node.ranks:
                 self.ranks[rank].state = "running"
             self.on_change(self)
         elif kind == "F":
-            self.ranks[int(event.fields[0])].error_file = event.data.decode(errors="replace")
+            self.ranks[int(fields[0])].error_file = event.data.decode(errors="replace")
         elif kind == "E":
-            self.rank_exited(int(event.fields[0]), int(event.fields[1]), float(event.fields[2]))
+            after_stop = fields[3] == "1" if len(fields) > 3 else None
+            when = self.on_our_clock(node, float(fields[2]))
+            self.rank_exited(int(fields[0]), int(fields[1]), when, after_stop)
         elif kind == "X":
-            self.node_exited(
-                node,
-                int(event.fields[0]) if event.fields[0] != "None" else None,
-                float(event.fields[1]),
-            )
+            code = int(fields[0]) if fields[0] != "None" else None
+            self.node_exited(node, code, self.on_our_clock(node, float(fields[1])))
         elif kind == "EOF" and not node.done:
             detail = event.data.decode(errors="replace").strip()
             self.node_lost(
@@ -180,16 +199,33 @@ class Supervisor:
                 + (f": {detail.splitlines()[-1]}" if detail else ""),
             )
 
+    def overdue_by(self, slack: float) -> bool:
+        """Stopping, and every agent should have reported `slack` seconds ago."""
+        return self.stopper.overdue(time.monotonic() - slack)
+
+    def sent_at(self, index: int) -> float | None:
+        """When the controller sent the node its step (wall clock), if it knows."""
+        for session in self.sessions:
+            if session.index == index:
+                return getattr(session, "sent_at", None)
+        return None
+
+    def on_our_clock(self, node: NodeState, node_time: float) -> float:
+        """A time the node reported, in the controller's clock, and never before the run."""
+        return max(self.started_wall, node.clock.to_controller(node_time))
+
     # --- reports: the detector decides, the stopper acts --------------------------------
 
-    def rank_exited(self, rank: int, code: int, when: float) -> None:
-        self._stop_if(self.detector.rank_exited(rank, code, when))
+    def rank_exited(
+        self, rank: int, code: int, when: float, after_stop: bool | None = None
+    ) -> None:
+        self._stop_if(self.detector.rank_exited(rank, code, when, after_stop))
 
     def node_exited(self, node: NodeState, code: int | None, when: float) -> None:
         self._stop_if(self.detector.node_exited(node, code, when))
 
-    def node_lost(self, node: NodeState, why: str) -> None:
-        self._stop_if(self.detector.node_lost(node, why))
+    def node_lost(self, node: NodeState, why: str, gone: bool = True) -> None:
+        self._stop_if(self.detector.node_lost(node, why, gone))
 
     def rank_restarted(self, rank: RankState) -> None:
         """Output after a rank's exit: torchrun started it again."""

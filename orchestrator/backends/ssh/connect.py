@@ -119,6 +119,19 @@ class SshConnection:
             raise NodeError(self.host, f"cannot start the node agent: {exc}") from None
         return SshChannel(channel)
 
+    def answers(self) -> bool:
+        """An SSH keepalive that the node's sshd must answer (as ssh's ServerAliveInterval
+        sends): True once it does, False when the connection is gone. Blocks meanwhile."""
+        transport = self.client.get_transport()
+        if transport is None or not transport.is_active():
+            return False
+        try:
+            # sshd answers an unknown request with a failure: an answer all the same.
+            transport.global_request("keepalive@openssh.com", wait=True)
+        except (OSError, EOFError, paramiko.SSHException):
+            return False
+        return transport.is_active()
+
     def put_tree(self, local_dir: str, remote_dir: str) -> int:
         """Copy a directory tree to the node over SFTP; returns the number of files."""
         copied = 0

@@ -1,0 +1,71 @@
+"""How a run ended, as one table: from what was recorded to a state and an exit code.
+
+The facts are few and plain: was the controller interrupted, what kind of fault came first
+(before any stop, in the controller's clock), did the time limit stop the run, was any node
+lost, and did the whole world (every rank and every node script) end with exit 0. The first
+row that matches decides; a run is `succeeded` only by the last row, so a killed, unknown or
+never-started rank, or a node once lost, can never make a run succeed.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Callable
+from dataclasses import dataclass
+
+FAULT_KINDS = ("rank", "disk", "lost", "script")  # what can fail first; see Detector.faults
+
+
+@dataclass(frozen=True)
+class Facts:
+    interrupted_by: int | None = None  # the signal that stopped the controller
+    first_fault: str | None = None  # one of FAULT_KINDS
+    fault_code: int | None = None  # the exit code of the rank or node script that failed
+    timed_out: bool = False
+    any_lost: bool = False  # a node lost at any time, also during the stop
+    world_succeeded: bool = False  # every rank and node script ended with exit 0
+
+
+def failure_code(code: int | None) -> int:
+    """The exit code a failed run passes on: the rank's or script's own when it is one a
+    shell can return and says failure; killed by signal N is 128 + N; otherwise 1."""
+    if code is None or code == 0:
+        return 1
+    if code < 0:
+        return 128 + -code if -code < signal.NSIG else 1
+    return code if code <= 255 else 1
+
+
+def _interrupted(facts: Facts) -> int:
+    return 128 + (facts.interrupted_by or 0)
+
+
+def _fault(facts: Facts) -> int:
+    return failure_code(facts.fault_code)
+
+
+def _one(facts: Facts) -> int:
+    return 1
+
+
+# (why, when it applies, state, exit code): the first row that applies decides.
+TABLE: tuple[tuple[str, Callable[[Facts], bool], str, Callable[[Facts], int]], ...] = (
+    ("the controller was interrupted", lambda f: f.interrupted_by is not None, "stopped",
+     _interrupted),
+    ("a rank failed first", lambda f: f.first_fault == "rank", "failed", _fault),
+    ("a node's disk failed first", lambda f: f.first_fault == "disk", "failed", _one),
+    ("a node was lost first", lambda f: f.first_fault == "lost", "lost", _one),
+    ("a node script failed first", lambda f: f.first_fault == "script", "failed", _fault),
+    ("the time limit stopped it", lambda f: f.timed_out, "failed", lambda f: 124),
+    ("a node was lost", lambda f: f.any_lost, "lost", _one),
+    ("not every rank ended with exit 0", lambda f: not f.world_succeeded, "failed", _one),
+    ("every rank ended with exit 0", lambda f: True, "succeeded", lambda f: 0),
+)  # fmt: skip
+
+
+def verdict(facts: Facts) -> tuple[str, int, str]:
+    """(state, exit code, the table row's reason) for a run with these facts."""
+    for why, applies, state, code in TABLE:
+        if applies(facts):
+            return state, code(facts), why
+    raise AssertionError("the last row of TABLE applies to every run")
