@@ -68,6 +68,7 @@ class Supervisor:
         self.stopper.nodes = self.nodes
         self.started_wall = self.detector.started_wall
         self.sessions = sessions  # the caller may still be adding to it while nodes start
+        self.session_of: dict[int, NodeSession] = {}
         self.liveness = Liveness(self.nodes, sessions, sink.note, heartbeat_timeout, stall_timeout)
 
     # --- what callers read and set (the SLURM follower drives a supervisor by hand) -----
@@ -205,10 +206,9 @@ class Supervisor:
 
     def sent_at(self, index: int) -> float | None:
         """When the controller sent the node its step (wall clock), if it knows."""
-        for session in self.sessions:
-            if session.index == index:
-                return getattr(session, "sent_at", None)
-        return None
+        if len(self.session_of) != len(self.sessions):  # sessions are added while starting
+            self.session_of = {session.index: session for session in self.sessions}
+        return getattr(self.session_of.get(index), "sent_at", None)
 
     def on_our_clock(self, node: NodeState, node_time: float) -> float:
         """A time the node reported, in the controller's clock, and never before the run."""
