@@ -13,9 +13,10 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager as ContextManager
 from pathlib import Path
 
-from tests.lab import faults, netns, state
+from tests.lab import bad_days, faults, netns, state
 from tests.lab.netns import Node
 from tests.lab.packages import SSH_PACKAGES, ensure_prerequisites
 from tests.lab.ssh import SshHome, run_over_ssh, sshd_config
@@ -352,6 +353,19 @@ class Cluster:
 
     def pids_with_env(self, name: str, value: str | None = None) -> list[int]:
         return [p.pid for p in self.processes_with_env(name, value)]
+
+    # ----- bad days: clock skew, power loss (see bad_days.py) -------------------------------
+
+    def skew_clock(self, node: Node | int | str, seconds: float) -> ContextManager[None]:
+        """Within the block, sessions started over SSH on `node` see a clock `seconds` off."""
+        return bad_days.skew_clock(self, self._resolve(node), seconds)
+
+    def power_off(self, node: Node | int | str) -> None:
+        """Link down, then SIGKILL to every process of `node`, sshd included."""
+        bad_days.power_off(self, self._resolve(node))
+
+    def power_on(self, node: Node | int | str) -> None:
+        bad_days.power_on(self, self._resolve(node))
 
     def _resolve(self, node: Node | int | str) -> Node:
         return node if isinstance(node, Node) else self.node(node)

@@ -20,9 +20,13 @@ PACKAGES: dict[str, str] = {
     "slurm-client": "/usr/bin/sbatch",
     "munge": "/usr/sbin/munged",
     "pdsh": "/usr/bin/pdsh",
+    # A node whose clock is off (faults.skew_clock): the faketime command pulls in the
+    # libfaketime library that the node's sshd preloads into its sessions.
+    "faketime": "/usr/bin/faketime",
 }
 SSH_PACKAGES = ("openssh-server",)
 SLURM_PACKAGES = ("slurmctld", "slurmd", "slurm-client", "munge")
+CLOCK_PACKAGES = ("faketime",)
 
 POLICY_RC_D = Path("/usr/sbin/policy-rc.d")
 # invoke-rc.d consults this script; exit status 101 means "action forbidden", so package

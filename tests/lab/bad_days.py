@@ -1,0 +1,217 @@
+"""Bad days made on purpose (LAB.md): a node whose clock is off, a process that freezes, a
+node switched off without a word.
+
+- Clock skew: Debian's libfaketime, preloaded by the node's sshd into every session
+  (`SetEnv LD_PRELOAD=... FAKETIME=-0.05s`), shifts the wall clock of everything started
+  over SSH on that node. FAKETIME_DONT_FAKE_MONOTONIC stays unset: with it, python's
+  time.sleep fails with EINVAL under torchrun. The lab's own processes, the controller
+  included, keep the machine's clock.
+- Freezing: SIGSTOP, then SIGCONT, to chosen pids (an agent, a whole node but its sshd, the
+  controller). A stopped process holds its sockets open, so its peers see silence, not EOF.
+- Power loss: the node's link goes down first (so no FIN or RST leaves it), then every
+  process in its namespace, sshd included, is SIGKILLed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import time
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from tests.lab.packages import CLOCK_PACKAGES, ensure_prerequisites
+
+if TYPE_CHECKING:
+    from tests.lab.cluster import Cluster
+    from tests.lab.faults import Proc
+    from tests.lab.netns import Node
+
+SSHD = "/usr/sbin/sshd"
+AGENT_ARGV0 = "orchestrator-agent"  # the bootstrap's sys.argv[0] (agent/bootstrap.py)
+
+
+# ----- clock skew --------------------------------------------------------------------------
+
+
+def faketime_library() -> str:
+    """The path of libfaketime.so.1 as this machine's dpkg installed it (multiarch)."""
+    ensure_prerequisites(CLOCK_PACKAGES)
+    listed = subprocess.run(
+        ["dpkg", "-L", "libfaketime"], capture_output=True, text=True, check=True
+    ).stdout.split()
+    found = [p for p in listed if p.endswith("/libfaketime.so.1")]
+    if not found:
+        raise RuntimeError("dpkg -L libfaketime lists no libfaketime.so.1")
+    return found[0]
+
+
+def faketime_offset(seconds: float) -> str:
+    """FAKETIME's relative form: -0.05 -> '-0.05s', 30 -> '+30s'."""
+    return f"{seconds:+g}s"
+
+
+def with_set_env(config: str, assignments: str) -> str:
+    """`config` with `assignments` added to its SetEnv (sshd honours only the first line)."""
+    pattern = re.compile(r"^SetEnv[ \t]+(.*)$", re.M | re.I)
+    if pattern.search(config):
+        return pattern.sub(lambda m: f"SetEnv {m.group(1).strip()} {assignments}", config, 1)
+    return config.rstrip("\n") + f"\nSetEnv {assignments}\n"
+
+
+def measured_shift(cluster: Cluster, node: Node) -> tuple[float, float]:
+    """(shifted - real bounds) of `date` in a session on `node`: the shift lies in between.
+
+    The shifted `date` runs between two unshifted ones, so shifted - real lies within
+    [shifted - second, shifted - first]."""
+    command = "env -u LD_PRELOAD date +%s.%N; date +%s.%N; env -u LD_PRELOAD date +%s.%N"
+    status, out, err = cluster.ssh_run(node, command, timeout=30)
+    if status != 0:
+        raise RuntimeError(f"date on {node.name} failed ({status}): {err.strip()}")
+    first, shifted, second = (float(x) for x in out.split())
+    return shifted - second, shifted - first
+
+
+@contextlib.contextmanager
+def skew_clock(cluster: Cluster, node: Node, seconds: float) -> Iterator[None]:
+    """Within the block, every session started over SSH on `node` has its clock `seconds` off.
+
+    Processes started before the block keep the true clock. Verified with `date` over ssh
+    before the block begins; the sshd config is restored (and sshd restarted) after it.
+    """
+    library = faketime_library()
+    path = node.sshd_config_path
+    original = path.read_text()
+    assignments = f"LD_PRELOAD={library} FAKETIME={faketime_offset(seconds)}"
+    path.write_text(with_set_env(original, assignments))
+    try:
+        cluster.restart_sshd(node)
+        _verify_shift(cluster, node, seconds)
+        yield
+    finally:
+        path.write_text(original)
+        cluster.restart_sshd(node)
+
+
+def _verify_shift(cluster: Cluster, node: Node, seconds: float, attempts: int = 10) -> None:
+    low = high = 0.0
+    for _ in range(attempts):
+        low, high = measured_shift(cluster, node)
+        # The bounds are exact; they also prove a shift only when narrower than the shift.
+        if low - 0.002 <= seconds <= high + 0.002 and high - low < max(abs(seconds) / 2, 0.005):
+            return
+    raise RuntimeError(
+        f"the clock on {node.name} is not {seconds:+g} s off: "
+        f"shift measured between {low:+.4f} and {high:+.4f} s"
+    )
+
+
+# ----- freezing ----------------------------------------------------------------------------
+
+
+def freeze(pids: Iterable[int]) -> list[int]:
+    """SIGSTOP each pid; returns those that were still there to stop."""
+    return _signal_all(pids, signal.SIGSTOP)
+
+
+def thaw(pids: Iterable[int]) -> list[int]:
+    """SIGCONT each pid; returns those that were still there."""
+    return _signal_all(pids, signal.SIGCONT)
+
+
+def _signal_all(pids: Iterable[int], sig: int) -> list[int]:
+    done = []
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+            done.append(pid)
+    return done
+
+
+@contextlib.contextmanager
+def frozen(pids: Iterable[int]) -> Iterator[list[int]]:
+    """Within the block, `pids` are stopped (SIGSTOP); SIGCONT after, whatever happens."""
+    stopped = freeze(list(pids))
+    try:
+        yield stopped
+    finally:
+        thaw(stopped)
+
+
+def is_agent(proc: Proc, run_id: str | None = None) -> bool:
+    """Whether `proc` is an orchestrator node agent (of run `run_id`, when given).
+
+    The agent runs `python -I -S -u -c BOOTSTRAP orchestrator-agent TAG`, exec'd by the
+    login shell with ORCHESTRATOR_RUN_ID=TAG in its environment."""
+    if AGENT_ARGV0 not in proc.cmdline or "-c" not in proc.cmdline:
+        return False
+    return run_id is None or proc.has_env("ORCHESTRATOR_RUN_ID", run_id)
+
+
+def agent_pids(cluster: Cluster, node: Node, run_id: str | None = None) -> list[int]:
+    """The pids of the agents on `node` (of run `run_id`, when given)."""
+    return [p.pid for p in cluster.processes_on(node) if is_agent(p, run_id)]
+
+
+def pids_but_sshd(cluster: Cluster, node: Node) -> list[int]:
+    """Every process in `node`'s namespace except its sshd (listener and sessions)."""
+    return [p.pid for p in cluster.processes_on(node, include_lab=True) if p.exe != SSHD]
+
+
+def stall(pids: Iterable[int], seconds: float) -> None:
+    """Stop `pids` for `seconds`, then let them go on."""
+    with frozen(pids):
+        time.sleep(seconds)
+
+
+# ----- power loss --------------------------------------------------------------------------
+
+
+def power_off(cluster: Cluster, node: Node, rounds: int = 20) -> int:
+    """Switch `node` off: link down, then SIGKILL to every process in its namespace.
+
+    Returns how many processes were killed. `power_on` brings the node back (link, sshd).
+    """
+    cluster.cut_link(node)
+    killed = len(cluster.kill_sshd(node))  # the listener, recorded by the lab
+    for _ in range(rounds):  # processes may fork while we kill
+        pids = [p.pid for p in cluster.processes_on(node, include_lab=True)]
+        if not pids:
+            return killed
+        killed += len(_signal_all(pids, signal.SIGKILL))
+        time.sleep(0.05)
+    left = [p.command[:80] for p in cluster.processes_on(node, include_lab=True)]
+    raise RuntimeError(f"processes on {node.name} survive SIGKILL: {left}")
+
+
+def power_on(cluster: Cluster, node: Node) -> None:
+    """Bring a switched-off `node` back: link up, sshd started (its sessions are gone)."""
+    cluster.restore_link(node)
+    if cluster.sshd_pid(node) is None:
+        cluster.start_sshd(node)
+
+
+@contextlib.contextmanager
+def powered_off(cluster: Cluster, node: Node) -> Iterator[None]:
+    """Switch `node` off on entry and back on when the block ends."""
+    try:
+        power_off(cluster, node)
+        yield
+    finally:
+        power_on(cluster, node)
+
+
+def plain_home(path: Path) -> Path:
+    """A home directory whose shell start-up files do nothing (for SetEnv HOME=...).
+
+    Root's own ~/.bashrc may run tools such as pyenv on every SSH command; benchmarks at
+    many nodes log in with this home instead (LAB.md, "Timing at many nodes")."""
+    path.mkdir(parents=True, exist_ok=True)
+    path.chmod(0o755)
+    for name in (".bashrc", ".profile", ".bash_profile"):
+        (path / name).write_text("")
+    return path
