@@ -44,8 +44,8 @@ class CaptureSink:
         self.output: dict[int, list[bytes]] = {}
         self.notes: list[str] = []
 
-    def node_output(self, node: int, data: bytes) -> None:
-        self.output.setdefault(node, []).append(data)
+    def node_output(self, node: int, data: bytes, console: bool = True) -> None:
+        self.output.setdefault(node, []).append(data)  # all of it: it is the command's
 
     def rank_output(self, rank: int, data: bytes) -> None:  # no ranks in a command
         pass

@@ -342,8 +342,11 @@ def _launch(
     out = notes
 
     def note(text: str) -> None:
-        out.write(f"[orchestrator] {text}\n".encode())
-        out.flush()
+        try:
+            out.write(f"[orchestrator] {text}\n".encode())
+            out.flush()
+        except OSError:  # the terminal went away (SIGHUP): the run and its record go on
+            pass
 
     connections = connect_cluster(cluster, options.ssh)
     try:

@@ -86,7 +86,9 @@ class LogSink:
         except (BrokenPipeError, ValueError, OSError):
             self.console = None  # the reader went away (e.g. `| head`); the files go on
 
-    def _emit(self, own_file: str, prefix: bytes, data: bytes, tail: deque[bytes]) -> None:
+    def _emit(
+        self, own_file: str, prefix: bytes, data: bytes, tail: deque[bytes], console: bool = True
+    ) -> None:
         data = self.mask(data)
         own = self._file(own_file)
         if own is not None:
@@ -95,7 +97,8 @@ class LogSink:
         combined = self._file("combined.log")
         if combined is not None:
             combined.write(prefixed)
-        self._to_console(prefix, data, prefixed)
+        if console:
+            self._to_console(prefix, data, prefixed)
         tail.extend(data.rsplit(b"\n", TAIL_LINES + 1)[-TAIL_LINES - 1 : -1])
 
     def rank_output(self, rank: int, data: bytes) -> None:
@@ -103,10 +106,11 @@ class LogSink:
         tail = self.rank_tails.setdefault(rank, deque(maxlen=TAIL_LINES))
         self._emit(f"rank-{rank}.log", self.rank_prefix[rank], data, tail)
 
-    def node_output(self, node: int, data: bytes) -> None:
-        """Whole lines printed by a node's script or torchrun itself (not by a rank)."""
+    def node_output(self, node: int, data: bytes, console: bool = True) -> None:
+        """Whole lines printed by a node's script or torchrun itself (not by a rank);
+        `console=False`: into the files only (torchrun's shutdown after our own stop)."""
         tail = self.node_tails.setdefault(node, deque(maxlen=TAIL_LINES))
-        self._emit(f"node-{node}.log", self.node_prefix[node], data, tail)
+        self._emit(f"node-{node}.log", self.node_prefix[node], data, tail, console)
 
     def note(self, text: str) -> None:
         """A line from the orchestrator itself, into the combined log and the console."""

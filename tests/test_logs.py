@@ -108,6 +108,41 @@ def test_a_closed_console_does_not_stop_the_files(tmp_path) -> None:
     assert (tmp_path / "logs" / "rank-0.log").read_bytes() == b"first\nsecond\n"
 
 
+def test_quiet_node_output_goes_to_the_files_only(tmp_path) -> None:
+    """torchrun's shutdown after our own stop: the node's log keeps it, the console not."""
+    console = io.BytesIO()
+    sink = make_sink(tmp_path, console)
+    sink.node_output(0, b"torchrun starts\n")
+    sink.node_output(0, b"Traceback (most recent call last):\n", console=False)
+    sink.close()
+    logs = tmp_path / "logs"
+    assert (logs / "node-0.log").read_bytes() == (
+        b"torchrun starts\nTraceback (most recent call last):\n"
+    )
+    assert b"[a] Traceback" in (logs / "combined.log").read_bytes()
+    assert console.getvalue() == b"[a] torchrun starts\n"
+    assert sink.last_lines(node=0)[-1].startswith("Traceback")
+
+
+class HungUpConsole:
+    """A terminal that went away: every write fails with EIO."""
+
+    def write(self, data: bytes) -> int:
+        raise OSError(5, "Input/output error")
+
+    def flush(self) -> None:
+        raise OSError(5, "Input/output error")
+
+
+def test_a_hung_up_terminal_does_not_stop_the_files(tmp_path) -> None:
+    sink = make_sink(tmp_path, HungUpConsole())
+    sink.note("run starts")
+    assert sink.console is None
+    sink.rank_output(1, b"still here\n")
+    sink.close()
+    assert (tmp_path / "logs" / "rank-1.log").read_bytes() == b"still here\n"
+
+
 def test_sink_without_files_writes_the_console_only(tmp_path) -> None:
     console = io.BytesIO()
     sink = LogSink(None, {0: "h r0"}, {0: "h"}, console, False)

@@ -145,7 +145,9 @@ class Agent:
             and script_out.pipe.fileno() in readable
             and (data := script_out.read_lines())
         ):
-            self.outbox.send_masked("N", payload=data)
+            # Read after the stop began: torchrun's own shutdown (a traceback for the signal
+            # we sent), for the node's log rather than the console.
+            self.outbox.send_masked("N", int(self.processes.stopping), payload=data)
         self.ranks.ship_output()
         self.ranks.ship_exits()
         self.processes.reap()

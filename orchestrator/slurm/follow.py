@@ -30,6 +30,7 @@ from orchestrator.slurm.parse import UNRUNNABLE, JobInfo
 from orchestrator.slurm.render import PORT_BASE, PORT_SPAN, SCRIPT_NAME, SlurmJob
 from orchestrator.slurm.stream import READ_BYTES, AttemptFiles
 from orchestrator.supervise import NodeState, Outcome, RankState, Supervisor, describe_exit
+from orchestrator.supervise.stopping import STOP_SIGNALS
 
 POLL_S = 1.0  # squeue at most this often
 FILES_S = 0.1  # rank files this often
@@ -86,7 +87,7 @@ class Follower:
     def run(self) -> int:
         previous = {}
         if self.console is not None:
-            for signum in (signal.SIGINT, signal.SIGTERM):
+            for signum in STOP_SIGNALS:
                 previous[signum] = signal.signal(signum, lambda n, _f: self.signals.append(n))
         try:
             outcome = self._loop()

@@ -12,6 +12,7 @@ from typing import Protocol
 
 from orchestrator.supervise.state import NodeState
 
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # each stops the run
 STOP_MARGIN_S = 10.0  # how long past the grace an agent may take to report before it is lost
 
 
@@ -103,12 +104,13 @@ class Stopper:
 
 @contextlib.contextmanager
 def signals_to(target: Stopper | object) -> Iterator[None]:
-    """Route SIGINT/SIGTERM to `target.interrupt` for the duration of a run."""
+    """Route SIGINT/SIGTERM/SIGHUP to `target.interrupt` for the duration of a run: a
+    closed terminal (SIGHUP) stops the run as orderly as Ctrl-C, and leaves its record."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     previous = {}
-    for signum in (signal.SIGINT, signal.SIGTERM):
+    for signum in STOP_SIGNALS:
         previous[signum] = signal.signal(signum, lambda num, _frame: target.interrupt(num))
     try:
         yield

@@ -166,8 +166,8 @@ class Supervisor:
             self.sink.rank_output(rank, event.data)
             if rank in self.ranks and self.ranks[rank].state == "restarting":
                 self.rank_restarted(self.ranks[rank])
-        elif kind == "N":
-            self.sink.node_output(node.index, event.data)
+        elif kind == "N":  # q=1: torchrun's shutdown after a stop, for the node's log only
+            self.sink.node_output(node.index, event.data, console=fields[:1] != ("1",))
         elif kind == "H":
             if len(fields) == 3 and fields[1] != "-":  # t3 t1 t2: one round trip
                 t3, t1, t2 = (float(f) for f in fields)
