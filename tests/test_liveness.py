@@ -92,7 +92,7 @@ def test_a_node_whose_sshd_answers_is_busy_not_lost_until_the_stall_timeout(cloc
     assert run(live, clock, 100, speaking=[talking]) == []
     assert busy.asked >= 3
     assert notes == [
-        "n0: its agent has been silent for 30 s, but the node answers: busy, not lost; "
+        "n0: its agent has been silent for 30 s, but the node answers: busy, so "
         "waiting up to 120 s (--stall-timeout)"
     ]
     busy.speak()

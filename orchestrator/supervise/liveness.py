@@ -140,7 +140,7 @@ class Liveness:
             self.said_silent.add(index)
             self.notes(
                 f"{node.host}: its agent has been silent for {silent:.0f} s, but the node "
-                f"answers: busy, not lost; waiting up to {self.stall_timeout:g} s "
+                f"answers: busy, so waiting up to {self.stall_timeout:g} s "
                 "(--stall-timeout)"
             )
         return None
