@@ -15,13 +15,15 @@ so that root's own ~/.bashrc (pyenv init, 0.2-0.3 s of CPU per session) does not
 what is measured; both contenders log in the same way.
 "All started" = the latest rank stamp - the command's start; "finished" = its exit - its
 start. The contenders alternate (rotating order per repetition). The benchmark passes
-(exit 0) when every `orchestrator launch` exited 0 and no node was declared lost.
+(exit 0) when every `orchestrator launch` exited 0, every rank started and no node was
+declared lost.
 """
 
 from __future__ import annotations
 
 import contextlib
 import itertools
+import re
 import shlex
 import subprocess
 import time
@@ -137,7 +139,10 @@ class Bench:
             f"finished after {end - start:.1f} s"
             + (f", {len(contender.lost[-1])} line(s) saying lost" if contender.lost[-1] else "")
         )
-        if code != 0:
+        if contender is self.ours or code != 0:
+            lost_nodes = sorted(set(re.findall(r"(\S+): lost:", text)))
+            if lost_nodes:
+                say(f"    {len(lost_nodes)} node(s) declared lost: {' '.join(lost_nodes)}")
             say("    last lines: " + " | ".join(text.strip().splitlines()[-3:])[:600])
 
 
@@ -171,6 +176,7 @@ def measure(n: int, repeat: int, sleep: float, timeout: float) -> bool:
                 raise SystemExit(f"cannot build the namespace cluster here: {exc}") from None
             say(machine_line().replace("at start", "with the cluster up"))
             bench = Bench(cluster, work, sleep, timeout)
+            bench.ours = ours
             pairs = [(ours, bench.launch), (baseline, bench.pdsh_torchrun)]
             for rep in range(repeat):
                 shift = rep % 2
@@ -193,11 +199,13 @@ def measure(n: int, repeat: int, sleep: float, timeout: float) -> bool:
     lost_lines = [line for lines in ours.lost for line in lines]
     for line in lost_lines[:5]:
         say(f"  lost: {line.strip()[:200]}")
-    passed = all(code == 0 for code in ours.codes) and not lost_lines
+    whole = len(ours.started) == len(ours.codes)  # every rank started, every time
+    passed = all(code == 0 for code in ours.codes) and not lost_lines and whole
     say(
         f"{n} nodes: {'PASS' if passed else 'FAIL'}: orchestrator launch exit "
         f"{','.join(map(str, ours.codes))}, node(s) declared lost: "
-        f"{'yes' if lost_lines else 'no'}; finished {median(ours.finished):.1f} s vs "
+        f"{'yes' if lost_lines else 'no'}, every rank started: {'yes' if whole else 'no'}; "
+        f"finished {median(ours.finished):.1f} s vs "
         f"{median(baseline.finished):.1f} s ({ratio(ours.finished, baseline.finished)})"
     )
     return passed
