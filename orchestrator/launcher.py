@@ -17,13 +17,14 @@ from typing import BinaryIO
 
 from orchestrator.backends import close_all, connect_cluster
 from orchestrator.backends.base import NodeConnection, SshOptions
+from orchestrator.copies import remove_copies
 from orchestrator.detach import run_detached
 from orchestrator.errors import ConfigError, NodeError, NodeErrors, OrchestratorError
 from orchestrator.hostfile import Cluster
 from orchestrator.logs import LogSink, use_color
 from orchestrator.nodes import Event, NodeSession, start_sessions
-from orchestrator.plan import LaunchPlan, NodeFacts, make_plan
-from orchestrator.probe import probe_nodes
+from orchestrator.plan import NODE_RUNS_DIR, LaunchPlan, NodeFacts, make_plan
+from orchestrator.probe import MIN_FREE_DISK, probe_nodes
 from orchestrator.render import (
     command_line,
     plan_yaml,
@@ -44,6 +45,8 @@ class LaunchOptions:
     grace: float = 10.0
     heartbeat_timeout: float = 30.0
     stall_timeout: float = 600.0
+    min_free_disk: int = MIN_FREE_DISK
+    keep_node_logs: bool = False
     color: str = "auto"
     preflight: bool = True
     ssh: SshOptions | None = None
@@ -59,7 +62,9 @@ def prepare(
     """Probe (when connected), plan and render; nothing starts."""
     facts: dict[int, NodeFacts] = {}
     if connections is not None and options.preflight:
-        result = probe_nodes(cluster, spec, connections, tag=options.run_id)
+        result = probe_nodes(
+            cluster, spec, connections, tag=options.run_id, min_free_disk=options.min_free_disk
+        )
         facts = result.facts
         for index, fact in facts.items():
             note(
@@ -262,6 +267,8 @@ def run_plan(
     elapsed = time.monotonic() - started
     for line in outcome.closing_lines(plan.run_id, elapsed, record.logs_dir):
         sink.note(line)
+    sink.flush()
+    copies = node_copies(plan, options, outcome, connections, sink.note)
     sink.close()
     record.write_status(
         {
@@ -271,9 +278,32 @@ def run_plan(
             "exit_code": outcome.exit_code,
             "ended_at": now_iso(),
             "summary": outcome.summary or None,
+            "node_copies": copies,
         }
     )
     return outcome
+
+
+def node_copies(
+    plan: LaunchPlan,
+    options: LaunchOptions,
+    outcome: Outcome,
+    connections: Sequence[NodeConnection],
+    note: Callable[[str], None],
+) -> str:
+    """Remove the nodes' copies of a run that succeeded (this machine's record now holds
+    all of it) unless --keep-node-logs; say where they are, or what became of them."""
+    where = f"~/{NODE_RUNS_DIR}/{plan.run_id} on each node"
+    if options.keep_node_logs:
+        return f"kept (--keep-node-logs): {where}"
+    if outcome.state != "succeeded":
+        return f"kept (the run {outcome.state}; `orchestrator clean` removes them): {where}"
+    failed = remove_copies(
+        connections, [node.python for node in plan.nodes], [node.node_dir for node in plan.nodes]
+    )
+    for why in failed:
+        note(f"warning: could not remove the node's copy of the run: {why}")
+    return f"removed, except on: {'; '.join(failed)}" if failed else "removed"
 
 
 def launch(

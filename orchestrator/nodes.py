@@ -22,7 +22,7 @@ REUSE_WITHIN_S = IDLE_S / 3  # an agent idle for longer may be about to leave: s
 
 @dataclass(frozen=True)
 class Event:
-    """One thing a node said: `kind` is a frame type (S O N E F M H X) or "EOF"."""
+    """One thing a node said: `kind` is a frame type (S O N E F M W H X) or "EOF"."""
 
     node: int  # index of the node in the plan
     kind: str
@@ -34,7 +34,7 @@ class Event:
 class FrameParser:
     """Incremental decoder of the agent's frames (see orchestrator.agent)."""
 
-    WITH_PAYLOAD = {"O", "N", "F", "M"}
+    WITH_PAYLOAD = {"O", "N", "F", "M", "W"}
 
     def __init__(self) -> None:
         self.buf = bytearray()

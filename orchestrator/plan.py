@@ -19,11 +19,12 @@ from orchestrator.selection import slot_count
 from orchestrator.spec import DEFAULT_MASTER_PORT, VISIBLE_DEVICES, JobSpec, Program
 
 IFNAME_VARS = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
+NODE_RUNS_DIR = ".orchestrator/runs"  # in the node's home: one folder per run
 
 
 def node_dir(run_id: str, node_rank: int) -> str:
     """Where a node keeps its script, rank output and synced code (`~` is the node's home)."""
-    return f"~/.orchestrator/runs/{run_id}/node{node_rank}"
+    return f"~/{NODE_RUNS_DIR}/{run_id}/node{node_rank}"
 
 
 @dataclass(frozen=True)

@@ -18,9 +18,11 @@ from orchestrator.execute import run_on_nodes
 from orchestrator.hostfile import Cluster
 from orchestrator.plan import NodeFacts
 from orchestrator.render import render_template
+from orchestrator.sizes import format_size, human_bytes
 from orchestrator.spec import JobSpec
 
 PROBE_TIME_LIMIT_S = 60.0
+MIN_FREE_DISK = 1 << 30  # less free where a node keeps its runs is worth a warning
 SET_PYTHON = "pass --python PATH or set python for this node in the hostfile"
 
 
@@ -67,9 +69,16 @@ def master_address(cluster: Cluster, spec: JobSpec, connections: Sequence[NodeCo
 
 
 def probe_nodes(
-    cluster: Cluster, spec: JobSpec, connections: Sequence[NodeConnection], tag: str = "probe"
+    cluster: Cluster,
+    spec: JobSpec,
+    connections: Sequence[NodeConnection],
+    tag: str = "probe",
+    min_free_disk: int = MIN_FREE_DISK,
 ) -> ProbeResult:
-    """Probe every node in parallel; raise `NodeErrors` naming each node that cannot run."""
+    """Probe every node in parallel; raise `NodeErrors` naming each node that cannot run.
+
+    Warnings: torch versions that differ, and nodes with less than `min_free_disk` free
+    where they keep the run's files (a rank whose output cannot be written fails)."""
     master_addr = master_address(cluster, spec, connections)
     pythons = [host.python or spec.python for host in cluster.hosts]
     scripts = [
@@ -96,6 +105,7 @@ def probe_nodes(
     stopped: list[NodeError] = []
     facts: dict[int, NodeFacts] = {}
     torch_versions: list[tuple[str, str]] = []
+    warnings = []
     for index, (host, python, connection, result) in enumerate(
         zip(cluster.hosts, pythons, connections, results, strict=True)
     ):
@@ -125,6 +135,14 @@ def probe_nodes(
             errors.append(problem)
             continue
         torch_versions.append((host.name, values["torch_version"]))
+        if values.get("disk_free_kb", "").isdigit():
+            free = int(values["disk_free_kb"]) * 1024
+            if free < min_free_disk:
+                warnings.append(
+                    f"{host.name}: only {human_bytes(free)} free in {values.get('disk_path')}, "
+                    "where the node keeps this run's output; a rank whose output does not "
+                    f"fit fails (--min-free-disk {format_size(min_free_disk)})"
+                )
         facts[index] = NodeFacts(
             address=connection.address if not host.is_local else None,
             ifname=values.get("ifname") or None,
@@ -139,7 +157,6 @@ def probe_nodes(
         )
     if errors or stopped:
         raise NodeErrors(errors or stopped, "preflight")
-    warnings = []
     if len({version for _, version in torch_versions}) > 1:
         listing = ", ".join(f"{h}={v}" for h, v in torch_versions)
         warnings.append(

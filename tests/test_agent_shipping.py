@@ -9,10 +9,15 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.agent.disk import DiskWatch
 from orchestrator.agent.protocol import frame
 from orchestrator.agent.ranks import MAX_LINE, NodeRanks, RankFile, read_exit
 from orchestrator.agent.shipping import MAX_PENDING_OUT, Outbox, PipeLines
 from orchestrator.nodes import FrameParser
+
+
+def node_ranks(directory: Path, ranks: list[int], outbox: Outbox) -> NodeRanks:
+    return NodeRanks(str(directory), ranks, outbox, DiskWatch(str(directory), None, outbox))
 
 
 def frames(outbox: Outbox) -> list[tuple[str, tuple[str, ...], bytes]]:
@@ -132,7 +137,7 @@ def test_read_exit_waits_for_the_whole_line(tmp_path: Path, text, line) -> None:
 
 def test_a_rank_exit_follows_all_of_its_output(tmp_path: Path) -> None:
     outbox = Outbox(["s3cret"])
-    ranks = NodeRanks(str(tmp_path), [0, 1], outbox)
+    ranks = node_ranks(tmp_path, [0, 1], outbox)
     (tmp_path / "rank-0.out").write_bytes(b"first\nlast without newline")
     (tmp_path / "rank-0.exit").write_text("1 5.5 " + str(tmp_path / "error.json") + "\n")
     (tmp_path / "error.json").write_text('{"message": "s3cret failed"}')
@@ -158,7 +163,7 @@ def test_a_rank_exit_follows_all_of_its_output(tmp_path: Path) -> None:
 
 def test_a_restarted_rank_reports_each_of_its_exits(tmp_path: Path) -> None:
     outbox = Outbox([])
-    ranks = NodeRanks(str(tmp_path), [0], outbox)
+    ranks = node_ranks(tmp_path, [0], outbox)
     (tmp_path / "rank-0.out").write_bytes(b"attempt 0\n")
     (tmp_path / "rank-0.exit").write_text("1 5.0\n")
     ranks.ship_output()
@@ -181,7 +186,7 @@ def test_a_restarted_rank_reports_each_of_its_exits(tmp_path: Path) -> None:
 
 def test_output_waits_while_the_outbox_is_full(tmp_path: Path) -> None:
     outbox = Outbox([])
-    ranks = NodeRanks(str(tmp_path), [0], outbox)
+    ranks = node_ranks(tmp_path, [0], outbox)
     (tmp_path / "rank-0.out").write_bytes(b"line\n")
     outbox.send(b"x" * MAX_PENDING_OUT)
     ranks.ship_output()
@@ -194,7 +199,7 @@ def test_output_waits_while_the_outbox_is_full(tmp_path: Path) -> None:
 def test_drain_sends_everything_left_then_the_unfinished_line(tmp_path: Path) -> None:
     read_end, write_end = os.pipe()
     outbox = Outbox([], fd=write_end)
-    ranks = NodeRanks(str(tmp_path), [0], outbox)
+    ranks = node_ranks(tmp_path, [0], outbox)
     (tmp_path / "rank-0.out").write_bytes(b"a\nb")
     ranks.drain(flush_timeout=5)  # whole lines are written as they are read
     os.close(write_end)
@@ -204,7 +209,7 @@ def test_drain_sends_everything_left_then_the_unfinished_line(tmp_path: Path) ->
 
 
 def test_rank_files_left_on_the_node_are_masked(tmp_path: Path) -> None:
-    ranks = NodeRanks(str(tmp_path), [0, 1], Outbox(["s3cret"]))
+    ranks = node_ranks(tmp_path, [0, 1], Outbox(["s3cret"]))
     (tmp_path / "rank-0.out").write_bytes(b"key=s3cret\nplain\n")
     ranks.mask_files()  # rank 1 never started: nothing to mask, no error
     assert (tmp_path / "rank-0.out").read_bytes() == b"key=***\nplain\n"
@@ -212,7 +217,8 @@ def test_rank_files_left_on_the_node_are_masked(tmp_path: Path) -> None:
 
 
 def test_without_a_node_dir_there_are_no_ranks() -> None:
-    ranks = NodeRanks(None, [0, 1], Outbox([]))
+    outbox = Outbox([])
+    ranks = NodeRanks(None, [0, 1], outbox, DiskWatch(None, None, outbox))
     ranks.ship_output()
     ranks.ship_exits()
     assert ranks.files == [] and not ranks.all_exited()

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator import sizes
 from orchestrator.check import measure
 from orchestrator.check.diagnose import node_problems
 from orchestrator.check.facts import choose_backend
@@ -47,23 +48,23 @@ GOLDEN = Path(__file__).parent / "golden"
     ],
 )
 def test_parse_size_reads_binary_units(text: str, size: int) -> None:
-    assert measure.parse_size(text) == size
+    assert sizes.parse_size(text) == size
 
 
 @pytest.mark.parametrize("text", ["", "M", "-1M", "0", "64X", "1e6", "64 MB extra"])
 def test_parse_size_rejects_what_is_not_a_size(text: str) -> None:
     with pytest.raises(ValueError, match="size"):
-        measure.parse_size(text)
+        sizes.parse_size(text)
 
 
 def test_sweep_doubles_from_1k_to_the_max_inclusive() -> None:
-    sizes = measure.sweep_sizes(64 << 20)
-    assert sizes[0] == 1024 and sizes[-1] == 64 << 20 and len(sizes) == 17
-    assert all(b == 2 * a for a, b in itertools.pairwise(sizes))
+    swept = measure.sweep_sizes(64 << 20)
+    assert swept[0] == 1024 and swept[-1] == 64 << 20 and len(swept) == 17
+    assert all(b == 2 * a for a, b in itertools.pairwise(swept))
     assert measure.sweep_sizes(3000) == [1024, 2048, 3000]  # the max is always measured
     assert measure.sweep_sizes(1024) == [1024]
     assert measure.sweep_sizes(100) == [100]
-    assert [measure.format_size(s) for s in (1024, 3 << 20, 1 << 30, 3000)] == [
+    assert [sizes.format_size(s) for s in (1024, 3 << 20, 1 << 30, 3000)] == [
         "1K",
         "3M",
         "1G",

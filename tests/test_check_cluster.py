@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.check import measure
+from orchestrator.sizes import format_size
 from tests.lab.cluster import Cluster
 
 pytestmark = pytest.mark.cluster
@@ -152,7 +153,7 @@ def test_check_passes_on_three_nodes_with_exact_values_and_bandwidth(
     ]
     assert len(table) == 1 + 2 * len(sizes)
     assert [line.split()[1] for line in table[1 : 1 + len(sizes)]] == [
-        measure.format_size(s) for s in sizes
+        format_size(s) for s in sizes
     ]
 
     # The check's job is an ordinary run.

@@ -16,7 +16,7 @@ MAX_LINES = 400
 
 # Low to high: a module may import its own layer and the ones before it, never a later one.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("orchestrator", "orchestrator.errors"),
+    ("orchestrator", "orchestrator.errors", "orchestrator.sizes"),
     # shipped to the nodes as source, or pure data
     (
         "orchestrator.agent",
@@ -36,7 +36,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "orchestrator.detach",
     ),
     ("orchestrator.execute", "orchestrator.supervise", "orchestrator.probe"),
-    ("orchestrator.launcher",),
+    ("orchestrator.launcher", "orchestrator.copies"),
     ("orchestrator.slurm", "orchestrator.check", "orchestrator.control"),
     ("orchestrator.cli", "orchestrator.__main__"),
 )

@@ -195,6 +195,47 @@ def test_killed_ranks_never_make_a_success() -> None:
     assert "rank 3 on b: unknown" in outcome.summary
 
 
+def test_a_full_disk_explains_the_failures_on_its_node() -> None:
+    """The rank on b failed because it could not write: its agent says so (W) before the
+    rank's exit, which happened earlier; the run failed because of b's disk, exit 1."""
+    det, stopper, notes = detector()
+    failed_at = time.time()
+    what = "no space left on device in ~/.orchestrator/runs/r1/node1"
+    assert det.node_disk(det.nodes[1], what, failed_at + 0.2) == f"b: {what}"
+    stopper.begin(1, f"b: {what}")
+    assert det.rank_exited(2, 1, failed_at) is None  # before the stop: failed, by the disk
+    det.rank_exited(0, 143, failed_at + 0.3, after_stop=True)
+    det.node_exited(det.nodes[1], 1, failed_at + 0.4)
+    faults = det.faults()
+    assert [(f.kind, f.when) for f in faults] == [("disk", failed_at)]
+    outcome = det.outcome()
+    assert (outcome.state, outcome.exit_code) == ("failed", 1)
+    assert outcome.summary.startswith(f"job failed: b: {what}")
+    assert f"b: {what}; stopping the run on every node" in notes.notes
+    assert det.nodes[1].detail == what
+
+
+def test_a_disk_fault_found_during_the_stop_is_not_the_cause() -> None:
+    det, stopper, notes = detector()
+    assert det.rank_exited(0, 3, time.time() - 1) == "rank 0 on a failed"
+    stopper.begin(1, "rank 0 on a failed")
+    assert det.node_disk(det.nodes[1], "disk quota exceeded in ~/x", time.time()) is None
+    outcome = det.outcome()
+    assert (outcome.state, outcome.exit_code) == ("failed", 3)
+    assert "b: disk quota exceeded in ~/x" in notes.notes
+
+
+def test_a_rank_on_another_node_that_failed_earlier_stays_first() -> None:
+    det, stopper, _ = detector()
+    now = time.time()
+    det.rank_exited(0, 3, now - 5)
+    stopper.begin(1, "rank 0 on a failed")
+    det.nodes[1].disk_at = now  # found before the stop, but after rank 0 failed
+    det.nodes[1].disk = "no space left on device in ~/x"
+    assert [f.kind for f in det.faults()] == ["rank", "disk"]
+    assert det.outcome().exit_code == 3
+
+
 def test_without_stop_on_failure_nothing_asks_to_stop() -> None:
     det, _, _ = detector(stop_on_failure=False)
     assert det.rank_exited(0, 1, time.time()) is None
@@ -242,6 +283,30 @@ def test_loop_stops_every_node_when_a_rank_fails(tmp_path: Path) -> None:
     assert status["stop_reason"] == "rank 2 on b failed"
     assert [r["state"] for r in status["ranks"]] == ["killed", "killed", "failed", "killed"]
     assert "stopping" in states
+
+
+def test_loop_takes_a_w_frame_for_the_nodes_disk(tmp_path: Path) -> None:
+    nodes, ranks = two_nodes()
+    sessions = [FakeSession(0), FakeSession(1)]
+    events: queue.Queue[Event] = queue.Queue()
+    sink = LogSink(tmp_path, {r: f"r{r}" for r in range(4)}, {0: "a", 1: "b"}, None, False)
+    sup = Supervisor(nodes, ranks, sessions, events, sink, grace=3, heartbeat_timeout=30)
+    now = time.time()
+    for node in (0, 1):
+        events.put(Event(node, "S", (str(100 + node), f"{now:.6f}")))
+    events.put(Event(1, "W", ("ENOSPC", f"{now + 1.1:.6f}"), b"~/.orchestrator/runs/x/node1"))
+    events.put(Event(1, "E", ("2", "1", f"{now + 1:.6f}", "0")))
+    events.put(Event(1, "E", ("3", "143", f"{now + 1.2:.6f}", "1")))
+    events.put(Event(0, "X", ("143", f"{now + 2:.6f}")))
+    events.put(Event(1, "X", ("1", f"{now + 2:.6f}")))
+    outcome = sup.run()
+    assert sessions[0].sent[-1] == "stop 3"
+    assert (outcome.state, outcome.exit_code) == ("failed", 1)
+    assert outcome.summary.startswith(
+        "job failed: b: no space left on device in ~/.orchestrator/runs/x/node1"
+    )
+    node_b = sup.status()["nodes"][1]
+    assert node_b["detail"] == "no space left on device in ~/.orchestrator/runs/x/node1"
 
 
 # --- restarts (torchrun --max-restarts) ----------------------------------------------

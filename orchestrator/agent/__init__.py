@@ -4,6 +4,7 @@ protocol.py   frames to the controller, commands and step configs from it
 processes.py  the node script in a session of its own, the subreaper, stopping everything
 shipping.py   the outbox to the controller, masking, the script's output as whole lines
 ranks.py      each rank's output file as whole lines, then its exit
+disk.py       whether the node directory can still be written, and if not, why
 controller.py whether the controller's host still answers, when the controller is silent
 main.py       the agent: one loop tying them together, step after step
 loader.py     runs first on a node: makes the modules above importable from their source

@@ -25,7 +25,7 @@ BOOTSTRAP = (
 )
 
 # The agent's modules as they run on the node, each after those it imports.
-NODE_MODULES = ("protocol", "shipping", "ranks", "processes", "controller", "main")
+NODE_MODULES = ("protocol", "shipping", "disk", "ranks", "processes", "controller", "main")
 
 _AGENT_SOURCE: bytes | None = None
 

@@ -27,6 +27,7 @@ import threading
 import time
 
 from orchestrator.agent.controller import ControllerHost
+from orchestrator.agent.disk import DiskWatch, is_fault
 from orchestrator.agent.processes import (
     ProcessTree,
     become_subreaper,
@@ -63,7 +64,8 @@ class Agent:
         self.processes = ProcessTree(self.outbox.message)
         node_dir = config.get("node_dir")
         self.node_dir = os.path.expanduser(node_dir) if node_dir else None
-        self.ranks = NodeRanks(self.node_dir, config.get("ranks", []), self.outbox)
+        self.disk = DiskWatch(self.node_dir, node_dir, self.outbox)
+        self.ranks = NodeRanks(self.node_dir, config.get("ranks", []), self.outbox, self.disk)
         self.script_out: PipeLines | None = None
         self.commands = CommandReader()
         self.stdin_open = True
@@ -98,6 +100,8 @@ class Agent:
         try:
             self.start()
         except OSError as exc:
+            if is_fault(exc):
+                self.disk.report(exc)
             self.outbox.message(f"cannot start: {exc}")
             self.outbox.send(frame("X", 127, f"{time.time():.6f}"))
             self.outbox.flush(10)
@@ -112,6 +116,8 @@ class Agent:
         beats.join()
         self.ranks.drain(10 if self.stdin_open else 2)
         self.ranks.ship_exits()
+        if self.processes.script_rc != 0 and not self.processes.stopping:
+            self.disk.probe()  # the script failed by itself: was it its disk?
         self.ranks.mask_files()
         self.outbox.send(frame("X", self.processes.script_rc, f"{time.time():.6f}"))
         self.outbox.flush(10 if self.stdin_open else 2)
@@ -152,6 +158,7 @@ class Agent:
         self.ranks.ship_exits()
         self.processes.reap()
         now = time.monotonic()
+        self.disk.tick(now)
         self.check_controller(now)
         if self.processes.stopping or self.processes.script_rc is not None:
             self.processes.enforce_stop(now, self.ranks.all_exited())

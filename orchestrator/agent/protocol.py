@@ -6,11 +6,13 @@ types with a length field, by exactly that many payload bytes:
   N q n + data       script output     E rank rc t s     a rank exited (s: 1 if after a stop)
   F rank n + data    rank error file   M n + data        a message from the agent
   H t3 t1 t2         heartbeat         X rc t            finished; nothing follows
+  W ERRNO t n + dir  the node directory cannot be written (ENOSPC, EDQUOT, EIO, EROFS)
 Every t is the node's wall clock. H echoes the controller's last `hb T1` (t1) with the time
 the agent read it (t2), `-` before any: one NTP round trip (orchestrator.supervise.clocks).
 E's s says whether the rank ended after the agent began stopping the step, both times in the
 node's clock, so a stopped rank is told from a failed one whatever the clocks say. N's q is 1
 for the script's output read after the stop began: torchrun's shutdown, quiet on the console.
+W comes before the E or X it explains (agent/disk.py).
 Commands from the controller (stdin lines): `hb T1`, `stop GRACE`, `kill`. A step's config
 is JSON with an 8-digit length prefix; after X, a `next` line announces the next step's.
 

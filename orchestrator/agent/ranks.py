@@ -10,8 +10,10 @@ Standard library only: this module runs on the nodes too (see orchestrator.agent
 
 from __future__ import annotations
 
+import contextlib
 import os
 
+from orchestrator.agent.disk import DiskWatch, is_fault
 from orchestrator.agent.protocol import frame
 from orchestrator.agent.shipping import MAX_PENDING_OUT, READ_CHUNK, Outbox, mask
 
@@ -69,7 +71,9 @@ class RankFile:
 class NodeRanks:
     """The ranks of this node, shipped through `outbox`: their lines, then their exits."""
 
-    def __init__(self, node_dir: str | None, ranks: list[int], outbox: Outbox) -> None:
+    def __init__(
+        self, node_dir: str | None, ranks: list[int], outbox: Outbox, disk: DiskWatch
+    ) -> None:
         self.node_dir = node_dir
         self.files = (
             [RankFile(r, os.path.join(node_dir, f"rank-{r}.out")) for r in ranks]
@@ -77,6 +81,7 @@ class NodeRanks:
             else []
         )
         self.outbox = outbox
+        self.disk = disk
         self.exited: set[int] = set()
         self.reported: dict[int, str] = {}  # rank -> its rank-N.exit line last shipped
         self.stopped_at: float | None = None  # when the step began stopping (node clock)
@@ -113,6 +118,8 @@ class NodeRanks:
                 with open(error_file[0], "rb") as handle:
                     self.outbox.send_masked("F", rank.rank, payload=handle.read(1 << 16))
             stopped = self.stopped_at is not None and float(when) >= self.stopped_at
+            if rc != "0" and not stopped:
+                self.disk.probe()  # a W before the E it may explain
             self.outbox.send(frame("E", rank.rank, rc, when, int(stopped)))
 
     def drain(self, flush_timeout: float) -> None:
@@ -136,6 +143,11 @@ class NodeRanks:
                 os.replace(masked, rank.path)
             except FileNotFoundError:  # a rank that never started
                 pass
+            except OSError as exc:  # the raw file stays; the masked copy could not be made
+                if is_fault(exc):
+                    self.disk.report(exc)
+                with contextlib.suppress(OSError):
+                    os.remove(masked)
 
 
 def read_exit(path: str) -> str | None:

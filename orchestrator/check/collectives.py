@@ -21,6 +21,7 @@ import time
 import traceback
 from datetime import timedelta
 
+from orchestrator import sizes
 from orchestrator.check import measure
 
 EXIT_TIMEOUT = 124
@@ -69,7 +70,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
     parser.add_argument(
         "--max-size",
-        type=measure.parse_size,
+        type=sizes.parse_size,
         default=None,
         help="largest bandwidth message, e.g. 64M (default: 64M on gloo, 1G on nccl)",
     )
@@ -162,7 +163,7 @@ def run(args: argparse.Namespace, reporter: Reporter) -> int:
         max_size = args.max_size or measure.DEFAULT_MAX_SIZE[args.backend]
         for op in measure.BANDWIDTH_OPS:
             for size in measure.sweep_sizes(max_size):
-                reporter.phase = f"bandwidth {op} {measure.format_size(size)}"
+                reporter.phase = f"bandwidth {op} {sizes.format_size(size)}"
                 row = time_op(torch, dist, op, size, world_size, device, sync, barrier)
                 if rank == 0:
                     reporter.emit(

@@ -7,9 +7,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from orchestrator.check.facts import Master, NodeReport
-from orchestrator.check.report import Problem, human_bytes
-
-MIN_FREE_DISK = 1 << 30
+from orchestrator.check.report import Problem
+from orchestrator.probe import MIN_FREE_DISK
+from orchestrator.sizes import human_bytes
 
 
 def node_problems(nodes: Sequence[NodeReport], master: Master, backend: str) -> list[Problem]:

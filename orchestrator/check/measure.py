@@ -20,7 +20,6 @@ size is the gathered total (n times what each rank sends).
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -31,32 +30,6 @@ PATTERN_LENGTH = 999  # odd and not a power of two: uneven splits show up
 ELEMENT_BYTES = 4  # float32 buffers for the bandwidth sweep
 MIN_SIZE = 1024
 DEFAULT_MAX_SIZE = {"gloo": 64 << 20, "nccl": 1 << 30}
-
-_UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:I?B)?\s*$", re.IGNORECASE)
-
-
-# --- sizes -----------------------------------------------------------------------------
-
-
-def parse_size(text: str) -> int:
-    """'64M', '1G', '512KiB', '4096' -> bytes (binary units). ValueError if unreadable."""
-    match = _SIZE.match(str(text))
-    if not match:
-        raise ValueError(f"{text!r} is not a size; write e.g. 64M, 1G, 512K or 4096")
-    number, unit = match.groups()
-    value = int(float(number) * _UNITS[unit.upper()])
-    if value <= 0:
-        raise ValueError(f"{text!r}: a size must be positive")
-    return value
-
-
-def format_size(size: int) -> str:
-    """Bytes in the largest binary unit that divides them: 1024 -> '1K', 3000 -> '3000'."""
-    for unit in ("T", "G", "M", "K"):
-        if size >= _UNITS[unit] and size % _UNITS[unit] == 0:
-            return f"{size // _UNITS[unit]}{unit}"
-    return str(size)
 
 
 def sweep_sizes(max_size: int, min_size: int = MIN_SIZE) -> list[int]:

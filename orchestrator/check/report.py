@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from orchestrator import sizes
 from orchestrator.check import measure
 from orchestrator.check.facts import Master, NodeReport
 
@@ -131,14 +132,6 @@ def table(rows: Sequence[Sequence[str]], right: Sequence[int] = ()) -> str:
     return "\n".join(lines)
 
 
-def human_bytes(size: float) -> str:
-    for unit in ("B", "K", "M", "G", "T"):
-        if size < 1024 or unit == "T":
-            return f"{size:.0f}{unit}" if unit == "B" else f"{size:.1f}{unit}"
-        size /= 1024
-    return f"{size:.1f}T"
-
-
 def node_table(
     nodes: Sequence[NodeReport], master: Master, problems: Sequence[Problem], backend: str
 ) -> str:
@@ -176,7 +169,7 @@ def node_table(
                 node.devices_cell,
                 f"{ifname} {node.source}".strip(),
                 _reach_cell(node),
-                human_bytes(node.disk_free) if node.disk_free is not None else "-",
+                sizes.human_bytes(node.disk_free) if node.disk_free is not None else "-",
             ]
         row = [node.host]
         for column, cell in zip(header[1:], cells, strict=True):
@@ -206,7 +199,7 @@ def bandwidth_table(rows: Sequence[measure.BandwidthRow]) -> str:
     body += [
         [
             r.op,
-            measure.format_size(r.size) if r.size % 1024 == 0 else str(r.size),
+            sizes.format_size(r.size) if r.size % 1024 == 0 else str(r.size),
             str(r.count),
             str(r.iters),
             f"{r.seconds * 1e6:.1f}",

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TextIO
 
+from orchestrator import sizes
 from orchestrator.backends import close_all
 from orchestrator.check import measure
 from orchestrator.check.diagnose import node_problems
@@ -341,12 +342,12 @@ MAX_SWEEP_SIZE = 4 << 30  # every rank holds buffers of this size; beyond it is 
 def parse_max_size(text: str) -> int:
     """--max-size as bytes: a readable size of at most MAX_SWEEP_SIZE, else ConfigError."""
     try:
-        size = measure.parse_size(text)
+        size = sizes.parse_size(text)
     except ValueError as exc:
         raise ConfigError(f"--max-size: {exc}") from None
     if size > MAX_SWEEP_SIZE:
         raise ConfigError(
-            f"--max-size {text!r}: at most {measure.format_size(MAX_SWEEP_SIZE)} "
+            f"--max-size {text!r}: at most {sizes.format_size(MAX_SWEEP_SIZE)} "
             f"({MAX_SWEEP_SIZE} bytes), as every rank allocates buffers of this "
             "size; give e.g. 1G"
         )

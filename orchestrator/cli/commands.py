@@ -14,7 +14,7 @@ import click
 
 from orchestrator import __version__
 from orchestrator.cli.context import CONTEXT
-from orchestrator.cli.jobs import exec_command, launch, render
+from orchestrator.cli.jobs import clean, exec_command, launch, render
 from orchestrator.cli.readiness import check
 from orchestrator.cli.records import logs, runs, status, stop
 from orchestrator.errors import OrchestratorError
@@ -32,7 +32,7 @@ def cli() -> None:
     """
 
 
-for command in (launch, render, exec_command, logs, status, stop, runs, check):
+for command in (launch, render, exec_command, logs, status, stop, runs, check, clean):
     cli.add_command(command)
 
 

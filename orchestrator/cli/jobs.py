@@ -29,6 +29,14 @@ from orchestrator.cli.options import (
     ssh_options,
 )
 from orchestrator.errors import ConfigError
+from orchestrator.sizes import parse_size
+
+
+def size_value(param: click.Parameter, value: str) -> int:
+    try:
+        return parse_size(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param=param) from None
 
 
 @click.command(cls=HostfileOptional, context_settings=CONTEXT)
@@ -101,6 +109,24 @@ from orchestrator.errors import ConfigError
     "a silent orchestrator whose host still answers).",
 )
 @click.option(
+    "--min-free-disk",
+    default="1G",
+    show_default=True,
+    metavar="SIZE",
+    callback=lambda ctx, param, value: size_value(param, value),
+    help="The preflight warns about a node with less free space than this (64M, 1G, ...) "
+    "where it keeps the run's files (~/.orchestrator/runs): a rank whose output does not "
+    "fit fails, and the run then names the node's full disk.",
+)
+@click.option(
+    "--keep-node-logs",
+    is_flag=True,
+    help="Keep each node's copy of the run's output (~/.orchestrator/runs/RUN on the node) "
+    "after a successful run. Without it, a node's copy is removed once the run succeeded "
+    "and this machine holds all of it; copies of runs that failed or stopped are kept until "
+    "`orchestrator clean` removes them.",
+)
+@click.option(
     "--color",
     type=click.Choice(["auto", "always", "never"]),
     default="auto",
@@ -116,6 +142,8 @@ def launch(
     grace,
     heartbeat_timeout,
     stall_timeout,
+    min_free_disk,
+    keep_node_logs,
     color,
     run_id,
     run_dir,
@@ -155,6 +183,8 @@ def launch(
         grace=grace,
         heartbeat_timeout=heartbeat_timeout,
         stall_timeout=stall_timeout,
+        min_free_disk=min_free_disk,
+        keep_node_logs=keep_node_logs,
         color=color,
         preflight=preflight,
         ssh=ssh,
@@ -285,3 +315,49 @@ def exec_command(hostfile, command, python, grace, timeout, color, **ssh):
         time_limit=timeout,
         color=color,
     )
+
+
+@click.command("clean", context_settings=CONTEXT)
+@click.argument("hostfile", type=click.Path())
+@click.option(
+    "--older-than",
+    default="0",
+    show_default=True,
+    metavar="AGE",
+    help="Only runs whose newest file is at least this old: 7d, 12h, 30m, 90s.",
+)
+@click.option("--dry-run", is_flag=True, help="Say what would be removed; remove nothing.")
+@click.option(
+    "--python",
+    metavar="PATH",
+    help="Interpreter that runs the node agent on every node. Default: this "
+    "orchestrator's interpreter path; a hostfile python wins.",
+)
+@ssh_options
+def clean(hostfile, older_than, dry_run, python, **ssh):
+    """Remove the nodes' copies of ended runs (~/.orchestrator/runs/RUN on each node).
+
+    A launch removes each node's copy of a run that succeeded (unless --keep-node-logs);
+    the copies of runs that failed, stopped or lost a node stay for a look, until this
+    removes them. A run still running on a node (its agent holds the run's lock there) is
+    never touched. The run records on this machine (--run-dir) are not touched either.
+    Exit status: 0, or 1 when a node could not be cleaned.
+    """
+    from orchestrator.backends import close_all, connect_cluster
+    from orchestrator.copies import clean_nodes, clean_table, parse_age
+    from orchestrator.hostfile import load_hostfile
+
+    refuse_empty(python=python)
+    try:
+        age = parse_age(older_than)
+    except ValueError as exc:
+        raise ConfigError(f"--older-than: {exc}") from None
+    cluster = load_hostfile(hostfile)
+    connections = connect_cluster(cluster, make_ssh_options(**ssh))
+    try:
+        pythons = [host.python or python or sys.executable for host in cluster.hosts]
+        found, failed = clean_nodes(connections, pythons, age, dry_run)
+    finally:
+        close_all(connections)
+    click.echo(clean_table(found, failed, dry_run))
+    return 1 if failed else 0

@@ -140,11 +140,28 @@ class Detector:
         self.sink.note(f"{node.host}: lost: {why}")
         return None if stopping else f"{node.host} lost"
 
+    def node_disk(self, node: NodeState, what: str, when: float) -> str | None:
+        """The node's run directory cannot be written (`what`: "no space left on device in
+        ~/..."), found by its agent after something failed there or the disk filled up."""
+        if node.state == "lost" or node.disk:
+            return None
+        node.disk, node.detail = what, what
+        if self.stopper.stopping:  # found during the stop: not what stopped the run
+            self.sink.note(f"{node.host}: {what}")
+            return None
+        node.disk_at = when
+        if not self.stop_on_failure:
+            return None
+        self.sink.note(f"{node.host}: {what}; stopping the run on every node")
+        return f"{node.host}: {what}"
+
     # --- the end ------------------------------------------------------------------------
 
     def faults(self) -> list[Fault]:
         """Every failure that happened before the stop, earliest first: failed ranks at
-        their exit, node scripts that failed, and lost nodes at the last time heard."""
+        their exit, node scripts that failed, lost nodes at the last time heard, and disk
+        faults. A node's disk fault explains every failure on that node: it stands in for
+        them, at the earliest of their times."""
         found = [
             Fault(r.ended_at if r.ended_at is not None else float("inf"), "rank", r.exit_code, r)
             for r in self.ranks.values()
@@ -155,7 +172,18 @@ class Detector:
                 found.append(Fault(node.ended_at or float("inf"), "script", node.exit_code, node))
             elif node.state == "lost" and node.failed_first:
                 found.append(Fault(node.heard_wall, "lost", None, node))
+        for node in self.nodes:
+            if node.disk_at is None or node.state == "lost":
+                continue
+            here = [f.when for f in found if self.node_of(f) == node.index]
+            found = [f for f in found if self.node_of(f) != node.index]
+            found.append(Fault(min([node.disk_at, *here]), "disk", None, node))
         return sorted(found, key=lambda f: (f.when, FAULT_KINDS.index(f.kind)))
+
+    @staticmethod
+    def node_of(fault: Fault) -> int:
+        subject = fault.subject
+        return subject.node if isinstance(subject, RankState) else subject.index
 
     def first_failed_rank(self) -> RankState | None:
         ranks = [f.subject for f in self.faults() if f.kind == "rank"]
@@ -267,7 +295,9 @@ class Detector:
         return "\n".join(lines)
 
     def node_summary(self, node: NodeState) -> str:
-        if node.state == "lost":
+        if node.disk and node.state != "lost":
+            head = f"job failed: {node.host}: {node.disk}"
+        elif node.state == "lost":
             head = f"job failed: node {node.host} was lost: {node.detail}"
         else:
             head = (

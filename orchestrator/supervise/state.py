@@ -37,6 +37,8 @@ class NodeState:
     heard_wall: float = field(default_factory=time.time)  # when its agent last said anything
     failed_first: bool = False  # its failure or loss came before any stop: a cause
     lost_gone: bool = False  # lost, and its sshd did not answer either: the node or link died
+    disk: str = ""  # its run directory cannot be written: "no space left on device in ~/..."
+    disk_at: float | None = None  # when its agent found that, before any stop (else None)
 
 
 @dataclass

@@ -9,6 +9,8 @@ stop, into a stop by the `Stopper`.
 
 from __future__ import annotations
 
+import errno
+import os
 import queue
 import threading
 import time
@@ -183,6 +185,10 @@ class Supervisor:
             for rank in node.ranks:
                 self.ranks[rank].state = "running"
             self.on_change(self)
+        elif kind == "W":  # ERRNO t + the directory: the node cannot write its files
+            what = f"{disk_error(fields[0])} in {event.data.decode(errors='replace')}"
+            when = self.on_our_clock(node, float(fields[1]))
+            self._stop_if(self.detector.node_disk(node, what, when))
         elif kind == "F":
             self.ranks[int(fields[0])].error_file = event.data.decode(errors="replace")
         elif kind == "E":
@@ -279,3 +285,9 @@ class Supervisor:
                 for r in sorted(self.ranks.values(), key=lambda r: r.rank)
             ],
         }
+
+
+def disk_error(name: str) -> str:
+    """An errno name from a node (ENOSPC) in words: "no space left on device"."""
+    code = getattr(errno, name, None)
+    return os.strerror(code).lower() if isinstance(code, int) else name

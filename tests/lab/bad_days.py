@@ -10,6 +10,8 @@ node switched off without a word.
   controller). A stopped process holds its sockets open, so its peers see silence, not EOF.
 - Power loss: the node's link goes down first (so no FIN or RST leaves it), then every
   process in its namespace, sshd included, is SIGKILLed.
+- A small disk: a tmpfs of a few MiB mounted over a folder in the mount namespace of one
+  node's sshd, so only the sessions of that node see it (and fill it).
 """
 
 from __future__ import annotations
@@ -215,3 +217,22 @@ def plain_home(path: Path) -> Path:
     for name in (".bashrc", ".profile", ".bash_profile"):
         (path / name).write_text("")
     return path
+
+
+# ----- a small disk -------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def small_disk(cluster: Cluster, node: Node, path: Path, size: str = "2m") -> Iterator[None]:
+    """`path` on `node` is a tmpfs of `size` while the block runs (created if missing);
+    the other nodes and the lab still see the folder beneath it."""
+    pid = cluster.sshd_pid(node)
+    assert pid is not None, f"{node.name}: sshd is not running"
+    path.mkdir(parents=True, exist_ok=True)
+    enter = ["nsenter", "-t", str(pid), "-m"]
+    mount = ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)]
+    subprocess.run([*enter, *mount], check=True, capture_output=True)
+    try:
+        yield
+    finally:
+        subprocess.run([*enter, "umount", "-l", str(path)], check=True, capture_output=True)

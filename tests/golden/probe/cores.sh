@@ -216,6 +216,12 @@ else
     echo "route_source=$(orchestrator_route_py source 10.1.0.1)"
 fi
 
+# Free space where the node keeps its runs (the nearest existing folder on the way there).
+dir="$HOME/.orchestrator/runs"
+while [ ! -d "$dir" ] && [ "$dir" != "/" ]; do dir=$(dirname "$dir"); done
+echo "disk_path=$dir"
+echo "disk_free_kb=$(df -Pk "$dir" 2>/dev/null | awk 'NR == 2 {print $4}')"
+
 # --bind-cores: orchestrator's cores.py, run as it is by the node's interpreter ($1) with the
 # arguments after it: `topology` prints the usable cores and NUMA nodes
 # (os.sched_getaffinity, /sys/devices/system/node); `sets N` one word per local rank,

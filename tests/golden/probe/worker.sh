@@ -215,3 +215,9 @@ if command -v ip >/dev/null 2>&1; then
 else
     echo "route_source=$(orchestrator_route_py source 10.1.0.1)"
 fi
+
+# Free space where the node keeps its runs (the nearest existing folder on the way there).
+dir="$HOME/.orchestrator/runs"
+while [ ! -d "$dir" ] && [ "$dir" != "/" ]; do dir=$(dirname "$dir"); done
+echo "disk_path=$dir"
+echo "disk_free_kb=$(df -Pk "$dir" 2>/dev/null | awk 'NR == 2 {print $4}')"
