@@ -13,6 +13,7 @@ import argparse
 import contextlib
 import os
 import pwd
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -159,3 +160,24 @@ def machine_line() -> str:
 
 def say(text: str) -> None:
     print(text, flush=True)
+
+
+def torchrun_on_each_node(addresses: Sequence[str], work: Path, program: str, port: int) -> str:
+    """The command pdsh runs on every node: torchrun, one rank, its node rank found from
+    the address the node was reached at ($SSH_CONNECTION's third field)."""
+    cases = " ".join(f"{a}) r={i};;" for i, a in enumerate(addresses))
+    torchrun = shlex.join(
+        [
+            PYTHON,
+            "-m",
+            "torch.distributed.run",
+            f"--nnodes={len(addresses)}",
+            "--nproc_per_node=1",
+            f"--master_addr={addresses[0]}",
+            f"--master_port={port}",
+        ]
+    )
+    return (
+        f"set -- $SSH_CONNECTION; case $3 in {cases} esac; "
+        f"cd {shlex.quote(str(work))} && exec {torchrun} --node_rank=$r {shlex.quote(program)}"
+    )

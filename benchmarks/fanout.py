@@ -30,7 +30,6 @@ from pathlib import Path
 
 from common import (
     ORCHESTRATOR,
-    PYTHON,
     lab_cluster,
     machine_line,
     parser,
@@ -42,6 +41,7 @@ from common import (
     scratch,
     spread,
     table,
+    torchrun_on_each_node,
 )
 
 STAMP_COMMAND = 'set -- $SSH_CONNECTION; echo "$3 $EPOCHREALTIME" >> {stamps}'
@@ -154,22 +154,8 @@ class Bench:
             return launch("--no-preflight", "--master-port", str(next(PORTS)))(stamps)
 
         def pdsh_torchrun(stamps: Path):
-            cases = " ".join(f"{a}) r={i};;" for i, a in enumerate(self.addresses))
-            torchrun = shlex.join(
-                [
-                    PYTHON,
-                    "-m",
-                    "torch.distributed.run",
-                    f"--nnodes={len(self.names)}",
-                    "--nproc_per_node=1",
-                    f"--master_addr={self.addresses[0]}",
-                    f"--master_port={next(PORTS)}",
-                ]
-            )
-            remote = (
-                f"set -- $SSH_CONNECTION; case $3 in {cases} esac; "
-                f"cd {shlex.quote(str(self.work))} && exec {torchrun} --node_rank=$r "
-                f"{shlex.quote(self.program(stamps))}"
+            remote = torchrun_on_each_node(
+                self.addresses, self.work, self.program(stamps), next(PORTS)
             )
             return ["pdsh", "-R", "ssh", "-S", "-w", ",".join(self.names), remote], self.pdsh_env
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import itertools
 import re
-import shlex
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -32,7 +31,6 @@ from pathlib import Path
 
 from common import (
     ORCHESTRATOR,
-    PYTHON,
     machine_line,
     median,
     parser,
@@ -42,6 +40,7 @@ from common import (
     scratch,
     spread,
     table,
+    torchrun_on_each_node,
 )
 
 RANK_PROGRAM = """\
@@ -86,23 +85,7 @@ class Bench:
         return [*argv, "--", self.program(stamps)], self.env
 
     def pdsh_torchrun(self, stamps: Path) -> tuple[list[str], dict[str, str]]:
-        cases = " ".join(f"{a}) r={i};;" for i, a in enumerate(self.addresses))
-        torchrun = shlex.join(
-            [
-                PYTHON,
-                "-m",
-                "torch.distributed.run",
-                f"--nnodes={len(self.names)}",
-                "--nproc_per_node=1",
-                f"--master_addr={self.addresses[0]}",
-                f"--master_port={next(PORTS)}",
-            ]
-        )
-        remote = (
-            f"set -- $SSH_CONNECTION; case $3 in {cases} esac; "
-            f"cd {shlex.quote(str(self.work))} && exec {torchrun} --node_rank=$r "
-            f"{shlex.quote(self.program(stamps))}"
-        )
+        remote = torchrun_on_each_node(self.addresses, self.work, self.program(stamps), next(PORTS))
         fanout = str(len(self.names))
         argv = ["pdsh", "-R", "ssh", "-S", "-f", fanout, "-w", ",".join(self.names), remote]
         return argv, self.pdsh_env
