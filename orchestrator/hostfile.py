@@ -93,7 +93,7 @@ def load_hostfile(path: str | Path) -> Cluster:
     if p.is_dir():
         raise SourceError(shown, None, "is a directory, not a hostfile")
     try:
-        text = p.read_text(encoding="utf-8")
+        text = p.read_text(encoding="utf-8-sig")
     except (OSError, UnicodeDecodeError) as exc:
         raise SourceError(shown, None, f"cannot read hostfile: {exc}") from None
     return parse_hostfile(text, shown)

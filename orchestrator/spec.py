@@ -180,7 +180,7 @@ def load_env_file(path: str | Path) -> list[tuple[str, str]]:
     """`--env-file`: NAME=VALUE lines; `#` comments, blank lines, `export ` and quotes allowed."""
     shown = str(path)
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        text = Path(path).read_text(encoding="utf-8-sig")
     except FileNotFoundError:
         raise SourceError(shown, None, "env file not found") from None
     except (OSError, UnicodeDecodeError) as exc:

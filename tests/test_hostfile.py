@@ -605,3 +605,12 @@ def test_every_example_hostfile_parses() -> None:
     assert len(examples) >= 5
     for path in examples:
         assert load_hostfile(path).hosts, path
+
+
+@pytest.mark.parametrize(
+    "text", ["node1 slots=2\nnode2 slots=2\n", "- host: node1\n- host: node2\n"]
+)
+def test_a_byte_order_mark_from_an_editor_is_not_part_of_the_first_host(tmp_path, text) -> None:
+    path = tmp_path / "hosts.txt"
+    path.write_bytes(b"\xef\xbb\xbf" + text.encode())  # what "UTF-8 with BOM" editors save
+    assert [host.name for host in load_hostfile(path).hosts] == ["node1", "node2"]

@@ -237,3 +237,9 @@ def test_merge_env_later_wins_first_order_kept() -> None:
         ("C", "2"),
     )
     assert merge_env() == ()
+
+
+def test_env_file_saved_with_a_byte_order_mark(tmp_path) -> None:
+    path = tmp_path / "job.env"
+    path.write_bytes(b"\xef\xbb\xbfA=1\nB=2\n")
+    assert load_env_file(path) == [("A", "1"), ("B", "2")]
