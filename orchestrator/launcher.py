@@ -33,7 +33,7 @@ from orchestrator.render import (
     write_rendered,
 )
 from orchestrator.runs import RunRecord, now_iso, process_start_time
-from orchestrator.spec import JobSpec
+from orchestrator.spec import JobSpec, inherited_secrets
 from orchestrator.supervise import NodeState, Outcome, RankState, Supervisor, signals_to
 
 
@@ -168,7 +168,9 @@ def run_plan(
     `on_started` is called once every node's script is running.
     """
     secrets = {k: v for k, v in spec.env if k in plan.secret_names}
-    secret_values = sorted({v for v in secrets.values() if v}, key=len, reverse=True)
+    # A job on this machine inherits its environment, secrets included (HF_TOKEN=...).
+    inherited = inherited_secrets() if plan.is_local else []
+    secret_values = sorted({v for v in [*secrets.values(), *inherited] if v}, key=len, reverse=True)
 
     def mask(data: bytes) -> bytes:
         for value in secret_values:

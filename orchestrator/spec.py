@@ -234,6 +234,22 @@ def forwarded_env(environ: Mapping[str, str] | None = None) -> list[tuple[str, s
     )
 
 
+MIN_INHERITED_SECRET = 8  # shorter values of secret-named variables are settings, not secrets
+
+
+def inherited_secrets(environ: Mapping[str, str] | None = None) -> list[str]:
+    """The values of this machine's secret-named variables (HF_TOKEN, WANDB_API_KEY, ...),
+    which a job on this machine inherits with the rest of the environment: they are masked
+    in its output like --env secrets. A value under MIN_INHERITED_SECRET characters is left
+    alone: TOKENIZERS_PARALLELISM=false names a token but holds none."""
+    environ = os.environ if environ is None else environ
+    return sorted(
+        value
+        for name, value in environ.items()
+        if SECRET_NAME.search(name) and len(value) >= MIN_INHERITED_SECRET
+    )
+
+
 def merge_env(*layers: Iterable[tuple[str, str]]) -> tuple[tuple[str, str], ...]:
     """Later layers win; order of first appearance is kept so scripts read naturally."""
     merged: dict[str, str] = {}

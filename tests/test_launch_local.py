@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import subprocess
@@ -309,3 +310,28 @@ def test_dry_run_shows_plan_and_scripts_and_starts_nothing(tmp_path: Path) -> No
     assert "export FOO='bar baz'" in done.stdout
     assert "-m torch.distributed.run" in done.stdout
     assert not (tmp_path / "runs" / "dry").exists()
+
+
+def test_a_secret_the_local_job_inherits_is_masked_in_its_output(tmp_path: Path) -> None:
+    """HF_TOKEN=... orchestrator launch local.txt: the ranks inherit this shell's environment,
+    so its secret-named variables are masked as --env secrets are."""
+    write(
+        tmp_path,
+        "show.py",
+        "import os\nprint('token', os.environ['HF_TOKEN'], 'parallelism',"
+        " os.environ['TOKENIZERS_PARALLELISM'], flush=True)\n",
+    )
+    token = "hf_abcdefghijklmnop"
+    done = run_cli(
+        ["launch", LOCAL, "--run-dir", str(tmp_path / "runs"), "--run-id", "inherited"]
+        + ["--color", "never", "--", "show.py"],
+        cwd=tmp_path,
+        env={**os.environ, "HF_TOKEN": token, "TOKENIZERS_PARALLELISM": "false"},
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    # A short value of a token-named setting is no secret: it stays as it is.
+    assert "[localhost r0] token *** parallelism false" in done.stdout, done.stdout
+    assert token not in done.stdout + done.stderr
+    for path in (tmp_path / "runs" / "inherited").rglob("*"):
+        if path.is_file():
+            assert token not in path.read_text(errors="replace"), path
