@@ -306,6 +306,7 @@ def test_environment_reaches_every_node_and_secrets_stay_secret(cluster, workdir
             "job.env",
             "--env",
             f"HF_TOKEN={secret}",
+            "--keep-node-logs",  # the nodes' copies are looked at below
             "--",
             "env_report.py",
             *names,
@@ -359,7 +360,9 @@ def test_sync_copies_the_code_to_every_node(cluster, workdir: Path) -> None:
     done = cli(
         cluster,
         workdir,
-        *launch_args(workdir, hostfile, "synced", "--sync", str(code), "--", "main.py"),
+        *launch_args(
+            workdir, hostfile, "synced", "--sync", str(code), "--keep-node-logs", "--", "main.py"
+        ),
     )
     assert done.returncode == 0, done.stdout + done.stderr
     for rank, node in enumerate(cluster.nodes):
