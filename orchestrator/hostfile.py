@@ -74,6 +74,7 @@ class Cluster:
     hosts: tuple[Host, ...]
     path: str
     selection: str = ""  # the selection flags that chose these hosts (orchestrator.selection)
+    spares: tuple[Host, ...] = ()  # --spares: held back, not started (orchestrator.recovery)
 
     @property
     def is_local(self) -> bool:

@@ -1,5 +1,6 @@
-"""SLURM-style host lists: `node[01-04,07]` ranges expanded to host names, and the check that
-a host name is one. Used by the hostfile parser (orchestrator.hostfile).
+"""SLURM-style host lists: `node[01-04,07]` ranges expanded to host names (the hostfile
+parser's), host names compressed into such a list (the console's), and the check that a host
+name is one.
 """
 
 from __future__ import annotations
@@ -7,6 +8,7 @@ from __future__ import annotations
 import ipaddress
 import itertools
 import re
+from collections.abc import Iterable
 
 MAX_EXPANDED_HOSTS = 100_000
 
@@ -74,3 +76,56 @@ def is_ipv6(text: str) -> bool:
         return isinstance(ipaddress.ip_address(text), ipaddress.IPv6Address)
     except ValueError:
         return False
+
+
+_NUMBERED = re.compile(r"^(.*?)(\d+)(\D*)$")
+
+
+def compress_hosts(names: Iterable[str]) -> str:
+    """Host names as one SLURM-style host list, in order of first appearance of each
+    pattern: ceon1..ceon64 -> 'ceon[1-64]', node01 node02 node07 -> 'node[01-02,07]'.
+    The inverse of expand_range for lists it made; names without a number stay whole."""
+    groups: dict[tuple[str, str, int], list[int]] = {}
+    order: list[tuple[str, str, int] | str] = []
+    for name in dict.fromkeys(names):  # each once, in order
+        match = _NUMBERED.match(name)
+        if match is None:
+            order.append(name)
+            continue
+        prefix, digits, suffix = match.groups()
+        width = len(digits) if digits.startswith("0") and len(digits) > 1 else 0
+        key = (prefix, suffix, width)
+        if key not in groups:
+            groups[key] = []
+            order.append(key)
+        groups[key].append(int(digits))
+    # 'node10' belongs with node01..node09 (width 2) when those are there
+    for (prefix, suffix, width), numbers in list(groups.items()):
+        widths = [k[2] for k in groups if k[:2] == (prefix, suffix) and k[2] > 0]
+        for padded in widths if width == 0 else ():
+            fits = [n for n in numbers if len(str(n)) == padded]
+            groups[(prefix, suffix, padded)] += fits
+            numbers[:] = [n for n in numbers if n not in fits]
+    parts = []
+    for item in order:
+        if isinstance(item, str):
+            parts.append(item)
+        elif groups[item]:
+            parts.append(_bracket(*item, sorted(set(groups[item]))))
+    return ",".join(parts)
+
+
+def _bracket(prefix: str, suffix: str, width: int, numbers: list[int]) -> str:
+    runs: list[list[int]] = []
+    for number in numbers:
+        if runs and number == runs[-1][-1] + 1:
+            runs[-1].append(number)
+        else:
+            runs.append([number])
+    text = [
+        f"{run[0]:0{width}d}" if len(run) == 1 else f"{run[0]:0{width}d}-{run[-1]:0{width}d}"
+        for run in runs
+    ]
+    if len(numbers) == 1:
+        return f"{prefix}{text[0]}{suffix}"
+    return f"{prefix}[{','.join(text)}]{suffix}"

@@ -11,23 +11,34 @@ import socket
 import sys
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import replace
 from typing import BinaryIO
 
-from orchestrator.backends import close_all, connect_cluster
-from orchestrator.backends.base import NodeConnection, SshOptions
+from orchestrator.backends import close_all, connect_cluster, connect_each
+from orchestrator.backends.base import NodeConnection
 from orchestrator.copies import remove_copies
 from orchestrator.detach import run_detached
-from orchestrator.errors import ConfigError, NodeError, NodeErrors, OrchestratorError
+from orchestrator.errors import (
+    ConfigError,
+    Interrupted,
+    OrchestratorError,
+)
 from orchestrator.hostfile import Cluster
 from orchestrator.logs import LogSink, use_color
 from orchestrator.nodes import Event, NodeSession, start_sessions
-from orchestrator.plan import NODE_RUNS_DIR, LaunchPlan, NodeFacts, make_plan
-from orchestrator.probe import MIN_FREE_DISK, probe_nodes
+from orchestrator.plan import NODE_RUNS_DIR, LaunchPlan, make_plan
+from orchestrator.prepare import (
+    LaunchOptions,
+    check_script_exists,
+    dry_run_text,
+    preflight_probe,
+    prepare,
+    sync_code,
+)
+from orchestrator.recovery import NodePool
+from orchestrator.refill import complete_rank_files
 from orchestrator.render import (
     command_line,
-    plan_yaml,
     render_node_scripts,
     script_name,
     write_rendered,
@@ -35,99 +46,6 @@ from orchestrator.render import (
 from orchestrator.runs import RunRecord, now_iso, process_start_time
 from orchestrator.spec import JobSpec, inherited_secrets
 from orchestrator.supervise import NodeState, Outcome, RankState, Supervisor, signals_to
-
-
-@dataclass(frozen=True)
-class LaunchOptions:
-    run_dir: str
-    run_id: str
-    argv: tuple[str, ...]  # the orchestrator command line, for script headers
-    grace: float = 10.0
-    heartbeat_timeout: float = 30.0
-    stall_timeout: float = 600.0
-    min_free_disk: int = MIN_FREE_DISK
-    keep_node_logs: bool = False
-    color: str = "auto"
-    preflight: bool = True
-    ssh: SshOptions | None = None
-
-
-def prepare(
-    cluster: Cluster,
-    spec: JobSpec,
-    options: LaunchOptions,
-    connections: Sequence[NodeConnection] | None,
-    note=lambda text: None,
-) -> tuple[LaunchPlan, dict[str, str]]:
-    """Probe (when connected), plan and render; nothing starts."""
-    facts: dict[int, NodeFacts] = {}
-    if connections is not None and options.preflight:
-        result = probe_nodes(
-            cluster, spec, connections, tag=options.run_id, min_free_disk=options.min_free_disk
-        )
-        facts = result.facts
-        for index, fact in facts.items():
-            note(
-                f"{cluster.hosts[index].name}: python {fact.python_version}, "
-                f"torch {fact.torch_version}"
-            )
-        for warning in result.warnings:
-            note(f"warning: {warning}")
-    plan = make_plan(cluster, spec, options.run_id, facts)
-    scripts = render_node_scripts(plan, command_line(options.argv, plan.secret_names))
-    return plan, scripts
-
-
-def sync_code(plan: LaunchPlan, connections: Sequence[NodeConnection], note) -> None:
-    """--sync: copy the directory into every node's run directory, in parallel."""
-    if plan.sync_dir is None:
-        return
-
-    def one(node, connection) -> int:
-        try:
-            return connection.put_tree(plan.sync_dir, node.workdir)
-        except OSError as exc:
-            raise NodeError(
-                node.name, f"copying {plan.sync_dir} to {node.workdir} failed: {exc}"
-            ) from None
-
-    with ThreadPoolExecutor(max_workers=min(32, plan.nnodes)) as pool:
-        futures = [pool.submit(one, n, c) for n, c in zip(plan.nodes, connections, strict=True)]
-    errors = []
-    for node, future in zip(plan.nodes, futures, strict=True):
-        try:
-            note(f"{node.name}: synced {future.result()} file(s) to {node.workdir}")
-        except NodeError as exc:
-            errors.append(exc)
-    if errors:
-        raise NodeErrors(errors, "--sync")
-
-
-def dry_run_text(plan: LaunchPlan, scripts: dict[str, str]) -> str:
-    parts = ["# plan.yaml", plan_yaml(plan)]
-    for node in plan.nodes:
-        parts += [
-            f"# ---- {script_name(node)} (runs on {node.name}) ----",
-            scripts[script_name(node)],
-        ]
-    return "\n".join(parts)
-
-
-def check_script_exists(cluster: Cluster, spec: JobSpec) -> None:
-    """When every node is this machine, a missing script is caught before anything starts."""
-    program = spec.program
-    if spec.sync_dir is not None and not os.path.isdir(spec.sync_dir):
-        raise ConfigError(f"--sync {spec.sync_dir!r}: not a directory")
-    if program.is_module or not cluster.is_local:
-        return
-    base = spec.sync_dir if spec.sync_dir else spec.workdir
-    path = program.target if os.path.isabs(program.target) else os.path.join(base, program.target)
-    if not os.path.isfile(path):
-        where = "--sync" if spec.sync_dir else "--workdir"
-        raise ConfigError(
-            f"script {program.target!r} not found (looked in {base}); "
-            f"give its path relative to {where} or an absolute path"
-        )
 
 
 def base_status(plan: LaunchPlan, options: LaunchOptions, backend: str) -> dict:
@@ -162,10 +80,12 @@ def run_plan(
     record: RunRecord,
     console: BinaryIO | None,
     on_started: Callable[[], None] = lambda: None,
+    pool: NodePool | None = None,
 ) -> Outcome:
     """Start every node's agent with its script and supervise the run to its end.
 
-    `on_started` is called once every node's script is running.
+    `on_started` is called once every node's script is running. With a `pool` (--spares),
+    an attempt that a node fault ends is not the end: the caller relaunches on a spare.
     """
     secrets = {k: v for k, v in spec.env if k in plan.secret_names}
     # A job on this machine inherits its environment, secrets included (HF_TOKEN=...).
@@ -194,6 +114,12 @@ def run_plan(
     )
     backend = "local" if plan.is_local else "ssh"
     base = base_status(plan, options, backend)
+    if pool is not None:
+        base["started_at"] = now_iso(pool.started_wall)
+
+    def recovery_status() -> dict:
+        return pool.status() if pool is not None else {}
+
     events: queue.Queue[Event] = queue.Queue(maxsize=4096)
     sessions: list[NodeSession] = []
 
@@ -202,11 +128,13 @@ def run_plan(
     def on_change(sup: Supervisor) -> None:
         nonlocal started_nodes
         state = "stopping" if sup.stopping else "running"
-        record.write_status({**base, "state": state, **sup.status()})
+        record.write_status({**base, "state": state, **sup.status(), **recovery_status()})
         if not started_nodes and all(n.state != "starting" for n in sup.nodes):
             started_nodes = True
             on_started()
 
+    if plan.attempt > 1 and pool is not None:
+        sink.note(f"attempt {plan.attempt}: {pool.recoveries[-1].describe()}")
     sink.note(
         f"run {plan.run_id}: {plan.world_size} rank(s) on {plan.nnodes} node(s), "
         f"master {plan.master_addr}:{plan.master_port}; logs in {record.logs_dir}"
@@ -224,7 +152,7 @@ def run_plan(
         on_change=on_change,
     )
     started = time.monotonic()
-    record.write_status(base)
+    record.write_status({**base, **recovery_status()})
     try:
         with signals_to(supervisor):
             starts = [
@@ -255,6 +183,7 @@ def run_plan(
                     {
                         **base,
                         **supervisor.status(),
+                        **recovery_status(),
                         "state": "failed",
                         "exit_code": exc.exit_code,
                         "ended_at": now_iso(),
@@ -266,23 +195,46 @@ def run_plan(
     finally:
         for session in sessions:
             session.close()
-    elapsed = time.monotonic() - started
-    for line in outcome.closing_lines(plan.run_id, elapsed, record.logs_dir):
-        sink.note(line)
-    sink.flush()
-    copies = node_copies(plan, options, outcome, connections, sink.note)
+    elapsed = time.monotonic() - (pool.started if pool is not None else started)
+    relaunch = pool is not None and pool.will_replace(outcome)
+    if relaunch:
+        outcome = replace(outcome, state="recovering")
+        sink.note(outcome.summary)
+        sink.note(
+            f"attempt {plan.attempt} ended by a node fault after {elapsed:.1f} s: a spare "
+            "replaces the node and the job starts again"
+        )
+    else:
+        if pool is not None:
+            outcome = pool.amend(outcome)
+        for line in outcome.closing_lines(plan.run_id, elapsed, record.logs_dir):
+            sink.note(line)
     sink.close()
-    record.write_status(
+    # Rank files the record could not take whole (its disk filled) are completed from the
+    # nodes' copies, which then stay while any is still incomplete.
+    completion = complete_rank_files(plan, connections, sink)
+    leftover = completion.status(options.ssh)
+    copies = completion.kept_copies(plan.run_id) or node_copies(
+        plan, options, outcome, connections, sink.note
+    )
+    status_error = record.write_status(
         {
             **base,
             **supervisor.status(),
+            **recovery_status(),
             "state": outcome.state,
             "exit_code": outcome.exit_code,
             "ended_at": now_iso(),
             "summary": outcome.summary or None,
             "node_copies": copies,
+            **(pool.carry(leftover) if pool is not None else leftover),
         }
     )
+    for line in completion.lines(plan.run_id, options.run_dir, status_error):
+        sink.note(line)
+    if status_error is not None:
+        sink.report_fault(status_error, record.status_path)
+    sink.close()
     return outcome
 
 
@@ -300,9 +252,12 @@ def node_copies(
         return f"kept (--keep-node-logs): {where}"
     if outcome.state != "succeeded":
         return f"kept (the run {outcome.state}; `orchestrator clean` removes them): {where}"
-    failed = remove_copies(
-        connections, [node.python for node in plan.nodes], [node.node_dir for node in plan.nodes]
-    )
+    # After a relaunch, the nodes may hold copies of earlier attempts too: all of the run goes.
+    dirs = [
+        node.node_dir if plan.attempt == 1 else f"~/{NODE_RUNS_DIR}/{plan.run_id}"
+        for node in plan.nodes
+    ]
+    failed = remove_copies(connections, [node.python for node in plan.nodes], dirs)
     for why in failed:
         note(f"warning: could not remove the node's copy of the run: {why}")
     return f"removed, except on: {'; '.join(failed)}" if failed else "removed"
@@ -380,17 +335,56 @@ def _launch(
         except OSError:  # the terminal went away (SIGHUP): the run and its record go on
             pass
 
-    connections = connect_cluster(cluster, options.ssh)
+    everyone = replace(cluster, hosts=cluster.hosts + cluster.spares, spares=())
+    # With spares, a host that cannot be reached is replaced, not the end of the launch.
+    connections, unreachable = (
+        connect_each(everyone, options.ssh)
+        if cluster.spares
+        else (connect_cluster(everyone, options.ssh), {})
+    )
+    pool = NodePool(cluster, connections, options.run_id, options.bad_nodes, note)
     try:
-        plan, scripts = prepare(cluster, spec, options, connections, note)
+        pool.replace_unreachable(unreachable)
+        plan, scripts = prepare(pool.cluster, spec, options, pool.connections, note, pool)
         if dry_run:
             out.write(dry_run_text(plan, scripts).encode())
             out.flush()
             return 0
         record = RunRecord.create(options.run_dir, options.run_id)
-        write_rendered(record.path, plan, scripts)
-        sync_code(plan, connections, note)
-        outcome = run_plan(plan, scripts, spec, options, connections, record, console, on_started)
-        return outcome.exit_code
+        first_start = True
+
+        def started() -> None:
+            nonlocal first_start
+            pool.running()
+            if first_start:
+                first_start = False
+                on_started()
+
+        while True:
+            write_rendered(record.path, plan, scripts)
+            sync_code(plan, pool.connections, note)
+            outcome = run_plan(
+                plan, scripts, spec, options, pool.connections, record, console, started, pool
+            )
+            if outcome.state != "recovering":
+                pool.recover(outcome.node_fault, None)  # no spare: the bad-node list only
+                return outcome.exit_code
+            try:
+                probe = preflight_probe(spec, options) if options.preflight else None
+                pool.recover(outcome.node_fault, probe)
+            except OrchestratorError as exc:  # no spare passed its probe, or Ctrl-C
+                record.write_status(
+                    {
+                        **record.read_status(),
+                        **pool.status(),
+                        "state": "stopped" if isinstance(exc, Interrupted) else "failed",
+                        "exit_code": exc.exit_code,
+                        "ended_at": now_iso(),
+                        "summary": f"{outcome.summary}\n{exc}",
+                    }
+                )
+                raise
+            plan = make_plan(pool.cluster, spec, options.run_id, pool.facts, pool.attempt)
+            scripts = render_node_scripts(plan, command_line(options.argv, plan.secret_names))
     finally:
-        close_all(connections)
+        close_all(pool.every_connection)

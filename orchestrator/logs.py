@@ -1,8 +1,9 @@
 """The log stream: rank and node lines -> console (prefixed, coloured), per-rank files and a
 combined file; and the readers behind `orchestrator logs` (tail, follow, filter).
 
-Lines arrive whole (the node agent cuts them), so writing each chunk in one call keeps
-every line intact: two ranks' lines are never spliced.
+Lines arrive whole (the node agent cuts them), so writing each chunk in one piece keeps
+every line intact: two ranks' lines are never spliced. A file that cannot be written (its
+file system is full) never stops the run or the console (orchestrator.logfile).
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
+
+from orchestrator.logfile import LogFile, open_append
 
 COLORS = (36, 33, 32, 35, 34, 31, 96, 93, 92, 95, 94, 91)  # ANSI foreground codes
 RESET = b"\x1b[0m"
@@ -48,6 +51,7 @@ class LogSink:
         console: BinaryIO | None,
         color: bool,
         mask: Callable[[bytes], bytes] = lambda data: data,
+        opener: Callable[[Path], BinaryIO] = open_append,
     ) -> None:
         self.logs_dir = logs_dir
         self.console = console
@@ -63,17 +67,46 @@ class LogSink:
                 self.color_prefix[prefix] = b"\x1b[%dm" % code + prefix[:-1] + RESET + b" "
             for prefix in self.node_prefix.values():
                 self.color_prefix[prefix] = b"\x1b[1m" + prefix[:-1] + RESET + b" "
-        self.files: dict[str, BinaryIO] = {}
+        self.opener = opener
+        self.files: dict[str, LogFile] = {}
+        self.rank_files: dict[int, LogFile] = {}
+        self.warned = False
         if logs_dir is not None:
             logs_dir.mkdir(parents=True, exist_ok=True)
 
-    def _file(self, name: str) -> BinaryIO | None:
+    def _write(self, name: str, data: bytes, rank: int | None = None) -> None:
         if self.logs_dir is None:
-            return None
+            return
         handle = self.files.get(name)
         if handle is None:
-            handle = self.files[name] = open(self.logs_dir / name, "ab")  # noqa: SIM115
-        return handle
+            handle = self.files[name] = LogFile(self.logs_dir / name, rank is not None, self.opener)
+            if rank is not None:
+                self.rank_files[rank] = handle
+        error = handle.write(data)
+        if error is not None:
+            self.report_fault(error, handle.path)
+
+    def report_fault(self, error: OSError, path: Path) -> None:
+        """A file of the run record could not be written: say so once, on the console."""
+        if self.warned:
+            return
+        self.warned = True
+        why = error.strerror or str(error)
+        text = (
+            f"warning: cannot write the run record: {why}: {path}; the job goes on, "
+            "its output is kept whole on the nodes"
+        )
+        data = self.mask(text.encode() + b"\n")
+        self._to_console(b"[orchestrator] ", data, prefix_lines(data, b"[orchestrator] "))
+
+    def incomplete(self) -> dict[int, tuple[int, int]]:
+        """Rank files that missed bytes: rank -> (its size when first opened here, its size
+        now), the stretch of it that holds only part of what the rank printed since."""
+        return {
+            rank: (handle.start or 0, handle.size)
+            for rank, handle in sorted(self.rank_files.items())
+            if handle.lost
+        }
 
     def _to_console(self, prefix: bytes, data: bytes, prefixed: bytes) -> None:
         """`prefixed` is data with `prefix`, as the combined log has it: reused unless the
@@ -87,16 +120,18 @@ class LogSink:
             self.console = None  # the reader went away (e.g. `| head`); the files go on
 
     def _emit(
-        self, own_file: str, prefix: bytes, data: bytes, tail: deque[bytes], console: bool = True
+        self,
+        own_file: str,
+        prefix: bytes,
+        data: bytes,
+        tail: deque[bytes],
+        console: bool = True,
+        rank: int | None = None,
     ) -> None:
         data = self.mask(data)
-        own = self._file(own_file)
-        if own is not None:
-            own.write(data)
+        self._write(own_file, data, rank)
         prefixed = prefix_lines(data, prefix)
-        combined = self._file("combined.log")
-        if combined is not None:
-            combined.write(prefixed)
+        self._write("combined.log", prefixed)
         if console:
             self._to_console(prefix, data, prefixed)
         tail.extend(data.rsplit(b"\n", TAIL_LINES + 1)[-TAIL_LINES - 1 : -1])
@@ -104,7 +139,7 @@ class LogSink:
     def rank_output(self, rank: int, data: bytes) -> None:
         """Whole lines printed by a rank."""
         tail = self.rank_tails.setdefault(rank, deque(maxlen=TAIL_LINES))
-        self._emit(f"rank-{rank}.log", self.rank_prefix[rank], data, tail)
+        self._emit(f"rank-{rank}.log", self.rank_prefix[rank], data, tail, rank=rank)
 
     def node_output(self, node: int, data: bytes, console: bool = True) -> None:
         """Whole lines printed by a node's script or torchrun itself (not by a rank);
@@ -117,9 +152,7 @@ class LogSink:
         data = self.mask(text.rstrip("\n").encode() + b"\n")
         prefix = b"[orchestrator] "
         prefixed = prefix_lines(data, prefix)
-        combined = self._file("combined.log")
-        if combined is not None:
-            combined.write(prefixed)
+        self._write("combined.log", prefixed)
         self._to_console(prefix, data, prefixed)
 
     def last_lines(self, rank: int | None = None, node: int | None = None) -> list[str]:
@@ -128,7 +161,9 @@ class LogSink:
 
     def flush(self) -> None:
         for handle in self.files.values():
-            handle.flush()
+            error = handle.flush()
+            if error is not None:
+                self.report_fault(error, handle.path)
         if self.console is not None:
             try:
                 self.console.flush()
@@ -136,10 +171,12 @@ class LogSink:
                 self.console = None
 
     def close(self) -> None:
+        """Write what waits and close the files; a later line opens them again."""
         self.flush()
         for handle in self.files.values():
-            handle.close()
-        self.files.clear()
+            error = handle.close()
+            if error is not None:
+                self.report_fault(error, handle.path)
 
 
 # --- reading logs back ------------------------------------------------------------------

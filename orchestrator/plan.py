@@ -22,9 +22,13 @@ IFNAME_VARS = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
 NODE_RUNS_DIR = ".orchestrator/runs"  # in the node's home: one folder per run
 
 
-def node_dir(run_id: str, node_rank: int) -> str:
-    """Where a node keeps its script, rank output and synced code (`~` is the node's home)."""
-    return f"~/{NODE_RUNS_DIR}/{run_id}/node{node_rank}"
+def node_dir(run_id: str, node_rank: int, attempt: int = 1) -> str:
+    """Where a node keeps its script, rank output and synced code (`~` is the node's home).
+
+    A relaunch after a node fault (--spares) is attempt 2, 3, ...: each keeps its own
+    folder, so no attempt's output overwrites an earlier one's on the same node."""
+    run = f"~/{NODE_RUNS_DIR}/{run_id}"
+    return f"{run}/node{node_rank}" if attempt == 1 else f"{run}/attempt{attempt}/node{node_rank}"
 
 
 @dataclass(frozen=True)
@@ -86,6 +90,8 @@ class LaunchPlan:
     sync_dir: str | None = None  # copied into every node's node_dir before the start
     selection: str = ""  # --include/--exclude/--num-nodes/--num-gpus as given
     max_restarts: int = 0  # torchrun's --max-restarts; > 0 means c10d rendezvous
+    spares: tuple[str, ...] = ()  # --spares: hosts held back to replace a node that fails
+    attempt: int = 1  # 2, 3, ...: relaunched on a spare after a node fault
 
     @property
     def nnodes(self) -> int:
@@ -118,6 +124,8 @@ class LaunchPlan:
             "secrets": list(self.secret_names),
             **({"selection": self.selection} if self.selection else {}),
             **restarts_entry(self.max_restarts),
+            **spares_entry(self.spares),
+            **({"attempt": self.attempt} if self.attempt > 1 else {}),
             "nodes": [_node_dict(node) for node in self.nodes],
         }
 
@@ -129,6 +137,11 @@ def restarts_entry(max_restarts: int) -> dict[str, str]:
     return {
         "max_restarts": f"{max_restarts}  # torchrun --max-restarts, c10d rendezvous at the master"
     }
+
+
+def spares_entry(spares: tuple[str, ...]) -> dict[str, list[str]]:
+    """plan.yaml's list of --spares hosts, held back to replace a node that fails."""
+    return {"spares": list(spares)} if spares else {}
 
 
 def _node_dict(node: NodePlan) -> dict:
@@ -152,12 +165,29 @@ def _node_dict(node: NodePlan) -> dict:
         "python": node.python,
         "workdir": node.workdir,
         "ifname": f"{node.ifname or '(detected at start)'}  # {node.ifname_reason}",
+        "omp_num_threads": omp_threads(node),
         "env": dict(node.env),
     }
 
 
+def omp_threads(node: NodePlan) -> str:
+    """OMP_NUM_THREADS of the node's ranks as plan.yaml shows it: the user's, or the node's
+    usable cores shared by its local ranks (torchrun's own default, 1, starves CPU work)."""
+    chosen = dict(node.env).get("OMP_NUM_THREADS")
+    if chosen is not None:
+        return f"{chosen}  # given (--env, --env-file or this shell's OMP_* variables)"
+    share = (
+        "its usable cores" if node.nproc == 1 else f"its usable cores / {node.nproc} local ranks"
+    )
+    return f"(at start: {share}, at least 1)  # unless OMP_NUM_THREADS is set there"
+
+
 def make_plan(
-    cluster: Cluster, spec: JobSpec, run_id: str, facts: Mapping[int, NodeFacts] | None = None
+    cluster: Cluster,
+    spec: JobSpec,
+    run_id: str,
+    facts: Mapping[int, NodeFacts] | None = None,
+    attempt: int = 1,
 ) -> LaunchPlan:
     """Decide node ranks, ranks, master address/port, interfaces and env for every node.
 
@@ -185,7 +215,7 @@ def make_plan(
         if ifname:  # an explicit --env NCCL_SOCKET_IFNAME=... is the user's and stays
             env += [(var, ifname) for var in IFNAME_VARS if var not in spec.env_dict]
         env += [("ORCHESTRATOR_RUN_ID", run_id), ("PYTHONUNBUFFERED", "1")]
-        directory = node_dir(run_id, node_rank)
+        directory = node_dir(run_id, node_rank, attempt)
         workdir = spec.workdir
         if spec.sync_dir:
             workdir = f"{directory}/{os.path.basename(os.path.normpath(spec.sync_dir))}"
@@ -220,6 +250,8 @@ def make_plan(
         sync_dir=spec.sync_dir,
         selection=cluster.selection,
         max_restarts=spec.max_restarts,
+        spares=tuple(host.name for host in cluster.spares),
+        attempt=attempt,
     )
 
 

@@ -8,14 +8,15 @@ before anything has started anywhere.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field
 
 from orchestrator.backends.base import MISSING_PYTHON_WORDS, NodeConnection
 from orchestrator.cores import Topology
 from orchestrator.errors import NodeError, NodeErrors
 from orchestrator.execute import run_on_nodes
 from orchestrator.hostfile import Cluster
+from orchestrator.hostlist import compress_hosts
 from orchestrator.plan import NodeFacts
 from orchestrator.render import render_template
 from orchestrator.sizes import format_size, human_bytes
@@ -30,6 +31,7 @@ SET_PYTHON = "pass --python PATH or set python for this node in the hostfile"
 class ProbeResult:
     facts: dict[int, NodeFacts]  # by node rank: two entries may share a host name
     warnings: tuple[str, ...]
+    failed: dict[int, NodeError] = field(default_factory=dict)  # raise_errors=False only
 
 
 def probe_script(
@@ -74,13 +76,19 @@ def probe_nodes(
     connections: Sequence[NodeConnection],
     tag: str = "probe",
     min_free_disk: int = MIN_FREE_DISK,
+    only: Collection[int] | None = None,
+    raise_errors: bool = True,
 ) -> ProbeResult:
-    """Probe every node in parallel; raise `NodeErrors` naming each node that cannot run.
+    """Probe every node (or the node ranks in `only`) in parallel; raise `NodeErrors`
+    naming each node that cannot run (with raise_errors=False: return them, by node rank).
 
     Warnings: torch versions that differ, and nodes with less than `min_free_disk` free
     where they keep the run's files (a rank whose output cannot be written fails)."""
     master_addr = master_address(cluster, spec, connections)
-    pythons = [host.python or spec.python for host in cluster.hosts]
+    chosen = sorted(only) if only is not None else list(range(len(cluster.hosts)))
+    hosts = [cluster.hosts[i] for i in chosen]
+    connections = [connections[i] for i in chosen]
+    pythons = [host.python or spec.python for host in hosts]
     scripts = [
         probe_script(
             host.name,
@@ -91,7 +99,7 @@ def probe_nodes(
             ifname=host.ifname or spec.ifname,
             bind_cores=spec.bind_cores,
         )
-        for index, (host, python) in enumerate(zip(cluster.hosts, pythons, strict=True))
+        for index, host, python in zip(chosen, hosts, pythons, strict=True)
     ]
     results = run_on_nodes(
         connections,
@@ -101,38 +109,34 @@ def probe_nodes(
         tag=tag,
         what="the preflight probe",
     )
-    errors: list[NodeError] = []
-    stopped: list[NodeError] = []
+    errors: dict[int, NodeError] = {}
+    stopped: dict[int, NodeError] = {}
     facts: dict[int, NodeFacts] = {}
     torch_versions: list[tuple[str, str]] = []
     warnings = []
-    for index, (host, python, connection, result) in enumerate(
-        zip(cluster.hosts, pythons, connections, results, strict=True)
+    for index, host, python, connection, result in zip(
+        chosen, hosts, pythons, connections, results, strict=True
     ):
         if result.state == "lost" and MISSING_PYTHON_WORDS in result.detail:
-            errors.append(
-                NodeError(
-                    host.name,
-                    f"cannot run python {python!r}: {MISSING_PYTHON_WORDS}; {SET_PYTHON}",
-                    exit_code=2,
-                )
+            errors[index] = NodeError(
+                host.name,
+                f"cannot run python {python!r}: {MISSING_PYTHON_WORDS}; {SET_PYTHON}",
+                exit_code=2,
             )
             continue
         if result.state == "stopped":  # because another node failed, which is named
-            stopped.append(NodeError(host.name, "preflight probe stopped"))
+            stopped[index] = NodeError(host.name, "preflight probe stopped")
             continue
         if not result.ok:
-            errors.append(
-                NodeError(
-                    host.name,
-                    f"preflight probe failed ({result.describe()})" + _last_line(result.output),
-                )
+            errors[index] = NodeError(
+                host.name,
+                f"preflight probe failed ({result.describe()})" + _last_line(result.output),
             )
             continue
         values = parse_probe_output(result.output)
         problem = _problem(host.name, python, values, index == 0, spec, host.ifname or spec.ifname)
         if problem is not None:
-            errors.append(problem)
+            errors[index] = problem
             continue
         torch_versions.append((host.name, values["torch_version"]))
         if values.get("disk_free_kb", "").isdigit():
@@ -155,14 +159,18 @@ def probe_nodes(
                 Topology.decode(values["cores_topology"]) if values.get("cores_topology") else None
             ),
         )
-    if errors or stopped:
-        raise NodeErrors(errors or stopped, "preflight")
+    failed = errors or stopped
+    if failed and raise_errors:
+        raise NodeErrors(list(failed.values()), "preflight")
     if len({version for _, version in torch_versions}) > 1:
-        listing = ", ".join(f"{h}={v}" for h, v in torch_versions)
+        by_version: dict[str, list[str]] = {}
+        for host, version in torch_versions:
+            by_version.setdefault(version, []).append(host)
+        listing = ", ".join(f"{compress_hosts(h)}={v}" for v, h in by_version.items())
         warnings.append(
             f"torch versions differ between nodes ({listing}); ranks may fail to talk to each other"
         )
-    return ProbeResult(facts, tuple(warnings))
+    return ProbeResult(facts, tuple(warnings), failed)
 
 
 def _problem(

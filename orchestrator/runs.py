@@ -1,11 +1,13 @@
 """The run record: runs/<run-id>/ with plan.yaml, the node scripts, logs/ and status.json.
 
 status.json is the one place a run's state lives; it is written atomically (temp file +
-rename), so `status`, `logs -f` and `runs` in another shell always read a whole document.
+rename), so `status`, `logs -f` and `runs` in another shell always read a whole document,
+and a write that fails (no space left) leaves the previous one.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -102,10 +104,20 @@ class RunRecord:
             raise ConfigError(f"cannot read {self.status_path}: not a JSON object")
         return status
 
-    def write_status(self, status: dict) -> None:
+    def write_status(self, status: dict) -> OSError | None:
+        """Replace status.json; the error when it could not be written (its file system is
+        full, ...): the previous file then stays as it was, and nothing is raised, since a
+        run must not end over its record."""
         tmp = self.status_path.with_name(f".status.json.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(status, indent=2) + "\n", encoding="utf-8")
-        os.replace(tmp, self.status_path)
+        text = json.dumps(status, indent=2) + "\n"
+        try:
+            tmp.write_text(text, encoding="utf-8")
+            os.replace(tmp, self.status_path)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            return exc
+        return None
 
 
 def list_runs(run_dir: str | Path) -> list[tuple[str, dict]]:

@@ -29,6 +29,7 @@ class Selection:
     exclude: str | None = None
     num_nodes: int | None = None
     num_gpus: int | None = None
+    bad_nodes: str | None = None  # --bad-nodes FILE: applied before the flags above
 
     @property
     def given(self) -> bool:
@@ -185,3 +186,18 @@ def _slot_ids(
             )
         ids.add(int(item))
     return ids
+
+
+def hold_spares(cluster: Cluster, count: int) -> Cluster:
+    """--spares N: the last N hosts (after any selection) are held back to replace a node
+    that fails; the run starts on the others."""
+    if count < 0:
+        raise ConfigError(f"--spares must be 0 or more, got {count}")
+    if not count:
+        return cluster
+    if count >= len(cluster.hosts):
+        raise ConfigError(
+            f"--spares {count} leaves no host to run on: {len(cluster.hosts)} host(s) "
+            f"chosen from {cluster.path}; the spares are the last {count} of them"
+        )
+    return replace(cluster, hosts=cluster.hosts[:-count], spares=cluster.hosts[-count:])

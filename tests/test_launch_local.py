@@ -335,3 +335,24 @@ def test_a_secret_the_local_job_inherits_is_masked_in_its_output(tmp_path: Path)
     for path in (tmp_path / "runs" / "inherited").rglob("*"):
         if path.is_file():
             assert token not in path.read_text(errors="replace"), path
+
+
+def test_each_rank_gets_its_share_of_the_cores_unless_omp_num_threads_is_set(
+    tmp_path: Path,
+) -> None:
+    write(tmp_path, "threads.py", "import os; print('threads', os.environ['OMP_NUM_THREADS'])\n")
+    share = max(1, len(os.sched_getaffinity(0)) // 2)  # the hostfile's 2 ranks on this machine
+    done = launch(tmp_path, "threads", "--", "threads.py")
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out
+    assert out.count(f"threads {share}\n") == 2, out
+    assert "Setting OMP_NUM_THREADS" not in out, out  # torchrun's banner: it chose nothing
+    plan = (tmp_path / "runs" / "threads" / "plan.yaml").read_text()
+    assert "its usable cores / 2 local ranks" in plan, plan
+    chosen = run_cli(
+        ["launch", LOCAL, "--run-dir", str(tmp_path / "runs"), "--run-id", "chosen",
+         "--", "threads.py"],
+        cwd=tmp_path,
+        env={**os.environ, "OMP_NUM_THREADS": "3"},
+    )  # fmt: skip
+    assert chosen.stdout.count("threads 3\n") == 2, chosen.stdout + chosen.stderr

@@ -296,6 +296,8 @@ def test_to_dict_shape() -> None:
             "workdir": "/work/dir",
             "ifname": "(detected at start)  # not probed: the node script picks the interface "
             "routing to 127.0.0.1",
+            "omp_num_threads": "(at start: its usable cores / 2 local ranks, at least 1)  # "
+            "unless OMP_NUM_THREADS is set there",
             "env": {"A": "1", "ORCHESTRATOR_RUN_ID": "r1", "PYTHONUNBUFFERED": "1"},
         }
     ]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from orchestrator.backends.base import NodeConnection, SshOptions
+from orchestrator.errors import NodeError
 from orchestrator.hostfile import Cluster
 
 
@@ -19,8 +20,22 @@ def connect_cluster(cluster: Cluster, ssh_options: SshOptions | None) -> list[No
     return connect_all(cluster.hosts, ssh_options)
 
 
-def close_all(connections: Sequence[NodeConnection]) -> None:
+def connect_each(
+    cluster: Cluster, ssh_options: SshOptions | None
+) -> tuple[list[NodeConnection | None], dict[int, NodeError]]:
+    """As connect_cluster, but a host that cannot be reached gives None and its error (by
+    index) instead of failing the whole step."""
+    if cluster.is_local:
+        return connect_cluster(cluster, ssh_options), {}  # type: ignore[return-value]
+    from orchestrator.backends.ssh.connect import connect_each as connect_each_ssh
+
+    return connect_each_ssh(cluster.hosts, ssh_options)
+
+
+def close_all(connections: Sequence[NodeConnection | None]) -> None:
     for connection in connections:
+        if connection is None:
+            continue
         try:
             connection.close()
         except Exception:  # closing must never hide the real outcome

@@ -282,7 +282,8 @@ def run_collectives(
     cluster: Cluster, options: CheckOptions, spec: JobSpec, backend: str, connections: list
 ) -> JobResult:
     """Step 3: launch orchestrator.check.collectives on every slot; read its reports back."""
-    from orchestrator.launcher import LaunchOptions, prepare, run_plan
+    from orchestrator.launcher import run_plan
+    from orchestrator.prepare import LaunchOptions, prepare
     from orchestrator.render import write_rendered
     from orchestrator.runs import RunRecord
 

@@ -22,14 +22,26 @@ from orchestrator.cli.options import (
     make_ssh_options,
     refuse_empty,
     run_options,
-    select,
-    selection_options,
-    split_selection,
     split_ssh,
     ssh_options,
 )
+from orchestrator.cli.selecting import select, selection_options, spares_option, split_selection
 from orchestrator.errors import ConfigError
+from orchestrator.selection import hold_spares
 from orchestrator.sizes import parse_size
+
+
+def slurm_nodes(hostfile, selection, nproc_per_node, spares: int):
+    """--backend slurm: the hostfile's chosen hosts (its last `spares` held back), or, without
+    one, the hosts of the bad-node list as --exclude."""
+    from orchestrator.bad_nodes import read_bad_nodes
+    from orchestrator.hostfile import load_hostfile
+
+    if hostfile:
+        cluster = select(load_hostfile(hostfile), selection, nproc_per_node)
+        return hold_spares(cluster, spares), ()
+    select(None, selection, nproc_per_node)  # refuses a selection without a hostfile
+    return None, tuple(read_bad_nodes(selection.bad_nodes)) if selection.bad_nodes else ()
 
 
 def size_value(param: click.Parameter, value: str) -> int:
@@ -44,6 +56,7 @@ def size_value(param: click.Parameter, value: str) -> int:
 @click.argument("program", nargs=-1, type=click.UNPROCESSED, metavar="[-- SCRIPT ARGS...]")
 @job_options
 @selection_options
+@spares_option
 @backend_options
 @click.option(
     "--login",
@@ -149,6 +162,7 @@ def launch(
     run_dir,
     backend,
     login,
+    spares,
     **job,
 ):
     """Run a job on every node of HOSTFILE.
@@ -162,8 +176,8 @@ def launch(
     --partition gpu -- train.py`): the job id is printed, then its state and the ranks'
     output; Ctrl-C cancels the job.
     """
-    from orchestrator.launcher import LaunchOptions
     from orchestrator.launcher import launch as run_launch
+    from orchestrator.prepare import LaunchOptions
     from orchestrator.runs import check_run_id, new_run_id
 
     ssh = make_ssh_options(**split_ssh(job))
@@ -175,6 +189,7 @@ def launch(
     cluster = None
     if backend != "slurm":
         cluster = select(check_backend(backend, slurm, hostfile), selection, job["nproc_per_node"])
+        cluster = hold_spares(cluster, spares)
     spec = make_spec(program, gpus_chosen=gpus_chosen(selection, cluster, backend), **job)
     options = LaunchOptions(
         run_dir=run_dir,
@@ -185,18 +200,25 @@ def launch(
         stall_timeout=stall_timeout,
         min_free_disk=min_free_disk,
         keep_node_logs=keep_node_logs,
+        bad_nodes=selection.bad_nodes,
         color=color,
         preflight=preflight,
         ssh=ssh,
     )
     if backend == "slurm":
-        from orchestrator.hostfile import load_hostfile
         from orchestrator.slurm.submit import launch_slurm
 
-        cluster = select(
-            load_hostfile(hostfile) if hostfile else None, selection, job["nproc_per_node"]
+        cluster, exclude = slurm_nodes(hostfile, selection, job["nproc_per_node"], spares)
+        return launch_slurm(
+            cluster,
+            spec,
+            slurm,
+            options,
+            dry_run=dry_run,
+            detach=detach,
+            spares=spares,
+            exclude=exclude,
         )
-        return launch_slurm(cluster, spec, slurm, options, dry_run=dry_run, detach=detach)
     return run_launch(cluster, spec, options, dry_run=dry_run, detach=detach)
 
 
@@ -214,8 +236,9 @@ def launch(
 @click.option("--run-id", metavar="NAME", help="Run id written into the scripts.")
 @job_options
 @selection_options
+@spares_option
 @backend_options
-def render(hostfile, program, out_dir, run_id, backend, **job):
+def render(hostfile, program, out_dir, run_id, backend, spares, **job):
     """Write the plan and one torchrun script per node, without touching any node.
 
     Each script runs by hand on its node: `bash DIR/node0.sh` on the first node, and so on.
@@ -223,8 +246,7 @@ def render(hostfile, program, out_dir, run_id, backend, **job):
     29500 unless given. With --backend slurm: DIR/job.sbatch, to submit with
     `sbatch DIR/job.sbatch` (the ranks' output then goes to slurm-<jobid>.out).
     """
-    from orchestrator.hostfile import load_hostfile
-    from orchestrator.launcher import LaunchOptions, check_script_exists, prepare
+    from orchestrator.prepare import LaunchOptions, check_script_exists, prepare
     from orchestrator.render import write_rendered
     from orchestrator.runs import check_run_id, new_run_id
 
@@ -234,9 +256,7 @@ def render(hostfile, program, out_dir, run_id, backend, **job):
     if backend == "slurm":
         from orchestrator.slurm.submit import write_slurm_render
 
-        cluster = select(
-            load_hostfile(hostfile) if hostfile else None, selection, job["nproc_per_node"]
-        )
+        cluster, exclude = slurm_nodes(hostfile, selection, job["nproc_per_node"], spares)
         spec = make_spec(program, gpus_chosen=gpus_chosen(selection, cluster, backend), **job)
         for path in write_slurm_render(
             out_dir,
@@ -245,10 +265,13 @@ def render(hostfile, program, out_dir, run_id, backend, **job):
             slurm,
             check_run_id(run_id) if run_id else new_run_id(),
             tuple(["orchestrator", *sys.argv[1:]]),
+            spares,
+            exclude,
         ):
             click.echo(str(path))
         return 0
     cluster = select(check_backend(backend, slurm, hostfile), selection, job["nproc_per_node"])
+    cluster = hold_spares(cluster, spares)
     spec = make_spec(program, gpus_chosen=gpus_chosen(selection, cluster, backend), **job)
     check_script_exists(cluster, spec)  # as launch does, when every node is this machine
     options = LaunchOptions(

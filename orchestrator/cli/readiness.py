@@ -12,11 +12,9 @@ from orchestrator.cli.options import (
     make_ssh_options,
     refuse_empty,
     run_dir_option,
-    select,
-    selection_options,
-    split_selection,
     ssh_options,
 )
+from orchestrator.cli.selecting import select, selection_options, split_selection
 from orchestrator.errors import ConfigError
 
 

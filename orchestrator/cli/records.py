@@ -25,8 +25,18 @@ from orchestrator.errors import ConfigError
     metavar="N",
     help="Start with the last N lines instead of the whole log.",
 )
-def logs(run_id, run_dir, follow, rank, node, grep, tail):
-    """Print a run's combined log (or one rank's), or follow it while it runs."""
+@click.option(
+    "--fetch",
+    is_flag=True,
+    help="Complete the rank files that the run record could not take whole (its disk "
+    "was full) from the nodes' copies, then exit.",
+)
+def logs(run_id, run_dir, follow, rank, node, grep, tail, fetch):
+    """Print a run's combined log (or one rank's), or follow it while it runs.
+
+    With --fetch: complete the rank files that status.json lists as incomplete, from
+    the nodes' copies (reached as the launch reached them), one line per file completed.
+    """
     import re
 
     from orchestrator.logs import follow as follow_file
@@ -34,6 +44,12 @@ def logs(run_id, run_dir, follow, rank, node, grep, tail):
     from orchestrator.runs import FINAL_STATES, RunRecord, controller_alive
 
     record = RunRecord.open(run_dir, run_id)
+    if fetch:
+        if follow or rank is not None or node or grep or tail is not None:
+            raise ConfigError("--fetch completes the rank files and prints no log: give it alone")
+        from orchestrator.refill import fetch_incomplete
+
+        return fetch_incomplete(record, say=click.echo)
     if grep is not None:
         try:
             re.compile(grep)

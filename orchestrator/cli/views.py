@@ -49,6 +49,13 @@ def status_text(status: dict) -> str:
         lines.append(f"  restarts: {status['restarts']}")
         if not status.get("summary"):  # which names them when the run has ended
             lines += [f"    {cause}" for cause in status.get("restart_causes") or []]
+    if status.get("recoveries"):  # --spares
+        from orchestrator.recovery import describe_recovery
+
+        spares = ", ".join(status.get("spares") or []) or "none"
+        lines.append(f"  recoveries: {len(status['recoveries'])} (spares left: {spares})")
+        if not status.get("summary"):  # which names them when the run has ended
+            lines += [f"    {describe_recovery(entry)}" for entry in status["recoveries"]]
     nodes = status.get("nodes") or []
     if nodes:
         rows = [["NODE", "HOST", "STATE", "EXIT", "DETAIL"]]

@@ -7,8 +7,9 @@ nodes: srun --kill-on-bad-exit, scancel), which decides the first failing rank a
 the same summaries and status; orchestrator.slurm.outcome says how the job ended. Under
 --max-restarts a failing rank is a restart (torchrun starts the workers again, the job
 goes on) until a node's torchrun gives up, as on SSH nodes. A requeued job starts a new
-attempt. Ctrl-C cancels the job (scancel) and waits until squeue
-no longer lists it.
+attempt; so does, under --spares, the job submitted again after a node failure
+(orchestrator.slurm.spares), with a job id of its own. Ctrl-C cancels the job (scancel)
+and waits until squeue no longer lists it.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from orchestrator.slurm.commands import SlurmCommands
 from orchestrator.slurm.outcome import job_outcome
 from orchestrator.slurm.parse import UNRUNNABLE, JobInfo
 from orchestrator.slurm.render import PORT_BASE, PORT_SPAN, SCRIPT_NAME, SlurmJob
+from orchestrator.slurm.spares import SlurmSpares
 from orchestrator.slurm.stream import READ_BYTES, AttemptFiles
 from orchestrator.supervise import NodeState, Outcome, RankState, Supervisor, describe_exit
 from orchestrator.supervise.stopping import STOP_SIGNALS
@@ -49,6 +51,7 @@ class Follower:
         base: dict,
         console: BinaryIO | None,
         color: bool,
+        spares: SlurmSpares | None = None,
     ) -> None:
         self.job, self.record, self.commands, self.job_id = job, record, commands, job_id
         self.base, self.console, self.color = base, console, color
@@ -60,6 +63,8 @@ class Follower:
         self.signals: list[int] = []
         self.interrupted_by: int | None = None
         self.started = time.monotonic()
+        self.spares = spares
+        self.hosts: list[str] = []  # the nodes of the job now followed, once it runs
 
     # --- output -------------------------------------------------------------------------
 
@@ -137,7 +142,8 @@ class Follower:
             self._pump()
             if self.info.ended:
                 self._pump()
-                return self._outcome()
+                if not self._resubmitted():
+                    return self._outcome()
             time.sleep(FILES_S)
 
     def _handle_signals(self) -> None:
@@ -192,6 +198,10 @@ class Follower:
             hosts = []
         if len(hosts) != job.nnodes:
             hosts = [f"node{k}" for k in range(job.nnodes)]
+        self.hosts = hosts
+        if self.spares is not None:
+            self.spares.running(hosts)
+            self.base.update(self.spares.status())
         if self.files is not None:  # the previous attempt's
             self.files.close()
         self.files = AttemptFiles(
@@ -263,7 +273,30 @@ class Follower:
             sup.begin_stop(0, f"{node.host} failed")
             sup.stop_wall = when  # ranks that end after it were stopped, not failed
 
+    def _resubmitted(self) -> bool:
+        """--spares: when a node of the ended job failed, follow its replacement job."""
+        if self.spares is None or self.interrupted_by is not None:
+            return False
+        ended = (self.job_id, self.info)
+        failure = self.spares.failure(*ended, self.hosts)
+        if failure is None:
+            return False
+        if self.job.spares > 0:  # else the closing summary says it
+            outcome = job_outcome(*ended, self.sup, None, Path(self.batch.path))
+            self.note(outcome.summary.splitlines()[0])
+        new = self.spares.replace(self.job, self.hosts, *failure)
+        if new is None:
+            return False
+        self.job, self.job_id = new
+        self.batch = RankFile(-1, str(self.record.path / f"slurm-{self.job_id}.out"))
+        self.info, self.sup, self.hosts = JobInfo(state="PENDING"), None, []
+        self.base.update(slurm_job_id=self.job_id, **self.spares.status())
+        self.base.setdefault("slurm_job_ids", [ended[0]]).append(self.job_id)
+        self.write_status()
+        return True
+
     def _outcome(self) -> Outcome:
-        return job_outcome(
+        outcome = job_outcome(
             self.job_id, self.info, self.sup, self.interrupted_by, Path(self.batch.path)
         )
+        return self.spares.amend(outcome) if self.spares is not None else outcome

@@ -19,6 +19,12 @@ wrappers ignore it and the ranks handle it: the bundled trainer, run with
 `scontrol requeue`; SLURM starts the job again (after its requeue delay) and the trainer
 resumes from the newest checkpoint in DIR. A rank of your own does the same with a
 SIGUSR1 handler and its own checkpoints; a rank without a handler ignores the signal.
+
+Spares (`--spares N`): the job asks for its nodes only, with `--no-requeue` so that a node
+failure ends it (NODE_FAIL) instead of SLURM requeueing it in place; `launch` then submits
+it again without the failed node (orchestrator.slurm.spares), up to N times. With a
+hostfile the last N hosts are the spares, taken in order; without one, SLURM chooses the
+replacement from the partition, the failed nodes (and the --bad-nodes list) in --exclude.
 """
 
 from __future__ import annotations
@@ -100,6 +106,9 @@ class SlurmJob:
     selection: str = ""  # the selection flags as given
     bind_cores: bool = False  # --bind-cores: core sets computed on each node at its start
     max_restarts: int = 0  # torchrun's --max-restarts; > 0 means c10d rendezvous
+    spares: int = 0  # --spares: resubmissions after a node failure, each without that node
+    spare_nodes: tuple[str, ...] = ()  # from a hostfile: the hosts held back, in order
+    exclude: tuple[str, ...] = ()  # sbatch --exclude: failed and bad-listed nodes
 
     @property
     def world_size(self) -> int:
@@ -137,7 +146,21 @@ class SlurmJob:
                 else {}
             ),
             **restarts_entry(self.max_restarts),
+            **({"spares": self.spares_entry()} if self.spares else {}),
+            **({"exclude": list(self.exclude)} if self.exclude else {}),
         }
+
+    def spares_entry(self) -> str:
+        """What --spares does for this job, in one line (plan.yaml)."""
+        whence = (
+            f"the next of {', '.join(self.spare_nodes)} in its place"
+            if self.spare_nodes
+            else "a node SLURM chooses in its place"
+        )
+        return (
+            f"{self.spares}: after a node failure (NODE_FAIL) the job is submitted again "
+            f"without the failed node, {whence}, up to {self.spares} time(s)"
+        )
 
 
 def parse_signal(value: str) -> tuple[str, int]:
@@ -226,9 +249,18 @@ def plan_slurm_job(
     cluster: Cluster | None = None,
     job_dir: str | None = None,
     output: str | None = None,
+    spares: int = 0,
+    exclude: tuple[str, ...] = (),
 ) -> SlurmJob:
-    """Decide every value of the job; `cluster` (a hostfile) becomes the node list."""
+    """Decide every value of the job; `cluster` (a hostfile) becomes the node list, its
+    spares (held back by --spares) the nodes that replace a failed one."""
     _check(options)
+    if spares and options.requeue:
+        raise ConfigError(
+            "--spares and --requeue: with --requeue SLURM requeues the job itself after a "
+            "node failure, with --spares the launcher submits it again without the failed "
+            "node; give one of them"
+        )
     if spec.sync_dir is not None:
         raise ConfigError(
             "--sync does not apply to --backend slurm: SLURM nodes share a file "
@@ -292,6 +324,8 @@ def plan_slurm_job(
             lines.append(f"--{flag}={value}")
     if nodelist:
         lines.append(f"--nodelist={','.join(nodelist)}")
+    elif exclude:
+        lines.append(f"--exclude={','.join(exclude)}")
     if output:
         lines.append(f"--output={output}")
     signal_name = None
@@ -300,6 +334,8 @@ def plan_slurm_job(
         lines.append(f"--signal=B:{signal_name}@{seconds}")
     if options.requeue:
         lines += ["--requeue", "--open-mode=append"]
+    if spares:
+        lines.append("--no-requeue")  # a node failure ends the job; the launcher resubmits
     lines += options.sbatch_args
     for line in lines:
         if not line.isprintable():
@@ -328,6 +364,9 @@ def plan_slurm_job(
         selection=cluster.selection if cluster else "",
         bind_cores=spec.bind_cores,
         max_restarts=spec.max_restarts,
+        spares=spares,
+        spare_nodes=tuple(h.name for h in cluster.spares) if cluster else (),
+        exclude=tuple(exclude) if not nodelist else (),
     )
 
 

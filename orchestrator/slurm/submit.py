@@ -14,8 +14,8 @@ from typing import BinaryIO
 from orchestrator.detach import run_detached
 from orchestrator.errors import ConfigError, OrchestratorError
 from orchestrator.hostfile import Cluster
-from orchestrator.launcher import LaunchOptions
 from orchestrator.logs import use_color
+from orchestrator.prepare import LaunchOptions
 from orchestrator.render import command_line, make_output_dir, plan_yaml
 from orchestrator.runs import RunRecord, now_iso, process_start_time
 from orchestrator.slurm import commands as slurm
@@ -28,6 +28,7 @@ from orchestrator.slurm.render import (
     plan_slurm_job,
     render_sbatch,
 )
+from orchestrator.slurm.spares import SlurmSpares, check_capacity
 from orchestrator.spec import JobSpec
 
 
@@ -38,6 +39,8 @@ def prepare_slurm(
     run_id: str,
     argv: tuple[str, ...],
     record_path: Path | None = None,
+    spares: int = 0,
+    exclude: tuple[str, ...] = (),
 ) -> tuple[SlurmJob, str]:
     """Plan and render; with a run record, nodes write their files into it."""
     job = plan_slurm_job(
@@ -47,6 +50,8 @@ def prepare_slurm(
         cluster,
         job_dir=str(record_path / "nodes") if record_path else None,
         output=str(record_path / "slurm-%j.out") if record_path else None,
+        spares=spares,
+        exclude=exclude,
     )
     return job, render_sbatch(job, command_line(argv, job.secret_names))
 
@@ -58,11 +63,15 @@ def write_slurm_render(
     slurm_options: SlurmOptions,
     run_id: str,
     argv: tuple[str, ...],
+    spares: int = 0,
+    exclude: tuple[str, ...] = (),
 ) -> list[Path]:
     """`render --backend slurm`: DIR/plan.yaml and DIR/job.sbatch (for sbatch by hand)."""
     if slurm_options.login:
         raise ConfigError("--login applies to launch only")
-    job, script = prepare_slurm(cluster, spec, slurm_options, run_id, argv)
+    job, script = prepare_slurm(
+        cluster, spec, slurm_options, run_id, argv, spares=spares, exclude=exclude
+    )
     out = make_output_dir(out_dir)
     (out / "plan.yaml").write_text(plan_yaml(job), encoding="utf-8")
     (out / SCRIPT_NAME).write_text(script, encoding="utf-8")
@@ -79,6 +88,8 @@ def launch_slurm(
     dry_run: bool = False,
     detach: bool = False,
     out: BinaryIO | None = None,
+    spares: int = 0,
+    exclude: tuple[str, ...] = (),
 ) -> int:
     """Submit the job and follow it to its end (or return after submission with detach)."""
     out = out or sys.stdout.buffer
@@ -96,7 +107,7 @@ def launch_slurm(
             f"run {options.run_id!r} already exists in {options.run_dir}; choose another --run-id"
         )
     job, script = prepare_slurm(
-        cluster, spec, slurm_options, options.run_id, options.argv, record_path
+        cluster, spec, slurm_options, options.run_id, options.argv, record_path, spares, exclude
     )
     if dry_run:
         out.write(
@@ -183,6 +194,7 @@ def _submit_and_follow(
                     "file system shared with the cluster at the same path"
                 )
         secrets = {k: v for k, v in spec.env if k in job.secret_names}
+        check_capacity(commands, job, slurm_options.partition)
         job_id = slurm.submit(commands, str(script_path), secrets)
     except OrchestratorError as exc:
         record.write_status(
@@ -200,7 +212,20 @@ def _submit_and_follow(
     base["slurm_job_id"] = job_id
     record.write_status({**base, "state": "queued"})
     color = use_color(sys.stdout, options.color) if console is not None else False
-    follower = Follower(job, record, commands, job_id, base, console, color)
+    spares = None
+    if job.spares:
+
+        def resubmit(new_job: SlurmJob, attempt: int) -> int:
+            path = record.path / f"job-{attempt}.sbatch"
+            text = render_sbatch(new_job, command_line(options.argv, new_job.secret_names))
+            path.write_text(text, encoding="utf-8")
+            return slurm.submit(commands, str(path), secrets)
+
+        spares = SlurmSpares(job, commands, options.bad_nodes, resubmit, lambda _: None)
+        base.update(spares.status())
+    follower = Follower(job, record, commands, job_id, base, console, color, spares)
+    if spares is not None:
+        spares.note = follower.note
     try:
         follower.note(f"run {job.run_id}: SLURM job {job_id} submitted ({script_path})")
         if report is not None:

@@ -14,7 +14,14 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from orchestrator.supervise.restarts import Rounds, describe_restart
-from orchestrator.supervise.state import NodeState, Outcome, RankState, describe_exit
+from orchestrator.supervise.state import (
+    NodeFault,
+    NodeState,
+    Outcome,
+    RankState,
+    describe_exit,
+    killed_from_outside,
+)
 from orchestrator.supervise.stopping import Stopper
 from orchestrator.supervise.verdict import FAULT_KINDS, Facts, verdict
 
@@ -253,7 +260,27 @@ class Detector:
             summary = self.incomplete_summary()
         else:
             summary = ""
-        return Outcome(state, code, summary)
+        return Outcome(state, code, summary, self.node_fault(facts, first))
+
+    def node_fault(self, facts: Facts, first: Fault | None) -> NodeFault | None:
+        """The node to blame when the first fault was the node's, not the job's: it was
+        lost, its disk failed, or a process there was killed by SIGKILL or SIGBUS. A rank
+        that exits non-zero by itself (an exception, exit 3) is the job's own error."""
+        if facts.interrupted_by is not None or first is None:
+            return None
+        node = self.nodes[self.node_of(first)]
+        if first.kind == "lost":
+            why = f"lost: {node.detail}"
+        elif first.kind == "disk":
+            why = node.disk
+        elif killed_from_outside(first.code):
+            subject = first.subject
+            what = f"rank {subject.rank}" if isinstance(subject, RankState) else "torchrun"
+            why = f"{what} killed by {describe_exit(first.code)}"
+        else:
+            return None
+        noticed = self.stopper.wall if self.stopper.wall is not None else time.time()
+        return NodeFault(node.index, node.host, why, noticed)
 
     def incomplete_summary(self) -> str:
         """Why a run in which nothing failed did not succeed: what did not end with 0."""

@@ -41,11 +41,24 @@ class NodeState:
     disk_at: float | None = None  # when its agent found that, before any stop (else None)
 
 
+@dataclass(frozen=True)
+class NodeFault:
+    """The node to blame when a run ended by the node's doing, not the job's: it was lost,
+    its disk failed, or something outside the job killed a process there (SIGKILL,
+    SIGBUS). A spare may replace it (orchestrator.recovery)."""
+
+    index: int  # its node rank
+    host: str
+    why: str  # "lost: its agent ended without reporting", "no space left on device in ..."
+    noticed_at: float  # the controller's clock: when the run began to stop for it
+
+
 @dataclass
 class Outcome:
     state: str  # succeeded, failed, stopped, lost
     exit_code: int
     summary: str = ""
+    node_fault: NodeFault | None = None  # set only when the first fault was a node's
 
     def closing_lines(self, run_id: str, elapsed: float, logs_dir: object) -> list[str]:
         """What the console says last: the summary (on success, the restarts it took),
@@ -58,6 +71,14 @@ class Outcome:
             f"run {run_id} {self.state} (exit code {self.exit_code}) after "
             f"{elapsed:.1f} s; logs in {logs_dir}",
         ]
+
+
+KILLED_FROM_OUTSIDE = (signal.SIGKILL, signal.SIGBUS)  # the OOM killer, a dying node, bad memory
+
+
+def killed_from_outside(code: int | None) -> bool:
+    """An exit code that says SIGKILL or SIGBUS: the job does not send these to itself."""
+    return code is not None and any(code in (-sig, 128 + sig) for sig in KILLED_FROM_OUTSIDE)
 
 
 def describe_exit(code: int | None) -> str:

@@ -34,6 +34,7 @@ TERMINAL_STATES = {
 SLURMD_PORT = 6818  # each slurmd is alone in its namespace, so the default port is free
 CTLD_PORT_BASE = 18400  # + cluster index; checked free before use
 MIN_JOB_AGE = 300
+SLURMD_TIMEOUT = 10
 
 
 def _free_port(preferred: int) -> int:
@@ -223,7 +224,9 @@ class SlurmCluster:
             "KillWait=5",
             "InactiveLimit=0",
             "MessageTimeout=10",
-            "SlurmdTimeout=60",
+            # A switched-off node (power_off) is DOWN, and its jobs NODE_FAIL, this many
+            # seconds after its slurmd last answered, instead of the default 300.
+            f"SlurmdTimeout={SLURMD_TIMEOUT}",
             "SlurmctldDebug=info",
             "SlurmdDebug=info",
         ]
@@ -256,6 +259,26 @@ class SlurmCluster:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+    # ----- a node switched off ------------------------------------------------------------
+
+    def power_off(self, node: Node) -> None:
+        """Link down, then SIGKILL to every process of `node`, its slurmd included: SLURM
+        marks it DOWN (and ends its jobs NODE_FAIL) after SlurmdTimeout."""
+        self.cluster.power_off(node)
+
+    def power_on(self, node: Node, timeout: float = 60.0) -> None:
+        """Bring `node` back: link and sshd up, its slurmd started again; returns once
+        SLURM has it idle again (ReturnToService=2 takes it back when slurmd registers)."""
+        self.cluster.power_on(node)
+        argv = ["slurmd", "-D", "-N", node.name, "-f", str(self.conf_path)]
+        self._spawn(f"slurmd {node.name}", ["ip", "netns", "exec", node.netns, *argv])
+        deadline = time.monotonic() + timeout
+        while self.node_states().get(node.name) != "idle" and time.monotonic() < deadline:
+            if "down" in self.node_states().get(node.name, ""):
+                self.run(["scontrol", "update", f"NodeName={node.name}", "State=RESUME"], False)
+            time.sleep(0.5)
+        self.wait_idle(timeout=5)
 
     # ----- commands -----------------------------------------------------------------------
 

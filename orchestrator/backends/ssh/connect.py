@@ -361,10 +361,20 @@ def connect(host: Host, session: SshSession) -> SshConnection:
 
 
 def connect_all(hosts: Sequence[Host], options: SshOptions | None) -> list:
-    """Connect to every host in parallel; local hosts get a local connection.
+    """Connect to every host in parallel (local ones locally); raise `NodeErrors` naming
+    every host that failed, after closing the others."""
+    connections, errors = connect_each(hosts, options)
+    if errors:
+        for connection in connections:
+            if connection is not None:
+                connection.close()
+        raise NodeErrors(list(errors.values()), "connecting")
+    return connections
 
-    Raises `NodeErrors` naming every host that failed (after closing the others).
-    """
+
+def connect_each(hosts: Sequence[Host], options: SshOptions | None) -> tuple[list, dict]:
+    """Connect to every host in parallel: a connection (None if it failed) per host, and
+    the errors by index (--spares replaces those hosts rather than giving up)."""
     from orchestrator.backends.local import LocalConnection
 
     session = SshSession(options)
@@ -374,17 +384,16 @@ def connect_all(hosts: Sequence[Host], options: SshOptions | None) -> list:
 
     with ThreadPoolExecutor(max_workers=min(64, max(1, len(hosts)))) as pool:
         futures = [pool.submit(one, host) for host in hosts]
-    connections, errors = [], []
-    for host, future in zip(hosts, futures, strict=True):
+    connections: list = []
+    errors: dict[int, NodeError] = {}
+    for index, (host, future) in enumerate(zip(hosts, futures, strict=True)):
         try:
             connections.append(future.result())
         except NodeError as exc:
-            errors.append(exc)
+            errors[index] = exc
         except Exception as exc:  # a bug or an unforeseen paramiko error: still name the host
-            errors.append(NodeError(host.name, f"cannot connect: {exc!r}"))
+            errors[index] = NodeError(host.name, f"cannot connect: {exc!r}")
+        if index in errors:
+            connections.append(None)
     session.report()
-    if errors:
-        for connection in connections:
-            connection.close()
-        raise NodeErrors(errors, "connecting")
-    return connections
+    return connections, errors

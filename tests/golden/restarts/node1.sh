@@ -10,6 +10,12 @@ orchestrator_node() {
     export MASTER_PORT=29500  # auto: a free port the master's kernel picked
     export ORCHESTRATOR_RUN_ID=golden-restarts
     export PYTHONUNBUFFERED=1
+    # CPU threads per rank: the node's usable cores shared by its 2 local rank(s), unless
+    # set already (torchrun's own default is 1 whenever it starts more than one rank).
+    if [ -z "${OMP_NUM_THREADS:-}" ]; then
+        OMP_NUM_THREADS=$(( $(nproc) / 2 ))
+        export OMP_NUM_THREADS=$(( OMP_NUM_THREADS > 0 ? OMP_NUM_THREADS : 1 ))
+    fi
 
     local ifname
     if ifname=$(orchestrator_route_ifname "$MASTER_ADDR") && [ -n "$ifname" ]; then

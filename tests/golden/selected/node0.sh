@@ -13,6 +13,12 @@ orchestrator_node() {
     export GLOO_SOCKET_IFNAME=ens5
     export ORCHESTRATOR_RUN_ID=golden-selected
     export PYTHONUNBUFFERED=1
+    # CPU threads per rank: the node's usable cores shared by its 4 local rank(s), unless
+    # set already (torchrun's own default is 1 whenever it starts more than one rank).
+    if [ -z "${OMP_NUM_THREADS:-}" ]; then
+        OMP_NUM_THREADS=$(( $(nproc) / 4 ))
+        export OMP_NUM_THREADS=$(( OMP_NUM_THREADS > 0 ? OMP_NUM_THREADS : 1 ))
+    fi
     # NCCL/gloo interface: probed: worker-0 reaches 10.1.0.1 via ens5
 
     # --bind-cores: one disjoint set of cores per local rank, from the probed topology; run_rank

@@ -14,6 +14,12 @@ orchestrator_node() {
     export GLOO_SOCKET_IFNAME=ens5
     export ORCHESTRATOR_RUN_ID=golden-2node
     export PYTHONUNBUFFERED=1
+    # CPU threads per rank: the node's usable cores shared by its 2 local rank(s), unless
+    # set already (torchrun's own default is 1 whenever it starts more than one rank).
+    if [ -z "${OMP_NUM_THREADS:-}" ]; then
+        OMP_NUM_THREADS=$(( $(nproc) / 2 ))
+        export OMP_NUM_THREADS=$(( OMP_NUM_THREADS > 0 ? OMP_NUM_THREADS : 1 ))
+    fi
     # NCCL/gloo interface: probed: node-a reaches 10.1.0.1 from 10.1.0.1 via ens5
 
     # Secrets are handed to the job at launch and never written here; export them first by hand.

@@ -1,0 +1,190 @@
+"""`launch --backend slurm --spares N`: a failed node is replaced by submitting the job again.
+
+SLURM ends a job whose node fails (NODE_FAIL, once slurmctld has not heard from the node's
+slurmd for SlurmdTimeout and marks it DOWN); the script asks `--no-requeue`, so SLURM does
+not requeue it in place. The follower then asks SLURM which of the job's nodes is down or
+not responding, puts it on the bad-node list (--bad-nodes) and submits the same job again
+(same run id, same command) without it, up to N times: with a hostfile, the next of the
+last N hosts (held back) takes its place in the node list; without one, the failed node
+goes into `--exclude` and SLURM chooses another from the partition. A job that ends by its
+own error (a rank's exit 3: FAILED, every node up) uses no spare.
+
+Why not within one allocation (nodes+N with --no-kill, srun steps on the healthy ones):
+the batch script lives on the first node, so that node's failure ends the job anyway, and
+the step's end does not say which node failed before SLURM marks it DOWN; resubmission
+treats every node alike, needs no idle extra nodes held for the whole run, and gives the
+replacement a job of its own (new id: no requeue hold, `cred_expire`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import replace
+
+from orchestrator.bad_nodes import add_bad_node
+from orchestrator.errors import ConfigError
+from orchestrator.recovery import Recovery
+from orchestrator.slurm.commands import SlurmCommands
+from orchestrator.slurm.parse import JobInfo
+from orchestrator.slurm.render import SlurmJob
+from orchestrator.supervise import Outcome
+
+BY_SLURM = "(chosen by SLURM)"
+
+
+def failed_nodes(commands: SlurmCommands, hosts: list[str]) -> list[tuple[str, str]]:
+    """The nodes of `hosts` that SLURM holds down, failed or not responding, with why."""
+    if not hosts:
+        return []
+    rc, out, _ = commands.run(["sinfo", "-h", "-N", "-n", ",".join(hosts), "-o", "%N|%T|%E"])
+    found = {}
+    for line in out.splitlines() if rc == 0 else ():
+        name, _, rest = line.strip().partition("|")
+        state, _, reason = rest.partition("|")
+        if name in hosts and (state.endswith("*") or "down" in state or "fail" in state):
+            found[name] = f"{state}" + (f": {reason}" if reason and reason != "none" else "")
+    return [(name, found[name]) for name in hosts if name in found]
+
+
+def check_capacity(commands: SlurmCommands, job: SlurmJob, partition: str | None) -> None:
+    """--spares N without a hostfile: the partition must have nodes+N nodes outside
+    --exclude (the bad-node list), or the replacement could never start."""
+    if not job.spares or job.nodelist:
+        return
+    argv = ["sinfo", "-h", "-N", "-o", "%N"] + (["-p", partition] if partition else [])
+    rc, out, _ = commands.run(argv)
+    if rc != 0:
+        return  # sbatch says what is wrong with the partition
+    usable = set(out.split()) - set(job.exclude)
+    if job.nnodes + job.spares > len(usable):
+        raise ConfigError(
+            f"--spares {job.spares} with --nodes {job.nnodes}: the job may need "
+            f"{job.nnodes + job.spares} nodes over its life, but partition "
+            f"{partition or '(default)'} has {len(usable)} usable ("
+            f"{', '.join(sorted(usable)) or 'none'}); ask for fewer spares"
+        )
+
+
+def resubmitted(job: SlurmJob, failed: str, job_dir: str | None) -> SlurmJob:
+    """The same job without node `failed`: a hostfile's next spare takes its place in the
+    node list, else SLURM chooses one, `failed` (with the earlier ones) in --exclude."""
+    nodelist, spare_nodes = job.nodelist, job.spare_nodes
+    if failed in nodelist and spare_nodes:
+        nodelist = tuple(spare_nodes[0] if n == failed else n for n in nodelist)
+        spare_nodes = spare_nodes[1:]
+    exclude = job.exclude if failed in job.exclude else (*job.exclude, failed)
+    lines = [line for line in job.sbatch_lines if not line.startswith("--exclude=")]
+    if nodelist:
+        lines = [
+            f"--nodelist={','.join(nodelist)}" if line.startswith("--nodelist=") else line
+            for line in lines
+        ]
+    else:
+        at = next((i for i, line in enumerate(lines) if line.startswith("--output=")), None)
+        lines.insert(len(lines) if at is None else at, f"--exclude={','.join(exclude)}")
+    return replace(
+        job,
+        nodelist=nodelist,
+        spare_nodes=spare_nodes,
+        exclude=exclude,
+        sbatch_lines=tuple(lines),
+        spares=job.spares - 1,
+        job_dir=job_dir,
+    )
+
+
+class SlurmSpares:
+    """The spares of one run: what failed, what replaced it, what is left."""
+
+    def __init__(
+        self,
+        job: SlurmJob,
+        commands: SlurmCommands,
+        bad_nodes: str | None,
+        submit: Callable[[SlurmJob, int], int],
+        note: Callable[[str], None],
+    ) -> None:
+        self.given = job.spares
+        self.commands, self.bad_nodes, self.submit, self.note = commands, bad_nodes, submit, note
+        self.recoveries: list[Recovery] = []
+        self.unreplaced: str | None = None  # the node fault that ended the run, if any
+        self.left, self.names = job.spares, job.spare_nodes
+        self.run_id, self.job_dir = job.run_id, job.job_dir
+        self.before: list[str] = []  # the nodes of the job that lost one
+
+    def failure(self, job_id: int, info: JobInfo, hosts: list[str]) -> tuple[str, str] | None:
+        """After job `job_id` ended as `info` says: its node that failed and why, or None
+        when the job ended by itself (every node up)."""
+        if info.state in ("COMPLETED", "CANCELLED"):
+            return None
+        failed = failed_nodes(self.commands, hosts)
+        if not failed:
+            return None
+        node, state = failed[0]
+        return node, f"SLURM job {job_id} ended {info.state}: {node} is {state}"
+
+    def replace(
+        self, job: SlurmJob, hosts: list[str], node: str, why: str
+    ) -> tuple[SlurmJob, int] | None:
+        """Put the failed `node` on the bad-node list and submit the job again without it:
+        the new job and its id, or None when no spare is left."""
+        self._mark_bad(node, why)
+        if job.spares <= 0:
+            self.unreplaced = why
+            return None
+        attempt = len(self.recoveries) + 2
+        job_dir = f"{self.job_dir}-{attempt}" if self.job_dir else None
+        new = resubmitted(job, node, job_dir)
+        spare = next((n for n in new.nodelist if n not in job.nodelist), BY_SLURM)
+        recovery = Recovery(attempt, hosts.index(node), node, why, spare, time.time())
+        self.recoveries.append(recovery)
+        self.left, self.names, self.before = new.spares, new.spare_nodes, list(hosts)
+        self.note(
+            f"attempt {attempt}: {node} taken out ({why}); submitting the job again "
+            + (f"with {spare} in its place" if spare != BY_SLURM else f"with --exclude={node}")
+            + f" (--spares: {new.spares} left)"
+        )
+        new_id = self.submit(new, attempt)
+        self.note(f"run {job.run_id}: SLURM job {new_id} submitted (attempt {attempt})")
+        return new, new_id
+
+    def running(self, hosts: list[str]) -> None:
+        """The newest job runs on `hosts`: the last recovery is complete."""
+        if self.recoveries and self.recoveries[-1].running_at is None:
+            recovery = self.recoveries[-1]
+            recovery.running_at = time.time()
+            if recovery.spare == BY_SLURM:
+                recovery.spare = next((h for h in hosts if h not in self.before), BY_SLURM)
+            self.note(
+                f"attempt {recovery.attempt}: running again on {', '.join(hosts)}, "
+                f"{recovery.running_at - recovery.noticed_at:.1f} s after the failure was seen"
+            )
+
+    def status(self) -> dict:
+        """The recovery part of status.json."""
+        return {
+            "spares": list(self.names),
+            "spares_left": self.left,
+            "recoveries": [r.to_dict() for r in self.recoveries],
+        }
+
+    def amend(self, outcome: Outcome) -> Outcome:
+        """The final outcome with the recoveries, and why no spare replaced a failed node."""
+        lines = [outcome.summary] if outcome.summary else []
+        if self.unreplaced:
+            lines.append(f"no spare left to replace it: --spares {self.given} used up")
+        if self.recoveries:
+            lines.append(f"recovered from {len(self.recoveries)} node failure(s) (--spares):")
+            lines += [f"  {recovery.describe()}" for recovery in self.recoveries]
+        return replace(outcome, summary="\n".join(lines))
+
+    def _mark_bad(self, host: str, why: str) -> None:
+        if not self.bad_nodes:
+            return
+        try:
+            add_bad_node(self.bad_nodes, host, self.run_id, why)
+        except OSError as exc:
+            self.note(f"warning: cannot add {host} to the bad-node list {self.bad_nodes}: {exc}")
+            return
+        self.note(f"{host} added to the bad-node list {self.bad_nodes}")

@@ -1,0 +1,57 @@
+"""Host lists compressed for the console (`ceon[1-64]`), read back by the hostfile's own
+range expansion."""
+
+from __future__ import annotations
+
+import re
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from orchestrator.hostlist import compress_hosts, expand_range
+
+
+def split_list(text: str) -> list[str]:
+    """'a[1-2,4],b' -> ['a[1-2,4]', 'b']: commas outside brackets separate hosts."""
+    return re.findall(r"(?:[^,\[]|\[[^\]]*\])+", text)
+
+
+def test_runs_ranges_padding_and_plain_names() -> None:
+    assert compress_hosts(f"ceon{i}" for i in range(1, 65)) == "ceon[1-64]"
+    assert compress_hosts(["node01", "node02", "node07", "node10", "login"]) == (
+        "node[01-02,07,10],login"
+    )
+    assert compress_hosts(["n1", "n3", "n2", "n5", "n3"]) == "n[1-3,5]"
+    assert compress_hosts(["gpu7"]) == "gpu7"
+    assert compress_hosts(["x9", "x10", "x11"]) == "x[9-11]"
+    assert compress_hosts(["a-1.lan", "a-2.lan"]) == "a-[1-2].lan"
+
+
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["ceon", "gpu-", "n"]), st.integers(0, 300), st.booleans()),
+        min_size=1,
+        max_size=40,
+    )
+)
+def test_the_list_expands_back_to_the_same_hosts(entries) -> None:
+    names = [f"{p}{n:03d}" if pad else f"{p}{n}" for p, n, pad in entries]
+    compressed = compress_hosts(names)
+    back = [host for part in split_list(compressed) for host in expand_range(part)]
+    assert sorted(back) == sorted(set(names)), compressed
+
+
+def test_the_preflight_summary_is_one_line_when_the_nodes_agree() -> None:
+    from orchestrator.hostfile import parse_hostfile
+    from orchestrator.plan import NodeFacts
+    from orchestrator.prepare import versions_summary
+
+    cluster = parse_hostfile("".join(f"ceon{i}\n" for i in range(1, 65)), "h.txt")
+    same = NodeFacts(python_version="3.11.7", torch_version="2.13.0+cpu")
+    facts = dict.fromkeys(range(64), same)
+    assert versions_summary(cluster, facts) == ["64 node(s): python 3.11.7, torch 2.13.0+cpu"]
+    facts[4] = facts[9] = NodeFacts(python_version="3.11.7", torch_version="2.4.0")
+    assert versions_summary(cluster, facts) == [
+        "ceon[1-4,6-9,11-64]: python 3.11.7, torch 2.13.0+cpu",
+        "ceon[5,10]: python 3.11.7, torch 2.4.0",
+    ]

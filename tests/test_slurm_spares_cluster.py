@@ -1,0 +1,139 @@
+"""`launch --backend slurm --spares N` on a real SLURM cluster: a node switched off mid-run
+(link down, every process of its namespace killed, slurmd included) is replaced by
+submitting the job again without it; a rank's own error uses no spare.
+
+SLURM notices the node after the lab's SlurmdTimeout (tests/lab/slurm.py), marks it DOWN
+and ends the job NODE_FAIL; the launcher then submits it again with the node excluded.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import time
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+
+from tests.lab.slurm import SlurmCluster
+from tests.slurm_helpers import (  # noqa: F401 (fixtures, used by name)
+    assert_gone,
+    combined,
+    command,
+    launch_args,
+    no_job_outlives_its_test,
+    orchestrator,
+    status_of,
+    wait_for,
+    work,
+)
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slurm]
+
+# Waits on the first job; in a later job (its marker written by another job id) it joins an
+# all_reduce over the new set of nodes and exits 0: a program resuming from its checkpoint.
+RESUMING = """\
+import os, sys, time
+from pathlib import Path
+rank, job, node = os.environ["RANK"], os.environ["SLURM_JOB_ID"], os.environ["SLURMD_NODENAME"]
+mark = Path(sys.argv[1]) / f"rank-{rank}"
+if mark.exists() and mark.read_text() != job:
+    import torch
+    import torch.distributed as dist
+    dist.init_process_group("gloo")
+    value = torch.tensor([1.0])
+    dist.all_reduce(value)
+    print(f"rank {rank} resumed on {node} in job {job}: all_reduce {value.item():g}", flush=True)
+    ok = value.item() == dist.get_world_size()
+    dist.destroy_process_group()
+    raise SystemExit(0 if ok else 1)
+mark.write_text(job)
+print(f"rank {rank} up on {node} in job {job}", flush=True)
+time.sleep(300)
+"""
+
+
+def _seconds(iso: str) -> float:
+    return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
+
+
+def test_a_node_switched_off_is_replaced_by_a_new_job_without_it(
+    slurm_cluster: SlurmCluster, work: Path
+) -> None:
+    (work / "resuming.py").write_text(RESUMING)
+    (work / "ckpt").mkdir()
+    bad = work / "bad-nodes.txt"
+    args = launch_args(work, "spare", "--nodes", "2", "--spares", "1", "--bad-nodes", str(bad))
+    proc = subprocess.Popen(
+        command(*args, "--", "resuming.py", "ckpt"),
+        cwd=work,
+        env=slurm_cluster.environ(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    victim = None
+    try:
+        wait_for(lambda: combined(work, "spare").count(" up on ") == 2, 60, "both ranks up")
+        first = re.findall(r"rank (\d) up on (\S+) in job (\d+)", combined(work, "spare"))
+        nodes = {rank: node for rank, node, _ in first}
+        victim = next(n for n in slurm_cluster.nodes if n.name == nodes["1"])  # not the batch host
+        off = time.time()
+        slurm_cluster.power_off(victim)
+        out, _ = proc.communicate(timeout=180)
+    finally:
+        proc.kill()
+        if victim is not None:
+            slurm_cluster.power_on(victim)
+    assert proc.returncode == 0, out
+    status = status_of(work, "spare")
+    assert status["state"] == "succeeded", out
+    [recovery] = status["recoveries"]
+    (spare,) = {n.name for n in slurm_cluster.nodes} - set(nodes.values())
+    assert (recovery["node"], recovery["spare"], recovery["attempt"]) == (victim.name, spare, 2)
+    assert "NODE_FAIL" in recovery["why"], recovery
+    assert status["spares_left"] == 0 and len(status["slurm_job_ids"]) == 2, status
+    resumed = re.findall(r"rank (\d) resumed on (\S+) in job \d+: all_reduce 2", out)
+    assert sorted(resumed) == sorted([("0", nodes["0"]), ("1", spare)]), out
+    assert f"--exclude={victim.name}" in (work / "runs" / "spare" / "job-2.sbatch").read_text()
+    listed = [line.split()[0] for line in bad.read_text().splitlines() if line[:1] != "#"]
+    assert listed == [victim.name], bad.read_text()
+    assert "recovered from 1 node failure(s)" in out, out
+    seen, running = _seconds(recovery["noticed_at"]), _seconds(recovery["running_again_at"])
+    print(
+        f"switched off -> NODE_FAIL seen: {seen - off:.1f} s; -> the new job running: "
+        f"{running - off:.1f} s (seen -> running {recovery['seconds_to_running']} s)"
+    )
+    for job_id in status["slurm_job_ids"]:
+        assert_gone(slurm_cluster, job_id, "spare")
+
+
+def test_a_rank_that_fails_by_itself_uses_no_spare(slurm_cluster: SlurmCluster, work: Path) -> None:
+    bad = work / "bad-nodes.txt"
+    done = orchestrator(
+        slurm_cluster,
+        work,
+        *launch_args(work, "own", "--nodes", "2", "--spares", "1", "--bad-nodes", str(bad)),
+        "--env",
+        "FAIL_RANK=1",
+        "--",
+        "ranks.py",
+    )
+    assert done.returncode == 3, done.stdout + done.stderr
+    status = status_of(work, "own")
+    assert (status["state"], status["recoveries"], status["spares_left"]) == ("failed", [], 1)
+    assert "slurm_job_ids" not in status and not bad.exists()
+    assert_gone(slurm_cluster, status["slurm_job_id"], "own")
+
+
+def test_more_spares_than_the_partition_holds_is_bad_input(
+    slurm_cluster: SlurmCluster, work: Path
+) -> None:
+    done = orchestrator(
+        slurm_cluster, work, *launch_args(work, "many", "--nodes", "2", "--spares", "2"), "--",
+        "ranks.py",
+    )  # fmt: skip
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "--spares 2 with --nodes 2" in done.stderr and "Traceback" not in done.stderr
+    assert slurm_cluster.run(["squeue", "-h"]).stdout.strip() == ""
