@@ -165,20 +165,19 @@ def _node_dict(node: NodePlan) -> dict:
         "python": node.python,
         "workdir": node.workdir,
         "ifname": f"{node.ifname or '(detected at start)'}  # {node.ifname_reason}",
-        "omp_num_threads": omp_threads(node),
+        "omp_num_threads": omp_threads(node.nproc, node.env),
         "env": dict(node.env),
     }
 
 
-def omp_threads(node: NodePlan) -> str:
-    """OMP_NUM_THREADS of the node's ranks as plan.yaml shows it: the user's, or the node's
-    usable cores shared by its local ranks (torchrun's own default, 1, starves CPU work)."""
-    chosen = dict(node.env).get("OMP_NUM_THREADS")
+def omp_threads(nproc: int, env: tuple[tuple[str, str], ...]) -> str:
+    """OMP_NUM_THREADS of a node's ranks as plan.yaml shows it: the user's, or the node's
+    usable cores shared by its `nproc` local ranks (torchrun's own default, 1, starves CPU
+    work). The node script works it out when it starts (templates/_omp_threads.sh.j2)."""
+    chosen = dict(env).get("OMP_NUM_THREADS")
     if chosen is not None:
         return f"{chosen}  # given (--env, --env-file or this shell's OMP_* variables)"
-    share = (
-        "its usable cores" if node.nproc == 1 else f"its usable cores / {node.nproc} local ranks"
-    )
+    share = "its usable cores" if nproc == 1 else f"its usable cores / {nproc} local ranks"
     return f"(at start: {share}, at least 1)  # unless OMP_NUM_THREADS is set there"
 
 

@@ -51,7 +51,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import IO
 
-POLL_S = 0.02
+POLL_S = 0.02  # while ranks print or the run stops: how often their files are read
+IDLE_POLL_S = 0.1  # quiet: the wait doubles up to this (a command or script output wakes it)
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
 
 
@@ -71,6 +72,7 @@ class Agent:
         self.stdin_open = True
         self.controller_silent = False
         self.lock: IO[str] | None = None
+        self.wait = POLL_S  # the loop's select timeout: POLL_S while busy, up to IDLE_POLL_S
         self.last_hb_in = time.monotonic()
         self.controller_host = ControllerHost()
         self.beating = threading.Event()
@@ -138,8 +140,9 @@ class Agent:
         if script_out is not None:
             readers.append(script_out.pipe.fileno())
         writers = [1] if self.outbox.data and self.outbox.open else []
+        outputs = self.outbox.outputs
         try:
-            readable, writable, _ = select.select(readers, writers, [], POLL_S)
+            readable, writable, _ = select.select(readers, writers, [], self.wait)
         except InterruptedError:
             return
         if 1 in writable:
@@ -160,8 +163,12 @@ class Agent:
         now = time.monotonic()
         self.disk.tick(now)
         self.check_controller(now)
-        if self.processes.stopping or self.processes.script_rc is not None:
+        ending = self.processes.stopping or self.processes.script_rc is not None
+        if ending:
             self.processes.enforce_stop(now, self.ranks.all_exited())
+        # An idle agent costs next to nothing: it backs off while nothing happens.
+        busy = ending or bool(readable) or self.outbox.outputs != outputs
+        self.wait = POLL_S if busy else min(IDLE_POLL_S, self.wait * 2)
 
     def heartbeats(self) -> None:
         """H every HEARTBEAT_S from a thread of its own, whatever the loop is doing."""

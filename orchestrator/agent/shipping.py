@@ -40,6 +40,7 @@ class Outbox:
         self.fd = fd
         self.data = bytearray()
         self.open = True  # False once the controller is gone: nothing more is kept
+        self.outputs = 0  # how many O frames so far: the agent polls faster while they come
         # The heartbeat thread sends and writes too: frames go in and out whole.
         self.lock = threading.Lock()
 
@@ -56,6 +57,7 @@ class Outbox:
 
     def output(self, rank: int, data: bytes) -> None:
         if data:
+            self.outputs += 1
             self.send_masked("O", rank, payload=data)
 
     def write_some(self) -> None:

@@ -35,7 +35,7 @@ from dataclasses import dataclass, fields
 
 from orchestrator.errors import ConfigError
 from orchestrator.hostfile import Cluster
-from orchestrator.plan import IFNAME_VARS, restarts_entry
+from orchestrator.plan import IFNAME_VARS, omp_threads, restarts_entry
 from orchestrator.render import render_template
 from orchestrator.spec import VISIBLE_DEVICES, JobSpec, Program
 
@@ -130,6 +130,7 @@ class SlurmJob:
             "master_addr": self.master_addr or "(first node of the allocation)",
             "master_port": self.master_port or f"({PORT_BASE} + job id % {PORT_SPAN})",
             "ifname": f"{self.ifname or '(detected on each node)'}  # {self.ifname_reason}",
+            "omp_num_threads": omp_threads(self.nproc, self.env),
             "python": self.python,
             "workdir": self.workdir,
             "sbatch": [f"#SBATCH {line}" for line in self.sbatch_lines],
