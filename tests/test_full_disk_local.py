@@ -126,7 +126,12 @@ def test_a_full_run_dir_does_not_stop_the_job_and_its_rank_files_are_completed(
             # the combined log lost lines while the disk was full, and goes on after
             last = f"[localhost r{rank}] rank {rank} line {FIRST + SECOND - 1:06d}"
             assert last in (logs / "combined.log").read_text()
-        assert "bytes of output are missing here" in (logs / "combined.log").read_text()
+        # Lines the combined log missed (whether it did depends on when its buffered writes
+        # met the full disk) are said to be missing, in place.
+        combined = (logs / "combined.log").read_text()
+        whole = sum(line.startswith("[localhost r") for line in combined.splitlines())
+        if whole < 2 * (FIRST + SECOND):
+            assert "bytes of output are missing here" in combined
         status = status_of(runs, "full")
         assert status["state"] == "succeeded" and status["exit_code"] == 0
         assert "incomplete_logs" not in status and status["node_copies"] == "removed"
