@@ -11,12 +11,12 @@ removes the copies of ended runs, on every node of a hostfile.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from orchestrator.backends.base import NodeConnection
 from orchestrator.execute import NodeResult, run_on_nodes
-from orchestrator.plan import NODE_RUNS_DIR
+from orchestrator.plan import NODE_RUNS_DIR, LaunchPlan
 from orchestrator.sizes import human_bytes
 
 REMOVE_TIME_LIMIT_S = 60.0
@@ -83,6 +83,31 @@ for run in runs:
 def copy_path(node_dir: str) -> str:
     """A node directory (~/.orchestrator/runs/RUN/nodeK) relative to the node's home."""
     return node_dir[2:] if node_dir.startswith("~/") else node_dir
+
+
+def node_copies(
+    plan: LaunchPlan,
+    keep: bool,
+    state: str,
+    connections: Sequence[NodeConnection],
+    note: Callable[[str], None],
+) -> str:
+    """Remove the nodes' copies of a run that succeeded (this machine's record now holds
+    all of it) unless `keep` (--keep-node-logs); say where they are, or what became of them."""
+    where = f"~/{NODE_RUNS_DIR}/{plan.run_id} on each node"
+    if keep:
+        return f"kept (--keep-node-logs): {where}"
+    if state != "succeeded":
+        return f"kept (the run {state}; `orchestrator clean` removes them): {where}"
+    # After a relaunch, the nodes may hold copies of earlier attempts too: all of the run goes.
+    dirs = [
+        node.node_dir if plan.attempt == 1 else f"~/{NODE_RUNS_DIR}/{plan.run_id}"
+        for node in plan.nodes
+    ]
+    failed = remove_copies(connections, [node.python for node in plan.nodes], dirs)
+    for why in failed:
+        note(f"warning: could not remove the node's copy of the run: {why}")
+    return f"removed, except on: {'; '.join(failed)}" if failed else "removed"
 
 
 def remove_copies(

@@ -14,6 +14,7 @@ from orchestrator.errors import Interrupted
 from orchestrator.hostfile import Cluster
 from orchestrator.logs import LogSink, use_color
 from orchestrator.nodes import Event, NodeSession, start_sessions
+from orchestrator.progress import Progress
 from orchestrator.supervise import NodeState, Supervisor, describe_exit, signals_to
 
 
@@ -72,6 +73,7 @@ def run_on_nodes(
     time_limit: float | None = None,
     tag: str = "command",
     what: str = "the command",
+    progress: Progress | None = None,
 ) -> list[NodeResult]:
     """Run argvs[i] on connections[i] with the interpreter pythons[i] running its agent.
 
@@ -103,6 +105,7 @@ def run_on_nodes(
             heartbeat_timeout=heartbeat_timeout,
             stop_on_failure=False,
             time_limit=time_limit,
+            on_change=lambda sup: progress and progress.count(*nodes_done(sup.nodes)),
         )
         with signals_to(supervisor):
             supervisor.run()
@@ -121,6 +124,12 @@ def run_on_nodes(
         detail = node.detail or ("time limit reached" if supervisor.timed_out else "")
         results.append(NodeResult(node.host, node.exit_code, text, node.state, detail))
     return results
+
+
+def nodes_done(nodes: Sequence[NodeState]) -> tuple[int, int]:
+    """How many nodes are done, and how many of those did not succeed."""
+    done = [node for node in nodes if node.done]
+    return len(done), sum(node.state != "succeeded" for node in done)
 
 
 def exec_on_cluster(

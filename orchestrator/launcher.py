@@ -16,7 +16,7 @@ from typing import BinaryIO
 
 from orchestrator.backends import close_all, connect_cluster, connect_each
 from orchestrator.backends.base import NodeConnection
-from orchestrator.copies import remove_copies
+from orchestrator.copies import node_copies
 from orchestrator.detach import run_detached
 from orchestrator.errors import (
     ConfigError,
@@ -26,7 +26,7 @@ from orchestrator.errors import (
 from orchestrator.hostfile import Cluster
 from orchestrator.logs import LogSink, use_color
 from orchestrator.nodes import Event, NodeSession, start_sessions
-from orchestrator.plan import NODE_RUNS_DIR, LaunchPlan, make_plan
+from orchestrator.plan import LaunchPlan, make_plan
 from orchestrator.prepare import (
     LaunchOptions,
     check_script_exists,
@@ -35,6 +35,7 @@ from orchestrator.prepare import (
     prepare,
     sync_code,
 )
+from orchestrator.progress import Progress
 from orchestrator.recovery import NodePool
 from orchestrator.refill import complete_rank_files
 from orchestrator.render import (
@@ -81,6 +82,7 @@ def run_plan(
     console: BinaryIO | None,
     on_started: Callable[[], None] = lambda: None,
     pool: NodePool | None = None,
+    progress: Progress | None = None,
 ) -> Outcome:
     """Start every node's agent with its script and supervise the run to its end.
 
@@ -129,8 +131,14 @@ def run_plan(
         nonlocal started_nodes
         state = "stopping" if sup.stopping else "running"
         record.write_status({**base, "state": state, **sup.status(), **recovery_status()})
-        if not started_nodes and all(n.state != "starting" for n in sup.nodes):
+        if started_nodes:
+            return
+        if progress is not None:
+            progress.count(*nodes_started(sup.nodes))
+        if all(n.state != "starting" for n in sup.nodes):
             started_nodes = True
+            if progress is not None:
+                progress.end()
             on_started()
 
     if plan.attempt > 1 and pool is not None:
@@ -176,6 +184,8 @@ def run_plan(
                 )
                 for node, connection in zip(plan.nodes, connections, strict=True)
             ]
+            if progress is not None:
+                progress.begin("starting", plan.nnodes)
             try:
                 sessions.extend(start_sessions(starts, events))
             except OrchestratorError as exc:  # the started nodes were stopped
@@ -195,6 +205,8 @@ def run_plan(
     finally:
         for session in sessions:
             session.close()
+        if progress is not None:
+            progress.end()
     elapsed = time.monotonic() - (pool.started if pool is not None else started)
     relaunch = pool is not None and pool.will_replace(outcome)
     if relaunch:
@@ -215,7 +227,7 @@ def run_plan(
     completion = complete_rank_files(plan, connections, sink)
     leftover = completion.status(options.ssh)
     copies = completion.kept_copies(plan.run_id) or node_copies(
-        plan, options, outcome, connections, sink.note
+        plan, options.keep_node_logs, outcome.state, connections, sink.note
     )
     status_error = record.write_status(
         {
@@ -238,29 +250,10 @@ def run_plan(
     return outcome
 
 
-def node_copies(
-    plan: LaunchPlan,
-    options: LaunchOptions,
-    outcome: Outcome,
-    connections: Sequence[NodeConnection],
-    note: Callable[[str], None],
-) -> str:
-    """Remove the nodes' copies of a run that succeeded (this machine's record now holds
-    all of it) unless --keep-node-logs; say where they are, or what became of them."""
-    where = f"~/{NODE_RUNS_DIR}/{plan.run_id} on each node"
-    if options.keep_node_logs:
-        return f"kept (--keep-node-logs): {where}"
-    if outcome.state != "succeeded":
-        return f"kept (the run {outcome.state}; `orchestrator clean` removes them): {where}"
-    # After a relaunch, the nodes may hold copies of earlier attempts too: all of the run goes.
-    dirs = [
-        node.node_dir if plan.attempt == 1 else f"~/{NODE_RUNS_DIR}/{plan.run_id}"
-        for node in plan.nodes
-    ]
-    failed = remove_copies(connections, [node.python for node in plan.nodes], dirs)
-    for why in failed:
-        note(f"warning: could not remove the node's copy of the run: {why}")
-    return f"removed, except on: {'; '.join(failed)}" if failed else "removed"
+def nodes_started(nodes) -> tuple[int, int]:
+    """How many nodes got past starting (their script runs or ended), and how many failed."""
+    past = [node for node in nodes if node.state != "starting"]
+    return len(past), sum(node.state in ("failed", "lost") for node in past)
 
 
 def launch(
@@ -336,16 +329,20 @@ def _launch(
             pass
 
     everyone = replace(cluster, hosts=cluster.hosts + cluster.spares, spares=())
-    # With spares, a host that cannot be reached is replaced, not the end of the launch.
-    connections, unreachable = (
-        connect_each(everyone, options.ssh)
-        if cluster.spares
-        else (connect_cluster(everyone, options.ssh), {})
-    )
+    progress = Progress.to(out)
+    progress.begin("connecting", len(everyone.hosts))
+    try:  # with spares, a host that cannot be reached is replaced, not the end of the launch
+        connections, unreachable = (
+            connect_each(everyone, options.ssh, progress.tick)
+            if cluster.spares
+            else (connect_cluster(everyone, options.ssh, progress.tick), {})
+        )
+    finally:
+        progress.end()
     pool = NodePool(cluster, connections, options.run_id, options.bad_nodes, note)
     try:
         pool.replace_unreachable(unreachable)
-        plan, scripts = prepare(pool.cluster, spec, options, pool.connections, note, pool)
+        plan, scripts = prepare(pool.cluster, spec, options, pool.connections, note, pool, progress)
         if dry_run:
             out.write(dry_run_text(plan, scripts).encode())
             out.flush()
@@ -364,13 +361,22 @@ def _launch(
             write_rendered(record.path, plan, scripts)
             sync_code(plan, pool.connections, note)
             outcome = run_plan(
-                plan, scripts, spec, options, pool.connections, record, console, started, pool
+                plan,
+                scripts,
+                spec,
+                options,
+                pool.connections,
+                record,
+                console,
+                started,
+                pool,
+                progress,
             )
             if outcome.state != "recovering":
                 pool.recover(outcome.node_fault, None)  # no spare: the bad-node list only
                 return outcome.exit_code
             try:
-                probe = preflight_probe(spec, options) if options.preflight else None
+                probe = preflight_probe(spec, options, progress) if options.preflight else None
                 pool.recover(outcome.node_fault, probe)
             except OrchestratorError as exc:  # no spare passed its probe, or Ctrl-C
                 record.write_status(

@@ -14,6 +14,7 @@ from orchestrator.hostfile import Cluster
 from orchestrator.hostlist import compress_hosts
 from orchestrator.plan import LaunchPlan, NodeFacts, make_plan
 from orchestrator.probe import MIN_FREE_DISK, ProbeResult, probe_nodes
+from orchestrator.progress import Progress
 from orchestrator.recovery import NodePool, Probe
 from orchestrator.render import command_line, plan_yaml, render_node_scripts, script_name
 from orchestrator.spec import JobSpec
@@ -42,13 +43,14 @@ def prepare(
     connections: Sequence[NodeConnection] | None,
     note=lambda text: None,
     pool: NodePool | None = None,
+    progress: Progress | None = None,
 ) -> tuple[LaunchPlan, dict[str, str]]:
     """Probe (when connected), plan and render; nothing starts. With a `pool` (--spares),
     the preflight probes the spares too, and a spare replaces a host that fails it."""
     facts: dict[int, NodeFacts] = {}
     if connections is not None and options.preflight:
         pool = pool or NodePool(cluster, connections, options.run_id)
-        warnings = pool.preflight(preflight_probe(spec, options))
+        warnings = pool.preflight(preflight_probe(spec, options, progress))
         cluster, facts = pool.cluster, pool.facts
         for line in versions_summary(cluster, facts):
             note(line)
@@ -73,7 +75,9 @@ def versions_summary(cluster: Cluster, facts: dict[int, NodeFacts]) -> list[str]
     return [f"{compress_hosts(hosts)}: {text}" for text, hosts in ordered]
 
 
-def preflight_probe(spec: JobSpec, options: LaunchOptions) -> Probe:
+def preflight_probe(
+    spec: JobSpec, options: LaunchOptions, progress: Progress | None = None
+) -> Probe:
     """The preflight probe of some node ranks of a cluster, failures returned, not raised."""
 
     def probe(cluster: Cluster, connections: Sequence[NodeConnection], only) -> ProbeResult:
@@ -85,6 +89,7 @@ def preflight_probe(spec: JobSpec, options: LaunchOptions) -> Probe:
             min_free_disk=options.min_free_disk,
             only=only,
             raise_errors=False,
+            progress=progress,
         )
 
     return probe

@@ -18,6 +18,7 @@ from orchestrator.execute import run_on_nodes
 from orchestrator.hostfile import Cluster
 from orchestrator.hostlist import compress_hosts
 from orchestrator.plan import NodeFacts
+from orchestrator.progress import Progress
 from orchestrator.render import render_template
 from orchestrator.sizes import format_size, human_bytes
 from orchestrator.spec import JobSpec
@@ -78,6 +79,7 @@ def probe_nodes(
     min_free_disk: int = MIN_FREE_DISK,
     only: Collection[int] | None = None,
     raise_errors: bool = True,
+    progress: Progress | None = None,
 ) -> ProbeResult:
     """Probe every node (or the node ranks in `only`) in parallel; raise `NodeErrors`
     naming each node that cannot run (with raise_errors=False: return them, by node rank).
@@ -101,14 +103,21 @@ def probe_nodes(
         )
         for index, host, python in zip(chosen, hosts, pythons, strict=True)
     ]
-    results = run_on_nodes(
-        connections,
-        pythons,
-        [["bash", "-c", s] for s in scripts],
-        time_limit=PROBE_TIME_LIMIT_S,
-        tag=tag,
-        what="the preflight probe",
-    )
+    if progress is not None:
+        progress.begin("probing", len(chosen))
+    try:
+        results = run_on_nodes(
+            connections,
+            pythons,
+            [["bash", "-c", s] for s in scripts],
+            time_limit=PROBE_TIME_LIMIT_S,
+            tag=tag,
+            what="the preflight probe",
+            progress=progress,
+        )
+    finally:
+        if progress is not None:
+            progress.end()
     errors: dict[int, NodeError] = {}
     stopped: dict[int, NodeError] = {}
     facts: dict[int, NodeFacts] = {}

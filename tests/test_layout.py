@@ -36,6 +36,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "orchestrator.runs",
         "orchestrator.detach",
         "orchestrator.bad_nodes",
+        "orchestrator.progress",
     ),
     ("orchestrator.execute", "orchestrator.supervise", "orchestrator.probe"),
     (

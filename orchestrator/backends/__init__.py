@@ -9,27 +9,30 @@ from orchestrator.errors import NodeError
 from orchestrator.hostfile import Cluster
 
 
-def connect_cluster(cluster: Cluster, ssh_options: SshOptions | None) -> list[NodeConnection]:
-    """A connection to every node: this machine directly, others over SSH in parallel."""
+def connect_cluster(
+    cluster: Cluster, ssh_options: SshOptions | None, on_done=None
+) -> list[NodeConnection]:
+    """A connection to every node: this machine directly, others over SSH in parallel;
+    `on_done(ok)` as each node is done (orchestrator.progress)."""
     if cluster.is_local:
         from orchestrator.backends.local import LocalConnection
 
         return [LocalConnection(host.name) for host in cluster.hosts]
     from orchestrator.backends.ssh import connect_all
 
-    return connect_all(cluster.hosts, ssh_options)
+    return connect_all(cluster.hosts, ssh_options, on_done)
 
 
 def connect_each(
-    cluster: Cluster, ssh_options: SshOptions | None
+    cluster: Cluster, ssh_options: SshOptions | None, on_done=None
 ) -> tuple[list[NodeConnection | None], dict[int, NodeError]]:
     """As connect_cluster, but a host that cannot be reached gives None and its error (by
     index) instead of failing the whole step."""
     if cluster.is_local:
         return connect_cluster(cluster, ssh_options), {}  # type: ignore[return-value]
-    from orchestrator.backends.ssh.connect import connect_each as connect_each_ssh
+    from orchestrator.backends.ssh import connect_each as connect_each_ssh
 
-    return connect_each_ssh(cluster.hosts, ssh_options)
+    return connect_each_ssh(cluster.hosts, ssh_options, on_done)
 
 
 def close_all(connections: Sequence[NodeConnection | None]) -> None:

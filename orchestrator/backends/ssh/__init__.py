@@ -2,11 +2,12 @@
 
 config.py (what `ssh -G` would resolve), known_hosts.py and certs.py (the files and
 certificates), trust.py (the host key decision), identities.py (the keys offered for login),
-connect.py (paramiko connections).
+connect.py (paramiko connections), fanout.py (many at once).
 """
 
 from __future__ import annotations
 
-from orchestrator.backends.ssh.connect import SshConnection, SshSession, connect, connect_all
+from orchestrator.backends.ssh.connect import SshConnection, SshSession, connect
+from orchestrator.backends.ssh.fanout import connect_all, connect_each
 
-__all__ = ["SshConnection", "SshSession", "connect", "connect_all"]
+__all__ = ["SshConnection", "SshSession", "connect", "connect_all", "connect_each"]

@@ -14,8 +14,6 @@ import shlex
 import socket
 import stat
 import threading
-from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 
 import paramiko
 
@@ -29,7 +27,7 @@ from orchestrator.backends.base import (
 from orchestrator.backends.ssh.config import SshConfig, Target, resolve
 from orchestrator.backends.ssh.identities import OfferedKeys
 from orchestrator.backends.ssh.trust import HostKeyRefused, Trust
-from orchestrator.errors import NodeError, NodeErrors
+from orchestrator.errors import NodeError
 from orchestrator.hostfile import Host
 
 KEEPALIVE_S = 5
@@ -358,42 +356,3 @@ def connect(host: Host, session: SshSession) -> SshConnection:
             hop.close()
         raise
     return SshConnection(host.name, target, client, hops)
-
-
-def connect_all(hosts: Sequence[Host], options: SshOptions | None) -> list:
-    """Connect to every host in parallel (local ones locally); raise `NodeErrors` naming
-    every host that failed, after closing the others."""
-    connections, errors = connect_each(hosts, options)
-    if errors:
-        for connection in connections:
-            if connection is not None:
-                connection.close()
-        raise NodeErrors(list(errors.values()), "connecting")
-    return connections
-
-
-def connect_each(hosts: Sequence[Host], options: SshOptions | None) -> tuple[list, dict]:
-    """Connect to every host in parallel: a connection (None if it failed) per host, and
-    the errors by index (--spares replaces those hosts rather than giving up)."""
-    from orchestrator.backends.local import LocalConnection
-
-    session = SshSession(options)
-
-    def one(host: Host):
-        return LocalConnection(host.name) if host.is_local else session.connect(host)
-
-    with ThreadPoolExecutor(max_workers=min(64, max(1, len(hosts)))) as pool:
-        futures = [pool.submit(one, host) for host in hosts]
-    connections: list = []
-    errors: dict[int, NodeError] = {}
-    for index, (host, future) in enumerate(zip(hosts, futures, strict=True)):
-        try:
-            connections.append(future.result())
-        except NodeError as exc:
-            errors[index] = exc
-        except Exception as exc:  # a bug or an unforeseen paramiko error: still name the host
-            errors[index] = NodeError(host.name, f"cannot connect: {exc!r}")
-        if index in errors:
-            connections.append(None)
-    session.report()
-    return connections, errors
