@@ -58,7 +58,7 @@ class CaptureSink:
         text = b"".join(self.output.get(node, [])).decode(errors="replace")
         return text.splitlines()[-20:]
 
-    def flush(self) -> None:
+    def flush(self, drain: bool = False) -> None:
         pass
 
 
@@ -141,13 +141,14 @@ def exec_on_cluster(
     grace: float,
     time_limit: float | None,
     color: str,
+    fold: bool = True,
 ) -> int:
     """`orchestrator exec`: the command on every node, attributed output, exit-code table."""
     out = sys.stdout.buffer
     connections = connect_cluster(cluster, ssh_options)
     try:
         labels = {index: host.name for index, host in enumerate(cluster.hosts)}
-        sink = LogSink(None, {}, labels, out, use_color(sys.stdout, color))
+        sink = LogSink(None, {}, labels, out, use_color(sys.stdout, color), fold=fold)
         results = run_on_nodes(
             connections,
             [h.python or python for h in cluster.hosts],

@@ -113,6 +113,7 @@ def run_plan(
         console,
         use_color(sys.stdout, options.color),
         mask=mask,
+        fold=options.fold,
     )
     backend = "local" if plan.is_local else "ssh"
     base = base_status(plan, options, backend)

@@ -12,15 +12,17 @@ import os
 import re
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
+from orchestrator.fold import Folder, split_prefix
 from orchestrator.logfile import LogFile, open_append
 
 COLORS = (36, 33, 32, 35, 34, 31, 96, 93, 92, 95, 94, 91)  # ANSI foreground codes
 RESET = b"\x1b[0m"
 TAIL_LINES = 20
+ORCHESTRATOR = b"[orchestrator] "
 
 
 def use_color(stream: object, choice: str = "auto") -> bool:
@@ -52,6 +54,8 @@ class LogSink:
         color: bool,
         mask: Callable[[bytes], bytes] = lambda data: data,
         opener: Callable[[Path], BinaryIO] = open_append,
+        fold: bool = False,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.logs_dir = logs_dir
         self.console = console
@@ -68,6 +72,8 @@ class LogSink:
             for prefix in self.node_prefix.values():
                 self.color_prefix[prefix] = b"\x1b[1m" + prefix[:-1] + RESET + b" "
         self.opener = opener
+        self.clock = clock
+        self.folder = Folder(self._show_folded) if fold and console is not None else None
         self.files: dict[str, LogFile] = {}
         self.rank_files: dict[int, LogFile] = {}
         self.warned = False
@@ -97,7 +103,7 @@ class LogSink:
             "its output is kept whole on the nodes"
         )
         data = self.mask(text.encode() + b"\n")
-        self._to_console(b"[orchestrator] ", data, prefix_lines(data, b"[orchestrator] "))
+        self._to_console(ORCHESTRATOR, data, prefix_lines(data, ORCHESTRATOR))
 
     def incomplete(self) -> dict[int, tuple[int, int]]:
         """Rank files that missed bytes: rank -> (its size when first opened here, its size
@@ -110,7 +116,29 @@ class LogSink:
 
     def _to_console(self, prefix: bytes, data: bytes, prefixed: bytes) -> None:
         """`prefixed` is data with `prefix`, as the combined log has it: reused unless the
-        console shows a coloured prefix (one pass less over every byte)."""
+        console shows a coloured prefix (one pass less over every byte). A rank's or node's
+        lines go through the folder when the console folds; the orchestrator's own lines
+        first show what it holds."""
+        if self.console is None:
+            return
+        if self.folder is not None:
+            if prefix == ORCHESTRATOR:
+                self.folder.drain()
+            else:
+                now = self.clock()
+                for line in data.splitlines(keepends=True):
+                    self.folder.add(now, prefix, line)
+                return
+        self._write_console(prefix, data, prefixed)
+
+    def _show_folded(self, prefix: bytes, line: bytes, folded: bool) -> None:
+        if folded and self.color_prefix:
+            shown = b"\x1b[1m" + prefix[:-1] + RESET + b" " + line
+        else:
+            shown = prefix + line
+        self._write_console(prefix, line, shown)
+
+    def _write_console(self, prefix: bytes, data: bytes, prefixed: bytes) -> None:
         if self.console is None:
             return
         shown = self.color_prefix.get(prefix, prefix)
@@ -150,7 +178,7 @@ class LogSink:
     def note(self, text: str) -> None:
         """A line from the orchestrator itself, into the combined log and the console."""
         data = self.mask(text.rstrip("\n").encode() + b"\n")
-        prefix = b"[orchestrator] "
+        prefix = ORCHESTRATOR
         prefixed = prefix_lines(data, prefix)
         self._write("combined.log", prefixed)
         self._to_console(prefix, data, prefixed)
@@ -159,7 +187,13 @@ class LogSink:
         tails = self.rank_tails.get(rank) if rank is not None else self.node_tails.get(node)
         return [line.decode(errors="replace") for line in (tails or ())]
 
-    def flush(self) -> None:
+    def flush(self, drain: bool = False) -> None:
+        """Write what waits; the folder shows the lines whose wait is over (all: `drain`)."""
+        if self.folder is not None:
+            if drain:
+                self.folder.drain()
+            else:
+                self.folder.release(self.clock())
         for handle in self.files.values():
             error = handle.flush()
             if error is not None:
@@ -172,7 +206,7 @@ class LogSink:
 
     def close(self) -> None:
         """Write what waits and close the files; a later line opens them again."""
-        self.flush()
+        self.flush(drain=True)
         for handle in self.files.values():
             error = handle.close()
             if error is not None:
@@ -218,10 +252,12 @@ def follow(
     from_start: bool = True,
     poll_s: float = 0.2,
     offset: int | None = None,
+    idle: bool = False,
 ) -> Iterator[bytes]:
     """Yield whole lines of a growing file until `is_done()` and nothing more arrives.
 
     Starts at byte `offset` when given, else at the start or (from_start=False) the end.
+    `idle`: yield b"" each time it finds nothing new, before it waits.
     """
     if offset is None:
         offset = 0 if from_start else (path.stat().st_size if path.exists() else 0)
@@ -244,7 +280,38 @@ def follow(
                 yield partial + b"\n"
             return
         else:
+            if idle:
+                yield b""
             time.sleep(poll_s)
+
+
+# A log read back whole has no times: its fold windows count lines instead of seconds.
+LINE_WINDOWS = {"window": 1000, "quiet": 1000, "longest": 5000, "recent": 10000}
+
+
+def fold_lines(lines: Iterable[bytes], clock: Callable[[], float] | None = None) -> Iterator[bytes]:
+    """Combined-log lines folded as the console folds them (orchestrator.fold). With
+    `clock` (a log followed live) the windows are seconds and b"" items are ticks of
+    it; without, they count lines. The orchestrator's own lines pass as they are."""
+    shown: list[bytes] = []
+    folder = Folder(
+        lambda prefix, text, folded: shown.append(prefix + text),
+        **({} if clock is not None else LINE_WINDOWS),
+    )
+    for count, line in enumerate(lines):
+        now = clock() if clock is not None else float(count)
+        if line:
+            parts = split_prefix(line)
+            if parts is None or parts[0] == ORCHESTRATOR:
+                folder.drain()
+                shown.append(line)
+            else:
+                folder.add(now, *parts)
+        folder.release(now)
+        yield from shown
+        shown.clear()
+    folder.drain()
+    yield from shown
 
 
 def line_filter(grep: str | None, node: str | None) -> Callable[[bytes], bool]:

@@ -32,6 +32,7 @@ class LaunchOptions:
     keep_node_logs: bool = False
     bad_nodes: str | None = None  # --bad-nodes FILE: where node faults write the hosts out
     color: str = "auto"
+    fold: bool = True  # --no-fold: the console shows every line as printed
     preflight: bool = True
     ssh: SshOptions | None = None
 

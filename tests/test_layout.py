@@ -32,6 +32,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "orchestrator.backends",
         "orchestrator.nodes",
         "orchestrator.logs",
+        "orchestrator.fold",
         "orchestrator.logfile",
         "orchestrator.runs",
         "orchestrator.detach",

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from orchestrator.hostlist import expand_range
 from tests.cli_helpers import assert_nothing_left, run_cli, status_of, wait_until
 
 pytestmark = pytest.mark.cluster
@@ -314,17 +315,15 @@ def test_environment_reaches_every_node_and_secrets_stay_secret(cluster, workdir
         env={"NCCL_DEBUG": "WARN", "TORCH_CPP_LOG_LEVEL": "ERROR"},
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    for rank, node in enumerate(cluster.nodes):
-        for line in (
-            "NCCL_DEBUG=WARN",
-            "TORCH_CPP_LOG_LEVEL=ERROR",
-            "FOO=a b $c",
-            "FROM_FILE=file value",
-            "HF_TOKEN=***",
-        ):
-            assert f"[{node.name} r{rank}] {line}" in done.stdout, (line, done.stdout)
-    assert secret not in done.stdout + done.stderr
     record = workdir / "runs" / "envs"
+    expected = ["NCCL_DEBUG=WARN", "TORCH_CPP_LOG_LEVEL=ERROR", "FOO=a b $c"]
+    expected += ["FROM_FILE=file value", "HF_TOKEN=***"]
+    for rank in range(len(cluster.nodes)):  # what each rank printed, in its own file
+        assert (record / "logs" / f"rank-{rank}.log").read_text().splitlines() == expected
+    ranks = sorted(f"r{rank}" for rank in range(len(cluster.nodes)))
+    for line in expected:  # the console: once for all three, or split if a rank was late
+        assert covered(done.stdout.splitlines(), line) == ranks, (line, done.stdout)
+    assert secret not in done.stdout + done.stderr
     for path in record.rglob("*"):
         if path.is_file():
             assert secret not in path.read_text(errors="replace"), path
@@ -341,7 +340,8 @@ def test_environment_reaches_every_node_and_secrets_stay_secret(cluster, workdir
         env={"NCCL_DEBUG": "WARN"},
     )
     assert plain.returncode == 0
-    assert f"[{cluster.nodes[0].name} r0] NCCL_DEBUG=<unset>" in plain.stdout
+    unset = workdir / "runs" / "noenv" / "logs" / "rank-0.log"
+    assert unset.read_text() == "NCCL_DEBUG=<unset>\n"
 
 
 def test_sync_copies_the_code_to_every_node(cluster, workdir: Path) -> None:
@@ -402,6 +402,76 @@ def test_exec_runs_a_command_everywhere_with_a_summary(cluster, workdir: Path) -
     assert failing.returncode == 1
     assert re.search(rf"^{cluster.nodes[1].name}\s+exit code 4$", failing.stdout, re.M)
     assert "2 of 3 node(s) succeeded" in failing.stdout
+
+
+ALIKE = textwrap.dedent("""
+    import os
+    rank = int(os.environ["RANK"])
+    print("loading shards", flush=True)
+    if rank == 4:
+        print("rank 4 has a line of its own", flush=True)
+    print(f"rank {rank} done", flush=True)
+""")
+
+
+def covered(lines: list[str], text: str) -> list[str]:
+    """The sources ('ceon2 r3', or 'ceon2' for a node's line) of the console lines that
+    show `text`, folded ones expanded."""
+    sources = []
+    for line in lines:
+        match = re.fullmatch(r"\[(\S+?)(?: (r\S+))?\] " + re.escape(text), line)
+        if match is None:
+            continue
+        hosts, ranks = match.groups()
+        names = expand_range(hosts)
+        if ranks is None:
+            sources += names
+        else:
+            numbers = [int(r[1:]) for r in expand_range(ranks)]
+            sources += [f"r{n}" for n in numbers]
+    return sorted(sources)
+
+
+def test_lines_every_rank_prints_alike_show_once(cluster, workdir: Path) -> None:
+    (workdir / "alike.py").write_text(ALIKE)
+    hostfile = cluster.write_hostfile(workdir / "hosts.txt", slots=2)
+    done = cli(cluster, workdir, *launch_args(workdir, hostfile, "alike", "--", "alike.py"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    # the six ranks start together: one line (two if a rank is late) names all of them
+    shards = [line for line in lines if line.endswith("] loading shards")]
+    assert 1 <= len(shards) <= 2, done.stdout
+    assert covered(lines, "loading shards") == sorted(f"r{r}" for r in range(6)), done.stdout
+    assert f"[{cluster.nodes[2].name} r4] rank 4 has a line of its own" in lines
+    for rank in range(6):
+        assert f"[{cluster.nodes[rank // 2].name} r{rank}] rank {rank} done" in lines
+    logs = workdir / "runs" / "alike" / "logs"
+    for rank in range(6):  # the run record keeps every line
+        own = "rank 4 has a line of its own\n" if rank == 4 else ""
+        text = f"loading shards\n{own}rank {rank} done\n"
+        assert (logs / f"rank-{rank}.log").read_text() == text
+    runs = ["--run-dir", str(workdir / "runs")]
+    folded = cli(cluster, workdir, "logs", "alike", *runs)
+    assert covered(folded.stdout.splitlines(), "loading shards") == [f"r{r}" for r in range(6)]
+    assert len([x for x in folded.stdout.splitlines() if x.endswith("loading shards")]) == 1
+    raw = cli(cluster, workdir, "logs", "alike", "--no-fold", *runs)
+    assert raw.stdout == (logs / "combined.log").read_text()
+    assert raw.stdout.count("] loading shards\n") == 6
+    unfolded = cli(
+        cluster, workdir, *launch_args(workdir, hostfile, "raw", "--no-fold", "--", "alike.py")
+    )
+    assert unfolded.returncode == 0, unfolded.stdout + unfolded.stderr
+    for rank in range(6):
+        node = cluster.nodes[rank // 2].name
+        assert f"[{node} r{rank}] loading shards\n" in unfolded.stdout
+    same = cli(
+        cluster, workdir, "exec", str(hostfile), "--color", "never", "--", "echo same; hostname -I"
+    )
+    assert same.returncode == 0, same.stdout + same.stderr
+    shown = same.stdout.splitlines()
+    assert covered(shown, "same") == sorted(node.name for node in cluster.nodes), same.stdout
+    for node in cluster.nodes:
+        assert any(line.startswith(f"[{node.name}] {node.address}") for line in shown), shown
 
 
 def test_ssh_config_alias_and_proxy_jump_are_honoured(cluster, workdir: Path) -> None:

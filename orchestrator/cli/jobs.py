@@ -16,6 +16,7 @@ from orchestrator.cli.backend_options import (
 )
 from orchestrator.cli.context import CONTEXT
 from orchestrator.cli.options import (
+    fold_option,
     gpus_chosen,
     job_options,
     make_spec,
@@ -146,6 +147,7 @@ def size_value(param: click.Parameter, value: str) -> int:
     show_default=True,
     help="Colour the rank prefixes.",
 )
+@fold_option
 def launch(
     hostfile,
     program,
@@ -158,6 +160,7 @@ def launch(
     min_free_disk,
     keep_node_logs,
     color,
+    fold,
     run_id,
     run_dir,
     backend,
@@ -202,6 +205,7 @@ def launch(
         keep_node_logs=keep_node_logs,
         bad_nodes=selection.bad_nodes,
         color=color,
+        fold=fold,
         preflight=preflight,
         ssh=ssh,
     )
@@ -317,7 +321,8 @@ def render(hostfile, program, out_dir, run_id, backend, spares, **job):
     show_default=True,
     help="Colour the host prefixes.",
 )
-def exec_command(hostfile, command, python, grace, timeout, color, **ssh):
+@fold_option
+def exec_command(hostfile, command, python, grace, timeout, color, fold, **ssh):
     """Run a shell command on every node of HOSTFILE at once.
 
     Output comes back attributed ([host] line); a table of exit codes ends it. The exit
@@ -337,6 +342,7 @@ def exec_command(hostfile, command, python, grace, timeout, color, **ssh):
         grace=grace,
         time_limit=timeout,
         color=color,
+        fold=fold,
     )
 
 

@@ -249,6 +249,19 @@ def run_dir_option(func):
     )(func)
 
 
+def fold_option(func):
+    return click.option(
+        "--no-fold",
+        "fold",
+        is_flag=True,
+        flag_value=False,
+        default=True,
+        help="Show every line as printed. By default a line that several ranks or nodes "
+        "print alike within a moment is shown once, prefixed with their host and rank "
+        "lists ([ceon[1-64] r[0-63]] ...); the log files always hold every line.",
+    )(func)
+
+
 def refuse_empty(**flags: str | None) -> None:
     """Refuse a flag given as '' (or blanks) instead of silently taking it as not given.
 

@@ -7,7 +7,7 @@ import sys
 import click
 
 from orchestrator.cli.context import CONTEXT
-from orchestrator.cli.options import run_dir_option
+from orchestrator.cli.options import fold_option, run_dir_option
 from orchestrator.errors import ConfigError
 
 
@@ -31,16 +31,19 @@ from orchestrator.errors import ConfigError
     help="Complete the rank files that the run record could not take whole (its disk "
     "was full) from the nodes' copies, then exit.",
 )
-def logs(run_id, run_dir, follow, rank, node, grep, tail, fetch):
+@fold_option
+def logs(run_id, run_dir, follow, rank, node, grep, tail, fetch, fold):
     """Print a run's combined log (or one rank's), or follow it while it runs.
 
     With --fetch: complete the rank files that status.json lists as incomplete, from
     the nodes' copies (reached as the launch reached them), one line per file completed.
     """
+    import itertools
     import re
+    import time
 
+    from orchestrator.logs import fold_lines, last_lines_of, line_filter
     from orchestrator.logs import follow as follow_file
-    from orchestrator.logs import last_lines_of, line_filter
     from orchestrator.runs import FINAL_STATES, RunRecord, controller_alive
 
     record = RunRecord.open(run_dir, run_id)
@@ -73,15 +76,17 @@ def logs(run_id, run_dir, follow, rank, node, grep, tail, fetch):
 
     if tail is not None:
         end = path.stat().st_size if path.exists() else 0  # the tail, then follow from here
-        for line in last_lines_of(path, tail, end=end, keep=keep if grep or node else None):
-            out.write(line)
-        out.flush()
-        lines = follow_file(path, done, offset=end) if follow else iter(())
+        head = last_lines_of(path, tail, end=end, keep=keep if grep or node else None)
+        rest = follow_file(path, done, offset=end, idle=True) if follow else iter(())
+        lines = itertools.chain(head, rest)
     else:
-        lines = follow_file(path, done if follow else (lambda: True))
+        lines = follow_file(path, done if follow else (lambda: True), idle=True)
+    lines = (line for line in lines if not line or keep(line))
+    if fold and rank is None:
+        lines = fold_lines(lines, time.monotonic if follow else None)
     try:
         for line in lines:
-            if keep(line):
+            if line:
                 out.write(line)
                 out.flush()
     except BrokenPipeError:

@@ -52,10 +52,11 @@ class Follower:
         console: BinaryIO | None,
         color: bool,
         spares: SlurmSpares | None = None,
+        fold: bool = True,
     ) -> None:
         self.job, self.record, self.commands, self.job_id = job, record, commands, job_id
-        self.base, self.console, self.color = base, console, color
-        self.sink = LogSink(record.logs_dir, {}, {}, console, color)
+        self.base, self.console, self.color, self.fold = base, console, color, fold
+        self.sink = LogSink(record.logs_dir, {}, {}, console, color, fold=fold)
         self.sup: Supervisor | None = None
         self.info = JobInfo(state="PENDING")
         self.files: AttemptFiles | None = None
@@ -216,7 +217,12 @@ class Follower:
                 labels[rank] = f"{host} r{rank}"
         self.sink.close()
         self.sink = LogSink(
-            self.record.logs_dir, labels, dict(enumerate(hosts)), self.console, self.color
+            self.record.logs_dir,
+            labels,
+            dict(enumerate(hosts)),
+            self.console,
+            self.color,
+            fold=self.fold,
         )
         port = job.master_port or PORT_BASE + self.job_id % PORT_SPAN
         self.base.update(master=f"{job.master_addr or hosts[0]}:{port}", attempt=details.restarts)

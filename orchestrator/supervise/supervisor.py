@@ -117,7 +117,7 @@ class Supervisor:
             self._loop()
         finally:
             ended.set()
-        self.sink.flush()
+        self.sink.flush(drain=True)
         outcome = self.outcome()
         self.on_change(self)
         return outcome

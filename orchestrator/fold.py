@@ -1,0 +1,185 @@
+"""Folding the console: a line that many ranks (or nodes) print alike is shown once.
+
+A line is held for a short window; the ranks that print the same text within it join it,
+and it is shown once with their host list and rank list in the SLURM syntax the hostfile
+reads: `[ceon[1-64] r[0-63]] hello`. A line no other rank prints is shown as it would be
+unfolded, one window late. Ranks rarely start together at scale, so copies of a text that
+come after it was shown join one more line for that text, shown once they stop coming for
+a while (or after a longest wait): 256 ranks that print the same line over a minute show
+it a handful of times, not 256.
+
+Each rank's own lines keep their order on the console: showing a line first shows the
+held lines of its ranks that came before it. Only the console is folded; the run record
+keeps every line as printed.
+
+Times are whatever clock the caller counts in (`now`): seconds for a live stream, line
+numbers for a log file read back.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import OrderedDict, deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from orchestrator.hostlist import compress_hosts
+
+WINDOW_S = 0.25  # how long a new line waits for copies; the most a distinct line is held
+QUIET_S = 1.0  # late copies of a shown line: shown once none came for this long
+LONGEST_S = 5.0  # ... or this long after the first of them
+RECENT_S = 10.0  # a text shown this recently gathers late copies instead of a new window
+
+_PREFIX = re.compile(rb"\[([^\]\s]+)(?: r(\d+))?\] ")
+
+
+@dataclass(eq=False)
+class _Group:
+    """One console line in waiting: a text and the sources (prefixes) that printed it."""
+
+    text: bytes
+    kind: bool  # a rank's line (True) or a node's (False)
+    opened: float
+    late: bool  # copies of a text shown recently: waits for QUIET/LONGEST, not WINDOW
+    seq: int = 0  # order opened: a source joins only groups opened after its waiting ones
+    last: float = 0.0
+    members: list[bytes] = field(default_factory=list)
+    joined: set[bytes] = field(default_factory=set)
+    done: bool = False
+
+
+def split_prefix(line: bytes) -> tuple[bytes, bytes] | None:
+    """`[ceon1 r0] text` -> (b'[ceon1 r0] ', b'text'); None for a line without one."""
+    match = _PREFIX.match(line)
+    if match is None:
+        return None
+    return line[: match.end()], line[match.end() :]
+
+
+class Folder:
+    """Gathers prefixed lines and shows each text once per group of sources.
+
+    `show(prefix, text, folded)` prints one line; `folded` is True when the prefix names
+    several sources.
+    """
+
+    def __init__(
+        self,
+        show: Callable[[bytes, bytes, bool], None],
+        window: float = WINDOW_S,
+        quiet: float = QUIET_S,
+        longest: float = LONGEST_S,
+        recent: float = RECENT_S,
+    ) -> None:
+        self.show = show
+        self.window, self.quiet, self.longest, self.recent = window, quiet, longest, recent
+        self.open: dict[tuple[bool, bytes], _Group] = {}  # the group a new copy joins
+        self.firsts: deque[_Group] = deque()  # due in the order opened
+        self.lates: list[_Group] = []
+        self.pending: dict[bytes, deque[_Group]] = {}  # a source's waiting lines, in order
+        self.shown: OrderedDict[tuple[bool, bytes], float] = OrderedDict()
+        self.labels: dict[bytes, tuple[str, int | None]] = {}
+        self.opened = 0
+
+    def _label(self, prefix: bytes) -> tuple[str, int | None]:
+        label = self.labels.get(prefix)
+        if label is None:
+            match = _PREFIX.match(prefix)
+            if match is None:
+                label = (prefix.decode(errors="replace").strip("[] "), None)
+            else:
+                host, rank = match.groups()
+                label = (host.decode(errors="replace"), int(rank) if rank else None)
+            self.labels[prefix] = label
+        return label
+
+    def add(self, now: float, prefix: bytes, text: bytes) -> None:
+        """One whole line (`text` ends with its newline) from the source `prefix`."""
+        kind = self._label(prefix)[1] is not None
+        key = (kind, text)
+        group = self.open.get(key)
+        waiting = self.pending.get(prefix)
+        if (
+            group is None
+            or group.done
+            or prefix in group.joined
+            or (waiting and waiting[-1].seq > group.seq)  # would show before its own earlier line
+        ):
+            seen = self.shown.get(key)
+            late = seen is not None and now - seen <= self.recent
+            self.opened += 1
+            group = self.open[key] = _Group(text, kind, now, late, self.opened)
+            (self.lates.append if late else self.firsts.append)(group)
+        group.members.append(prefix)
+        group.joined.add(prefix)
+        group.last = now
+        if waiting is None:
+            waiting = self.pending[prefix] = deque()
+        waiting.append(group)
+        self.shown[key] = now
+        self.shown.move_to_end(key)
+
+    def release(self, now: float) -> None:
+        """Show every line whose wait is over."""
+        while self.firsts and (self.firsts[0].done or now - self.firsts[0].opened >= self.window):
+            self._emit(self.firsts.popleft())
+        if self.lates:
+            for group in [g for g in self.lates if self._late_due(g, now)]:
+                self._emit(group)
+            self.lates = [g for g in self.lates if not g.done]
+        while self.shown:
+            key, when = next(iter(self.shown.items()))
+            if now - when <= self.recent:
+                break
+            self.shown.popitem(last=False)
+
+    def _late_due(self, group: _Group, now: float) -> bool:
+        return group.done or min(group.last + self.quiet, group.opened + self.longest) <= now
+
+    def drain(self) -> None:
+        """Show everything held, in order (before a line of our own, and at the end)."""
+        while self.firsts or self.lates:
+            first = self.firsts[0] if self.firsts else None
+            late = self.lates[0] if self.lates else None
+            if late is None or (first is not None and first.opened <= late.opened):
+                self._emit(self.firsts.popleft())
+            else:
+                self._emit(self.lates.pop(0))
+        self.shown.clear()
+
+    def _emit(self, group: _Group) -> None:
+        """Show `group`, after the lines its sources printed before it."""
+        stack = [group]
+        while stack:
+            top = stack[-1]
+            if top.done:
+                stack.pop()
+                continue
+            before = next(
+                (self.pending[m][0] for m in top.members if self.pending[m][0] is not top), None
+            )
+            if before is not None:
+                stack.append(before)
+                continue
+            stack.pop()
+            top.done = True
+            for member in top.members:
+                waiting = self.pending[member]
+                waiting.popleft()
+                if not waiting:
+                    del self.pending[member]
+            if self.open.get((top.kind, top.text)) is top:
+                del self.open[(top.kind, top.text)]
+            if len(top.members) == 1:
+                self.show(top.members[0], top.text, False)
+            else:
+                self.show(self.prefix_of(top.members), top.text, True)
+
+    def prefix_of(self, members: list[bytes]) -> bytes:
+        """`[ceon[1-4] r[0-7]] ` for several ranks, `[ceon[1-4]] ` for several nodes."""
+        labels = [self._label(m) for m in members]
+        hosts = compress_hosts(host for host, _ in labels)
+        ranks = [rank for _, rank in labels if rank is not None]
+        if not ranks:
+            return f"[{hosts}] ".encode()
+        return f"[{hosts} {compress_hosts(f'r{rank}' for rank in sorted(ranks))}] ".encode()
