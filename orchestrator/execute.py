@@ -54,6 +54,9 @@ class CaptureSink:
     def note(self, text: str) -> None:
         self.notes.append(text)
 
+    def node_note(self, node: int, host: str, text: str) -> None:
+        self.notes.append(f"{host}: {text}")
+
     def last_lines(self, rank: int | None = None, node: int | None = None) -> list[str]:
         text = b"".join(self.output.get(node, [])).decode(errors="replace")
         return text.splitlines()[-20:]

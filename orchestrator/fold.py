@@ -8,6 +8,13 @@ come after it was shown join one more line for that text, shown once they stop c
 a while (or after a longest wait): 256 ranks that print the same line over a minute show
 it a handful of times, not 256.
 
+The orchestrator's own lines about one node (`[orchestrator] ceon3: stopping (stop
+requested)`) fold the same way across nodes: `[orchestrator] ceon[1-16]: stopping ...`.
+
+Lines that differ only in a leading time stamp (torch's `[W1125 13:34:54.336425368
+socket.cpp:207] ...`, logging's `2026-11-25 13:34:54,336 ...`) count as alike; the folded
+line shows the first copy's stamp.
+
 Each rank's own lines keep their order on the console: showing a line first shows the
 held lines of its ranks that came before it. Only the console is folded; the run record
 keeps every line as printed.
@@ -30,6 +37,12 @@ QUIET_S = 1.0  # late copies of a shown line: shown once none came for this long
 LONGEST_S = 5.0  # ... or this long after the first of them
 RECENT_S = 10.0  # a text shown this recently gathers late copies instead of a new window
 
+ORCHESTRATOR = b"[orchestrator] "  # the prefix of the orchestrator's own lines
+# a time stamp at the start of a line: glog/c10 (`W1125 13:34:54.336425 [thread]`) or ISO 8601
+_STAMP = re.compile(
+    rb"^\[?(?:[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+(?: +\d+)?"
+    rb"|\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?)"
+)
 _PREFIX = re.compile(rb"\[([^\]\s]+)(?: r(\d+))?\] ")
 
 
@@ -37,8 +50,9 @@ _PREFIX = re.compile(rb"\[([^\]\s]+)(?: r(\d+))?\] ")
 class _Group:
     """One console line in waiting: a text and the sources (prefixes) that printed it."""
 
-    text: bytes
-    kind: bool  # a rank's line (True) or a node's (False)
+    text: bytes  # as the first copy printed it
+    key: tuple[str, bytes]  # what copies share: the kind and the text without a time stamp
+    kind: str  # a rank's line, a node's, or a note of ours about a node
     opened: float
     late: bool  # copies of a text shown recently: waits for QUIET/LONGEST, not WINDOW
     seq: int = 0  # order opened: a source joins only groups opened after its waiting ones
@@ -73,11 +87,11 @@ class Folder:
     ) -> None:
         self.show = show
         self.window, self.quiet, self.longest, self.recent = window, quiet, longest, recent
-        self.open: dict[tuple[bool, bytes], _Group] = {}  # the group a new copy joins
+        self.open: dict[tuple[str, bytes], _Group] = {}  # the group a new copy joins
         self.firsts: deque[_Group] = deque()  # due in the order opened
         self.lates: list[_Group] = []
         self.pending: dict[bytes, deque[_Group]] = {}  # a source's waiting lines, in order
-        self.shown: OrderedDict[tuple[bool, bytes], float] = OrderedDict()
+        self.shown: OrderedDict[tuple[str, bytes], float] = OrderedDict()
         self.labels: dict[bytes, tuple[str, int | None]] = {}
         self.opened = 0
 
@@ -93,10 +107,15 @@ class Folder:
             self.labels[prefix] = label
         return label
 
-    def add(self, now: float, prefix: bytes, text: bytes) -> None:
-        """One whole line (`text` ends with its newline) from the source `prefix`."""
-        kind = self._label(prefix)[1] is not None
-        key = (kind, text)
+    def add(self, now: float, prefix: bytes, text: bytes, about: str | None = None) -> None:
+        """One whole line (`text` ends with its newline) from the source `prefix`; with
+        `about`, a note of ours about that host (`prefix` is `[orchestrator] HOST: `)."""
+        if about is not None:
+            self.labels[prefix] = (about, None)
+            kind = "note"
+        else:
+            kind = "rank" if self._label(prefix)[1] is not None else "node"
+        key = (kind, _STAMP.sub(b"", text, count=1))
         group = self.open.get(key)
         waiting = self.pending.get(prefix)
         if (
@@ -108,7 +127,7 @@ class Folder:
             seen = self.shown.get(key)
             late = seen is not None and now - seen <= self.recent
             self.opened += 1
-            group = self.open[key] = _Group(text, kind, now, late, self.opened)
+            group = self.open[key] = _Group(text, key, kind, now, late, self.opened)
             (self.lates.append if late else self.firsts.append)(group)
         group.members.append(prefix)
         group.joined.add(prefix)
@@ -168,17 +187,20 @@ class Folder:
                 waiting.popleft()
                 if not waiting:
                     del self.pending[member]
-            if self.open.get((top.kind, top.text)) is top:
-                del self.open[(top.kind, top.text)]
+            if self.open.get(top.key) is top:
+                del self.open[top.key]
             if len(top.members) == 1:
                 self.show(top.members[0], top.text, False)
             else:
-                self.show(self.prefix_of(top.members), top.text, True)
+                self.show(self.prefix_of(top.members, top.kind), top.text, True)
 
-    def prefix_of(self, members: list[bytes]) -> bytes:
-        """`[ceon[1-4] r[0-7]] ` for several ranks, `[ceon[1-4]] ` for several nodes."""
+    def prefix_of(self, members: list[bytes], kind: str = "rank") -> bytes:
+        """`[ceon[1-4] r[0-7]] ` for several ranks, `[ceon[1-4]] ` for several nodes,
+        `[orchestrator] ceon[1-4]: ` for a note of ours about several nodes."""
         labels = [self._label(m) for m in members]
         hosts = compress_hosts(host for host, _ in labels)
+        if kind == "note":
+            return ORCHESTRATOR + f"{hosts}: ".encode()
         ranks = [rank for _, rank in labels if rank is not None]
         if not ranks:
             return f"[{hosts}] ".encode()

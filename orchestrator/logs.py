@@ -16,13 +16,12 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-from orchestrator.fold import Folder, split_prefix
+from orchestrator.fold import ORCHESTRATOR, Folder, split_prefix
 from orchestrator.logfile import LogFile, open_append
 
 COLORS = (36, 33, 32, 35, 34, 31, 96, 93, 92, 95, 94, 91)  # ANSI foreground codes
 RESET = b"\x1b[0m"
 TAIL_LINES = 20
-ORCHESTRATOR = b"[orchestrator] "
 
 
 def use_color(stream: object, choice: str = "auto") -> bool:
@@ -183,6 +182,17 @@ class LogSink:
         self._write("combined.log", prefixed)
         self._to_console(prefix, data, prefixed)
 
+    def node_note(self, node: int, host: str, text: str) -> None:
+        """A line of ours about one node (`HOST: text`): a note, which the console folds
+        across nodes saying the same (`[orchestrator] ceon[1-16]: stopping ...`)."""
+        data = self.mask(f"{host}: {text.rstrip()}\n".encode())
+        self._write("combined.log", ORCHESTRATOR + data)
+        about = f"{host}: ".encode()
+        if self.folder is not None and self.console is not None and data.startswith(about):
+            self.folder.add(self.clock(), ORCHESTRATOR + about, data[len(about) :], about=host)
+        else:
+            self._to_console(ORCHESTRATOR, data, ORCHESTRATOR + data)
+
     def last_lines(self, rank: int | None = None, node: int | None = None) -> list[str]:
         tails = self.rank_tails.get(rank) if rank is not None else self.node_tails.get(node)
         return [line.decode(errors="replace") for line in (tails or ())]
@@ -285,6 +295,8 @@ def follow(
             time.sleep(poll_s)
 
 
+NOTE_ABOUT = re.compile(rb"(\S+?): ")  # `[orchestrator] ceon3: stopping ...`: a note about ceon3
+
 # A log read back whole has no times: its fold windows count lines instead of seconds.
 LINE_WINDOWS = {"window": 1000, "quiet": 1000, "longest": 5000, "recent": 10000}
 
@@ -292,7 +304,8 @@ LINE_WINDOWS = {"window": 1000, "quiet": 1000, "longest": 5000, "recent": 10000}
 def fold_lines(lines: Iterable[bytes], clock: Callable[[], float] | None = None) -> Iterator[bytes]:
     """Combined-log lines folded as the console folds them (orchestrator.fold). With
     `clock` (a log followed live) the windows are seconds and b"" items are ticks of
-    it; without, they count lines. The orchestrator's own lines pass as they are."""
+    it; without, they count lines. The orchestrator's own lines pass as they are, but
+    for those about one host (`[orchestrator] HOST: ...`), folded across hosts."""
     shown: list[bytes] = []
     folder = Folder(
         lambda prefix, text, folded: shown.append(prefix + text),
@@ -302,7 +315,11 @@ def fold_lines(lines: Iterable[bytes], clock: Callable[[], float] | None = None)
         now = clock() if clock is not None else float(count)
         if line:
             parts = split_prefix(line)
-            if parts is None or parts[0] == ORCHESTRATOR:
+            about = NOTE_ABOUT.match(line, len(ORCHESTRATOR)) if parts else None
+            if parts is not None and parts[0] == ORCHESTRATOR and about is not None:
+                prefix = line[: about.end()]
+                folder.add(now, prefix, line[about.end() :], about=about.group(1).decode())
+            elif parts is None or parts[0] == ORCHESTRATOR:
                 folder.drain()
                 shown.append(line)
             else:

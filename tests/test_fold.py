@@ -221,3 +221,40 @@ def test_a_log_read_back_folds_the_same_way() -> None:
         b"[ceon[1-2]] torchrun says\n",
         b"[orchestrator] run r1 succeeded\n",
     ]
+
+
+def test_our_notes_about_nodes_fold_across_the_nodes_that_say_the_same(tmp_path: Path) -> None:
+    console = io.BytesIO()
+    nodes = {k: f"ceon{k + 1}" for k in range(16)}
+    sink = LogSink(tmp_path, {}, nodes, console, False, fold=True)
+    for k, host in nodes.items():
+        sink.node_note(k, host, "stopping (stop requested)")
+    sink.node_note(3, "ceon4", "rank 3 ignored SIGTERM: killed")
+    sink.close()
+    assert console.getvalue().decode().splitlines() == [
+        "[orchestrator] ceon[1-16]: stopping (stop requested)",
+        "[orchestrator] ceon4: rank 3 ignored SIGTERM: killed",
+    ]
+    combined = (tmp_path / "combined.log").read_bytes()
+    assert combined.count(b": stopping (stop requested)\n") == 16  # the record keeps each
+    assert list(fold_lines(combined.splitlines(keepends=True))) == [
+        b"[orchestrator] ceon[1-16]: stopping (stop requested)\n",
+        b"[orchestrator] ceon4: rank 3 ignored SIGTERM: killed\n",
+    ]
+
+
+def test_lines_that_differ_only_in_a_leading_time_stamp_fold_showing_the_first() -> None:
+    shown = Console()
+    folder = Folder(shown)
+    warning = "socket.cpp:207] [c10d] The hostname of the client socket cannot be retrieved."
+    for n, stamp in enumerate(["13:34:54.336425368", "13:34:54.363554339", "13:34:54.429955"]):
+        folder.add(0.0, f"[ceon{n + 1}] ".encode(), f"[W1125 {stamp} {warning}\n".encode())
+    for n in range(2):
+        folder.add(0.0, rank(n), f"2026-11-25 13:34:5{n},12{n} INFO epoch 1 done\n".encode())
+    folder.add(0.0, rank(2), b"2026-11-25 13:34:52,120 INFO epoch 2 done\n")
+    folder.drain()
+    assert shown.lines == [
+        f"[ceon[1-3]] [W1125 13:34:54.336425368 {warning}",
+        "[ceon[1-2] r[0-1]] 2026-11-25 13:34:50,120 INFO epoch 1 done",
+        "[ceon3 r2] 2026-11-25 13:34:52,120 INFO epoch 2 done",
+    ]

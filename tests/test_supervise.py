@@ -422,3 +422,26 @@ def test_closing_lines_name_the_restarts_on_success_and_the_summary_on_failure()
         "rank 1 failed",
         "run r1 failed (exit code 3) after 5.0 s; logs in runs/r1/logs",
     ]
+
+
+def test_ranks_torchrun_ended_after_their_node_mate_failed_were_stopped() -> None:
+    """Rank 1 fails (exit 3); its torchrun ends rank 0 with SIGTERM before our stop reaches
+    the node, and that exit may even be reported first: rank 0 was stopped, rank 1 failed."""
+    det, stopper, _ = detector()
+    now = time.time()
+    assert det.rank_exited(0, 143, now - 0.9) == "rank 0 on a failed"  # reported first
+    stopper.begin(1, "rank 0 on a failed")
+    assert det.rank_exited(1, 3, now - 1) is None
+    det.rank_exited(2, 143, now, after_stop=True)
+    det.rank_exited(3, 143, now, after_stop=True)
+    outcome = det.outcome()
+    assert [det.ranks[r].state for r in range(4)] == ["stopped", "failed", "stopped", "stopped"]
+    assert (outcome.state, outcome.exit_code) == ("failed", 3)
+    assert "rank 1 (local rank 1) on a ended with exit code 3" in outcome.summary
+
+
+def test_a_sigterm_nobody_on_its_node_explains_is_a_failure() -> None:
+    det, _, _ = detector()
+    assert det.rank_exited(2, 143, time.time()) == "rank 2 on b failed"
+    det.outcome()
+    assert det.ranks[2].state == "failed"

@@ -21,6 +21,7 @@ from orchestrator.supervise.state import (
     RankState,
     describe_exit,
     killed_from_outside,
+    terminated,
 )
 from orchestrator.supervise.stopping import Stopper
 from orchestrator.supervise.verdict import FAULT_KINDS, Facts, verdict
@@ -214,7 +215,19 @@ class Detector:
             describe_restart(n, cause, self.started_wall) for n, cause in enumerate(causes, start=1)
         ]
 
+    def settle_teardown(self) -> None:
+        """torchrun ends a node's other workers with SIGTERM once one of them fails, often
+        before the stop reaches that node: a rank that ended so, no earlier than a rank of
+        its node that failed by itself, was stopped, not failed."""
+        for node in self.nodes:
+            failed = [self.ranks[r] for r in node.ranks if self.ranks[r].state == "failed"]
+            own = [r.ended_at for r in failed if not terminated(r.exit_code) and r.ended_at]
+            for rank in failed if own else ():
+                if terminated(rank.exit_code) and (rank.ended_at or 0) >= min(own):
+                    rank.state = "stopped"
+
     def outcome(self, timed_out: bool = False) -> Outcome:
+        self.settle_teardown()
         self.settle_restarts()
         outcome = self._outcome(timed_out)
         restarts = self.restart_lines()

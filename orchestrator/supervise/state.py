@@ -81,6 +81,11 @@ def killed_from_outside(code: int | None) -> bool:
     return code is not None and any(code in (-sig, 128 + sig) for sig in KILLED_FROM_OUTSIDE)
 
 
+def terminated(code: int | None) -> bool:
+    """An exit code that says SIGTERM: how torchrun ends a node's other workers."""
+    return code in (-signal.SIGTERM, 128 + signal.SIGTERM)
+
+
 def describe_exit(code: int | None) -> str:
     if code is None:
         return "no exit status (killed or lost)"

@@ -1,0 +1,146 @@
+"""The folded console: a job whose ranks all print the same line, folded vs --no-fold.
+
+    python benchmarks/folded_console.py [--nodes 64] [--ranks-per-node 2]
+    (as root: it builds a namespace cluster of N nodes with sshd, tests/lab)
+
+Every rank prints "hello from a rank" and exits. `orchestrator launch` runs on a
+pseudo-terminal, as at a desk, with --color never; the baseline is the same launch with
+--no-fold, in the same run, on the same cluster; a third run pipes the folded console into
+a file (as a CI log would). Counted: the lines the console shows in all (the live progress
+line, rewritten in place and cleared, is not one), the lines saying hello and the ranks
+they name (folded ones expanded), and whether every rank file holds its line whole. Passes
+when the folded console names every rank once, shows at most 25 lines in all on the
+terminal, --no-fold shows one hello line per rank, and every rank file is whole.
+"""
+
+from __future__ import annotations
+
+import os
+import pty
+import re
+import subprocess
+import time
+from pathlib import Path
+
+from common import ORCHESTRATOR, lab_cluster, machine_line, parser, say, scratch, table
+
+HELLO = "hello from a rank"
+PROGRAM = f"print({HELLO!r}, flush=True)\n"
+MOST_LINES = 25
+SHOWN = re.compile(r"\[(\S+?)(?: (r\S+))?\] " + re.escape(HELLO))
+
+
+def on_terminal(argv: list[str], env: dict, cwd: Path, timeout: float) -> tuple[int, str]:
+    """Run argv with a pseudo-terminal as its stdout and stderr: its exit code and output."""
+    primary, secondary = pty.openpty()
+    proc = subprocess.Popen(
+        argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=secondary, stderr=secondary
+    )
+    os.close(secondary)
+    seen, deadline = b"", time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            chunk = os.read(primary, 65536)
+        except OSError:  # the program ended: the terminal is closed
+            break
+        if not chunk:
+            break
+        seen += chunk
+    os.close(primary)
+    try:
+        code = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        code = 124
+    return code, seen.decode(errors="replace")
+
+
+def console_lines(text: str) -> list[str]:
+    """What a terminal shows at the end: each line as last drawn; cleared lines are gone."""
+    shown = []
+    for line in text.replace("\r\n", "\n").split("\n"):
+        line = line.split("\r\x1b[K")[-1]
+        if line.strip():
+            shown.append(line)
+    return shown
+
+
+def ranks_named(lines: list[str]) -> list[int]:
+    from orchestrator.hostlist import expand_range
+
+    ranks = []
+    for line in lines:
+        match = SHOWN.fullmatch(line)
+        if match is not None and match.group(2):
+            ranks += [int(name[1:]) for name in expand_range(match.group(2))]
+    return sorted(ranks)
+
+
+def measure(n: int, per_node: int, timeout: float) -> bool:
+    world = n * per_node
+    rows, verdicts = [], []
+    with scratch("orchestrator-bench-fold-") as work, lab_cluster(n) as cluster:
+        say(f"\n{n} node(s), {per_node} rank(s) each ({world} ranks); {machine_line()}")
+        (work / "hello.py").write_text(PROGRAM)
+        hostfile = cluster.write_hostfile(work / "hosts.txt", slots=per_node)
+        env = cluster.environ()
+        base = [*ORCHESTRATOR, "launch", str(hostfile), "--run-dir", str(work / "runs")]
+        base += ["--color", "never"]
+        for name, extra, tty in (
+            ("folded, terminal", [], True),
+            ("--no-fold, terminal", ["--no-fold"], True),
+            ("folded, piped", [], False),
+        ):
+            run_id = f"fold-{len(rows)}"
+            argv = [*base, "--run-id", run_id, *extra, "--", "hello.py"]
+            start = time.monotonic()
+            if tty:
+                code, text = on_terminal(argv, env, work, timeout)
+            else:
+                done = subprocess.run(
+                    argv, cwd=work, env=env, capture_output=True, text=True, timeout=timeout
+                )
+                code, text = done.returncode, done.stdout + done.stderr
+            took = time.monotonic() - start
+            lines = console_lines(text)
+            hello = [line for line in lines if SHOWN.fullmatch(line)]
+            named = ranks_named(hello)
+            logs = work / "runs" / run_id / "logs"
+            whole = all(
+                (logs / f"rank-{r}.log").exists()
+                and (logs / f"rank-{r}.log").read_text() == HELLO + "\n"
+                for r in range(world)
+            )
+            every = named == list(range(world))
+            rows.append([name, code, len(lines), len(hello), f"{len(set(named))}/{world}"])
+            rows[-1] += ["yes" if whole else "NO", f"{took:.0f}"]
+            if name.startswith("folded, terminal"):
+                verdicts.append(code == 0 and every and len(lines) <= MOST_LINES and whole)
+                say("  folded console, as shown:\n    " + "\n    ".join(lines))
+            elif name.startswith("--no-fold"):
+                verdicts.append(code == 0 and len(hello) == world and every and whole)
+            else:
+                verdicts.append(code == 0 and every and whole)
+    headers = ["console", "exit", "lines in all", "hello lines", "ranks named", "files whole"]
+    say(table([*headers, "s"], rows))
+    folded, raw = rows[0][2], rows[1][2]
+    passed = all(verdicts)
+    say(
+        f"{n} nodes: {'PASS' if passed else 'FAIL'}: the folded terminal showed {folded} "
+        f"line(s) in all (at most {MOST_LINES}), --no-fold {raw} ({folded / raw:.2f}x)"
+    )
+    return passed
+
+
+def main() -> int:
+    cli = parser(__doc__.splitlines()[0], "64", 1)
+    cli.add_argument("--ranks-per-node", type=int, default=2, help="ranks per node (2)")
+    cli.add_argument("--timeout", type=float, default=1800, help="seconds a launch may take")
+    args = cli.parse_args()
+    say(__doc__.split("\n\n", 2)[2].rstrip())
+    results = [measure(n, args.ranks_per_node, args.timeout) for n in args.nodes]
+    return 0 if all(results) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
