@@ -2,8 +2,10 @@
 
 On a terminal: one line, rewritten in place (`[orchestrator] probing: 812/1024 nodes, 2
 failed`) and cleared when the step ends. Elsewhere (a pipe, a log file): nothing for a step
-that ends within `QUIET_S`, then a line every `QUIET_S` at most, so a quick start prints no
-progress at all and a slow one says how far it got. Counts may come from any thread.
+that ends within `QUIET_S`, then a line after 5 s, 15 s, 35 s, ... (each gap twice the last,
+a minute at most), so a quick start prints no progress at all, a slow one says how far it
+got, and a start of many minutes (1 000 nodes on a busy login node) does not flood a log
+with it. Counts may come from any thread.
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ import time
 from collections.abc import Callable
 from typing import BinaryIO
 
-QUIET_S = 5.0  # not on a terminal: the least time between two lines (and before the first)
+QUIET_S = 5.0  # not on a terminal: the time before the first line, then the first gap
+LONGEST_GAP_S = 60.0  # ... which doubles with every line up to this
 REDRAW_S = 0.1  # on a terminal: the least time between two redraws
 CLEAR = b"\r\x1b[K"
 
@@ -31,6 +34,7 @@ class Progress:
         self.lock = threading.Lock()
         self.what, self.total, self.done, self.failed = "", 0, 0, 0
         self.began = self.shown = 0.0
+        self.gap = QUIET_S
         self.drawn, self.last = False, ""
 
     @classmethod
@@ -42,7 +46,7 @@ class Progress:
         with self.lock:
             self.what, self.total, self.done, self.failed = what, total, 0, 0
             self.began = self.shown = self.clock()
-            self.last = ""
+            self.last, self.gap = "", QUIET_S
 
     def count(self, done: int, failed: int = 0) -> None:
         """Where the step stands: `done` nodes finished it, `failed` of them without success."""
@@ -57,9 +61,10 @@ class Progress:
             ):
                 self._write(CLEAR + line.encode())
                 self.drawn, self.shown, self.last = True, now, line
-            elif not self.tty and now - self.shown >= QUIET_S and done < self.total:
+            elif not self.tty and now - self.shown >= self.gap and done < self.total:
                 self._write(line.encode() + b"\n")
                 self.shown = now
+                self.gap = min(2 * self.gap, LONGEST_GAP_S)
 
     def tick(self, ok: bool = True) -> None:
         """One more node finished the step."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 import threading
 
-from orchestrator.progress import CLEAR, QUIET_S, Progress
+from orchestrator.progress import CLEAR, LONGEST_GAP_S, QUIET_S, Progress
 
 
 class Clock:
@@ -53,10 +53,26 @@ def test_elsewhere_a_quick_step_says_nothing_and_a_slow_one_a_line_now_and_then(
         progress.count(step, failed=step // 500)
     progress.end()
     lines = out.getvalue().decode().splitlines()
-    assert 3 <= len(lines) <= 4, lines  # every QUIET_S at most
-    first = int(lines[0].split(": ")[1].split("/")[0])
+    assert len(lines) == 2, lines  # after QUIET_S, then after twice that again
+    first, second = (int(line.split(": ")[1].split("/")[0]) for line in lines)
     assert abs(first - QUIET_S / 0.02) <= 1 and lines[0].endswith("/1000 nodes"), lines
-    assert lines[-1].endswith(" nodes, 1 failed")
+    assert abs(second - 3 * QUIET_S / 0.02) <= 2 and lines[1].endswith(" nodes, 1 failed")
+
+
+def test_elsewhere_a_start_of_many_minutes_says_so_a_few_times_not_every_few_seconds() -> None:
+    out, clock = io.BytesIO(), Clock()
+    progress = Progress(out, tty=False, clock=clock)
+    progress.begin("probing", 100_000)
+    for step in range(1, 6001):  # ten minutes, a node every 0.1 s
+        clock.now += 0.1
+        progress.count(step)
+    progress.end()
+    lines = out.getvalue().decode().splitlines()
+    shown_at = [int(line.split(": ")[1].split("/")[0]) / 10 for line in lines]
+    gaps = [b - a for a, b in zip([0.0, *shown_at], shown_at, strict=False)]
+    expected = [5, 10, 20, 40] + [LONGEST_GAP_S] * 8  # gaps double, up to a minute
+    assert len(gaps) == len(expected), shown_at
+    assert all(abs(gap - want) <= 0.2 for gap, want in zip(gaps, expected, strict=True)), gaps
 
 
 def test_counts_from_many_threads_add_up_and_a_closed_terminal_is_ignored() -> None:
