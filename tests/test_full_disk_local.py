@@ -116,7 +116,12 @@ def test_a_full_run_dir_does_not_stop_the_job_and_its_rank_files_are_completed(
     with tmpfs(tmp_path / "runs", "4m") as runs:
         proc, out = start(tmp_path, "full")
         wait_for_line(out, WARNING, timeout=120)
-        resize(runs, "64m")  # space returns while the ranks still run
+        # Space returns while the ranks still run, once the controller has taken all of the
+        # first part (the console is not on the full disk): every rank file missed bytes
+        # then, whichever file met the full disk first.
+        for rank in (0, 1):
+            wait_for_line(out, f"rank {rank} line {FIRST - 1:06d}", timeout=120)
+        resize(runs, "64m")
         (tmp_path / "go").touch()
         text = finish(proc, out)
         assert "completed from the nodes' copies" in text

@@ -66,6 +66,7 @@ class Detector:
         # (its node script then fails); see restarts.py.
         self.max_restarts = max_restarts
         self.rounds = Rounds.empty()
+        self.restarts_noted: set[int] = set()
         self.gave_up = False
 
     # --- reports (every time in the controller's clock) -------------------------------
@@ -84,15 +85,11 @@ class Detector:
         stopped = after_stop if after_stop is not None else self.stopper.caused(when)
         failed = code != 0 and not stopped
         if self.max_restarts:
-            _, first = self.rounds.ended(state, code, when, failed)
+            round_, _ = self.rounds.ended(state, code, when, failed)
             if failed:
                 state.state = "restarting"
-                if first and not self.stopper.stopping:
-                    self.sink.note(
-                        f"rank {rank} on {state.host} failed with "
-                        f"{describe_exit(code)}; torchrun restarts the workers "
-                        f"(--max-restarts {self.max_restarts} per node)"
-                    )
+            self.note_restart(round_)
+            if failed:
                 return None
         if code == 0:
             state.state = "succeeded"
@@ -107,6 +104,20 @@ class Detector:
                 )
                 return f"rank {rank} on {state.host} failed"
         return None
+
+    def note_restart(self, round_: int) -> None:
+        """Once every rank has ended the round (so the first to fail in it is known, not
+        merely the first reported), say which rank's failure made torchrun restart."""
+        cause = self.rounds.causes.get(round_)
+        if cause is None or round_ in self.restarts_noted or self.stopper.stopping:
+            return
+        if any(self.rounds.exits.get(r, 0) <= round_ for r in self.ranks):
+            return
+        self.restarts_noted.add(round_)
+        self.sink.note(
+            f"rank {cause.rank} on {cause.host} failed with {describe_exit(cause.exit_code)}; "
+            f"torchrun restarts the workers (--max-restarts {self.max_restarts} per node)"
+        )
 
     def node_exited(self, node: NodeState, code: int | None, when: float) -> str | None:
         if node.state == "lost":  # a node once lost stays lost in the record
