@@ -15,44 +15,18 @@ terminal, --no-fold shows one hello line per rank, and every rank file is whole.
 
 from __future__ import annotations
 
-import os
-import pty
 import re
 import subprocess
 import time
-from pathlib import Path
 
 from common import ORCHESTRATOR, lab_cluster, machine_line, parser, say, scratch, table
+
+from tests.cli_helpers import run_on_terminal
 
 HELLO = "hello from a rank"
 PROGRAM = f"print({HELLO!r}, flush=True)\n"
 MOST_LINES = 25
 SHOWN = re.compile(r"\[(\S+?)(?: (r\S+))?\] " + re.escape(HELLO))
-
-
-def on_terminal(argv: list[str], env: dict, cwd: Path, timeout: float) -> tuple[int, str]:
-    """Run argv with a pseudo-terminal as its stdout and stderr: its exit code and output."""
-    primary, secondary = pty.openpty()
-    proc = subprocess.Popen(
-        argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=secondary, stderr=secondary
-    )
-    os.close(secondary)
-    seen, deadline = b"", time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            chunk = os.read(primary, 65536)
-        except OSError:  # the program ended: the terminal is closed
-            break
-        if not chunk:
-            break
-        seen += chunk
-    os.close(primary)
-    try:
-        code = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        code = 124
-    return code, seen.decode(errors="replace")
 
 
 def console_lines(text: str) -> list[str]:
@@ -95,7 +69,8 @@ def measure(n: int, per_node: int, timeout: float) -> bool:
             argv = [*base, "--run-id", run_id, *extra, "--", "hello.py"]
             start = time.monotonic()
             if tty:
-                code, text = on_terminal(argv, env, work, timeout)
+                code, raw = run_on_terminal(argv, cwd=work, env=env, timeout=timeout)
+                text = raw.decode(errors="replace")
             else:
                 done = subprocess.run(
                     argv, cwd=work, env=env, capture_output=True, text=True, timeout=timeout

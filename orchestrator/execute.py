@@ -54,7 +54,7 @@ class CaptureSink:
     def note(self, text: str) -> None:
         self.notes.append(text)
 
-    def node_note(self, node: int, host: str, text: str) -> None:
+    def node_note(self, host: str, text: str) -> None:
         self.notes.append(f"{host}: {text}")
 
     def last_lines(self, rank: int | None = None, node: int | None = None) -> list[str]:

@@ -182,15 +182,18 @@ class LogSink:
         self._write("combined.log", prefixed)
         self._to_console(prefix, data, prefixed)
 
-    def node_note(self, node: int, host: str, text: str) -> None:
+    def node_note(self, host: str, text: str) -> None:
         """A line of ours about one node (`HOST: text`): a note, which the console folds
         across nodes saying the same (`[orchestrator] ceon[1-16]: stopping ...`)."""
+        if self.folder is None:
+            self.note(f"{host}: {text}")
+            return
         data = self.mask(f"{host}: {text.rstrip()}\n".encode())
         self._write("combined.log", ORCHESTRATOR + data)
         about = f"{host}: ".encode()
-        if self.folder is not None and self.console is not None and data.startswith(about):
+        if data.startswith(about):
             self.folder.add(self.clock(), ORCHESTRATOR + about, data[len(about) :], about=host)
-        else:
+        else:  # the mask took part of the host name: the line as it is
             self._to_console(ORCHESTRATOR, data, ORCHESTRATOR + data)
 
     def last_lines(self, rank: int | None = None, node: int | None = None) -> list[str]:

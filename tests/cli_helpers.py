@@ -48,6 +48,45 @@ def start_cli(
     )
 
 
+def run_on_terminal(
+    argv: Sequence[str],
+    *,
+    cwd: Path | str | None = None,
+    env: Mapping[str, str] | None = None,
+    timeout: float = 120,
+) -> tuple[int, bytes]:
+    """Run `argv` with a pseudo-terminal as its stdout and stderr, as at a desk: its exit
+    code (124 when it ran past `timeout` and was killed) and everything it wrote there."""
+    import pty
+
+    primary, secondary = pty.openpty()
+    proc = subprocess.Popen(
+        list(argv),
+        cwd=cwd,
+        env=dict(env or os.environ),
+        stdin=subprocess.DEVNULL,
+        stdout=secondary,
+        stderr=secondary,
+    )
+    os.close(secondary)
+    seen, deadline = b"", time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            chunk = os.read(primary, 65536)
+        except OSError:  # the program ended: the terminal is closed
+            break
+        if not chunk:
+            break
+        seen += chunk
+    os.close(primary)
+    try:
+        return proc.wait(timeout=max(1.0, deadline - time.monotonic())), seen
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        return 124, seen
+
+
 def wait_until(
     predicate: Callable[[], object], timeout: float, what: str, poll: float = 0.1
 ) -> object:

@@ -227,9 +227,9 @@ def test_our_notes_about_nodes_fold_across_the_nodes_that_say_the_same(tmp_path:
     console = io.BytesIO()
     nodes = {k: f"ceon{k + 1}" for k in range(16)}
     sink = LogSink(tmp_path, {}, nodes, console, False, fold=True)
-    for k, host in nodes.items():
-        sink.node_note(k, host, "stopping (stop requested)")
-    sink.node_note(3, "ceon4", "rank 3 ignored SIGTERM: killed")
+    for host in nodes.values():
+        sink.node_note(host, "stopping (stop requested)")
+    sink.node_note("ceon4", "rank 3 ignored SIGTERM: killed")
     sink.close()
     assert console.getvalue().decode().splitlines() == [
         "[orchestrator] ceon[1-16]: stopping (stop requested)",

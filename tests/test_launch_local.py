@@ -20,6 +20,7 @@ from tests.cli_helpers import (
     assert_nothing_left,
     check_lines,
     run_cli,
+    run_on_terminal,
     start_cli,
     status_of,
     wait_for_line,
@@ -366,30 +367,10 @@ def test_each_rank_gets_its_share_of_the_cores_unless_omp_num_threads_is_set(
 
 
 def test_on_a_terminal_the_start_shows_one_live_progress_line(tmp_path: Path) -> None:
-    import pty
-
     write(tmp_path, "hello.py", "print('hello', flush=True)\n")
-    primary, secondary = pty.openpty()
     argv = ["launch", LOCAL, "--run-dir", str(tmp_path / "runs"), "--run-id", "tty"]
-    proc = subprocess.Popen(
-        [*ORCHESTRATOR, *argv, "--", "hello.py"],
-        cwd=tmp_path,
-        stdin=subprocess.DEVNULL,
-        stdout=secondary,
-        stderr=secondary,
-    )
-    os.close(secondary)
-    seen = b""
-    while True:
-        try:
-            chunk = os.read(primary, 65536)
-        except OSError:  # the controller ended: the terminal is closed
-            break
-        if not chunk:
-            break
-        seen += chunk
-    os.close(primary)
-    assert proc.wait(timeout=120) == 0, seen.decode(errors="replace")
+    code, seen = run_on_terminal([*ORCHESTRATOR, *argv, "--", "hello.py"], cwd=tmp_path)
+    assert code == 0, seen.decode(errors="replace")
     assert b"\r\x1b[K[orchestrator] probing: 1/1 nodes" in seen, seen
     assert b"\r\x1b[K[orchestrator] starting: 1/1 nodes" in seen, seen
     # Not on a terminal, a start this quick prints no progress at all.

@@ -111,7 +111,7 @@ class Detector:
         cause = self.rounds.causes.get(round_)
         if cause is None or round_ in self.restarts_noted or self.stopper.stopping:
             return
-        if any(self.rounds.exits.get(r, 0) <= round_ for r in self.ranks):
+        if self.rounds.finished.get(round_, 0) < len(self.ranks):
             return
         self.restarts_noted.add(round_)
         self.sink.note(

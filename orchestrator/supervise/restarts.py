@@ -28,15 +28,17 @@ class Rounds:
 
     exits: dict[int, int]  # rank -> how many times it has ended so far
     causes: dict[int, RankExit]  # round -> its first failing rank
+    finished: dict[int, int]  # round -> how many ranks have ended it
 
     @classmethod
     def empty(cls) -> Rounds:
-        return cls({}, {})
+        return cls({}, {}, {})
 
     def ended(self, rank: RankState, code: int, when: float, failed: bool) -> tuple[int, bool]:
         """Record an exit; returns its round and whether it is that round's first failure."""
         round_ = self.exits.get(rank.rank, 0)
         self.exits[rank.rank] = round_ + 1
+        self.finished[round_] = self.finished.get(round_, 0) + 1
         if not failed:
             return round_, False
         first = self.causes.get(round_)

@@ -175,7 +175,7 @@ class Supervisor:
                 t3, t1, t2 = (float(f) for f in fields)
                 node.clock.exchange(t1, t2, t3, node.heard_wall)
         elif kind == "M":
-            self.sink.node_note(node.index, node.host, event.data.decode(errors="replace").strip())
+            self.sink.node_note(node.host, event.data.decode(errors="replace").strip())
         elif kind == "S":
             sent = self.sent_at(node.index)
             if sent is not None:
