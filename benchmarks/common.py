@@ -181,3 +181,46 @@ def torchrun_on_each_node(addresses: Sequence[str], work: Path, program: str, po
         f"set -- $SSH_CONNECTION; case $3 in {cases} esac; "
         f"cd {shlex.quote(str(work))} && exec {torchrun} --node_rank=$r {shlex.quote(program)}"
     )
+
+
+TICK = os.sysconf("SC_CLK_TCK")
+SLEEPING = "import time; print('sleeping', flush=True); time.sleep({seconds})\n"
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of a live process, all its threads (its waited-for children not
+    included)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICK
+
+
+@contextlib.contextmanager
+def sleeping_job(
+    cluster, work: Path, seconds: float, run_id: str = "idle", timeout: float = 1800
+) -> Iterator[subprocess.Popen]:
+    """`orchestrator launch` of a job whose one rank per node prints `sleeping` and sleeps
+    `seconds`: yields the controller's process once every rank has printed (every node
+    runs), and stops it afterwards."""
+    (work / "job.py").write_text(SLEEPING.format(seconds=seconds))
+    hostfile = cluster.write_hostfile(work / "hosts.txt", slots=1)
+    argv = [*ORCHESTRATOR, "launch", str(hostfile), "--run-dir", str(work / "runs")]
+    argv += ["--run-id", run_id, "--color", "never", "--no-fold", "--", "job.py"]
+    controller = subprocess.Popen(
+        argv, cwd=work, env=cluster.environ(), stdout=subprocess.PIPE, text=True
+    )
+    try:
+        seen, deadline = 0, time.monotonic() + timeout
+        while seen < len(cluster.nodes):
+            line = controller.stdout.readline()
+            if not line or time.monotonic() > deadline:
+                raise SystemExit(f"the launch ended early or hung (exit {controller.poll()})")
+            seen += "sleeping" in line
+        time.sleep(2)
+        yield controller
+    finally:
+        controller.terminate()
+        try:
+            controller.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            controller.kill()
+        remove_node_dirs([run_id])

@@ -10,21 +10,19 @@ torchrun's. Tasks that only wait cost nothing; what is left is the waking up.
 
 from __future__ import annotations
 
-import os
-import subprocess
 import time
-from pathlib import Path
 
-from common import ORCHESTRATOR, lab_cluster, machine_line, median, parser, say, scratch, table
-
-TICK = os.sysconf("SC_CLK_TCK")
-JOB = "import time; print('sleeping', flush=True); time.sleep({seconds})\n"
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU of a live process (its waited-for children not included)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICK
+from common import (
+    cpu_seconds,
+    lab_cluster,
+    machine_line,
+    median,
+    parser,
+    say,
+    scratch,
+    sleeping_job,
+    table,
+)
 
 
 def main() -> int:
@@ -36,37 +34,22 @@ def main() -> int:
     from tests.lab import bad_days
 
     n, window = args.nodes[0], args.seconds
-    with scratch("orchestrator-bench-idle-") as work, lab_cluster(n) as cluster:
-        (work / "job.py").write_text(JOB.format(seconds=window + 60))
-        hostfile = cluster.write_hostfile(work / "hosts.txt", slots=1)
-        run_id = "idle"
-        argv = [*ORCHESTRATOR, "launch", str(hostfile), "--run-dir", str(work / "runs")]
-        argv += ["--run-id", run_id, "--color", "never", "--", "job.py"]
-        controller = subprocess.Popen(
-            argv, cwd=work, env=cluster.environ(), stdout=subprocess.PIPE, text=True
-        )
-        try:
-            seen = 0
-            while seen < n:  # every rank's line: every node runs
-                line = controller.stdout.readline()
-                if not line:
-                    raise SystemExit(f"the launch ended early (exit {controller.wait()})")
-                seen += "sleeping" in line
-            time.sleep(2)
-            agents = [bad_days.agent_pids(cluster, node, run_id)[0] for node in cluster.nodes]
-            torchruns = [
-                p.pid
-                for node in cluster.nodes
-                for p in cluster.processes_on(node)
-                if "torch.distributed.run" in p.cmdline
-            ]
-            pids = {"agent": agents, "torchrun": torchruns, "controller": [controller.pid]}
-            before = {k: [cpu_seconds(p) for p in v] for k, v in pids.items()}
-            time.sleep(window)
-            after = {k: [cpu_seconds(p) for p in v] for k, v in pids.items()}
-        finally:
-            controller.terminate()
-            controller.wait(timeout=60)
+    with (
+        scratch("orchestrator-bench-idle-") as work,
+        lab_cluster(n) as cluster,
+        sleeping_job(cluster, work, window + 60) as controller,
+    ):
+        agents = [bad_days.agent_pids(cluster, node, "idle")[0] for node in cluster.nodes]
+        torchruns = [
+            p.pid
+            for node in cluster.nodes
+            for p in cluster.processes_on(node)
+            if "torch.distributed.run" in p.cmdline
+        ]
+        pids = {"agent": agents, "torchrun": torchruns, "controller": [controller.pid]}
+        before = {k: [cpu_seconds(p) for p in v] for k, v in pids.items()}
+        time.sleep(window)
+        after = {k: [cpu_seconds(p) for p in v] for k, v in pids.items()}
     per_minute = {
         k: [(a - b) * 1000 * 60 / window for a, b in zip(after[k], before[k], strict=True)]
         for k in pids

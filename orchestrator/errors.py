@@ -7,6 +7,8 @@ failing rank's code for a failed job, 130/143 after Ctrl-C / SIGTERM.
 
 from __future__ import annotations
 
+from orchestrator.hostlist import compress_hosts
+
 
 class OrchestratorError(Exception):
     """Root of all errors a user may see. `str()` says what, where, and what to do."""
@@ -49,7 +51,8 @@ class NodeErrors(OrchestratorError):
     """Nodes failed in one parallel step; carries every node's error.
 
     One failed node reads as its own one-line message; several are grouped under a
-    heading naming the step.
+    heading naming the step, nodes that failed alike on one line (`ceon[1-212] (212
+    nodes): jump host login: ...`), so that 200 nodes behind one cause read as one.
     """
 
     def __init__(self, errors: list[NodeError], what: str) -> None:
@@ -58,8 +61,13 @@ class NodeErrors(OrchestratorError):
         if len(errors) == 1:
             super().__init__(str(errors[0]))
             return
+        alike: dict[str, list[str]] = {}
+        for error in errors:
+            alike.setdefault(error.message, []).append(error.host)
         lines = [f"{what} failed on {len(errors)} node(s):"]
-        lines += [f"  {e}" for e in errors]
+        for message, hosts in alike.items():
+            many = f" ({len(hosts)} nodes)" if len(hosts) > 1 else ""
+            lines.append(f"  {compress_hosts(hosts)}{many}: {message}")
         super().__init__("\n".join(lines))
 
 

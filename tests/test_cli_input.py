@@ -401,6 +401,13 @@ def test_one_failed_node_reads_as_its_own_line_several_are_grouped() -> None:
     two = NodeErrors([NodeError("node1", "refused"), NodeError("node2", "no answer")], "connecting")
     assert str(two) == "connecting failed on 2 node(s):\n  node1: refused\n  node2: no answer"
     assert two.exit_code == 1
+    behind = [NodeError(f"ceon{n}", "jump host login: connection refused") for n in range(1, 213)]
+    folded = NodeErrors([*behind, NodeError("ceon300", "no answer")], "connecting")
+    assert str(folded).splitlines() == [
+        "connecting failed on 213 node(s):",
+        "  ceon[1-212] (212 nodes): jump host login: connection refused",
+        "  ceon300: no answer",
+    ]
 
 
 def test_dry_run_prints_the_plan_and_starts_nothing(results, workdir: Path) -> None:

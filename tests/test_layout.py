@@ -16,14 +16,13 @@ MAX_LINES = 400
 
 # Low to high: a module may import its own layer and the ones before it, never a later one.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("orchestrator", "orchestrator.errors", "orchestrator.sizes"),
+    ("orchestrator", "orchestrator.hostlist", "orchestrator.errors", "orchestrator.sizes"),
     # shipped to the nodes as source, or pure data
     (
         "orchestrator.agent",
         "orchestrator.route",
         "orchestrator.cores",
         "orchestrator.hostfile",
-        "orchestrator.hostlist",
         "orchestrator.spec",
         "orchestrator.selection",
     ),

@@ -35,6 +35,9 @@ class Notes:
     def note(self, text: str) -> None:
         self.notes.append(text)
 
+    def node_note(self, host: str, text: str) -> None:
+        self.notes.append(f"{host}: {text}")
+
     def last_lines(self, rank: int | None = None, node: int | None = None) -> list[str]:
         return [f"line of rank {rank}"] if rank is not None else [f"line of node {node}"]
 

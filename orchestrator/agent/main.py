@@ -35,10 +35,10 @@ from orchestrator.agent.processes import (
     script_command,
 )
 from orchestrator.agent.protocol import (
-    HEARTBEAT_S,
     IDLE_S,
     STALL_S,
     CommandReader,
+    beat_intervals,
     frame,
     next_config,
     read_config,
@@ -154,9 +154,11 @@ class Agent:
             and script_out.pipe.fileno() in readable
             and (data := script_out.read_lines())
         ):
-            # Read after the stop began: torchrun's own shutdown (a traceback for the signal
-            # we sent), for the node's log rather than the console.
-            self.outbox.send_masked("N", int(self.processes.stopping), payload=data)
+            # Read after the stop began, or once every rank here exited 0: torchrun's own
+            # shutdown (a traceback for the signal we sent; "Error waiting on exit barrier"
+            # when node 0's torchrun left first), for the node's log, not the console.
+            quiet = self.processes.stopping or self.ranks.all_succeeded()
+            self.outbox.send_masked("N", int(quiet), payload=data)
         self.ranks.ship_output()
         self.ranks.ship_exits()
         self.processes.reap()
@@ -171,8 +173,11 @@ class Agent:
         self.wait = POLL_S if busy else min(IDLE_POLL_S, self.wait * 2)
 
     def heartbeats(self) -> None:
-        """H every HEARTBEAT_S from a thread of its own, whatever the loop is doing."""
-        while not self.beating.wait(HEARTBEAT_S):
+        """H from a thread of its own, whatever the loop is doing (protocol.beat_intervals)."""
+        timeout = float(self.config.get("heartbeat_timeout", 30))
+        for pause in beat_intervals(timeout):
+            if self.beating.wait(pause):
+                return
             t1, t2 = self.commands.ping
             self.outbox.send(frame("H", f"{time.time():.6f}", t1, t2))
             self.outbox.write_some()

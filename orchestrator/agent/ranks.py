@@ -89,6 +89,12 @@ class NodeRanks:
     def all_exited(self) -> bool:
         return bool(self.files) and len(self.exited) == len(self.files)
 
+    def all_succeeded(self) -> bool:
+        """Every rank of the node ended with exit 0 (and its output is shipped)."""
+        return self.all_exited() and all(
+            line.split(" ", 1)[0] == "0" for line in self.reported.values()
+        )
+
     def ship_output(self) -> None:
         """New whole lines of every rank, a fair share each of the room left in the outbox."""
         room = MAX_PENDING_OUT - len(self.outbox.data)

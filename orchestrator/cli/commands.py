@@ -8,6 +8,7 @@ failure, the failing rank's code for a failed job, 130/143 after Ctrl-C/SIGTERM)
 
 from __future__ import annotations
 
+import logging
 import sys
 
 import click
@@ -22,7 +23,15 @@ from orchestrator.errors import OrchestratorError
 
 @click.group(context_settings=CONTEXT)
 @click.version_option(__version__, prog_name="orchestrator")
-def cli() -> None:
+@click.option(
+    "-v",
+    "--verbose",
+    is_flag=True,
+    help="Also print the debug records of the SSH library (paramiko: key exchange, "
+    "authentication, channels) on stderr, each line starting `debug:`. Without it they are "
+    "never shown; what they mean reaches you as orchestrator's own messages.",
+)
+def cli(verbose: bool) -> None:
     """Launch multi-node PyTorch jobs from a hostfile.
 
     Each node runs torchrun from a generated script (see `render`); every rank's output
@@ -30,6 +39,10 @@ def cli() -> None:
 
         orchestrator launch hostfiles/local.txt
     """
+    if verbose:
+        logging.basicConfig(
+            level=logging.DEBUG, stream=sys.stderr, format="debug: %(name)s: %(message)s"
+        )
 
 
 for command in (launch, render, exec_command, logs, status, stop, runs, check, clean):

@@ -156,7 +156,7 @@ class Detector:
         for rank in node.ranks:
             if self.ranks[rank].exit_code is None:
                 self.ranks[rank].state = "unknown"
-        self.sink.note(f"{node.host}: lost: {why}")
+        self.sink.node_note(node.host, f"lost: {why}")  # nodes lost alike: one line
         return None if stopping else f"{node.host} lost"
 
     def node_disk(self, node: NodeState, what: str, when: float) -> str | None:

@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
+from orchestrator.agent.protocol import beat_intervals
 from orchestrator.logs import LogSink
 from orchestrator.nodes import Event, NodeSession
 from orchestrator.runs import now_iso
@@ -24,7 +25,6 @@ from orchestrator.supervise.liveness import Liveness
 from orchestrator.supervise.state import NodeState, Outcome, RankState
 from orchestrator.supervise.stopping import Stopper
 
-HEARTBEAT_S = 1.0
 MAX_EVENTS_PER_STEP = 256  # then flush and look at heartbeats and signals again
 
 
@@ -125,7 +125,9 @@ class Supervisor:
     def _beat(self, ended: threading.Event) -> None:
         """Heartbeats to every agent from a timer of their own: a busy loop cannot hold
         them back, so a slow controller does not look gone to its nodes."""
-        while not ended.wait(HEARTBEAT_S):
+        for pause in beat_intervals(self.heartbeat_timeout):
+            if ended.wait(pause):
+                return
             self.stopper.heartbeat()
 
     def _loop(self) -> None:
@@ -168,7 +170,7 @@ class Supervisor:
             self.sink.rank_output(rank, event.data)
             if rank in self.ranks and self.ranks[rank].state == "restarting":
                 self.rank_restarted(self.ranks[rank])
-        elif kind == "N":  # q=1: torchrun's shutdown after a stop, for the node's log only
+        elif kind == "N":  # q=1: torchrun after a stop or its ranks all exited 0: node log only
             self.sink.node_output(node.index, event.data, console=fields[:1] != ("1",))
         elif kind == "H":
             if len(fields) == 3 and fields[1] != "-":  # t3 t1 t2: one round trip

@@ -84,7 +84,7 @@ class Cluster:
         for node in self.nodes:
             self._await_sshd(node)
 
-    def _write_sshd_config(self, node: Node, extra: str) -> None:
+    def _write_sshd_config(self, node: Node, extra: str, stock_limits: bool = False) -> None:
         node.sshd_config_path.write_text(
             sshd_config(
                 address=node.address,
@@ -92,8 +92,18 @@ class Cluster:
                 pid_file=node.sshd_pid_path,
                 authorized_keys=self.authorized_keys,
                 extra=extra,
+                stock_limits=stock_limits,
             )
         )
+
+    def use_stock_limits(self, node: Node | int | str, extra: str = "") -> None:
+        """Restart `node`'s sshd with OpenSSH's default MaxStartups (10:30:100) and
+        MaxSessions, as a login node nobody tuned (a jump host), or with `extra` lines
+        (`MaxStartups 1`) in their place."""
+        target = self._resolve(node)
+        lines = f"{self._sshd_extra}\n{extra}".strip()
+        self._write_sshd_config(target, lines, stock_limits=True)
+        self.restart_sshd(target)
 
     def host_key_path(self, node: Node) -> Path:
         """The node's private host key (its `.pub` lies beside it)."""

@@ -1,7 +1,7 @@
 """Nodes as network namespaces: veth pairs on a bridge, addresses, /etc/hosts names.
 
 Node i of cluster k is the namespace `olab<k>-node<i>` (also its host name in /etc/hosts and
-its SLURM NodeName), whose `eth0` holds 10.177.k.(10+i)/24; the outer veth end `olab<k>v<i>`
+its SLURM NodeName), whose `eth0` holds 10.177.k.(2+i)/24; the outer veth end `olab<k>v<i>`
 sits on the bridge `olab<k>br`, which holds 10.177.k.1, named `olab<k>-controller`, for the
 controller (the root namespace). Every interface name stays within Linux's 15 characters.
 """
@@ -16,8 +16,8 @@ from pathlib import Path
 from tests.lab import state
 from tests.lab.ssh import new_key
 
-FIRST_NODE_HOST = 10
-MAX_NODES = 240
+FIRST_NODE_HOST = 2
+MAX_NODES = 253  # .2 to .254 of its /24: 250 nodes behind a jump host fit
 
 
 @dataclass(frozen=True)

@@ -60,8 +60,11 @@ def sshd_config(
     pid_file: Path,
     authorized_keys: Path,
     extra: str = "",
+    stock_limits: bool = False,
 ) -> str:
-    """The sshd_config of one node: its own address, host key and pid file; key login only."""
+    """The sshd_config of one node: its own address, host key and pid file; key login only.
+    `stock_limits`: no MaxStartups / MaxSessions lines, so OpenSSH's defaults apply (10:30:100
+    and 10), as on a login node nobody tuned."""
     lines = [
         f"ListenAddress {address}",
         "Port 22",
@@ -75,8 +78,7 @@ def sshd_config(
         # The lab's files live under /tmp, which StrictModes would reject.
         "StrictModes no",
         # Fan-out: many concurrent unauthenticated connections and sessions per connection.
-        "MaxStartups 1024",
-        "MaxSessions 256",
+        *([] if stock_limits else ["MaxStartups 1024", "MaxSessions 256"]),
         "UseDNS no",
         "PrintMotd no",
         "PrintLastLog no",

@@ -24,7 +24,7 @@ from pathlib import Path
 
 LAB_RUN_DIR = Path("/run/orchestrator-lab")
 HOSTS_FILE = Path("/etc/hosts")
-# Cluster k (0..255) owns 10.177.k.0/24; the bridge is .1, node i is .(10 + i).
+# Cluster k (0..255) owns 10.177.k.0/24; the bridge is .1, node i is .(2 + i).
 SUBNET_BASE = ipaddress.IPv4Network("10.177.0.0/16")
 MAX_CLUSTERS = 256
 NAME_PREFIX = "olab"

@@ -2,7 +2,9 @@
 
 config.py (what `ssh -G` would resolve), known_hosts.py and certs.py (the files and
 certificates), trust.py (the host key decision), identities.py (the keys offered for login),
-connect.py (paramiko connections), fanout.py (many at once).
+connect.py (paramiko connections), transport.py (how paramiko's transport is run), jumps.py
+(jump hosts shared by the nodes behind them), retry.py (handshakes tried again), sftp.py
+(--sync copies), fanout.py (many at once).
 """
 
 from __future__ import annotations

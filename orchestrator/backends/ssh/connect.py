@@ -2,18 +2,20 @@
 
 config.py resolves each host as `ssh -G` would; trust.py judges its host key as ssh's
 known_hosts checks would; identities.py logs in with the keys ssh would offer; this module
-opens the connections (through ProxyJump hops or a ProxyCommand), in parallel, and turns
+opens the connections (through jump hosts shared by the nodes behind them, jumps.py, or a
+ProxyCommand), tries a handshake again when it failed for a moment (retry.py), and turns
 every failure into a NodeError naming the host.
 """
 
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import shlex
 import socket
-import stat
 import threading
+from collections.abc import Callable
 
 import paramiko
 
@@ -26,14 +28,18 @@ from orchestrator.backends.base import (
 )
 from orchestrator.backends.ssh.config import SshConfig, Target, resolve
 from orchestrator.backends.ssh.identities import OfferedKeys
+from orchestrator.backends.ssh.jumps import Jump, JumpLost, Jumps
+from orchestrator.backends.ssh.retry import Transient, is_transient, with_retries
+from orchestrator.backends.ssh.sftp import put_tree
+from orchestrator.backends.ssh.transport import close_client, new_transport, settle
 from orchestrator.backends.ssh.trust import HostKeyRefused, Trust
 from orchestrator.errors import NodeError
 from orchestrator.hostfile import Host
 
-KEEPALIVE_S = 5
-# Tried first when the server offers them: paramiko decrypts AES-GCM at about three times
-# the speed of its default AES-CTR + HMAC-SHA2 (the controller reads every rank's output).
-AEAD_CIPHERS = ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com")
+# paramiko logs a failed handshake (`Exception (client): ...` and a traceback) as records
+# that Python would print raw on stderr; what they mean reaches the user as our NodeError,
+# and `orchestrator --verbose` shows the records themselves.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 
 class SshSession:
@@ -43,6 +49,9 @@ class SshSession:
         self.options = options or SshOptions()
         self.config = SshConfig(self.options.config_path)
         self.trust = Trust()
+        self.jumps = Jumps(
+            lambda target, open_sock, shown: _handshake(target, self, open_sock, shown)
+        )
 
     def resolve(self, host: Host) -> Target:
         return resolve(host.name, self.config, self.options, user=host.user, port=host.port)
@@ -58,9 +67,10 @@ class SshSession:
 class SshChannel:
     """An exec channel running the node agent."""
 
-    def __init__(self, channel: paramiko.Channel) -> None:
+    def __init__(self, channel: paramiko.Channel, jump: Jump | None = None) -> None:
         self.channel = channel
         self.lock = threading.Lock()
+        self.jump = jump
 
     def write(self, data: bytes) -> None:
         with self.lock:
@@ -79,6 +89,8 @@ class SshChannel:
                 chunks.append(chunk)
         except (OSError, EOFError, paramiko.SSHException):
             pass
+        if not chunks and self.jump is not None and not self.jump.active:
+            return f"the connection to jump host {self.jump.spec} was lost"
         return b"".join(chunks).decode(errors="replace")
 
     def close(self) -> None:
@@ -89,16 +101,16 @@ class SshChannel:
 
 
 class SshConnection:
-    """One node over SSH (plus the jump hosts it goes through)."""
+    """One node over SSH (through the shared connection to its jump host, if any)."""
 
     def __init__(
-        self, host: str, target: Target, client: paramiko.SSHClient, hops: list[paramiko.SSHClient]
+        self, host: str, target: Target, client: paramiko.SSHClient, jump: Jump | None
     ) -> None:
         self.host = host
         self.target = target
         self.client = client
-        self.hops = hops
-        direct = not hops and not target.proxy_command
+        self.jump = jump
+        direct = jump is None and not target.proxy_command
         peer = client.get_transport().getpeername()[0] if direct else target.hostname
         self.address = peer
         self.idle_agent: IdleAgent | None = None
@@ -115,7 +127,7 @@ class SshConnection:
             channel.exec_command(command)
         except (OSError, EOFError, paramiko.SSHException) as exc:
             raise NodeError(self.host, f"cannot start the node agent: {exc}") from None
-        return SshChannel(channel)
+        return SshChannel(channel, self.jump)
 
     def answers(self) -> bool:
         """An SSH keepalive that the node's sshd must answer (as ssh's ServerAliveInterval
@@ -132,49 +144,16 @@ class SshConnection:
 
     def put_tree(self, local_dir: str, remote_dir: str) -> int:
         """Copy a directory tree to the node over SFTP; returns the number of files."""
-        copied = 0
-        with self.client.open_sftp() as sftp:
-            remote_root = _sftp_path(sftp, remote_dir)
-            _sftp_makedirs(sftp, remote_root)
-            for root, dirs, files in os.walk(local_dir):
-                rel = os.path.relpath(root, local_dir)
-                target = remote_root if rel == "." else f"{remote_root}/{rel}"
-                for name in dirs:
-                    _sftp_makedirs(sftp, f"{target}/{name}")
-                for name in files:
-                    source = os.path.join(root, name)
-                    sftp.put(source, f"{target}/{name}")
-                    sftp.chmod(f"{target}/{name}", stat.S_IMODE(os.stat(source).st_mode))
-                    copied += 1
-        return copied
+        return put_tree(self.client, local_dir, remote_dir)
 
     def close(self) -> None:
         if self.idle_agent is not None:
             self.idle_agent.channel.close()
             self.idle_agent = None
-        for client in [self.client, *reversed(self.hops)]:
-            try:
-                client.close()
-            except Exception:  # closing must never hide the real outcome
-                pass
-
-
-def _sftp_path(sftp: paramiko.SFTPClient, path: str) -> str:
-    if path.startswith("~/"):
-        return f"{sftp.normalize('.')}/{path[2:]}"
-    return path
-
-
-def _sftp_makedirs(sftp: paramiko.SFTPClient, path: str) -> None:
-    parts = path.split("/")
-    for end in range(1, len(parts) + 1):
-        partial = "/".join(parts[:end])
-        if not partial:
-            continue
-        try:
-            sftp.stat(partial)
-        except FileNotFoundError:
-            sftp.mkdir(partial, mode=0o700)
+        close_client(self.client)
+        jump, self.jump = self.jump, None
+        if jump is not None:
+            jump.release()
 
 
 class _TrustPolicy(paramiko.MissingHostKeyPolicy):
@@ -208,7 +187,7 @@ def _open_client(
             banner_timeout=timeout,
             auth_timeout=timeout,
             sock=sock,
-            transport_factory=lambda *a, **kw: _transport(algorithms, *a, **kw),
+            transport_factory=lambda *a, **kw: new_transport(algorithms, *a, **kw),
         )
     except HostKeyRefused as exc:
         client.close()
@@ -250,9 +229,10 @@ def _open_client(
         ) from None
     except (OSError, EOFError, paramiko.SSHException) as exc:
         client.close()
+        if is_transient(exc):
+            raise Transient(_closed_early(exc)) from None
         raise NodeError(shown, f"cannot connect to {where}: {exc}") from None
-    keepalive = KEEPALIVE_S if target.keepalive_s is None else int(target.keepalive_s)
-    client.get_transport().set_keepalive(keepalive)
+    settle(client, target.keepalive_s)
     return client
 
 
@@ -295,64 +275,69 @@ def _authentication_failed(shown: str, target: Target, where: str, exc: Exceptio
     )
 
 
-class _Transport(paramiko.Transport):
-    """paramiko's transport offering the host key algorithms trust.py ordered, certificates
-    included (paramiko parses them; trust.py checks them)."""
-
-    host_key_algorithms: tuple[str, ...] = ()
-
-    @property
-    def preferred_keys(self) -> tuple[str, ...]:
-        return tuple(a for a in self.host_key_algorithms if a in self._key_info)
+def _closed_early(exc: BaseException) -> str:
+    if isinstance(exc, paramiko.SSHException):
+        detail = str(exc).removeprefix("Error reading SSH protocol banner").strip()
+        return "closed before its SSH identification" + (f" ({detail})" if detail else "")
+    return f"closed during the handshake ({exc or type(exc).__name__})"
 
 
-def _transport(algorithms: tuple[str, ...], *args, **kwargs) -> paramiko.Transport:
-    transport = _Transport(*args, **kwargs)
-    transport.host_key_algorithms = algorithms
-    options = transport.get_security_options()
-    known = options.ciphers
-    options.ciphers = tuple(c for c in AEAD_CIPHERS if c in known) + tuple(
-        c for c in known if c not in AEAD_CIPHERS
-    )
-    return transport
+def _handshake(
+    target: Target, session: SshSession, open_sock: Callable[[], object | None], shown: str
+) -> paramiko.SSHClient:
+    """An authenticated client for `target`, over a fresh `open_sock()` each try; a
+    handshake that failed for a moment is tried again (retry.py)."""
+    where = f"{target.hostname}:{target.port}"
 
-
-def _tunnel(via: paramiko.SSHClient, target: Target, shown: str) -> paramiko.Channel:
-    try:
-        return via.get_transport().open_channel(
-            "direct-tcpip",
-            (target.hostname, target.port),
-            ("127.0.0.1", 0),
-            timeout=target.connect_timeout,
+    def give_up(last: Transient, tries: int, spent: float) -> NodeError:
+        return NodeError(
+            shown,
+            f"cannot connect to {where}: the connection was {last} on each of {tries} tries "
+            f"over {spent:.0f} s (its sshd past its MaxStartups, or restarting?)",
         )
-    except (OSError, EOFError, paramiko.SSHException) as exc:
-        raise NodeError(
-            shown, f"jump host cannot reach {target.hostname}:{target.port}: {exc}"
-        ) from None
+
+    return with_retries(lambda: _open_client(target, session, open_sock(), shown), give_up)
 
 
 def connect(host: Host, session: SshSession) -> SshConnection:
-    """Connect to one host, through its jump hosts if any."""
+    """Connect to one host, through its (shared) jump hosts if any."""
     target = session.resolve(host)
-    hops: list[paramiko.SSHClient] = []
-    sock: object | None = None
+    jumps = target.proxy_jump.split(",") if target.proxy_jump else []
+    hops = [(spec, _hop_target(spec, session)) for spec in jumps]
+    jump = _lease(session, hops, host.name) if hops else None
+
+    def open_sock() -> object | None:
+        nonlocal jump
+        if jump is not None:
+            try:
+                return jump.tunnel(target, host.name)
+            except JumpLost:  # connected again by the first node to ask
+                spec = jump.spec
+                jump.release()
+                jump = None
+                jump = _lease(session, hops, host.name)
+                raise Transient(f"cut when the connection to jump host {spec} closed") from None
+        if target.proxy_command:
+            return paramiko.ProxyCommand(target.proxy_command)
+        return None
+
     try:
-        if target.proxy_jump:
-            for jump in target.proxy_jump.split(","):
-                user, _, rest = jump.rpartition("@")
-                name, _, port = rest.partition(":")
-                hop = session.resolve(
-                    Host(name=name, user=user or None, port=int(port) if port else None)
-                )
-                if hops:
-                    sock = _tunnel(hops[-1], hop, host.name)
-                hops.append(_open_client(hop, session, sock, f"{host.name} (via jump host {jump})"))
-            sock = _tunnel(hops[-1], target, host.name)
-        elif target.proxy_command:
-            sock = paramiko.ProxyCommand(target.proxy_command)
-        client = _open_client(target, session, sock, host.name)
+        client = _handshake(target, session, open_sock, host.name)
     except BaseException:
-        for hop in hops:
-            hop.close()
+        if jump is not None:
+            jump.release()
         raise
-    return SshConnection(host.name, target, client, hops)
+    return SshConnection(host.name, target, client, jump)
+
+
+def _lease(session: SshSession, hops: list[tuple[str, Target]], shown: str) -> Jump:
+    try:
+        return session.jumps.lease(hops)
+    except NodeError as exc:  # the same words for every node behind it: the errors fold
+        raise NodeError(shown, f"{exc.host}: {exc.message}", exit_code=exc.exit_code) from None
+
+
+def _hop_target(jump: str, session: SshSession) -> Target:
+    user, _, rest = jump.rpartition("@")
+    name, _, port = rest.partition(":")
+    return session.resolve(Host(name=name, user=user or None, port=int(port) if port else None))

@@ -1,0 +1,79 @@
+"""What the controller costs while its job runs and prints nothing, at 16 to 250 nodes.
+
+    python benchmarks/idle_controller.py [--nodes 16,64,250] [--repeat 3] [--seconds 30]
+    (as root: it builds a namespace cluster of N nodes with sshd per node count, tests/lab)
+
+For each node count: `orchestrator launch` of a job whose one rank per node prints a line
+and sleeps; once every rank has printed, the controller's CPU time (user + system, all its
+threads, from /proc) is read at the start and end of each of --repeat windows of
+--seconds. Printed: CPU ms per window (median of the windows) and per node, and each node
+count's per-node figure against the smallest count's in the same run (flat: 1.0x or less).
+Target: at most 2 ms of CPU per node per 30 s. The nodes' own CPU is not counted (see
+benchmarks/idle_agent.py for an agent's).
+"""
+
+from __future__ import annotations
+
+import time
+
+from common import (
+    cpu_seconds,
+    lab_cluster,
+    machine_line,
+    median,
+    parser,
+    say,
+    scratch,
+    sleeping_job,
+    table,
+)
+
+
+def main() -> int:
+    cli = parser(__doc__.splitlines()[0], "16,64,250", 3)
+    cli.add_argument("--seconds", type=float, default=30, help="one window (30)")
+    args = cli.parse_args()
+    say(machine_line())
+    window = args.seconds
+    results: dict[int, list[float]] = {}
+    for n in args.nodes:
+        with scratch("orchestrator-bench-idlectl-") as work, lab_cluster(n) as cluster:
+            started = time.monotonic()
+            with sleeping_job(cluster, work, args.repeat * window + 120) as controller:
+                say(f"{n} nodes: every rank runs after {time.monotonic() - started:.0f} s")
+                spent = []
+                for _ in range(args.repeat):
+                    before = cpu_seconds(controller.pid)
+                    time.sleep(window)
+                    spent.append((cpu_seconds(controller.pid) - before) * 1000)
+                    say(f"  {spent[-1]:.0f} ms of CPU in {window:g} s")
+                results[n] = spent
+    smallest = min(results)
+    base = median(results[smallest]) / smallest
+    rows = []
+    for n, spent in results.items():
+        per_node = median(spent) / n
+        rows.append(
+            [
+                n,
+                f"{median(spent):.0f} ({min(spent):.0f}-{max(spent):.0f})",
+                f"{per_node:.2f}",
+                f"{per_node / base:.2f}x" if base > 0 else "-",
+            ]
+        )
+    say(
+        table(
+            [
+                "nodes",
+                f"controller CPU ms per {window:g} s",
+                f"ms per node per {window:g} s",
+                f"per node vs {smallest} nodes",
+            ],
+            rows,
+        )
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,217 @@
+"""Through a login node with stock sshd settings: every node reached, and at what cost.
+
+    python benchmarks/jump_host.py [--nodes 250] [--repeat 3] [--launch-rounds 1]
+    (as root: it builds a namespace cluster of N + 1 nodes with sshd, tests/lab)
+
+Node 0 is the jump host: its sshd keeps OpenSSH's defaults (no MaxStartups line, so
+10:30:100: beyond 10 unauthenticated connections it drops new ones at random). The other
+N nodes are reached through it (`ProxyJump` in the client config), or, for the baseline
+in the same run, directly. Each repetition runs, in a rotating order:
+
+- `orchestrator exec HOSTS -- true`, through the jump host and direct;
+- OpenSSH's `ssh -J`-style ProxyJump, one process per node, all at once;
+- `pdsh -R ssh` (its default fan-out of 32) with the same ProxyJump config;
+- OpenSSH multiplexed: one `ControlMaster` connection to the jump host, then one
+  `ssh -o ProxyCommand='ssh -S SOCKET -W %h:%p jump'` per node, all at once.
+
+and `--launch-rounds` times a hello `orchestrator launch` (one rank per node) through the
+jump host and direct. For each: the nodes reached (of N) and the wall time, medians and
+ratios against the same on direct connections. The lab's nodes log in as root with the
+lab's own home, whose shell start-up is plain.
+"""
+
+from __future__ import annotations
+
+import itertools
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from common import (
+    ORCHESTRATOR,
+    lab_cluster,
+    machine_line,
+    parser,
+    ratio,
+    remove_node_dirs,
+    say,
+    scratch,
+    spread,
+    table,
+)
+
+HELLO = "import os\nprint(f\"hello from rank {os.environ['RANK']}\", flush=True)\n"
+
+
+class Bench:
+    def __init__(self, cluster, work: Path) -> None:
+        self.cluster = cluster
+        self.work = work
+        self.jump = cluster.nodes[0]
+        self.behind = cluster.nodes[1:]
+        self.hostfile = cluster.write_hostfile(work / "hosts.txt", self.behind)
+        self.env = cluster.environ()
+        base = cluster.ssh.default_config(cluster.nodes, cluster._subnet_glob)
+        names = " ".join(node.name for node in self.behind)
+        self.direct_config = work / "direct.config"
+        self.direct_config.write_text(base)
+        self.jump_config = work / "jump.config"
+        self.jump_config.write_text(f"Host {names}\n    ProxyJump {self.jump.name}\n" + base)
+        self.mux_socket = work / "mux.sock"
+        (work / "hello.py").write_text(HELLO)
+        self.times: dict[str, list[float]] = {}
+        self.reached: dict[str, list[int]] = {}
+        self.run_ids: list[str] = []
+        self.launches = itertools.count()
+
+    def record(self, name: str, started: float, reached: int) -> None:
+        self.times.setdefault(name, []).append(time.monotonic() - started)
+        self.reached.setdefault(name, []).append(reached)
+        say(f"  {name}: {reached}/{len(self.behind)} in {self.times[name][-1]:.1f} s")
+
+    def exec(self, name: str, config: Path) -> None:
+        argv = [*ORCHESTRATOR, "exec", str(self.hostfile), "--ssh-config", str(config)]
+        started = time.monotonic()
+        done = subprocess.run(
+            [*argv, "--color", "never", "--no-fold", "--", "echo", "ok"],
+            env=self.env,
+            cwd=self.work,
+            capture_output=True,
+            text=True,
+            timeout=1800,
+        )
+        lines = set(done.stdout.splitlines())
+        self.record(name, started, sum(f"[{n.name}] ok" in lines for n in self.behind))
+
+    def ssh_each(self, name: str, options: list[str]) -> None:
+        started = time.monotonic()
+        procs = [
+            subprocess.Popen(
+                ["ssh", "-F", str(self.jump_config), *options, node.name, "echo", "ok"],
+                env=self.env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                text=True,
+            )
+            for node in self.behind
+        ]
+        outputs = [proc.communicate(timeout=600)[0] for proc in procs]
+        self.record(name, started, sum(out.strip() == "ok" for out in outputs))
+
+    def pdsh(self) -> None:
+        started = time.monotonic()
+        done = subprocess.run(
+            ["pdsh", "-R", "ssh", "-w", ",".join(n.name for n in self.behind), "echo", "ok"],
+            env={**self.env, "PDSH_SSH_ARGS_APPEND": f"-F {self.jump_config}"},
+            capture_output=True,
+            text=True,
+            timeout=1800,
+        )
+        lines = set(done.stdout.splitlines())
+        self.record("pdsh via jump", started, sum(f"{n.name}: ok" in lines for n in self.behind))
+
+    def multiplexed(self) -> None:
+        master = ["ssh", "-F", str(self.jump_config), "-S", str(self.mux_socket)]
+        subprocess.run(
+            [*master, "-M", "-f", "-N", self.jump.name], env=self.env, check=True, timeout=60
+        )
+        try:
+            proxy = f"ssh -F {self.jump_config} -S {self.mux_socket} -W %h:%p {self.jump.name}"
+            self.ssh_each("ssh, one ControlMaster", ["-o", f"ProxyCommand={proxy}"])
+        finally:
+            subprocess.run(
+                [*master, "-O", "exit", self.jump.name], env=self.env, capture_output=True
+            )
+
+    def launch(self, name: str, config: Path) -> None:
+        run_id = f"jumpbench{next(self.launches)}"
+        self.run_ids.append(run_id)
+        started = time.monotonic()
+        subprocess.run(
+            [
+                *ORCHESTRATOR,
+                "launch",
+                str(self.hostfile),
+                "--ssh-config",
+                str(config),
+                "--run-dir",
+                str(self.work / "runs"),
+                "--run-id",
+                run_id,
+                "--color",
+                "never",
+                "--",
+                "hello.py",
+            ],
+            env=self.env,
+            cwd=self.work,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            timeout=3600,
+        )
+        logs = self.work / "runs" / run_id / "logs"
+        reached = sum(
+            f"hello from rank {r}" in _read(logs / f"rank-{r}.log") for r in range(len(self.behind))
+        )
+        self.record(name, started, reached)
+
+
+def _read(path: Path) -> str:
+    return path.read_text(errors="replace") if path.exists() else ""
+
+
+def main() -> None:
+    args = parser(__doc__.splitlines()[0], "250", 3)
+    args.add_argument("--launch-rounds", type=int, default=1, metavar="N")
+    options = args.parse_args()
+    say(machine_line())
+    for n in options.nodes:
+        with lab_cluster(n + 1) as cluster, scratch("orchestrator-jump-") as work:
+            cluster.use_stock_limits(cluster.nodes[0])
+            measure(Bench(cluster, work), options)
+
+
+def measure(bench: Bench, options) -> None:
+    n = len(bench.behind)
+    say(f"{n} nodes behind {bench.jump.name} (sshd with OpenSSH's stock MaxStartups)")
+    steps = [
+        lambda: bench.exec("exec via jump", bench.jump_config),
+        lambda: bench.exec("exec direct", bench.direct_config),
+        lambda: bench.ssh_each("ssh via jump", []),
+        bench.pdsh,
+        bench.multiplexed,
+    ]
+    for round_ in range(options.repeat):
+        for step in steps[round_ % len(steps) :] + steps[: round_ % len(steps)]:
+            step()
+    pair = [
+        lambda: bench.launch("launch via jump", bench.jump_config),
+        lambda: bench.launch("launch direct", bench.direct_config),
+    ]
+    for round_ in range(options.launch_rounds):
+        for step in pair if round_ % 2 == 0 else pair[::-1]:
+            step()
+    remove_node_dirs(bench.run_ids)
+    rows = []
+    for name, times in bench.times.items():
+        base = "launch direct" if name.startswith("launch") else "exec direct"
+        reached = bench.reached[name]
+        rows.append(
+            [
+                name,
+                f"{min(reached)}-{max(reached)}",
+                f"{sum(r == n for r in reached)}/{len(reached)}",
+                spread(times),
+                ratio(times, bench.times.get(base, [])),
+            ]
+        )
+    say(f"\n{n} nodes, {options.repeat} repetitions, {options.launch_rounds} launch rounds")
+    say(table(["contender", "reached", "runs reaching all", "wall s", "vs direct"], rows))
+    say("command: " + shlex.join(["python", "benchmarks/jump_host.py", *sys.argv[1:]]))
+
+
+if __name__ == "__main__":
+    main()
