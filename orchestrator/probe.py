@@ -23,7 +23,11 @@ from orchestrator.render import render_template
 from orchestrator.sizes import format_size, human_bytes
 from orchestrator.spec import JobSpec
 
+# The probe takes a second on a node; the limit is for one that hangs (an interpreter on a
+# stuck network file system). The controller starts the nodes' agents some tens a second,
+# and on a loaded machine fewer: so 60 s, or PROBE_S_PER_NODE per node when that is more.
 PROBE_TIME_LIMIT_S = 60.0
+PROBE_S_PER_NODE = 0.5
 MIN_FREE_DISK = 1 << 30  # less free where a node keeps its runs is worth a warning
 SET_PYTHON = "pass --python PATH or set python for this node in the hostfile"
 
@@ -110,7 +114,7 @@ def probe_nodes(
             connections,
             pythons,
             [["bash", "-c", s] for s in scripts],
-            time_limit=PROBE_TIME_LIMIT_S,
+            time_limit=probe_time_limit(len(chosen)),
             tag=tag,
             what="the preflight probe",
             progress=progress,
@@ -131,6 +135,14 @@ def probe_nodes(
                 host.name,
                 f"cannot run python {python!r}: {MISSING_PYTHON_WORDS}; {SET_PYTHON}",
                 exit_code=2,
+            )
+            continue
+        if result.state == "stopped" and "time limit" in result.detail:
+            errors[index] = NodeError(
+                host.name,
+                f"preflight probe did not finish within {probe_time_limit(len(chosen)):g} s "
+                "(the node, or this machine, too busy; or the probe hangs there: try "
+                "`orchestrator check`, or skip the probe with --no-preflight)",
             )
             continue
         if result.state == "stopped":  # because another node failed, which is named
@@ -180,6 +192,11 @@ def probe_nodes(
             f"torch versions differ between nodes ({listing}); ranks may fail to talk to each other"
         )
     return ProbeResult(facts, tuple(warnings), failed)
+
+
+def probe_time_limit(nodes: int) -> float:
+    """How long the preflight of `nodes` nodes may take in all."""
+    return max(PROBE_TIME_LIMIT_S, PROBE_S_PER_NODE * nodes)
 
 
 def _problem(

@@ -26,22 +26,22 @@ import os
 import select
 import time
 
-# Heartbeats (agent -> controller `H`, controller -> agent `hb`), both ways: a few a second
-# while the clocks are first compared (clocks.py), then one per heartbeat_timeout / 6
-# between FASTEST_BEAT_S and SLOWEST_BEAT_S, so that a silence of a third of the timeout
-# (when liveness starts asking the node's sshd) is two beats missed, and a quiet job of
+# Heartbeats (agent -> controller `H`, controller -> agent `hb`), both ways: one a second
+# while the clocks are first compared (clocks.py), then one per heartbeat_timeout / 4
+# between FASTEST_BEAT_S and SLOWEST_BEAT_S, so that a beat is late before a third of the
+# timeout has passed (when liveness starts asking the node's sshd), and a quiet job of
 # 1 000 nodes costs the controller little.
 FIRST_BEATS = 5
 FIRST_BEAT_S = 1.0
 FASTEST_BEAT_S = 0.5
-SLOWEST_BEAT_S = 5.0
+SLOWEST_BEAT_S = 10.0
 STALL_S = 600.0  # how long a silent controller whose host answers is waited for
 IDLE_S = 30.0  # how long a finished agent waits for the controller's next step
 
 
 def beat_intervals(heartbeat_timeout: float):
     """The pauses between heartbeats: FIRST_BEATS of FIRST_BEAT_S, then steady."""
-    steady = SLOWEST_BEAT_S if heartbeat_timeout <= 0 else heartbeat_timeout / 6
+    steady = SLOWEST_BEAT_S if heartbeat_timeout <= 0 else heartbeat_timeout / 4
     steady = min(SLOWEST_BEAT_S, max(FASTEST_BEAT_S, steady))
     for _ in range(FIRST_BEATS):
         yield min(FIRST_BEAT_S, steady)

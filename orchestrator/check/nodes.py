@@ -24,11 +24,10 @@ from orchestrator.check.facts import Master, NodeReport
 from orchestrator.errors import NodeError, OrchestratorError
 from orchestrator.execute import NodeResult, run_on_nodes
 from orchestrator.hostfile import Cluster
-from orchestrator.probe import parse_probe_output
+from orchestrator.probe import parse_probe_output, probe_time_limit
 from orchestrator.render import render_template
 from orchestrator.spec import DEFAULT_MASTER_PORT
 
-PROBE_TIME_LIMIT_S = 60.0
 RTT_SAMPLES = 5
 REACH_TIMEOUT_S = 5.0
 
@@ -128,7 +127,7 @@ def probe_facts(
             default_port=DEFAULT_MASTER_PORT,
         )
         argvs[index] = ["bash", "-c", script]
-    results = run_each(connections, pythons, argvs, PROBE_TIME_LIMIT_S, tag)
+    results = run_each(connections, pythons, argvs, probe_time_limit(len(argvs)), tag)
     return {
         index: ((parse_probe_output(r.output), None) if r.ok else ({}, _failure(r, pythons[index])))
         for index, r in results.items()

@@ -14,7 +14,9 @@ import socket
 
 import paramiko
 
-KEEPALIVE_S = 5  # ServerAliveInterval when the ssh config sets none
+# ServerAliveInterval when the ssh config sets none: keeps a NAT or firewall from dropping a
+# quiet connection (liveness asks the node's sshd itself when its agent falls silent).
+KEEPALIVE_S = 15
 IDLE_WAKE_S = 5.0
 # Tried first when the server offers them: paramiko decrypts AES-GCM at about three times
 # the speed of its default AES-CTR + HMAC-SHA2 (the controller reads every rank's output).
