@@ -55,12 +55,16 @@ def parser(description: str, nodes: str, repeat: int) -> argparse.ArgumentParser
 
 
 @contextlib.contextmanager
-def lab_cluster(n: int) -> Iterator[object]:
-    """A namespace cluster of `n` nodes with sshd (tests.lab), torn down afterwards."""
+def lab_cluster(n: int, plain_home: Path | None = None) -> Iterator[object]:
+    """A namespace cluster of `n` nodes with sshd (tests.lab), torn down afterwards; with
+    `plain_home`, the nodes' login shells start there, with empty start-up files (LAB.md,
+    "Timing at many nodes": root's own ~/.bashrc may run pyenv on every SSH command)."""
     from tests.lab import LabUnavailable, make_cluster
+    from tests.lab.bad_days import plain_home as make_plain
 
+    extra = f"SetEnv HOME={make_plain(plain_home)}" if plain_home is not None else ""
     try:
-        with make_cluster(n) as cluster:
+        with make_cluster(n, sshd_extra=extra) as cluster:
             yield cluster
     except LabUnavailable as exc:
         raise SystemExit(f"cannot build the namespace cluster here: {exc}") from None
@@ -206,14 +210,21 @@ def sleeping_job(
     argv = [*ORCHESTRATOR, "launch", str(hostfile), "--run-dir", str(work / "runs")]
     argv += ["--run-id", run_id, "--color", "never", "--no-fold", "--", "job.py"]
     controller = subprocess.Popen(
-        argv, cwd=work, env=cluster.environ(), stdout=subprocess.PIPE, text=True
+        argv,
+        cwd=work,
+        env=cluster.environ(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     try:
-        seen, deadline = 0, time.monotonic() + timeout
+        seen, deadline, said = 0, time.monotonic() + timeout, []
         while seen < len(cluster.nodes):
             line = controller.stdout.readline()
+            said = [*said[-19:], line]
             if not line or time.monotonic() > deadline:
-                raise SystemExit(f"the launch ended early or hung (exit {controller.poll()})")
+                tail = "".join(said)
+                raise SystemExit(f"the launch ended early or hung ({controller.poll()}):\n{tail}")
             seen += "sleeping" in line
         time.sleep(2)
         yield controller

@@ -9,7 +9,7 @@ threads, from /proc) is read at the start and end of each of --repeat windows of
 --seconds. Printed: CPU ms per window (median of the windows) and per node, and each node
 count's per-node figure against the smallest count's in the same run (flat: 1.0x or less).
 Target: at most 2 ms of CPU per node per 30 s. The nodes' own CPU is not counted (see
-benchmarks/idle_agent.py for an agent's).
+benchmarks/idle_agent.py for an agent's); their login shells start with empty start-up files.
 """
 
 from __future__ import annotations
@@ -37,7 +37,10 @@ def main() -> int:
     window = args.seconds
     results: dict[int, list[float]] = {}
     for n in args.nodes:
-        with scratch("orchestrator-bench-idlectl-") as work, lab_cluster(n) as cluster:
+        with (
+            scratch("orchestrator-bench-idlectl-") as work,
+            lab_cluster(n, plain_home=work / "home") as cluster,
+        ):
             started = time.monotonic()
             with sleeping_job(cluster, work, args.repeat * window + 120) as controller:
                 say(f"{n} nodes: every rank runs after {time.monotonic() - started:.0f} s")

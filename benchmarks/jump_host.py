@@ -16,8 +16,8 @@ in the same run, directly. Each repetition runs, in a rotating order:
 
 and `--launch-rounds` times a hello `orchestrator launch` (one rank per node) through the
 jump host and direct. For each: the nodes reached (of N) and the wall time, medians and
-ratios against the same on direct connections. The lab's nodes log in as root with the
-lab's own home, whose shell start-up is plain.
+ratios against the same on direct connections. The nodes' login shells start with empty
+start-up files (LAB.md, "Timing at many nodes").
 """
 
 from __future__ import annotations
@@ -169,7 +169,10 @@ def main() -> None:
     options = args.parse_args()
     say(machine_line())
     for n in options.nodes:
-        with lab_cluster(n + 1) as cluster, scratch("orchestrator-jump-") as work:
+        with (
+            scratch("orchestrator-jump-") as work,
+            lab_cluster(n + 1, plain_home=work / "home") as cluster,
+        ):
             cluster.use_stock_limits(cluster.nodes[0])
             measure(Bench(cluster, work), options)
 

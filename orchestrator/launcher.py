@@ -187,8 +187,9 @@ def run_plan(
             ]
             if progress is not None:
                 progress.begin("starting", plan.nnodes)
+            supervisor.start_beating()
             try:
-                sessions.extend(start_sessions(starts, events))
+                start_sessions(starts, events, into=sessions)
             except OrchestratorError as exc:  # the started nodes were stopped
                 record.write_status(
                     {
@@ -204,6 +205,7 @@ def run_plan(
                 raise
             outcome = supervisor.run()
     finally:
+        supervisor.ended.set()  # no heartbeats after a start that failed either
         for session in sessions:
             session.close()
         if progress is not None:

@@ -150,24 +150,35 @@ class NodeSession:
             self.channel.close()
             return
         previous = self.connection.idle_agent
-        self.connection.idle_agent = IdleAgent(
-            self.python, self.tag, self.channel, time.monotonic()
-        )
+        # Idle since its X arrived (the agent's wait began then), not since now: a loaded
+        # controller may handle the X many seconds later, and then reuse an agent that left.
+        self.connection.idle_agent = IdleAgent(self.python, self.tag, self.channel, self.heard)
         if previous is not None:
             previous.channel.close()
 
 
 def start_sessions(
-    starts: Sequence[tuple[int, NodeConnection, str, str, dict]], events: queue.Queue[Event]
+    starts: Sequence[tuple[int, NodeConnection, str, str, dict]],
+    events: queue.Queue[Event],
+    into: list[NodeSession] | None = None,
 ) -> list[NodeSession]:
-    """Start (index, connection, python, tag, config) agents on all their nodes at once.
+    """Start (index, connection, python, tag, config) agents on all their nodes at once;
+    each session is also appended to `into` as soon as it has started (heartbeats reach
+    it while the others start).
 
     Each start waits for its node to open a channel and run a command: in turn, those
     round trips would add up with the node count. If any start fails, the others are
     closed (which stops their agents) and the first error is raised.
     """
+
+    def start(*args) -> NodeSession:
+        session = NodeSession.start(*args, events)
+        if into is not None:
+            into.append(session)
+        return session
+
     with ThreadPoolExecutor(max_workers=min(64, max(1, len(starts)))) as pool:
-        futures = [pool.submit(NodeSession.start, *start, events) for start in starts]
+        futures = [pool.submit(start, *one) for one in starts]
     sessions, errors = [], []
     for future in futures:
         try:

@@ -270,3 +270,43 @@ def test_the_agent_runs_isolated_with_nothing_but_what_it_is_sent(tmp_path) -> N
     proc.stdin.close()
     assert proc.wait(timeout=30) == 0, proc.stderr.read().decode()
     assert seen["N"][0][1] == b"isolated\n" and seen["X"][0][0][0] == "0"
+
+
+class _Finished:
+    """An agent channel that reports X once, then nothing more (the agent waits idle)."""
+
+    def __init__(self) -> None:
+        self.sent = [frame("X", 0, "1.0")]
+        self.closed = False
+
+    def read(self, size: int) -> bytes:
+        return self.sent.pop(0) if self.sent else b""
+
+    def write(self, data: bytes) -> None:
+        pass
+
+    def errors(self) -> str:
+        return ""
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_an_idle_agent_counts_as_idle_from_its_x_not_from_when_the_controller_got_to_it() -> None:
+    import queue
+    import time
+    from types import SimpleNamespace
+
+    from orchestrator.nodes import REUSE_WITHIN_S, NodeSession, take_idle_agent
+
+    connection = SimpleNamespace(idle_agent=None)
+    channel = _Finished()
+    session = NodeSession(0, connection, channel, queue.Queue(), "python3", "run1")
+    session.thread.start()
+    session.thread.join(timeout=5)
+    arrived = session.heard
+    session.heard -= REUSE_WITHIN_S  # the X came in that long ago; the controller was busy
+    session.close()
+    assert connection.idle_agent.since == arrived - REUSE_WITHIN_S
+    assert take_idle_agent(connection, "python3", "run1") is None  # may have left: not reused
+    assert channel.closed and time.monotonic() >= arrived

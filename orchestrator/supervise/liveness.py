@@ -100,12 +100,14 @@ class Liveness:
         self.last_check = self.awake
         self._note_heard()
         lost = []
+        stopped, quiet = overdue(0.0), self.heartbeat_timeout / 3
         for session in list(self.sessions):
             node = self.nodes[session.index]
-            if not node.done:
-                found = self._judge(session, node, overdue)
-                if found is not None:
-                    lost.append((node, *found))
+            if node.done or (not stopped and self.silence(session.index) < quiet):
+                continue  # heard lately: nothing to ask or judge (the common case)
+            found = self._judge(session, node, overdue)
+            if found is not None:
+                lost.append((node, *found))
         return lost
 
     def _judge(

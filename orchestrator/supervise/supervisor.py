@@ -49,6 +49,8 @@ class Supervisor:
     ) -> None:
         self.events = events
         self.sink = sink
+        self.ended = threading.Event()  # the run is over: no more heartbeats
+        self.beats: threading.Thread | None = None
         self.grace = grace
         self.heartbeat_timeout = heartbeat_timeout
         self.time_limit = time_limit
@@ -108,15 +110,23 @@ class Supervisor:
 
     # --- the loop -----------------------------------------------------------------------
 
+    def start_beating(self) -> None:
+        """Heartbeats from now on, to every session started so far and any added later:
+        called before the nodes start, since starting hundreds of them on a loaded machine
+        can take longer than an agent waits to hear from the controller."""
+        if self.beats is None:
+            self.beats = threading.Thread(
+                target=self._beat, args=(self.ended,), name="heartbeats", daemon=True
+            )
+            self.beats.start()
+
     def run(self) -> Outcome:
         self.on_change(self)
-        ended = threading.Event()
-        beats = threading.Thread(target=self._beat, args=(ended,), name="heartbeats", daemon=True)
-        beats.start()
+        self.start_beating()
         try:
             self._loop()
         finally:
-            ended.set()
+            self.ended.set()
         self.sink.flush(drain=True)
         outcome = self.outcome()
         self.on_change(self)

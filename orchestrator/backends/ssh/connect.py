@@ -21,7 +21,6 @@ import paramiko
 
 from orchestrator.agent import agent_argv
 from orchestrator.backends.base import (
-    DEFAULT_CONNECT_TIMEOUT_S,
     MISSING_PYTHON_WORDS,
     IdleAgent,
     SshOptions,
@@ -40,6 +39,10 @@ from orchestrator.hostfile import Host
 # that Python would print raw on stderr; what they mean reaches the user as our NodeError,
 # and `orchestrator --verbose` shows the records themselves.
 logging.getLogger("paramiko").addHandler(logging.NullHandler())
+# A node that let us log in is there; its sshd may take long to start a session when the
+# node (or, in a lab, the one machine under every node) is loaded: 250 at once on 2 cores
+# took more than 10 s for some.
+SESSION_OPEN_TIMEOUT_S = 120.0
 
 
 class SshSession:
@@ -123,7 +126,7 @@ class SshConnection:
             f"ORCHESTRATOR_RUN_ID={shlex.quote(tag)} exec {shlex.join(agent_argv(python, tag))}"
         )
         try:
-            channel = self.client.get_transport().open_session(timeout=DEFAULT_CONNECT_TIMEOUT_S)
+            channel = self.client.get_transport().open_session(timeout=SESSION_OPEN_TIMEOUT_S)
             channel.exec_command(command)
         except (OSError, EOFError, paramiko.SSHException) as exc:
             raise NodeError(self.host, f"cannot start the node agent: {exc}") from None
