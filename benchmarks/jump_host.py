@@ -53,7 +53,7 @@ class Bench:
         self.behind = cluster.nodes[1:]
         self.hostfile = cluster.write_hostfile(work / "hosts.txt", self.behind)
         self.env = cluster.environ()
-        base = cluster.ssh.default_config(cluster.nodes, cluster._subnet_glob)
+        base = cluster.ssh.default_config(cluster.nodes, cluster.subnet_glob)
         names = " ".join(node.name for node in self.behind)
         self.direct_config = work / "direct.config"
         self.direct_config.write_text(base)

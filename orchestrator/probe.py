@@ -107,6 +107,7 @@ def probe_nodes(
         )
         for index, host, python in zip(chosen, hosts, pythons, strict=True)
     ]
+    limit = probe_time_limit(len(chosen))
     if progress is not None:
         progress.begin("probing", len(chosen))
     try:
@@ -114,7 +115,7 @@ def probe_nodes(
             connections,
             pythons,
             [["bash", "-c", s] for s in scripts],
-            time_limit=probe_time_limit(len(chosen)),
+            time_limit=limit,
             tag=tag,
             what="the preflight probe",
             progress=progress,
@@ -140,7 +141,7 @@ def probe_nodes(
         if result.state == "stopped" and "time limit" in result.detail:
             errors[index] = NodeError(
                 host.name,
-                f"preflight probe did not finish within {probe_time_limit(len(chosen)):g} s "
+                f"preflight probe did not finish within {limit:g} s "
                 "(the node, or this machine, too busy; or the probe hangs there: try "
                 "`orchestrator check`, or skip the probe with --no-preflight)",
             )

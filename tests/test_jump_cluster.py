@@ -31,8 +31,8 @@ HELLO = "import os\nprint(f\"hello from rank {os.environ['RANK']}\", flush=True)
 
 
 @pytest.fixture(scope="module")
-def jumped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    """Node 0 a jump host with stock limits, nodes 1..64 reached only through it."""
+def jumped() -> Iterator[Cluster]:
+    """Node 0 a jump host with stock limits; the ssh config sends nodes 1..64 through it."""
     require_lab()
     _remove_stale_once()
     lab = Cluster.create(BEHIND + 1)
@@ -42,7 +42,7 @@ def jumped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         behind = " ".join(node.name for node in lab.nodes[1:])
         lab.write_ssh_config(
             f"Host {behind}\n    ProxyJump {jump.name}\n"
-            + lab.ssh.default_config(lab.nodes, lab._subnet_glob)
+            + lab.ssh.default_config(lab.nodes, lab.subnet_glob)
         )
         yield lab
     finally:
@@ -62,7 +62,7 @@ class Connections:
 
     def __init__(self, lab: Cluster) -> None:
         self.jump = lab.nodes[0].address
-        self.subnet = lab._subnet_glob.rstrip("*")
+        self.subnet = lab.subnet_glob.rstrip("*")
         self.most_to_jump = 0
         self.direct: set[str] = set()
         self.done = threading.Event()

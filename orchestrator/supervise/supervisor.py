@@ -115,9 +115,7 @@ class Supervisor:
         called before the nodes start, since starting hundreds of them on a loaded machine
         can take longer than an agent waits to hear from the controller."""
         if self.beats is None:
-            self.beats = threading.Thread(
-                target=self._beat, args=(self.ended,), name="heartbeats", daemon=True
-            )
+            self.beats = threading.Thread(target=self._beat, name="heartbeats", daemon=True)
             self.beats.start()
 
     def run(self) -> Outcome:
@@ -132,11 +130,11 @@ class Supervisor:
         self.on_change(self)
         return outcome
 
-    def _beat(self, ended: threading.Event) -> None:
+    def _beat(self) -> None:
         """Heartbeats to every agent from a timer of their own: a busy loop cannot hold
         them back, so a slow controller does not look gone to its nodes."""
         for pause in beat_intervals(self.heartbeat_timeout):
-            if ended.wait(pause):
+            if self.ended.wait(pause):
                 return
             self.stopper.heartbeat()
 

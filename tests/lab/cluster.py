@@ -70,7 +70,8 @@ class Cluster:
         return cluster
 
     @property
-    def _subnet_glob(self) -> str:
+    def subnet_glob(self) -> str:
+        """The cluster's addresses as an ssh config `Host` pattern (`10.177.K.*`)."""
         return ".".join(str(self.subnet.network_address).split(".")[:3]) + ".*"
 
     def _start_all_sshd(self, extra: str) -> None:
@@ -219,7 +220,7 @@ class Cluster:
     def write_ssh_config(self, text: str | None = None) -> Path:
         """Replace ~/.ssh/config with `text`, or restore the default when None."""
         return self.ssh.write_config(
-            text if text is not None else self.ssh.default_config(self.nodes, self._subnet_glob)
+            text if text is not None else self.ssh.default_config(self.nodes, self.subnet_glob)
         )
 
     def ssh_argv(self, node: Node | int | str, *command: str) -> list[str]:

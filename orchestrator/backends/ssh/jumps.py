@@ -40,8 +40,8 @@ class Jump:
     """One shared, authenticated connection to a jump host; leased by the connections
     through it, closed when the last of them is."""
 
-    def __init__(self, pool: Jumps, key: Key, spec: str, target: Target, via: Jump | None):
-        self.pool, self.key, self.spec, self.target, self.via = pool, key, spec, target, via
+    def __init__(self, pool: Jumps, spec: str, target: Target, via: Jump | None):
+        self.pool, self.spec, self.target, self.via = pool, spec, target, via
         self.client: paramiko.SSHClient | None = None
         self.users = 0
         self.lock = threading.Lock()
@@ -89,8 +89,9 @@ class Jump:
         """A channel to `target`'s SSH port through this jump host."""
         client = self.client
         transport = client.get_transport() if client is not None else None
+        lost = JumpLost(shown, f"connection to jump host {self.spec} lost")
         if transport is None or not transport.is_active():
-            raise JumpLost(shown, f"connection to jump host {self.spec} lost")
+            raise lost
         try:
             return transport.open_channel(
                 "direct-tcpip",
@@ -100,7 +101,7 @@ class Jump:
             )
         except (OSError, EOFError, paramiko.SSHException) as exc:
             if not transport.is_active():
-                raise JumpLost(shown, f"connection to jump host {self.spec} lost") from None
+                raise lost from None
             raise NodeError(
                 shown,
                 f"jump host {self.spec} cannot reach {target.hostname}:{target.port}: {exc}",
@@ -140,7 +141,7 @@ class Jumps:
             with self.lock:
                 found = self.jumps.get(key)
                 if found is None:
-                    found = self.jumps[key] = Jump(self, key, spec, target, jump)
+                    found = self.jumps[key] = Jump(self, spec, target, jump)
             jump = found
         assert jump is not None, "lease() needs at least one hop"
         jump.lease()
