@@ -17,6 +17,7 @@ node switched off without a word.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import re
 import signal
@@ -65,15 +66,56 @@ def with_set_env(config: str, assignments: str) -> str:
     return config.rstrip("\n") + f"\nSetEnv {assignments}\n"
 
 
+class FaketimeShared:
+    """A POSIX semaphore and shared memory that libfaketime's processes share, owned here.
+
+    Named `FAKETIME_SHARED` in the sessions' environment, they exist before the first faked
+    process starts and after the last one ends, so no process creates or removes them."""
+
+    _SHM_BYTES = 4096  # one page: more than libfaketime's shared struct
+
+    def __init__(self, tag: str) -> None:
+        self.sem_name = f"/orchestrator_lab_faketime_sem_{tag}"
+        self.shm_name = f"/orchestrator_lab_faketime_shm_{tag}"
+        self._libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        self._libc.sem_open.restype = ctypes.c_void_p
+        self._libc.sem_open.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_uint, ctypes.c_uint]
+        self._libc.sem_close.argtypes = [ctypes.c_void_p]
+        self._libc.sem_unlink.argtypes = [ctypes.c_char_p]
+
+    @property
+    def env_value(self) -> str:
+        return f"{self.sem_name} {self.shm_name}"
+
+    def create(self) -> None:
+        self.remove()
+        sem = self._libc.sem_open(self.sem_name.encode(), os.O_CREAT | os.O_EXCL, 0o600, 1)
+        if sem in (None, ctypes.c_void_p(-1).value):
+            err = ctypes.get_errno()
+            raise OSError(err, f"sem_open {self.sem_name}: {os.strerror(err)}")
+        self._libc.sem_close(sem)
+        # What libfaketime's own creator writes: no ticks, no file index, start times unset
+        # (tv_nsec -1 for the real, monotonic and raw monotonic clocks).
+        state = bytearray(self._SHM_BYTES)
+        for offset in (24, 40, 56):
+            state[offset : offset + 8] = (-1).to_bytes(8, "little", signed=True)
+        Path("/dev/shm", self.shm_name.lstrip("/")).write_bytes(bytes(state))
+        os.chmod(Path("/dev/shm", self.shm_name.lstrip("/")), 0o600)
+
+    def remove(self) -> None:
+        self._libc.sem_unlink(self.sem_name.encode())
+        Path("/dev/shm", self.shm_name.lstrip("/")).unlink(missing_ok=True)
+
+
 def measured_shift(cluster: Cluster, node: Node) -> tuple[float, float]:
     """(shifted - real bounds) of `date` in a session on `node`: the shift lies in between.
 
     The shifted `date` runs between two unshifted ones, so shifted - real lies within
     [shifted - second, shifted - first]."""
-    command = "env -u LD_PRELOAD date +%s.%N; date +%s.%N; env -u LD_PRELOAD date +%s.%N"
+    command = "env -u LD_PRELOAD date +%s.%N && date +%s.%N && env -u LD_PRELOAD date +%s.%N"
     status, out, err = cluster.ssh_run(node, command, timeout=30)
-    if status != 0:
-        raise RuntimeError(f"date on {node.name} failed ({status}): {err.strip()}")
+    if status != 0 or len(out.split()) != 3:
+        raise RuntimeError(f"date on {node.name} failed ({status}): {out.strip()} {err.strip()}")
     first, shifted, second = (float(x) for x in out.split())
     return shifted - second, shifted - first
 
@@ -86,9 +128,15 @@ def skew_clock(cluster: Cluster, node: Node, seconds: float) -> Iterator[None]:
     before the block begins; the sshd config is restored (and sshd restarted) after it.
     """
     library = faketime_library()
+    shared = FaketimeShared(node.name)
+    shared.create()
     path = node.sshd_config_path
     original = path.read_text()
-    assignments = f"LD_PRELOAD={library} FAKETIME={faketime_offset(seconds)}"
+    # SetEnv splits on spaces unless quoted; FAKETIME_SHARED holds two names.
+    assignments = (
+        f"LD_PRELOAD={library} FAKETIME={faketime_offset(seconds)} "
+        f'"FAKETIME_SHARED={shared.env_value}"'
+    )
     path.write_text(with_set_env(original, assignments))
     try:
         cluster.restart_sshd(node)
@@ -97,6 +145,7 @@ def skew_clock(cluster: Cluster, node: Node, seconds: float) -> Iterator[None]:
     finally:
         path.write_text(original)
         cluster.restart_sshd(node)
+        shared.remove()
 
 
 def _verify_shift(cluster: Cluster, node: Node, seconds: float, attempts: int = 10) -> None:
