@@ -5,10 +5,14 @@ number of ranks and steps; repetitions alternate between them so machine load dr
 affect both alike. Prints the median and best samples/s of each, their ratios, and the
 share of step time each spent waiting for data. Two more trainer variants check for a stop
 signal every step, or never, to show what the default adaptive check costs: each checked
-run against the unchecked run of the same repetition, median over the repetitions.
+run against the unchecked run of the same repetition, median over the repetitions. Two last
+variants start each rank through the same shell wrapper, one setting the orchestrator's
+metrics channel (ORCHESTRATOR_METRICS_FILE, one file per rank) and one not, and are paired
+the same way: the channel must cost at most 2 %.
 
     python benchmarks/bench_trainer.py                 # CPU, 2 ranks, gloo
     python benchmarks/bench_trainer.py --gpu           # 1 GPU, NCCL, bf16, pinned memory
+    python benchmarks/bench_trainer.py --channel-only --reps 9   # the channel's cost alone
 
 Throughput counts the training loop only (process start and torch import excluded).
 """
@@ -18,9 +22,11 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shlex
 import statistics
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -28,13 +34,33 @@ TRAINER_DONE = re.compile(r"^done: .*?, ([\d.]+) samples/s, data wait ([\d.]+)%"
 BASELINE_DONE = re.compile(r"^baseline done: .*?, ([\d.]+) samples/s, data wait ([\d.]+)%", re.M)
 
 
-def torchrun(nproc: int, target: list[str], threads: int) -> str:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-           f"--nproc_per_node={nproc}", *target]  # fmt: skip
+CHANNEL = "ORCHESTRATOR_METRICS_FILE"
+
+
+def torchrun(nproc: int, target: list[str], threads: int, channel: bool | None = None) -> str:
+    """Run ``target`` on ``nproc`` ranks.
+
+    With ``channel`` True or False each rank starts through a shell, which sets (True) or
+    leaves unset (False) a metrics file of its own: torchrun gives all ranks one
+    environment. Both go through the shell so that the pair differs in the channel alone.
+    """
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
-    result = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
-    if result.returncode != 0:
-        sys.exit(f"benchmark run failed ({' '.join(cmd)}):\n{result.stdout}\n{result.stderr}")
+    env.pop(CHANNEL, None)
+    with tempfile.TemporaryDirectory() as directory:
+        wrapper: list[str] = []
+        if channel is not None:
+            setting = f'{CHANNEL}="$0/metrics-$RANK.jsonl" ' if channel else ""
+            script = f'{setting}exec {shlex.quote(sys.executable)} "$@"'
+            wrapper = ["--no-python", "bash", "-c", script, directory]
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               f"--nproc_per_node={nproc}", *wrapper, *target]  # fmt: skip
+        result = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+        if result.returncode != 0:
+            sys.exit(f"benchmark run failed ({' '.join(cmd)}):\n{result.stdout}\n{result.stderr}")
+        if channel:
+            written = [Path(directory, f"metrics-{rank}.jsonl") for rank in range(nproc)]
+            if not all(path.exists() and path.stat().st_size for path in written):
+                sys.exit(f"the channel variant wrote no records:\n{result.stderr}")
     return result.stdout
 
 
@@ -64,6 +90,10 @@ def main() -> None:
     parser.add_argument("--model", default="mlp", choices=["mlp", "cnn"])
     parser.add_argument("--nproc", type=int, help="ranks (default: 2 on CPU, 1 with --gpu)")
     parser.add_argument("--gpu", action="store_true", help="NCCL, bf16 autocast, pinned memory")
+    parser.add_argument(
+        "--channel-only", action="store_true",
+        help="run only the trainer with and without ORCHESTRATOR_METRICS_FILE",
+    )  # fmt: skip
     args = parser.parse_args()
 
     if args.gpu:
@@ -87,12 +117,19 @@ def main() -> None:
     if args.gpu:
         trainer += ["--device", "cuda", "--precision", "bf16"]
         baseline += ["--device", "cuda", "--bf16"]
-    variants = {
-        "trainer": (trainer, TRAINER_DONE),
-        "baseline": (baseline, BASELINE_DONE),
-        "trainer, stop check every step": (trainer + ["--stop-check-every", "1"], TRAINER_DONE),
-        "trainer, no stop check": (trainer + ["--stop-check-every", "1000000"], TRAINER_DONE),
-    }
+    # name: (command, its summary line, None or whether the shell wrapper sets the channel)
+    variants: dict[str, tuple[list[str], re.Pattern[str], bool | None]] = {
+        "trainer": (trainer, TRAINER_DONE, None),
+        "baseline": (baseline, BASELINE_DONE, None),
+        "trainer, stop check every step": (
+            trainer + ["--stop-check-every", "1"], TRAINER_DONE, None,
+        ),
+        "trainer, no stop check": (trainer + ["--stop-check-every", "1000000"], TRAINER_DONE, None),
+        "trainer, no metrics channel": (trainer, TRAINER_DONE, False),
+        "trainer, metrics channel": (trainer, TRAINER_DONE, True),
+    }  # fmt: skip
+    if args.channel_only:
+        variants = {n: v for n, v in variants.items() if v[2] is not None}
     mode = "GPU, NCCL, bf16" if args.gpu else f"CPU, gloo, {threads} thread(s) per rank"
     print(f"{nproc} rank(s), {mode}; model {args.model}, batch {args.batch_size}/rank, "
           f"{args.steps} steps, {args.reps} repetitions")  # fmt: skip
@@ -102,8 +139,11 @@ def main() -> None:
               f"CUDA {torch.version.cuda}, NCCL {nccl_version()}")  # fmt: skip
     results: dict[str, list[tuple[float, float]]] = {name: [] for name in variants}
     for rep in range(args.reps):
-        for name, (target, pattern) in variants.items():
-            results[name].append(parse(pattern, torchrun(nproc, target, threads)))
+        # Every other repetition in reverse, so neither side of a pair always runs first.
+        order = list(variants) if rep % 2 == 0 else list(reversed(variants))
+        for name in order:
+            target, pattern, channel = variants[name]
+            results[name].append(parse(pattern, torchrun(nproc, target, threads, channel)))
         line = ", ".join(f"{n} {results[n][-1][0]:.0f}" for n in variants)
         print(f"  rep {rep + 1}: samples/s {line}", flush=True)
 
@@ -118,6 +158,9 @@ def main() -> None:
             f"{name:>30}: median {summary[name][0]:7.0f} samples/s, best {summary[name][1]:7.0f}, "
             f"data wait {wait:.1%} of step time"
         )
+    if args.channel_only:
+        channel_cost(results)
+        return
     for label, index in (("median", 0), ("best", 1)):
         ratio = summary["trainer"][index] / summary["baseline"][index]
         print(f"{label:>6}: trainer/baseline {ratio:.2f}x")
@@ -132,6 +175,23 @@ def main() -> None:
             f"stop check {label}: {median:.3f}x the throughput of no check, cost "
             f"{1 - median:+.1%} (median of {len(ratios)} paired repetitions)"
         )
+    channel_cost(results)
+
+
+def channel_cost(results: dict[str, list[tuple[float, float]]]) -> None:
+    """The metrics channel's cost, paired like the stop check's: it may take 2 % at most."""
+    with_channel = [rate for rate, _ in results["trainer, metrics channel"]]
+    without = [rate for rate, _ in results["trainer, no metrics channel"]]
+    ratios = [a / b for a, b in zip(with_channel, without, strict=True)]
+    median = statistics.median(ratios)
+    verdict = "within" if median >= 0.98 else "NOT within"
+    # The middle half of the pairs: where it is wider than 2 %, so is the verdict's doubt.
+    low, _, high = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else (median,) * 3
+    print(
+        f"metrics channel: {median:.3f}x the throughput without it, cost {1 - median:+.1%}, "
+        f"{verdict} 2 % (median of {len(ratios)} paired repetitions, middle half "
+        f"{low:.3f} to {high:.3f}: {', '.join(f'{r:.3f}' for r in ratios)})"
+    )
 
 
 if __name__ == "__main__":

@@ -159,6 +159,7 @@ def run_plan(
         stall_timeout=options.stall_timeout,
         max_restarts=plan.max_restarts,
         on_change=on_change,
+        metrics_path=record.metrics_path,
     )
     started = time.monotonic()
     record.write_status({**base, **recovery_status()})

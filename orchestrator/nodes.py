@@ -15,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from orchestrator.agent import IDLE_S, agent_source, encode_config, length_prefixed
+from orchestrator.agent.protocol import WITH_PAYLOAD
 from orchestrator.backends.base import AgentChannel, IdleAgent, NodeConnection
 
 REUSE_WITHIN_S = IDLE_S / 3  # an agent idle for longer may be about to leave: start another
@@ -22,7 +23,8 @@ REUSE_WITHIN_S = IDLE_S / 3  # an agent idle for longer may be about to leave: s
 
 @dataclass(frozen=True)
 class Event:
-    """One thing a node said: `kind` is a frame type (S O N E F M W H X) or "EOF"."""
+    """One thing a node said: `kind` is a frame type (see orchestrator.agent.protocol) or
+    "EOF"."""
 
     node: int  # index of the node in the plan
     kind: str
@@ -34,7 +36,7 @@ class Event:
 class FrameParser:
     """Incremental decoder of the agent's frames (see orchestrator.agent)."""
 
-    WITH_PAYLOAD = {"O", "N", "F", "M", "W"}
+    WITH_PAYLOAD = WITH_PAYLOAD  # the protocol's
 
     def __init__(self) -> None:
         self.buf = bytearray()

@@ -1,4 +1,5 @@
-"""The run record: runs/<run-id>/ with plan.yaml, the node scripts, logs/ and status.json.
+"""The run record: runs/<run-id>/ with plan.yaml, the node scripts, logs/, status.json and
+metrics.jsonl.
 
 status.json is the one place a run's state lives; it is written atomically (temp file +
 rename), so `status`, `logs -f` and `runs` in another shell always read a whole document,
@@ -61,6 +62,11 @@ class RunRecord:
     @property
     def status_path(self) -> Path:
         return self.path / "status.json"
+
+    @property
+    def metrics_path(self) -> Path:
+        """The metrics channel's records (orchestrator.supervise.metrics)."""
+        return self.path / "metrics.jsonl"
 
     @classmethod
     def create(cls, run_dir: str | Path, run_id: str) -> RunRecord:

@@ -34,6 +34,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "orchestrator.fold",
         "orchestrator.logfile",
         "orchestrator.runs",
+        "orchestrator.plot",
+        "orchestrator.top",
         "orchestrator.detach",
         "orchestrator.bad_nodes",
         "orchestrator.progress",

@@ -25,7 +25,16 @@ BOOTSTRAP = (
 )
 
 # The agent's modules as they run on the node, each after those it imports.
-NODE_MODULES = ("protocol", "shipping", "disk", "ranks", "processes", "controller", "main")
+NODE_MODULES = (
+    "protocol",
+    "shipping",
+    "disk",
+    "ranks",
+    "processes",
+    "controller",
+    "sampling",
+    "main",
+)
 
 _AGENT_SOURCE: bytes | None = None
 

@@ -8,6 +8,8 @@ channel) through `BOOTSTRAP`, then sends its modules' source and a JSON config o
   becomes the child subreaper (processes.py);
 - streams each rank's output as whole lines, the script's own output (torchrun's), and each
   rank's exit code and time (ranks.py, shipping.py), in the frames of protocol.py;
+- samples, every few seconds, what the run's processes use (CPU, memory, GPUs) and ships
+  it with the ranks' own metrics (sampling.py);
 - stops everything on `stop GRACE` (SIGTERM to every descendant, SIGKILL to what is left
   after GRACE seconds), at once on `kill`, and by itself when the controller goes away:
   stdin closes (controller killed, connection dropped) or no heartbeat for a while
@@ -20,6 +22,7 @@ one SSH session (one login shell), per node. It ends when stdin closes.
 
 from __future__ import annotations
 
+import json
 import os
 import select
 import signal
@@ -44,6 +47,7 @@ from orchestrator.agent.protocol import (
     read_config,
 )
 from orchestrator.agent.ranks import NodeRanks
+from orchestrator.agent.sampling import SAMPLE_S, Sampler
 from orchestrator.agent.shipping import Outbox, PipeLines
 
 # Type names only, not imported at run time (see processes.py).
@@ -108,14 +112,21 @@ class Agent:
             self.outbox.send(frame("X", 127, f"{time.time():.6f}"))
             self.outbox.flush(10)
             return 127
-        beats = threading.Thread(target=self.heartbeats, name="heartbeats", daemon=True)
-        beats.start()
+        threads = [threading.Thread(target=self.heartbeats, name="heartbeats", daemon=True)]
+        sample_s = float(self.config.get("sample_s", SAMPLE_S))
+        if self.ranks.files and sample_s > 0:
+            threads.append(
+                threading.Thread(target=self.samples, args=(sample_s,), name="samples", daemon=True)
+            )
+        for thread in threads:
+            thread.start()
         while True:
             self.step()
             if self.finished():
                 break
         self.beating.set()  # nothing may follow X
-        beats.join()
+        for thread in threads:
+            thread.join()
         self.ranks.drain(10 if self.stdin_open else 2)
         self.ranks.ship_exits()
         if self.processes.script_rc != 0 and not self.processes.stopping:
@@ -181,6 +192,16 @@ class Agent:
             t1, t2 = self.commands.ping
             self.outbox.send(frame("H", f"{time.time():.6f}", t1, t2))
             self.outbox.write_some()
+
+    def samples(self, every: float) -> None:
+        """A node sample (P) every `every` seconds, each over the time since the last."""
+        sampler = Sampler(os.getpid())
+        sampler.sample()  # the baseline the first sample's CPU is measured from
+        while not self.beating.wait(every):
+            data = json.dumps(sampler.sample(), separators=(",", ":")).encode()
+            if self.beating.is_set():
+                return
+            self.outbox.send(frame("P", payload=data))
 
     def check_controller(self, now: float) -> None:
         """No word from the controller for the heartbeat timeout: stop, unless its host

@@ -146,7 +146,7 @@ def claim_node_dir(node_dir: str) -> IO[str]:
         lock.close()
         raise OSError(f"another run with the same run id is active in {node_dir}") from None
     for name in os.listdir(node_dir):
-        if name.startswith("rank-"):
+        if name.startswith(("rank-", "metrics-")):
             os.remove(os.path.join(node_dir, name))
     return lock
 

@@ -7,6 +7,8 @@ types with a length field, by exactly that many payload bytes:
   F rank n + data    rank error file   M n + data        a message from the agent
   H t3 t1 t2         heartbeat         X rc t            finished; nothing follows
   W ERRNO t n + dir  the node directory cannot be written (ENOSPC, EDQUOT, EIO, EROFS)
+  Q rank n + data   the rank's metrics channel (whole JSON lines it wrote)
+  P n + data        a node sample, one JSON object (agent/sampling.py)
 Every t is the node's wall clock. H echoes the controller's last `hb T1` (t1) with the time
 the agent read it (t2), `-` before any: one NTP round trip (orchestrator.supervise.clocks).
 E's s says whether the rank ended after the agent began stopping the step, both times in the
@@ -31,6 +33,7 @@ import time
 # between FASTEST_BEAT_S and SLOWEST_BEAT_S, so that a beat is late before a third of the
 # timeout has passed (when liveness starts asking the node's sshd), and a quiet job of
 # 1 000 nodes costs the controller little.
+WITH_PAYLOAD = frozenset("ONFMWQP")  # frame types whose last header field is a length
 FIRST_BEATS = 5
 FIRST_BEAT_S = 1.0
 FASTEST_BEAT_S = 0.5

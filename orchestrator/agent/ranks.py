@@ -1,9 +1,10 @@
 """This node's ranks: each one's output file tailed as whole lines, then its exit.
 
 The script's run_rank writes rank-N.out as the rank runs and rank-N.exit (`rc time
-[error_file]` and a newline) when it ends, anew each time torchrun restarts it. A rank's
-exit is shipped only once all its output is on the way, so the controller never sees a rank
-end before its last line.
+[error_file]` and a newline) when it ends, anew each time torchrun restarts it; the rank
+itself may write its metrics channel, metrics-N.jsonl (ORCHESTRATOR_METRICS_FILE). A rank's
+exit is shipped only once all its output and metrics are on the way, so the controller never
+sees a rank end before its last line.
 
 Standard library only: this module runs on the nodes too (see orchestrator.agent.bootstrap).
 """
@@ -80,6 +81,11 @@ class NodeRanks:
             if node_dir
             else []
         )
+        self.metrics = (
+            [RankFile(r, os.path.join(node_dir, f"metrics-{r}.jsonl")) for r in ranks]
+            if node_dir
+            else []
+        )
         self.outbox = outbox
         self.disk = disk
         self.exited: set[int] = set()
@@ -100,14 +106,16 @@ class NodeRanks:
         room = MAX_PENDING_OUT - len(self.outbox.data)
         if room <= 0:
             return
-        for rank in self.files:
-            self.outbox.output(rank.rank, rank.read_lines(room // max(1, len(self.files))))
+        share = room // max(1, 2 * len(self.files))
+        for rank, metrics in zip(self.files, self.metrics, strict=True):
+            self.outbox.output(rank.rank, rank.read_lines(share))
+            self.outbox.metrics(metrics.rank, metrics.read_lines(share))
 
     def ship_exits(self) -> None:
         """E (and F, torch's error file) for each rank that ended and whose output is sent."""
         if not self.node_dir:
             return
-        for rank in self.files:
+        for rank, metrics in zip(self.files, self.metrics, strict=True):
             line = read_exit(os.path.join(self.node_dir, f"rank-{rank.rank}.exit"))
             # Not there yet, or shipped already: a new line is the rank's next attempt
             # (torchrun --max-restarts restarted it) ending.
@@ -117,6 +125,7 @@ class NodeRanks:
             # The rank has ended; report it once all its output is on the way.
             if not rank.at_end():
                 continue
+            self.outbox.metrics(metrics.rank, metrics.read_lines(MAX_PENDING_OUT))
             self.outbox.output(rank.rank, rank.rest())
             self.exited.add(rank.rank)
             self.reported[rank.rank] = line
@@ -130,11 +139,14 @@ class NodeRanks:
 
     def drain(self, flush_timeout: float) -> None:
         """Send what the ranks wrote last, in bounded pieces, then any unfinished line."""
-        for rank in self.files:
+        for rank, metrics in zip(self.files, self.metrics, strict=True):
             while data := rank.read_lines(MAX_PENDING_OUT):
                 self.outbox.output(rank.rank, data)
                 self.outbox.flush(flush_timeout)
             self.outbox.output(rank.rank, rank.rest())
+            while data := metrics.read_lines(MAX_PENDING_OUT):
+                self.outbox.metrics(metrics.rank, data)
+                self.outbox.flush(flush_timeout)
 
     def mask_files(self) -> None:
         """The ranks' raw output stays on the node: never with a secret in clear."""

@@ -60,6 +60,12 @@ class Outbox:
             self.outputs += 1
             self.send_masked("O", rank, payload=data)
 
+    def metrics(self, rank: int, data: bytes) -> None:
+        """Whole lines of a rank's metrics channel (masked: a program may log anything)."""
+        if data:
+            self.outputs += 1
+            self.send_masked("Q", rank, payload=data)
+
     def write_some(self) -> None:
         with self.lock:
             try:

@@ -1,5 +1,5 @@
 """The command line: the click group `cli`, its commands registered from the modules that
-define them (jobs.py, records.py, readiness.py), and `main`.
+define them (jobs.py, records.py, readiness.py, top.py, plotting.py), and `main`.
 
 Every foreseeable error is an `OrchestratorError`, caught once in `main`: its message is
 printed without a traceback and its exit code used (2 for bad input, 1 for a runtime
@@ -16,8 +16,10 @@ import click
 from orchestrator import __version__
 from orchestrator.cli.context import CONTEXT
 from orchestrator.cli.jobs import clean, exec_command, launch, render
+from orchestrator.cli.plotting import plot
 from orchestrator.cli.readiness import check
 from orchestrator.cli.records import logs, runs, status, stop
+from orchestrator.cli.top import top
 from orchestrator.errors import OrchestratorError
 
 
@@ -45,7 +47,19 @@ def cli(verbose: bool) -> None:
         )
 
 
-for command in (launch, render, exec_command, logs, status, stop, runs, check, clean):
+for command in (
+    launch,
+    render,
+    exec_command,
+    logs,
+    status,
+    top,
+    stop,
+    runs,
+    check,
+    clean,
+    plot,
+):
     cli.add_command(command)
 
 

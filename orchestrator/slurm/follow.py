@@ -237,6 +237,7 @@ class Follower:
             stop_on_failure=False,
             max_restarts=job.max_restarts,
             on_change=lambda sup: self.write_status(sup),
+            metrics_path=self.record.metrics_path,
         )
         if self.interrupted_by is not None:
             self.sup.begin_stop(
@@ -251,6 +252,9 @@ class Follower:
             self.sink.note(f"batch: {line}")
         if self.sup is not None and self.files is not None:
             self.files.pump(self.sink, self.sup, self._rank_exited, self._node_exited)
+            self.sup.metrics.flush()
+            if self.sup.metrics.check(time.time(), self.sup.running_ranks, self.sup.nodes):
+                self.write_status(self.sup)
         self.sink.flush()
 
     def _rank_exited(self, rank: int, code: int, when: float) -> None:

@@ -1,10 +1,11 @@
 """Streaming one attempt of a SLURM job: the files its nodes write, into the LogSink.
 
 The sbatch script writes, under `<job dir>/attempt<restart>/node<K>/` on the shared file
-system, each rank's output and exit (rank-R.out, rank-R.exit) and the node's own output,
-start and exit (node.out, node.start, node.exit). `AttemptFiles.pump` tails the output as
-whole lines into the sink and passes starts and exits on to the `Supervisor`, a rank's exit
-only once all its output is on the way (as the agent does on SSH nodes). Under torchrun's
+system, each rank's output, metrics channel and exit (rank-R.out, metrics-R.jsonl,
+rank-R.exit) and the node's own output, start and exit (node.out, node.start,
+node.exit). `AttemptFiles.pump` tails the output as whole lines into the sink, the metrics
+into the run's metrics.jsonl, and passes starts and exits on to the `Supervisor`, a rank's
+exit only once all its output is on the way (as the agent does on SSH nodes). Under torchrun's
 --max-restarts a rank runs again within the same attempt: its rank-R.out grows on and its
 rank-R.exit is rewritten when it ends again, which is passed on as its next exit.
 
@@ -35,10 +36,13 @@ class AttemptFiles:
     def __init__(self, attempt_dir: Path, nnodes: int, nproc: int) -> None:
         self.attempt_dir = attempt_dir
         self.rank_files: dict[int, RankFile] = {}
+        self.metrics_files: dict[int, RankFile] = {}
         self.node_files: dict[int, RankFile] = {}
         for k in range(nnodes):
             for rank in range(k * nproc, (k + 1) * nproc):
                 self.rank_files[rank] = RankFile(rank, str(self.node_dir(k) / f"rank-{rank}.out"))
+                path = self.node_dir(k) / f"metrics-{rank}.jsonl"
+                self.metrics_files[rank] = RankFile(rank, str(path))
             self.node_files[k] = RankFile(k, str(self.node_dir(k) / "node.out"))
         self.reported: dict[int, list[str]] = {}  # rank -> its rank-R.exit last passed on
         # The job directory, where a launch keeps the nodes' files (never a relative path).
@@ -49,7 +53,11 @@ class AttemptFiles:
         return self.attempt_dir / f"node{k}"
 
     def close(self) -> None:
-        for tail in [*self.rank_files.values(), *self.node_files.values()]:
+        for tail in [
+            *self.rank_files.values(),
+            *self.metrics_files.values(),
+            *self.node_files.values(),
+        ]:
             if tail.fd is not None:
                 os.close(tail.fd)
                 tail.fd = None
@@ -64,11 +72,16 @@ class AttemptFiles:
         """Pass on new output; record node starts, then rank exits (in the order they
         happened, through `rank_exited(rank, code, when)`), then node exits (through
         `node_exited(node, code, when)`)."""
+        now = time.time()
         for rank, rank_file in self.rank_files.items():
             if data := rank_file.read_lines(READ_BYTES):
                 sink.rank_output(rank, data)
+                sup.metrics.heard_from(rank, now)
                 if sup.ranks[rank].state == "restarting":  # output again: torchrun restarted it
                     sup.rank_restarted(sup.ranks[rank])
+        for rank, metrics_file in self.metrics_files.items():
+            if data := metrics_file.read_lines(READ_BYTES):
+                sup.metrics.rank_lines(sup.nodes[sup.ranks[rank].node], rank, data, now)
         self.clock.measure()
         for node in sup.nodes:
             start_file = self.node_dir(node.index) / "node.start"
@@ -76,6 +89,7 @@ class AttemptFiles:
                 node.state, node.started_at = "running", self.clock.written(start_file)
                 for rank in node.ranks:
                     sup.ranks[rank].state = "running"
+                sup.metrics.event("start", node)
                 sup.on_change(sup)
             if data := self.node_files[node.index].read_lines(READ_BYTES):
                 sink.node_output(node.index, data)

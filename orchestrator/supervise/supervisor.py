@@ -15,6 +15,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from orchestrator.agent.protocol import beat_intervals
 from orchestrator.logs import LogSink
@@ -22,7 +23,8 @@ from orchestrator.nodes import Event, NodeSession
 from orchestrator.runs import now_iso
 from orchestrator.supervise.detect import Detector
 from orchestrator.supervise.liveness import Liveness
-from orchestrator.supervise.state import NodeState, Outcome, RankState
+from orchestrator.supervise.metrics import RunMetrics
+from orchestrator.supervise.state import NodeState, Outcome, RankState, describe_exit
 from orchestrator.supervise.stopping import Stopper
 
 MAX_EVENTS_PER_STEP = 256  # then flush and look at heartbeats and signals again
@@ -46,6 +48,7 @@ class Supervisor:
         max_restarts: int = 0,
         stall_timeout: float = 600.0,
         on_change: Callable[[Supervisor], None] = lambda sup: None,
+        metrics_path: Path | None = None,
     ) -> None:
         self.events = events
         self.sink = sink
@@ -74,6 +77,7 @@ class Supervisor:
         self.sessions = sessions  # the caller may still be adding to it while nodes start
         self.session_of: dict[int, NodeSession] = {}
         self.liveness = Liveness(self.nodes, sessions, sink.note, heartbeat_timeout, stall_timeout)
+        self.metrics = RunMetrics(metrics_path, {r.rank: r.host for r in ranks}, sink.note)
 
     # --- what callers read and set (the SLURM follower drives a supervisor by hand) -----
 
@@ -106,6 +110,8 @@ class Supervisor:
         self.stopper.interrupt(signum)
 
     def begin_stop(self, grace: float, reason: str) -> None:
+        if not self.stopping:
+            self.metrics.event("stop", detail=reason)
         self.stopper.begin(grace, reason)
 
     # --- the loop -----------------------------------------------------------------------
@@ -125,6 +131,7 @@ class Supervisor:
             self._loop()
         finally:
             self.ended.set()
+            self.metrics.close()
         self.sink.flush(drain=True)
         outcome = self.outcome()
         self.on_change(self)
@@ -155,6 +162,9 @@ class Supervisor:
                 except queue.Empty:
                     event = None
             self.sink.flush()
+            self.metrics.flush()
+            if self.metrics.check(time.time(), self.running_ranks, self.nodes):
+                self.on_change(self)
             # Events still queued: the controller is behind what the nodes said, and
             # silence it has not read yet is not theirs.
             self.liveness.tick(behind=handled >= MAX_EVENTS_PER_STEP)
@@ -176,8 +186,13 @@ class Supervisor:
         if kind == "O":
             rank = int(fields[0])
             self.sink.rank_output(rank, event.data)
+            self.metrics.heard_from(rank, node.heard_wall)
             if rank in self.ranks and self.ranks[rank].state == "restarting":
                 self.rank_restarted(self.ranks[rank])
+        elif kind == "Q":  # the rank's metrics channel
+            self.metrics.rank_lines(node, int(fields[0]), event.data, node.heard_wall)
+        elif kind == "P":  # a sample of the node
+            self.metrics.node_sample(node, event.data, node.heard_wall)
         elif kind == "N":  # q=1: torchrun after a stop or its ranks all exited 0: node log only
             self.sink.node_output(node.index, event.data, console=fields[:1] != ("1",))
         elif kind == "H":
@@ -194,6 +209,7 @@ class Supervisor:
             node.started_at = self.on_our_clock(node, float(fields[1]))
             for rank in node.ranks:
                 self.ranks[rank].state = "running"
+            self.metrics.event("start", node)
             self.on_change(self)
         elif kind == "W":  # ERRNO t + the directory: the node cannot write its files
             what = f"{disk_error(fields[0])} in {event.data.decode(errors='replace')}"
@@ -226,6 +242,9 @@ class Supervisor:
             self.session_of = {session.index: session for session in self.sessions}
         return getattr(self.session_of.get(index), "sent_at", None)
 
+    def running_ranks(self) -> set[int]:
+        return {rank for rank, state in self.ranks.items() if state.state == "running"}
+
     def on_our_clock(self, node: NodeState, node_time: float) -> float:
         """A time the node reported, in the controller's clock, and never before the run."""
         return max(self.started_wall, node.clock.to_controller(node_time))
@@ -235,17 +254,23 @@ class Supervisor:
     def rank_exited(
         self, rank: int, code: int, when: float, after_stop: bool | None = None
     ) -> None:
+        if code != 0 and not after_stop and rank in self.ranks:
+            node = self.nodes[self.ranks[rank].node]
+            self.metrics.event("failed", node, f"rank {rank}: {describe_exit(code)}")
         self._stop_if(self.detector.rank_exited(rank, code, when, after_stop))
 
     def node_exited(self, node: NodeState, code: int | None, when: float) -> None:
+        self.metrics.event("end", node, describe_exit(code))
         self._stop_if(self.detector.node_exited(node, code, when))
 
     def node_lost(self, node: NodeState, why: str, gone: bool = True) -> None:
+        self.metrics.event("lost", node, why)
         self._stop_if(self.detector.node_lost(node, why, gone))
 
     def rank_restarted(self, rank: RankState) -> None:
         """Output after a rank's exit: torchrun started it again."""
         rank.state, rank.exit_code, rank.ended_at = "running", None, None
+        self.metrics.event("restart", self.nodes[rank.node], f"rank {rank.rank}")
         self.on_change(self)
 
     def _stop_if(self, reason: str | None) -> None:
@@ -265,6 +290,7 @@ class Supervisor:
             return now_iso(t) if t is not None else None
 
         return {
+            **self.metrics.status(),
             "stopping": self.stopping,
             "stop_reason": self.stop_reason or None,
             "restarts": len(self.detector.rounds.restarts(self.detector.gave_up)),

@@ -1,4 +1,10 @@
-"""The training loop: accumulation that matches DDP, reports, checkpoints, agreed stops."""
+"""The training loop: accumulation that matches DDP, reports, checkpoints, agreed stops.
+
+With ``ORCHESTRATOR_METRICS_FILE`` set, every rank also appends its own timing records
+there (channel.py): the loop times its waits in collectives (DDP's gradient all-reduce,
+the stop check, the report's loss sum, the checkpoint's RNG gather) so a record can
+split each step into this rank's own work and its wait for the others.
+"""
 
 from __future__ import annotations
 
@@ -44,7 +50,7 @@ def run(config: TrainConfig, topology: Topology, started_at: float) -> int:
         try:
             return Trainer(session, started_at).train()
         finally:
-            session.metrics.close()
+            session.close()
     except RuntimeError as exc:
         if not (runtime.distributed and is_peer_failure(exc)):
             raise
@@ -105,6 +111,11 @@ class Trainer:
                 gradient_as_bucket_view=True,
             )
         self.model: nn.Module = self.ddp if self.ddp is not None else session.model
+        self.channel = session.channel
+        # Waits in collectives are timed only where there are collectives: alone, sync_s is 0.
+        self.sync_meter = self.channel if self.ddp is not None else None
+        if self.sync_meter is not None:
+            self.sync_meter.watch_gradients(session.model)
         self.last_loss = session.resumed_loss if session.resumed_loss is not None else math.nan
         self.last_saved_step = -1
 
@@ -152,9 +163,12 @@ class Trainer:
         # Micro-batch mean losses since the last report, left on the device so no step
         # waits for a GPU->CPU copy; summed and read only when reporting.
         losses: list[torch.Tensor] = []
+        channel, meter = self.channel, self.sync_meter
         train_start = time.perf_counter()
         window, data_total = Window(train_start), 0.0
         completed = s.start_step
+        if channel is not None:
+            channel.start(train_start, completed)
         self.model.train()
         for step in range(s.start_step, s.total_steps):
             global_indices = s.plan.global_indices(step)
@@ -172,7 +186,12 @@ class Trainer:
                         loss = F.cross_entropy(self.model(x), y)
                     scaled = loss / accum if accum > 1 else loss
                     (s.scaler.scale(scaled) if s.scaler is not None else scaled).backward()
-                losses.append(loss.detach())
+                if meter is not None and last:
+                    meter.waited(meter.grad_ready)  # DDP's all-reduce, after the computation
+                loss = loss.detach()
+                losses.append(loss)
+                if channel is not None:
+                    channel.losses.append(loss)
             if s.scaler is not None:
                 s.scaler.step(s.optimizer)
                 s.scaler.update()
@@ -182,12 +201,20 @@ class Trainer:
             completed = step + 1
             window.steps += 1
 
+            waiting = time.perf_counter() if meter is not None else 0.0
             signum = agreement.poll(completed)
+            if meter is not None:
+                meter.waited(waiting)
             if signum or completed % log_every == 0 or completed == s.total_steps:
                 self._report(completed, window, torch.stack(losses).sum())
                 data_total += window.data_s
                 losses.clear()
                 window = Window()
+            # Each rank on its own clock: a record must never line the ranks up.
+            if channel is not None and (
+                signum or completed == s.total_steps or time.perf_counter() >= channel.due
+            ):
+                channel.record(completed, data_total + window.data_s)
             if signum:
                 return self._stopped(completed, signum)
             if cfg.checkpoint_every and completed % cfg.checkpoint_every == 0:
@@ -201,7 +228,10 @@ class Trainer:
         rt, plan = self.runtime, self.s.plan
         micro_batches = window.steps * self.config.grad_accum
         rank_loss = loss_sum.item() / micro_batches  # read before the in-place all-reduce
+        waiting = time.perf_counter()
         global_loss = rt.all_reduce_sum(loss_sum).item() / (micro_batches * rt.world_size)
+        if self.sync_meter is not None:
+            self.sync_meter.waited(waiting)
         wall = time.perf_counter() - window.start
         stats = WindowStats(
             step=completed,
@@ -226,7 +256,11 @@ class Trainer:
         if directory is None or completed == self.last_saved_step:
             return None
         # Each rank's RNG state, so a resume with the same world size restores them all.
-        rng = self.runtime.all_gather_objects(capture_rng_state())
+        own_rng = capture_rng_state()
+        waiting = time.perf_counter()
+        rng = self.runtime.all_gather_objects(own_rng)
+        if self.sync_meter is not None:
+            self.sync_meter.waited(waiting)
         self.last_saved_step = completed
         if not self.runtime.is_main:
             return None

@@ -16,6 +16,12 @@ Metrics (``--metrics FILE``): one JSON object per progress line. If FILE contain
 only rank 0 writes FILE. Keys: step, epoch, rank, world_size, loss (global window
 mean), rank_loss (this rank's own samples), samples_per_s, step_time_s, data_wait_s
 (per step), data_wait_share, lr, time (Unix seconds).
+
+The orchestrator's channel (``ORCHESTRATOR_METRICS_FILE``, set per rank by its node
+script) is separate: every rank writes its own values about once a second, with no
+collective, and splits step time into its own work and its wait for the others (keys
+step, loss, samples_per_s, step_s, data_wait_s, work_s, sync_s, steps, time); see
+channel.py.
 """
 
 from __future__ import annotations

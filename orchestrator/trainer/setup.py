@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from orchestrator.trainer.batching import BatchFeeder, GlobalBatchPlan
+from orchestrator.trainer.channel import MetricsChannel, open_channel
 from orchestrator.trainer.checkpoint import (
     check_compatible,
     find_latest,
@@ -50,6 +51,12 @@ class Session:
     start_step: int = 0
     resumed_from: Path | None = None
     resumed_loss: float | None = None
+    channel: MetricsChannel | None = None  # ORCHESTRATOR_METRICS_FILE, when set
+
+    def close(self) -> None:
+        self.metrics.close()
+        if self.channel is not None:
+            self.channel.close()
 
     @property
     def identity(self) -> dict[str, Any]:
@@ -105,6 +112,7 @@ def build_session(config: TrainConfig, runtime: Runtime) -> Session:
         raise
     agree_on_errors(runtime, None)
     _resume(session)
+    session.channel = open_channel(config.batch_size * config.grad_accum)
     return session
 
 

@@ -23,6 +23,8 @@ PACKAGES: dict[str, str] = {
     # A node whose clock is off (faults.skew_clock): the faketime command pulls in the
     # libfaketime library that the node's sshd preloads into its sessions.
     "faketime": "/usr/bin/faketime",
+    # A real terminal for live views (`orchestrator top`), driven and read by the tests.
+    "tmux": "/usr/bin/tmux",
 }
 SSH_PACKAGES = ("openssh-server",)
 SLURM_PACKAGES = ("slurmctld", "slurmd", "slurm-client", "munge")

@@ -50,10 +50,15 @@ orchestrator_node() {
 # Every rank runs through run_rank. Under the orchestrator (ORCHESTRATOR_NODE_DIR set),
 # the rank's output goes to rank-RANK.out and its exit code, end time and torch error file
 # to rank-RANK.exit in that directory: each rank's lines stay whole, and the first rank to
-# fail is known. Run by hand, output goes to this terminal as with plain torchrun.
+# fail is known. ORCHESTRATOR_METRICS_FILE names the rank's metrics channel there: JSON
+# objects, one per line, that the orchestrator gathers into the run's metrics.jsonl. Run by
+# hand, output goes to this terminal as with plain torchrun.
 run_rank() {
     local dir=${ORCHESTRATOR_NODE_DIR:-} rc=0 now
-    if [ -n "$dir" ]; then exec >>"$dir/rank-$RANK.out" 2>&1; fi
+    if [ -n "$dir" ]; then
+        exec >>"$dir/rank-$RANK.out" 2>&1
+        export ORCHESTRATOR_METRICS_FILE="$dir/metrics-$RANK.jsonl"
+    fi
     if [ -n "${ORCHESTRATOR_CORE_SETS:-}" ]; then  # --bind-cores: this local rank's cores
         local sets cores
         read -ra sets <<<"$ORCHESTRATOR_CORE_SETS"

@@ -1,0 +1,127 @@
+"""The metrics channel on the controller: runs/<id>/metrics.jsonl, and stragglers named.
+
+Every rank may write JSON objects, one per line, to the file its ORCHESTRATOR_METRICS_FILE
+names (the bundled trainer does); the node's agent ships them with a sample of the node
+every few seconds (orchestrator.agent.sampling). Here each becomes one line of
+metrics.jsonl, stamped with the controller's clock (`time`) and where it came from, in the
+order it arrived:
+
+    {"time": ..., "host": "ceon3", "node_rank": 3, "rank": 12, "metrics": {...as written}}
+    {"time": ..., "host": "ceon3", "node_rank": 3, "sample": {"cpu_percent": ..., ...}}
+    {"time": ..., "host": "ceon3", "node_rank": 3, "event": "start", "detail": ""}
+
+Events mark a node's timeline (start, end, failed, lost, restart, straggler) and the
+run's (`stop`, with host and node_rank null). `orchestrator top` and `orchestrator plot`
+read this file; status.json lists the stragglers.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from orchestrator.logfile import LogFile, open_append
+from orchestrator.supervise.state import NodeState
+from orchestrator.supervise.stragglers import Straggler, Stragglers
+
+CHECK_S = 1.0  # how often stragglers are looked for
+
+
+class RunMetrics:
+    """metrics.jsonl of one run, and the stragglers its records show."""
+
+    def __init__(
+        self,
+        path: Path | None,
+        hosts: dict[int, str],
+        note: Callable[[str], None],
+        stragglers: Stragglers | None = None,
+    ) -> None:
+        self.file = LogFile(path, False, open_append) if path is not None else None
+        self.note = note
+        self.stragglers = stragglers or Stragglers(hosts)
+        self.not_json: set[int] = set()  # ranks told about a line that is not a JSON object
+        self.checked = 0.0
+
+    def _append(self, record: dict) -> None:
+        if self.file is not None:
+            self.file.write(json.dumps(record, separators=(",", ":")).encode() + b"\n")
+
+    def rank_lines(self, node: NodeState, rank: int, data: bytes, now: float) -> None:
+        """Whole lines from `rank`'s metrics channel."""
+        for line in data.splitlines():
+            if not line.strip():
+                continue
+            try:
+                metrics = json.loads(line)
+            except ValueError:
+                metrics = None
+            if not isinstance(metrics, dict):
+                if rank not in self.not_json:
+                    self.not_json.add(rank)
+                    self.note(
+                        f"{node.host}: rank {rank} wrote a line that is not a JSON object to "
+                        "its ORCHESTRATOR_METRICS_FILE; such lines are skipped"
+                    )
+                continue
+            self._append(
+                {
+                    "time": round(now, 3),
+                    "host": node.host,
+                    "node_rank": node.index,
+                    "rank": rank,
+                    "metrics": metrics,
+                }
+            )
+            self.stragglers.observe(rank, metrics, now)
+
+    def node_sample(self, node: NodeState, data: bytes, now: float) -> None:
+        try:
+            sample = json.loads(data)
+        except ValueError:
+            return
+        self._append(
+            {"time": round(now, 3), "host": node.host, "node_rank": node.index, "sample": sample}
+        )
+
+    def event(self, kind: str, node: NodeState | None = None, detail: str = "") -> None:
+        self._append(
+            {
+                "time": round(time.time(), 3),
+                "host": node.host if node is not None else None,
+                "node_rank": node.index if node is not None else None,
+                "event": kind,
+                "detail": detail,
+            }
+        )
+
+    def heard_from(self, rank: int, now: float) -> None:
+        self.stragglers.heard_from(rank, now)
+
+    def check(
+        self, now: float, running: Callable[[], set[int]], nodes: list[NodeState]
+    ) -> list[Straggler]:
+        """Stragglers named now (looked for at most once a CHECK_S) among the `running`
+        ranks: each on the console and in the file."""
+        if now - self.checked < CHECK_S:
+            return []
+        self.checked = now
+        found = self.stragglers.check(now, running())
+        for straggler in found:
+            self.note(straggler.line())
+            node = next((n for n in nodes if straggler.rank in n.ranks), None)
+            self.event("straggler", node, straggler.line())
+        return found
+
+    def status(self) -> dict:
+        return {"stragglers": self.stragglers.status()}
+
+    def flush(self) -> None:
+        if self.file is not None:
+            self.file.flush()
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()

@@ -1,0 +1,147 @@
+"""Stragglers: the rank that holds every other back, named while the run goes on.
+
+In synchronous data-parallel training every rank's step lasts as long as the slowest one's,
+so step time names nobody. What differs is each rank's own work: its step minus the time
+it waited in collectives for the others (the bundled trainer reports it as `work_s`, see
+orchestrator.trainer.reporting). A rank whose work, averaged over the last WINDOW_S
+seconds, stays above RATIO times the median of the other ranks' is named once:
+
+    straggler: rank 37 on ceon19, its step work 2.1x the median for 30 s
+
+For any program, with or without such metrics: a running rank that had been speaking (at
+least SPOKEN times) and has been silent (no output line, no metrics line) for more than
+SILENT_RATIO times the median silence of the other running ranks, and at least
+SILENT_MIN_S, is named the same way. When the others are as silent (the whole job waits)
+or the rank never spoke much (only rank 0 prints), nobody is named.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import deque
+from dataclasses import dataclass
+
+RATIO = 1.5
+WINDOW_S = 20.0
+MIN_COVER = 0.5  # a rank's window must span at least this share of WINDOW_S to count
+SILENT_RATIO = 4.0
+SILENT_MIN_S = 30.0
+SPOKEN = 3
+
+
+@dataclass(frozen=True)
+class Straggler:
+    rank: int
+    host: str
+    why: str  # "work" or "silent"
+    ratio: float  # its work or silence over the others' median
+    span_s: float  # over how long
+    named_at: float  # the controller's clock
+
+    def line(self) -> str:
+        if self.why == "silent":
+            return (
+                f"straggler: rank {self.rank} on {self.host}, silent for {self.span_s:.0f} s, "
+                f"{self.ratio:.1f}x the other ranks' median"
+            )
+        return (
+            f"straggler: rank {self.rank} on {self.host}, its step work {self.ratio:.1f}x the "
+            f"median for {self.span_s:.0f} s"
+        )
+
+    def as_status(self) -> dict:
+        return {
+            "rank": self.rank,
+            "host": self.host,
+            "why": self.why,
+            "ratio": round(self.ratio, 2),
+            "span_s": round(self.span_s, 1),
+            "named_at": self.named_at,
+        }
+
+
+class Stragglers:
+    """Each rank's recent work and when it was last heard; names stragglers once each."""
+
+    def __init__(
+        self,
+        hosts: dict[int, str],
+        ratio: float = RATIO,
+        window_s: float = WINDOW_S,
+        silent_ratio: float = SILENT_RATIO,
+        silent_min_s: float = SILENT_MIN_S,
+    ) -> None:
+        self.hosts = hosts  # rank -> host
+        self.ratio = ratio
+        self.window_s = window_s
+        self.silent_ratio = silent_ratio
+        self.silent_min_s = silent_min_s
+        self.work: dict[int, deque[tuple[float, float, int]]] = {}  # (t, work x steps, steps)
+        self.heard: dict[int, float] = {}
+        self.spoken: dict[int, int] = {}
+        self.named: dict[int, Straggler] = {}
+
+    def observe(self, rank: int, metrics: dict, now: float) -> None:
+        """A metrics record of `rank` arrived at `now` (its work, if it reports one)."""
+        self.heard_from(rank, now)
+        work, steps = metrics.get("work_s"), metrics.get("steps", 1)
+        if not _number(work) or not _number(steps) or steps <= 0:
+            return
+        window = self.work.setdefault(rank, deque())
+        window.append((now, float(work) * steps, int(steps)))
+        while window and window[0][0] < now - self.window_s:
+            window.popleft()
+
+    def heard_from(self, rank: int, now: float) -> None:
+        """`rank` said something (output or metrics) at `now`."""
+        self.heard[rank] = now
+        self.spoken[rank] = self.spoken.get(rank, 0) + 1
+
+    def mean_work(self, now: float) -> dict[int, tuple[float, float]]:
+        """rank -> (mean work per step over the window, the time the window spans)."""
+        means = {}
+        for rank, window in self.work.items():
+            while window and window[0][0] < now - self.window_s:
+                window.popleft()
+            steps = sum(entry[2] for entry in window)
+            span = now - window[0][0] if window else 0.0
+            if steps and span >= self.window_s * MIN_COVER:
+                means[rank] = (sum(entry[1] for entry in window) / steps, span)
+        return means
+
+    def check(self, now: float, running: set[int]) -> list[Straggler]:
+        """Stragglers among the `running` ranks not named before."""
+        found = []
+        means = {r: m for r, m in self.mean_work(now).items() if r in running}
+        for rank, (work, span) in means.items():
+            others = [m for r, (m, _) in means.items() if r != rank]
+            median = statistics.median(others) if others else 0.0
+            if rank not in self.named and median > 0 and work > self.ratio * median:
+                found.append(self._name(rank, "work", work / median, span, now))
+        silences = {r: now - self.heard[r] for r in running if r in self.heard}
+        for rank, silence in silences.items():
+            others = [s for r, s in silences.items() if r != rank]
+            if (
+                rank in self.named
+                or not others
+                or silence < self.silent_min_s
+                or self.spoken.get(rank, 0) < SPOKEN
+            ):
+                continue
+            median = statistics.median(others)
+            if silence > self.silent_ratio * max(median, 1.0):
+                found.append(self._name(rank, "silent", silence / max(median, 1.0), silence, now))
+        return found
+
+    def _name(self, rank: int, why: str, ratio: float, span: float, now: float) -> Straggler:
+        straggler = Straggler(rank, self.hosts.get(rank, "?"), why, ratio, span, now)
+        self.named[rank] = straggler
+        return straggler
+
+    def status(self) -> list[dict]:
+        return [s.as_status() for s in sorted(self.named.values(), key=lambda s: s.named_at)]
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
