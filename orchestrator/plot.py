@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from orchestrator.errors import ConfigError, OrchestratorError
+from orchestrator.runs import RunRecord
 
-METRICS_FILE = "metrics.jsonl"
 LEGEND_RANKS = 16  # beyond this many ranks: thin lines, no per-rank legend
 MAX_NODE_LABELS = 40  # timeline rows labelled at most, the others thinned out
 MARKS = {  # event -> (marker, colour, label) of its mark on a node's row
@@ -105,10 +105,10 @@ def read_lines(path: Path) -> tuple[list[dict], int]:
 
 def load(record_path: Path) -> RunMetrics:
     """Read runs/<run-id>/metrics.jsonl into series; ConfigError when it is missing."""
-    path = Path(record_path) / METRICS_FILE
+    path = RunRecord(Path(record_path)).metrics_path
     if not path.is_file():
         raise ConfigError(
-            f"run {Path(record_path).name} has no {METRICS_FILE} ({path}): nothing to plot. "
+            f"run {Path(record_path).name} has no {path.name} ({path}): nothing to plot. "
             "Plotting needs the metrics channel: a run launched by an orchestrator version "
             "that has it, whose program reports to it (the bundled trainer does)"
         )

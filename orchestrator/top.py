@@ -15,6 +15,7 @@ alike fold together (`ceon[3-17]`), their numbers summed or taken at the worst.
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from collections import Counter
 from dataclasses import dataclass, field, replace
@@ -263,7 +264,7 @@ def _span(labels) -> str:
 def _num(value: object) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
-    return float(value) if value == value and abs(value) != float("inf") else None
+    return float(value) if math.isfinite(value) else None
 
 
 def _int(value: object) -> int | None:
