@@ -41,6 +41,8 @@ class NodeResult:
 class CaptureSink:
     """A sink that keeps every node's output instead of printing it."""
 
+    footer = None  # nothing is printed, so nothing stays under it
+
     def __init__(self) -> None:
         self.output: dict[int, list[bytes]] = {}
         self.notes: list[str] = []
@@ -62,6 +64,9 @@ class CaptureSink:
         return text.splitlines()[-20:]
 
     def flush(self, drain: bool = False) -> None:
+        pass
+
+    def end_footer(self) -> None:
         pass
 
 

@@ -18,11 +18,8 @@ from orchestrator.backends import close_all, connect_cluster, connect_each
 from orchestrator.backends.base import NodeConnection
 from orchestrator.copies import node_copies
 from orchestrator.detach import run_detached
-from orchestrator.errors import (
-    ConfigError,
-    Interrupted,
-    OrchestratorError,
-)
+from orchestrator.errors import ConfigError, Interrupted, OrchestratorError
+from orchestrator.footer import Footer
 from orchestrator.hostfile import Cluster
 from orchestrator.logs import LogSink, use_color
 from orchestrator.nodes import Event, NodeSession, start_sessions
@@ -114,6 +111,7 @@ def run_plan(
         use_color(sys.stdout, options.color),
         mask=mask,
         fold=options.fold,
+        footer=Footer.on(console) if options.footer else None,
     )
     backend = "local" if plan.is_local else "ssh"
     base = base_status(plan, options, backend)
@@ -160,6 +158,7 @@ def run_plan(
         max_restarts=plan.max_restarts,
         on_change=on_change,
         metrics_path=record.metrics_path,
+        probes=pool.new_probes() if pool is not None else None,
     )
     started = time.monotonic()
     record.write_status({**base, **recovery_status()})

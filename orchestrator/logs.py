@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from orchestrator.fold import ORCHESTRATOR, Folder, split_prefix
+from orchestrator.footer import Footer
 from orchestrator.logfile import LogFile, open_append
 
 COLORS = (36, 33, 32, 35, 34, 31, 96, 93, 92, 95, 94, 91)  # ANSI foreground codes
@@ -55,9 +56,11 @@ class LogSink:
         opener: Callable[[Path], BinaryIO] = open_append,
         fold: bool = False,
         clock: Callable[[], float] = time.monotonic,
+        footer: Footer | None = None,
     ) -> None:
         self.logs_dir = logs_dir
         self.console = console
+        self.footer = footer  # a line kept under the console's stream (launch on a terminal)
         self.mask = mask
         self.rank_prefix = {r: f"[{label}] ".encode() for r, label in rank_labels.items()}
         self.node_prefix = {n: f"[{label}] ".encode() for n, label in node_labels.items()}
@@ -141,6 +144,8 @@ class LogSink:
         if self.console is None:
             return
         shown = self.color_prefix.get(prefix, prefix)
+        if self.footer is not None:
+            self.footer.before_write()
         try:
             self.console.write(prefixed if shown == prefix else prefix_lines(data, shown))
         except (BrokenPipeError, ValueError, OSError):
@@ -212,10 +217,23 @@ class LogSink:
             if error is not None:
                 self.report_fault(error, handle.path)
         if self.console is not None:
+            if self.footer is not None:
+                self.footer.after_write()
             try:
                 self.console.flush()
             except (BrokenPipeError, ValueError, OSError):
                 self.console = None
+
+    def update_footer(self, make_text: Callable[[], str]) -> None:
+        """The footer's text made again when due (see orchestrator.footer); shown at the
+        next flush."""
+        if self.footer is not None and self.console is not None:
+            self.footer.update(make_text)
+
+    def end_footer(self) -> None:
+        """No footer from now on (the run is over; its closing lines follow)."""
+        if self.footer is not None:
+            self.footer.end()
 
     def close(self) -> None:
         """Write what waits and close the files; a later line opens them again."""

@@ -33,6 +33,7 @@ class LaunchOptions:
     bad_nodes: str | None = None  # --bad-nodes FILE: where node faults write the hosts out
     color: str = "auto"
     fold: bool = True  # --no-fold: the console shows every line as printed
+    footer: bool = True  # --no-footer: no summary line under the stream on a terminal
     preflight: bool = True
     ssh: SshOptions | None = None
 

@@ -31,6 +31,7 @@ class Member:
     host: Host
     connection: NodeConnection  # None for a host that could not be reached (replace_unreachable)
     facts: NodeFacts | None = None
+    probed: tuple[float, float] | None = None  # its last probe: began, ended (wall clock)
 
 
 @dataclass
@@ -123,6 +124,14 @@ class NodePool:
     def facts(self) -> dict[int, NodeFacts]:
         return {i: m.facts for i, m in enumerate(self.active) if m.facts is not None}
 
+    def new_probes(self) -> dict[int, tuple[float, float]]:
+        """node rank -> when its preflight probe began and ended (wall clock), for the probes
+        not asked for before (a relaunch reports only the nodes probed again)."""
+        found = {i: m.probed for i, m in enumerate(self.active) if m.probed is not None}
+        for member in self.active:
+            member.probed = None
+        return found
+
     # --- the preflight ------------------------------------------------------------------
 
     def replace_unreachable(self, errors: dict[int, NodeError]) -> None:
@@ -151,9 +160,11 @@ class NodePool:
         Returns the probe's warnings."""
         everyone = self.active + self.spares
         cluster = replace(self.base, hosts=tuple(m.host for m in everyone), spares=())
+        began = time.time()
         result = probe(cluster, [m.connection for m in everyone], range(len(everyone)))
         for index, member in enumerate(everyone):
             member.facts = result.facts.get(index)
+            member.probed = (began, time.time())
         failed_hosts = [i for i in result.failed if i < len(self.active)]
         failed_spares = [i for i in result.failed if i >= len(self.active)]
         if failed_hosts and len(failed_hosts) > len(self.spares) - len(failed_spares):
@@ -217,7 +228,7 @@ class NodePool:
         the world size stays the same."""
         old, spare = self.active[index], self.spares.pop(0)
         host = replace(spare.host, slots=old.host.slots, slot_ids=old.host.slot_ids)
-        self.active[index] = Member(host, spare.connection, spare.facts)
+        self.active[index] = Member(host, spare.connection, spare.facts, spare.probed)
         return self.active[index]
 
     def _probe_replaced(self, probe: Probe, replaced: list[int]) -> None:
@@ -226,8 +237,10 @@ class NodePool:
         replaced by the next spare, until one passes or none is left."""
         while True:
             indices = range(len(self.active)) if 0 in replaced else sorted({0, *replaced})
+            began = time.time()
             result = probe(self.cluster, self.connections, indices)
             for index in indices:
+                self.active[index].probed = (began, time.time())
                 if index in result.facts:
                     self.active[index].facts = result.facts[index]
             failed = [i for i in result.failed if i in replaced]

@@ -172,21 +172,30 @@ class RunView:
         return outliers[: max(0, room - len(folded))] + folded
 
     def header(self) -> str:
-        s = self.status
-        ranks = s.get("ranks") or []
-        states = Counter(str(r.get("state")) for r in ranks)
-        hosts = {r.get("host") for r in ranks}
-        rate = sum(_num(m.get("samples_per_s")) or 0.0 for _, m in self.metrics.values())
-        named = len(s.get("stragglers") or [])
-        return (
-            f"run {self.record.run_id}: {s.get('state', '?')}, {len(ranks)} rank(s) on "
-            f"{len(hosts)} node(s) ({', '.join(f'{n} {k}' for k, n in sorted(states.items()))})"
-            + (f", {rate:,.0f} samples/s" if rate else "")
-            + (f", {named} straggler(s)" if named else "")
-        )
+        return f"run {self.record.run_id}: " + summary(self.status, self.metrics)
 
     def ended(self) -> bool:
         return self.status.get("state") in FINAL_STATES
+
+
+def summary(status: dict, metrics: dict[int, tuple[float, dict]]) -> str:
+    """A run in one line, from its status (as status.json has it) and each rank's latest
+    metrics: `running, 16 rank(s) on 4 node(s) (16 running), step 1204, 2,421 samples/s,
+    1 straggler(s) (rank 6)`. top's header, and launch's footer."""
+    ranks = status.get("ranks") or []
+    states = Counter(str(r.get("state")) for r in ranks)
+    hosts = {r.get("host") for r in ranks}
+    latest = [m for _, m in metrics.values()]
+    steps = [step for m in latest if (step := _int(m.get("step"))) is not None]
+    rate = sum(_num(m.get("samples_per_s")) or 0.0 for m in latest)
+    named = [str(s.get("rank")) for s in status.get("stragglers") or []]
+    return (
+        f"{status.get('state', '?')}, {len(ranks)} rank(s) on {len(hosts)} node(s) "
+        f"({', '.join(f'{n} {k}' for k, n in sorted(states.items()))})"
+        + (f", step {min(steps)}" if steps else "")
+        + (f", {rate:,.0f} samples/s" if rate else "")
+        + (f", {len(named)} straggler(s) (rank {', '.join(named[:5])})" if named else "")
+    )
 
 
 def _mark_outliers(rows: list[Row]) -> None:

@@ -55,11 +55,16 @@ def run_on_terminal(
     env: Mapping[str, str] | None = None,
     timeout: float = 120,
 ) -> tuple[int, bytes]:
-    """Run `argv` with a pseudo-terminal as its stdout and stderr, as at a desk: its exit
-    code (124 when it ran past `timeout` and was killed) and everything it wrote there."""
+    """Run `argv` with a pseudo-terminal of 40 x 160 as its stdout and stderr, as at a desk:
+    its exit code (124 when it ran past `timeout` and was killed) and everything it wrote
+    there."""
+    import fcntl
     import pty
+    import struct
+    import termios
 
     primary, secondary = pty.openpty()
+    fcntl.ioctl(secondary, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 160, 0, 0))
     proc = subprocess.Popen(
         list(argv),
         cwd=cwd,

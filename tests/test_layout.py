@@ -39,6 +39,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "orchestrator.detach",
         "orchestrator.bad_nodes",
         "orchestrator.progress",
+        "orchestrator.footer",
     ),
     ("orchestrator.execute", "orchestrator.supervise", "orchestrator.probe"),
     (

@@ -180,6 +180,18 @@ def test_the_preflight_replaces_a_failing_host_and_drops_a_failing_spare() -> No
     assert set(p.facts) == {0, 1, 2}
 
 
+def test_each_probe_is_reported_once_for_the_node_timeline() -> None:
+    p, _ = pool()
+    before = time.time()
+    p.preflight(Probe())
+    probes = p.new_probes()
+    assert set(probes) == {0, 1, 2}
+    assert all(before <= began <= ended <= time.time() for began, ended in probes.values())
+    assert p.new_probes() == {}  # a relaunch reports only the nodes probed again
+    p.recover(NodeFault(1, "n1", "lost: gone", time.time()), Probe())
+    assert set(p.new_probes()) == {0, 1}  # the spare, and the master for a fresh port
+
+
 def test_more_failing_hosts_than_spares_fail_the_preflight_as_without_spares() -> None:
     p, _ = pool(spares=1)
     with pytest.raises(NodeErrors, match="preflight failed on 2 node"):

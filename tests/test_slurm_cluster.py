@@ -7,6 +7,7 @@ the job and that no process of the run (ORCHESTRATOR_RUN_ID=<run id>) is left on
 
 from __future__ import annotations
 
+import json
 import re
 import signal
 import subprocess
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.cli_helpers import run_on_terminal
 from tests.lab.slurm import SlurmCluster
 from tests.slurm_helpers import (  # noqa: F401 (fixtures, used by name)
     assert_gone,
@@ -68,6 +70,34 @@ def test_two_node_ddp_all_reduce(slurm_cluster: SlurmCluster, work: Path) -> Non
         assert f"rank {rank}/4 on {host}: all_reduce 10" in log
     assert len(set(hosts)) == 2
     assert_gone(slurm_cluster, job_id, "ddp")
+
+
+def test_a_trainer_job_is_watched_live_with_a_footer_metrics_and_top(
+    slurm_cluster: SlurmCluster, work: Path
+) -> None:
+    """A SLURM run is seen as an SSH one is: on a terminal the launch keeps its footer under
+    the stream; metrics.jsonl holds every rank's records (the follower tails the files on
+    the shared file system); `top --once` prints every rank with its last step."""
+    argv = command(
+        *launch_args(
+            work, "watched", "--nodes", "2", "--nproc-per-node", "2", "--partition", "debug",
+            "--", "-m", "orchestrator.trainer", "--synthetic-samples", "4096", "--epochs", "12",
+            "--no-eval", "--log-every", "100",
+        )
+    )  # fmt: skip
+    code, raw = run_on_terminal(argv, cwd=work, env=slurm_cluster.environ(), timeout=240)
+    assert code == 0, raw.decode(errors="replace")
+    footer = rb"\[orchestrator\] running, 4 rank\(s\) on 2 node\(s\) [^\r\n]*, step \d+"
+    assert re.search(footer, raw), raw.decode(errors="replace")[-3000:]
+    runs = work / "runs"
+    records = [json.loads(line) for line in (runs / "watched" / "metrics.jsonl").open()]
+    assert {r["rank"] for r in records if "step" in r.get("metrics", {})} == {0, 1, 2, 3}
+    once = orchestrator(slurm_cluster, work, "top", "watched", "--run-dir", str(runs), "--once")
+    assert once.returncode == 0, once.stderr
+    rows = re.findall(r"^\s*(\d+)\s+\S+\s+succeeded\s+(\d+)\s", once.stdout, re.M)
+    assert sorted(int(rank) for rank, _ in rows) == [0, 1, 2, 3], once.stdout
+    assert all(int(step) > 0 for _, step in rows), once.stdout
+    assert_gone(slurm_cluster, job_id_in(raw.decode(errors="replace")), "watched")
 
 
 def test_rendered_script_submitted_by_hand(slurm_cluster: SlurmCluster, work: Path) -> None:

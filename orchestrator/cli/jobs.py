@@ -17,6 +17,7 @@ from orchestrator.cli.backend_options import (
 from orchestrator.cli.context import CONTEXT
 from orchestrator.cli.options import (
     fold_option,
+    footer_option,
     gpus_chosen,
     job_options,
     make_spec,
@@ -148,6 +149,7 @@ def size_value(param: click.Parameter, value: str) -> int:
     help="Colour the rank prefixes.",
 )
 @fold_option
+@footer_option
 def launch(
     hostfile,
     program,
@@ -161,6 +163,7 @@ def launch(
     keep_node_logs,
     color,
     fold,
+    footer,
     run_id,
     run_dir,
     backend,
@@ -206,6 +209,7 @@ def launch(
         bad_nodes=selection.bad_nodes,
         color=color,
         fold=fold,
+        footer=footer,
         preflight=preflight,
         ssh=ssh,
     )

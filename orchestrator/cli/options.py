@@ -262,6 +262,19 @@ def fold_option(func):
     )(func)
 
 
+def footer_option(func):
+    return click.option(
+        "--no-footer",
+        "footer",
+        is_flag=True,
+        flag_value=False,
+        default=True,
+        help="No summary line under the stream. By default, on a terminal, one line under "
+        "the ranks' output says how the run goes (ranks' states, step, samples/s, "
+        "stragglers), as `orchestrator top` shows in full.",
+    )(func)
+
+
 def refuse_empty(**flags: str | None) -> None:
     """Refuse a flag given as '' (or blanks) instead of silently taking it as not given.
 

@@ -22,6 +22,7 @@ from typing import BinaryIO
 
 from orchestrator.agent.ranks import RankFile
 from orchestrator.errors import ConfigError, OrchestratorError
+from orchestrator.footer import Footer
 from orchestrator.logs import LogSink
 from orchestrator.runs import RunRecord, now_iso
 from orchestrator.slurm import commands as slurm
@@ -53,9 +54,11 @@ class Follower:
         color: bool,
         spares: SlurmSpares | None = None,
         fold: bool = True,
+        footer: bool = True,
     ) -> None:
         self.job, self.record, self.commands, self.job_id = job, record, commands, job_id
         self.base, self.console, self.color, self.fold = base, console, color, fold
+        self.footer = Footer.on(console) if footer else None  # once ranks run
         self.sink = LogSink(record.logs_dir, {}, {}, console, color, fold=fold)
         self.sup: Supervisor | None = None
         self.info = JobInfo(state="PENDING")
@@ -98,6 +101,7 @@ class Follower:
         try:
             outcome = self._loop()
         except OrchestratorError as exc:
+            self.sink.end_footer()
             self.note(f"error: {exc}")
             self.sink.close()
             self.write_status(
@@ -108,6 +112,7 @@ class Follower:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
         elapsed = time.monotonic() - self.started
+        self.sink.end_footer()
         for line in outcome.closing_lines(self.job.run_id, elapsed, self.record.logs_dir):
             self.note(line)
         self.sink.close()
@@ -223,6 +228,7 @@ class Follower:
             self.console,
             self.color,
             fold=self.fold,
+            footer=self.footer,
         )
         port = job.master_port or PORT_BASE + self.job_id % PORT_SPAN
         self.base.update(master=f"{job.master_addr or hosts[0]}:{port}", attempt=details.restarts)
@@ -255,6 +261,7 @@ class Follower:
             self.sup.metrics.flush()
             if self.sup.metrics.check(time.time(), self.sup.running_ranks, self.sup.nodes):
                 self.write_status(self.sup)
+            self.sink.update_footer(self.sup.footer_text)
         self.sink.flush()
 
     def _rank_exited(self, rank: int, code: int, when: float) -> None:

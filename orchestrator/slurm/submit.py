@@ -224,7 +224,16 @@ def _submit_and_follow(
         spares = SlurmSpares(job, commands, options.bad_nodes, resubmit, lambda _: None)
         base.update(spares.status())
     follower = Follower(
-        job, record, commands, job_id, base, console, color, spares, fold=options.fold
+        job,
+        record,
+        commands,
+        job_id,
+        base,
+        console,
+        color,
+        spares,
+        fold=options.fold,
+        footer=options.footer,
     )
     if spares is not None:
         spares.note = follower.note

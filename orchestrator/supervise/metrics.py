@@ -10,9 +10,10 @@ order it arrived:
     {"time": ..., "host": "ceon3", "node_rank": 3, "sample": {"cpu_percent": ..., ...}}
     {"time": ..., "host": "ceon3", "node_rank": 3, "event": "start", "detail": ""}
 
-Events mark a node's timeline (start, end, failed, lost, restart, straggler) and the
-run's (`stop`, with host and node_rank null). `orchestrator top` and `orchestrator plot`
-read this file; status.json lists the stragglers.
+Events mark a node's timeline (probe, stamped when its preflight probe began; start, end,
+failed, lost, restart, straggler; the last three also name the `rank`) and the run's (`stop`,
+with host and node_rank null). `orchestrator top` and `orchestrator plot` read this file;
+status.json lists the stragglers.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ class RunMetrics:
         self.file = LogFile(path, False, open_append) if path is not None else None
         self.note = note
         self.stragglers = stragglers or Stragglers(hosts)
+        self.latest: dict[int, tuple[float, dict]] = {}  # rank -> (when, its last record)
         self.not_json: set[int] = set()  # ranks told about a line that is not a JSON object
         self.checked = 0.0
 
@@ -75,6 +77,7 @@ class RunMetrics:
                     "metrics": metrics,
                 }
             )
+            self.latest[rank] = (now, metrics)
             self.stragglers.observe(rank, metrics, now)
 
     def node_sample(self, node: NodeState, data: bytes, now: float) -> None:
@@ -86,16 +89,24 @@ class RunMetrics:
             {"time": round(now, 3), "host": node.host, "node_rank": node.index, "sample": sample}
         )
 
-    def event(self, kind: str, node: NodeState | None = None, detail: str = "") -> None:
-        self._append(
-            {
-                "time": round(time.time(), 3),
-                "host": node.host if node is not None else None,
-                "node_rank": node.index if node is not None else None,
-                "event": kind,
-                "detail": detail,
-            }
-        )
+    def event(
+        self,
+        kind: str,
+        node: NodeState | None = None,
+        detail: str = "",
+        rank: int | None = None,
+        when: float | None = None,
+    ) -> None:
+        record = {
+            "time": round(time.time() if when is None else when, 3),
+            "host": node.host if node is not None else None,
+            "node_rank": node.index if node is not None else None,
+            "event": kind,
+            "detail": detail,
+        }
+        if rank is not None:
+            record["rank"] = rank
+        self._append(record)
 
     def heard_from(self, rank: int, now: float) -> None:
         self.stragglers.heard_from(rank, now)
@@ -112,7 +123,7 @@ class RunMetrics:
         for straggler in found:
             self.note(straggler.line())
             node = next((n for n in nodes if straggler.rank in n.ranks), None)
-            self.event("straggler", node, straggler.line())
+            self.event("straggler", node, straggler.line(), rank=straggler.rank)
         return found
 
     def status(self) -> dict:

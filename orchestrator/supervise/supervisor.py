@@ -26,6 +26,7 @@ from orchestrator.supervise.liveness import Liveness
 from orchestrator.supervise.metrics import RunMetrics
 from orchestrator.supervise.state import NodeState, Outcome, RankState, describe_exit
 from orchestrator.supervise.stopping import Stopper
+from orchestrator.top import summary
 
 MAX_EVENTS_PER_STEP = 256  # then flush and look at heartbeats and signals again
 
@@ -49,6 +50,7 @@ class Supervisor:
         stall_timeout: float = 600.0,
         on_change: Callable[[Supervisor], None] = lambda sup: None,
         metrics_path: Path | None = None,
+        probes: dict[int, tuple[float, float]] | None = None,
     ) -> None:
         self.events = events
         self.sink = sink
@@ -78,6 +80,10 @@ class Supervisor:
         self.session_of: dict[int, NodeSession] = {}
         self.liveness = Liveness(self.nodes, sessions, sink.note, heartbeat_timeout, stall_timeout)
         self.metrics = RunMetrics(metrics_path, {r.rank: r.host for r in ranks}, sink.note)
+        by_index = {node.index: node for node in self.nodes}
+        for index, (began, ended) in sorted((probes or {}).items()):  # the preflight's
+            if index in by_index:
+                self.metrics.event("probe", by_index[index], f"{ended - began:.1f} s", when=began)
 
     # --- what callers read and set (the SLURM follower drives a supervisor by hand) -----
 
@@ -131,6 +137,7 @@ class Supervisor:
             self._loop()
         finally:
             self.ended.set()
+            self.sink.end_footer()
             self.metrics.close()
         self.sink.flush(drain=True)
         outcome = self.outcome()
@@ -161,6 +168,8 @@ class Supervisor:
                     event = self.events.get_nowait()
                 except queue.Empty:
                     event = None
+            if self.sink.footer is not None and all(n.state != "starting" for n in self.nodes):
+                self.sink.update_footer(self.footer_text)
             self.sink.flush()
             self.metrics.flush()
             if self.metrics.check(time.time(), self.running_ranks, self.nodes):
@@ -256,7 +265,7 @@ class Supervisor:
     ) -> None:
         if code != 0 and not after_stop and rank in self.ranks:
             node = self.nodes[self.ranks[rank].node]
-            self.metrics.event("failed", node, f"rank {rank}: {describe_exit(code)}")
+            self.metrics.event("failed", node, f"rank {rank}: {describe_exit(code)}", rank=rank)
         self._stop_if(self.detector.rank_exited(rank, code, when, after_stop))
 
     def node_exited(self, node: NodeState, code: int | None, when: float) -> None:
@@ -270,7 +279,7 @@ class Supervisor:
     def rank_restarted(self, rank: RankState) -> None:
         """Output after a rank's exit: torchrun started it again."""
         rank.state, rank.exit_code, rank.ended_at = "running", None, None
-        self.metrics.event("restart", self.nodes[rank.node], f"rank {rank.rank}")
+        self.metrics.event("restart", self.nodes[rank.node], f"rank {rank.rank}", rank=rank.rank)
         self.on_change(self)
 
     def _stop_if(self, reason: str | None) -> None:
@@ -282,6 +291,11 @@ class Supervisor:
 
     def outcome(self) -> Outcome:
         return self.detector.outcome(self.timed_out)
+
+    def footer_text(self) -> str:
+        """The run in one line, for launch's footer on a terminal."""
+        state = "stopping" if self.stopping else "running"
+        return summary({**self.status(), "state": state}, self.metrics.latest)
 
     def status(self) -> dict:
         """The supervision part of status.json."""

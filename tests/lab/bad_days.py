@@ -10,6 +10,10 @@ node switched off without a word.
   controller). A stopped process holds its sockets open, so its peers see silence, not EOF.
 - Power loss: the node's link goes down first (so no FIN or RST leaves it), then every
   process in its namespace, sshd included, is SIGKILLed.
+- A slow CPU: chosen processes moved into a cgroup of their own whose CPU quota is a small
+  share of one core (cgroup v2 `cpu.max`, or v1 `cpu.cfs_quota_us`), so they compute slowly
+  and wait as fast as ever. (nice and taskset do not do it here: with autogroup, nice only
+  ranks a process within its own session.)
 - A small disk: a tmpfs of a few MiB mounted over a folder in the mount namespace of one
   node's sshd, so only the sessions of that node see it (and fill it).
 """
@@ -217,6 +221,58 @@ def stall(pids: Iterable[int], seconds: float) -> None:
     """Stop `pids` for `seconds`, then let them go on."""
     with frozen(pids):
         time.sleep(seconds)
+
+
+# ----- a slow CPU -------------------------------------------------------------------------
+
+CGROUP_V2 = Path("/sys/fs/cgroup")
+CGROUP_V1_CPU = Path("/sys/fs/cgroup/cpu")
+PERIOD_US = 100_000
+
+
+def cpu_cgroup_root() -> Path | None:
+    """Where a CPU-limited cgroup can be made here (v2 with the cpu controller, or v1's cpu
+    hierarchy), or None."""
+    if "cpu" in _read(CGROUP_V2 / "cgroup.controllers").split():
+        return CGROUP_V2
+    if (CGROUP_V1_CPU / "cpu.cfs_quota_us").exists():
+        return CGROUP_V1_CPU
+    return None
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""
+
+
+@contextlib.contextmanager
+def cpu_capped(pids: Iterable[int], share: float) -> Iterator[Path]:
+    """Within the block, `pids` (and their threads) may use `share` of one core in all;
+    after it, they go back to the root group, uncapped."""
+    root = cpu_cgroup_root()
+    if root is None:
+        raise RuntimeError("no writable cgroup cpu controller on this machine")
+    group = root / f"orchestrator-lab-{os.getpid()}-{time.monotonic_ns()}"
+    group.mkdir()
+    quota = max(1000, int(share * PERIOD_US))
+    if root == CGROUP_V2:
+        (group / "cpu.max").write_text(f"{quota} {PERIOD_US}")
+    else:
+        (group / "cpu.cfs_period_us").write_text(str(PERIOD_US))
+        (group / "cpu.cfs_quota_us").write_text(str(quota))
+    try:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, OSError):
+                (group / "cgroup.procs").write_text(str(pid))
+        yield group
+    finally:
+        for pid in _read(group / "cgroup.procs").split():
+            with contextlib.suppress(OSError):
+                (root / "cgroup.procs").write_text(pid)
+        with contextlib.suppress(OSError):
+            group.rmdir()
 
 
 # ----- power loss --------------------------------------------------------------------------
