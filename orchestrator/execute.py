@@ -69,6 +69,9 @@ class CaptureSink:
     def end_footer(self) -> None:
         pass
 
+    def holding(self) -> bool:
+        return False
+
 
 def run_on_nodes(
     connections: Sequence[NodeConnection],

@@ -138,6 +138,10 @@ class Folder:
         self.shown[key] = now
         self.shown.move_to_end(key)
 
+    def holding(self) -> bool:
+        """Whether any line waits to be shown."""
+        return bool(self.firsts or self.lates)
+
     def release(self, now: float) -> None:
         """Show every line whose wait is over."""
         while self.firsts and (self.firsts[0].done or now - self.firsts[0].opened >= self.window):

@@ -224,6 +224,10 @@ class LogSink:
             except (BrokenPipeError, ValueError, OSError):
                 self.console = None
 
+    def holding(self) -> bool:
+        """Whether the console holds lines back (to fold them) that a later flush shows."""
+        return self.folder is not None and self.folder.holding()
+
     def update_footer(self, make_text: Callable[[], str]) -> None:
         """The footer's text made again when due (see orchestrator.footer); shown at the
         next flush."""

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from orchestrator.agent.protocol import WITH_PAYLOAD, frame
-from orchestrator.agent.sampling import Sampler, parse_apps, parse_gpus, tree_of
+from orchestrator.agent.sampling import Sampler, differs, parse_apps, parse_gpus, tree_of
 from orchestrator.nodes import FrameParser
 from orchestrator.runs import RunRecord
 from orchestrator.supervise.metrics import RunMetrics
@@ -144,6 +144,32 @@ def test_a_sample_counts_each_ranks_processes_by_the_rank_in_their_environment()
     assert sample["cpu_percent"] >= mine["cpu_percent"]
     assert sample["mem_total_bytes"] >= sample["mem_available_bytes"] > 0
     assert sample["gpus"] == [] or all("index" in gpu for gpu in sample["gpus"])
+
+
+def test_a_sample_is_shipped_when_it_says_something_new() -> None:
+    gpu = {"index": 0, "util_percent": 90, "mem_used_bytes": 1000, "temp_c": 60}
+    rank = {"cpu_percent": 98.0, "rss_bytes": 1000, "gpu": 0}
+    last = {"cpu_percent": 100.0, "rss_bytes": 1000, "ranks": {"0": rank}, "gpus": [gpu]}
+
+    def changed(**edits) -> dict:
+        sample = json.loads(json.dumps(last))
+        for where, value in edits.items():
+            *path, key = where.split("__")
+            entry = sample
+            for part in path:
+                entry = entry[int(part)] if isinstance(entry, list) else entry[part]
+            entry[key] = value
+        return sample
+
+    assert differs(None, last)
+    assert not differs(last, changed(cpu_percent=103.0, rss_bytes=1040))  # within the steps
+    assert not differs(last, changed(gpus__0__temp_c=62, ranks__0__cpu_percent=94.0))
+    assert differs(last, changed(cpu_percent=106.0))
+    assert differs(last, changed(ranks__0__rss_bytes=1100))
+    assert differs(last, changed(gpus__0__util_percent=80))
+    assert differs(last, changed(ranks__0__gpu=1))
+    assert differs(last, {**last, "ranks": {}})  # a rank gone
+    assert differs({**last, "ranks": {"0": {**rank, "cpu_percent": None}}}, last)
 
 
 def test_nvidia_smi_csv_becomes_gpu_entries_and_per_process_memory() -> None:

@@ -4,8 +4,10 @@ The agent sessions are fakes: the end-to-end behaviour is in test_supervision_cl
 
 from __future__ import annotations
 
+import os
 import queue
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -14,7 +16,8 @@ from orchestrator.nodes import Event
 from orchestrator.supervise import NodeState, RankState, Supervisor, describe_exit
 from orchestrator.supervise.detect import Detector
 from orchestrator.supervise.state import Outcome
-from orchestrator.supervise.stopping import STOP_MARGIN_S, Stopper
+from orchestrator.supervise.stopping import STOP_MARGIN_S, Stopper, signals_to
+from orchestrator.supervise.supervisor import IDLE_TICK_S
 
 
 class FakeSession:
@@ -290,6 +293,37 @@ def test_loop_stops_every_node_when_a_rank_fails(tmp_path: Path) -> None:
     assert status["stop_reason"] == "rank 2 on b failed"
     assert [r["state"] for r in status["ranks"]] == ["killed", "killed", "failed", "killed"]
     assert "stopping" in states
+
+
+def test_an_idle_loop_sleeps_long_yet_a_signal_wakes_it_at_once(tmp_path: Path) -> None:
+    nodes, ranks = two_nodes()
+    sessions = [FakeSession(0), FakeSession(1)]
+    events: queue.Queue[Event | None] = queue.Queue()
+    sink = LogSink(tmp_path, {r: f"r{r}" for r in range(4)}, {0: "a", 1: "b"}, None, False)
+    sup = Supervisor(nodes, ranks, sessions, events, sink, grace=3, heartbeat_timeout=60)
+    assert sup._pause() == IDLE_TICK_S == 1.0  # nothing happens: one wake-up a second
+    now = time.time()
+    for node in (0, 1):
+        events.put(Event(node, "S", (str(100 + node), f"{now:.6f}")))
+    took: list[float] = []
+
+    def interrupt_then_end() -> None:
+        time.sleep(2.3)  # the loop waits for an event, up to a second at a time
+        sent = time.monotonic()
+        os.kill(os.getpid(), signal.SIGINT)
+        while "stop 3" not in sessions[0].sent and time.monotonic() < sent + 5:
+            time.sleep(0.005)
+        took.append(time.monotonic() - sent)
+        for node in (0, 1):
+            events.put(Event(node, "X", ("143", f"{time.time():.6f}")))
+
+    helper = threading.Thread(target=interrupt_then_end)
+    helper.start()
+    with signals_to(sup):
+        outcome = sup.run()
+    helper.join()
+    assert sup.interrupted_by == signal.SIGINT and outcome.state == "stopped", outcome
+    assert took[0] < 0.3 * IDLE_TICK_S, f"the stop went out {took[0]:.2f} s after SIGINT"
 
 
 def test_loop_takes_a_w_frame_for_the_nodes_disk(tmp_path: Path) -> None:

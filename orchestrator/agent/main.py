@@ -47,7 +47,7 @@ from orchestrator.agent.protocol import (
     read_config,
 )
 from orchestrator.agent.ranks import NodeRanks
-from orchestrator.agent.sampling import SAMPLE_S, Sampler
+from orchestrator.agent.sampling import QUIET_SAMPLE_S, SAMPLE_S, Sampler, differs
 from orchestrator.agent.shipping import Outbox, PipeLines
 
 # Type names only, not imported at run time (see processes.py).
@@ -194,14 +194,20 @@ class Agent:
             self.outbox.write_some()
 
     def samples(self, every: float) -> None:
-        """A node sample (P) every `every` seconds, each over the time since the last."""
+        """A node sample every `every` seconds, each over the time since the last; shipped
+        (P) when it differs from the last one shipped, or QUIET_SAMPLE_S after it."""
         sampler = Sampler(os.getpid())
         sampler.sample()  # the baseline the first sample's CPU is measured from
+        shipped, shipped_at = None, 0.0
         while not self.beating.wait(every):
-            data = json.dumps(sampler.sample(), separators=(",", ":")).encode()
+            sample, now = sampler.sample(), time.monotonic()
+            if not differs(shipped, sample) and now - shipped_at < QUIET_SAMPLE_S:
+                continue
+            data = json.dumps(sample, separators=(",", ":")).encode()
             if self.beating.is_set():
                 return
             self.outbox.send(frame("P", payload=data))
+            shipped, shipped_at = sample, now
 
     def check_controller(self, now: float) -> None:
         """No word from the controller for the heartbeat timeout: stop, unless its host

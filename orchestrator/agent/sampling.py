@@ -1,5 +1,8 @@
 """Node samples for the metrics channel: what the run's processes use, every few seconds.
 
+One every SAMPLE_S (5 s), shipped when it differs from the last one shipped (see
+`differs`), and at least every QUIET_SAMPLE_S (30 s) while nothing changes.
+
 A sample is one JSON object (the P frame's payload), from the agent's heartbeat-like
 thread of its own:
 
@@ -31,6 +34,14 @@ import subprocess
 import time
 
 SAMPLE_S = 5.0  # between samples
+# A sample is shipped when it differs from the last one shipped (a CPU share or GPU use by
+# CPU_STEP points or more, memory by MEM_SHARE of its value or more, a temperature by
+# TEMP_STEP_C, a rank or GPU come or gone), else once every QUIET_SAMPLE_S: a busy node is
+# seen every SAMPLE_S, an idle one costs the controller one sample in six.
+QUIET_SAMPLE_S = 30.0
+CPU_STEP = 5.0
+MEM_SHARE = 0.05
+TEMP_STEP_C = 3.0
 GPU_TIMEOUT_S = 10.0  # for one nvidia-smi call
 MIB = 1 << 20
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -143,6 +154,47 @@ def parse_apps(text: str) -> dict[int, tuple[str, int]]:
         except ValueError:
             continue
     return apps
+
+
+def differs(before: dict | None, after: dict) -> bool:
+    """Whether `after` says something `before` (the last sample shipped) does not."""
+    if before is None or _moved(before, after):
+        return True
+    ranks_before, ranks_after = before.get("ranks") or {}, after.get("ranks") or {}
+    gpus_before, gpus_after = before.get("gpus") or [], after.get("gpus") or []
+    if set(ranks_before) != set(ranks_after) or len(gpus_before) != len(gpus_after):
+        return True
+    return any(_moved(ranks_before[r], ranks_after[r]) for r in ranks_after) or any(
+        _moved(b, a) for b, a in zip(gpus_before, gpus_after, strict=True)
+    )
+
+
+def _moved(before: dict, after: dict) -> bool:
+    """Whether a plain value of `after` differs from `before`'s by a step worth shipping
+    (nested ones are the caller's)."""
+    if set(before) != set(after):
+        return True
+    for key, value in after.items():
+        old = before[key]
+        if isinstance(value, (dict, list)) or value == old:
+            continue
+        if not _number(value) or not _number(old) or abs(value - old) >= _step(key, old):
+            return True
+    return False
+
+
+def _step(key: str, old: float) -> float:
+    if key.endswith("_percent"):
+        return CPU_STEP
+    if key.endswith("_c"):
+        return TEMP_STEP_C
+    if key.endswith("_bytes"):
+        return MEM_SHARE * abs(old)
+    return 0.0  # any change: an index, a GPU's number
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 class Sampler:

@@ -4,6 +4,7 @@ Ctrl-C / SIGTERM to the orchestrator, which signal handlers only note for the lo
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import threading
 import time
@@ -105,15 +106,53 @@ class Stopper:
 @contextlib.contextmanager
 def signals_to(target: Stopper | object) -> Iterator[None]:
     """Route SIGINT/SIGTERM/SIGHUP to `target.interrupt` for the duration of a run: a
-    closed terminal (SIGHUP) stops the run as orderly as Ctrl-C, and leaves its record."""
+    closed terminal (SIGHUP) stops the run as orderly as Ctrl-C, and leaves its record.
+
+    The handler only notes the signal; a loop that sleeps long while nothing happens is
+    woken by `target.wake()`, called from a thread of its own that the signal's wake-up
+    byte (signal.set_wakeup_fd) rouses, never from the handler itself (which may run while
+    the loop holds the very lock a wake-up would need)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     previous = {}
     for signum in STOP_SIGNALS:
         previous[signum] = signal.signal(signum, lambda num, _frame: target.interrupt(num))
+    wake = getattr(target, "wake", None)
+    relay = _WakeRelay(wake) if wake is not None else None
     try:
         yield
     finally:
+        if relay is not None:
+            relay.close()
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+
+
+class _WakeRelay:
+    """A pipe the interpreter writes a byte to on each signal, and a thread that calls
+    `wake` for each."""
+
+    def __init__(self, wake: Callable[[], None]) -> None:
+        self.read_fd, self.write_fd = os.pipe()
+        os.set_blocking(self.write_fd, False)
+        self.previous = signal.set_wakeup_fd(self.write_fd, warn_on_full_buffer=False)
+        self.wake = wake
+        self.thread = threading.Thread(target=self._relay, name="signal-wake", daemon=True)
+        self.thread.start()
+
+    def _relay(self) -> None:
+        while True:
+            try:
+                data = os.read(self.read_fd, 64)
+            except OSError:
+                return
+            if not data:  # closed: the run is over
+                return
+            self.wake()
+
+    def close(self) -> None:
+        signal.set_wakeup_fd(self.previous)
+        os.close(self.write_fd)
+        self.thread.join(timeout=5)
+        os.close(self.read_fd)

@@ -17,7 +17,7 @@ import paramiko
 # ServerAliveInterval when the ssh config sets none: keeps a NAT or firewall from dropping a
 # quiet connection (liveness asks the node's sshd itself when its agent falls silent).
 KEEPALIVE_S = 15
-IDLE_WAKE_S = 5.0
+IDLE_WAKE_S = 15.0
 # Tried first when the server offers them: paramiko decrypts AES-GCM at about three times
 # the speed of its default AES-CTR + HMAC-SHA2 (the controller reads every rank's output).
 AEAD_CIPHERS = ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com")
