@@ -362,7 +362,7 @@ def _launch(
 
         while True:
             write_rendered(record.path, plan, scripts)
-            sync_code(plan, pool.connections, note)
+            sync_code(plan, pool.connections, note, progress)
             outcome = run_plan(
                 plan,
                 scripts,

@@ -97,8 +97,15 @@ def preflight_probe(
     return probe
 
 
-def sync_code(plan: LaunchPlan, connections: Sequence[NodeConnection], note) -> None:
-    """--sync: copy the directory into every node's run directory, in parallel."""
+def sync_code(
+    plan: LaunchPlan,
+    connections: Sequence[NodeConnection],
+    note,
+    progress: Progress | None = None,
+) -> None:
+    """--sync: copy the directory into every node's run directory, in parallel; how far it
+    got on the progress line, then one line per file count (`ceon[1-64]: synced 12 file(s)
+    to each node's run folder (...)`), not one per node."""
     if plan.sync_dir is None:
         return
 
@@ -110,14 +117,31 @@ def sync_code(plan: LaunchPlan, connections: Sequence[NodeConnection], note) -> 
                 node.name, f"copying {plan.sync_dir} to {node.workdir} failed: {exc}"
             ) from None
 
-    with ThreadPoolExecutor(max_workers=min(32, plan.nnodes)) as pool:
-        futures = [pool.submit(one, n, c) for n, c in zip(plan.nodes, connections, strict=True)]
-    errors = []
+    if progress is not None:
+        progress.begin("syncing", plan.nnodes)
+    try:
+        with ThreadPoolExecutor(max_workers=min(32, plan.nnodes)) as pool:
+            futures = [pool.submit(one, n, c) for n, c in zip(plan.nodes, connections, strict=True)]
+            if progress is not None:
+                for future in futures:
+                    future.add_done_callback(lambda f: progress.tick(f.exception() is None))
+    finally:
+        if progress is not None:
+            progress.end()
+    errors, synced = [], {}
     for node, future in zip(plan.nodes, futures, strict=True):
         try:
-            note(f"{node.name}: synced {future.result()} file(s) to {node.workdir}")
+            synced.setdefault(future.result(), []).append(node)
         except NodeError as exc:
             errors.append(exc)
+    for count, nodes in synced.items():
+        where = {node.workdir for node in nodes}
+        into = (
+            next(iter(where))
+            if len(where) == 1
+            else f"each node's run folder ({nodes[0].workdir} on {nodes[0].name}, ...)"
+        )
+        note(f"{compress_hosts(n.name for n in nodes)}: synced {count} file(s) to {into}")
     if errors:
         raise NodeErrors(errors, "--sync")
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -54,4 +55,46 @@ def test_the_preflight_summary_is_one_line_when_the_nodes_agree() -> None:
     assert versions_summary(cluster, facts) == [
         "ceon[1-4,6-9,11-64]: python 3.11.7, torch 2.13.0+cpu",
         "ceon[5,10]: python 3.11.7, torch 2.4.0",
+    ]
+
+
+def test_sync_says_one_line_per_file_count_and_counts_nodes_on_the_progress_line() -> None:
+    import io
+
+    from orchestrator.errors import NodeErrors
+    from orchestrator.hostfile import parse_hostfile
+    from orchestrator.plan import make_plan
+    from orchestrator.prepare import sync_code
+    from orchestrator.progress import Progress
+    from orchestrator.spec import JobSpec, Program
+
+    class Connection:
+        def __init__(self, files: int | None) -> None:
+            self.files = files
+
+        def put_tree(self, local: str, remote: str) -> int:
+            if self.files is None:
+                raise OSError("No space left on device")
+            return self.files
+
+    cluster = parse_hostfile("".join(f"ceon{i}\n" for i in range(1, 9)), "h.txt")
+    program = Program.from_argv(["train.py"])
+    spec = JobSpec(program=program, python="python3", workdir="/w", sync_dir="/src/proj")
+    plan = make_plan(cluster, spec, "r1", None)
+    notes: list[str] = []
+    out = io.BytesIO()
+    progress = Progress(out, tty=True)
+    sync_code(plan, [Connection(12 if i != 5 else 3) for i in range(8)], notes.append, progress)
+    assert notes == [
+        "ceon[1-5,7-8]: synced 12 file(s) to each node's run folder "
+        f"({plan.nodes[0].workdir} on ceon1, ...)",
+        f"ceon6: synced 3 file(s) to {plan.nodes[5].workdir}",
+    ]
+    assert b"[orchestrator] syncing: 8/8 nodes" in out.getvalue()
+    notes.clear()
+    with pytest.raises(NodeErrors, match="ceon3: copying /src/proj .* No space left"):
+        sync_code(plan, [Connection(None if i == 2 else 1) for i in range(8)], notes.append)
+    assert notes == [
+        f"ceon[1-2,4-8]: synced 1 file(s) to each node's run folder "
+        f"({plan.nodes[0].workdir} on ceon1, ...)"
     ]

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator.hostlist import expand_range
+from orchestrator.hostlist import compress_hosts, expand_range
 from tests.cli_helpers import assert_nothing_left, run_cli, status_of, wait_until
 
 pytestmark = pytest.mark.cluster
@@ -368,8 +368,10 @@ def test_sync_copies_the_code_to_every_node(cluster, workdir: Path) -> None:
     for rank, node in enumerate(cluster.nodes):
         copy = f"/root/.orchestrator/runs/synced/node{rank}/project"
         assert f"[{node.name} r{rank}] ran {copy}/main.py in {copy} value 42" in done.stdout
-        assert f"{node.name}: synced 2 file(s)" in done.stdout
         assert Path(copy, "data", "numbers.txt").read_text() == "21\n"
+    names = compress_hosts(node.name for node in cluster.nodes)  # one line for them all
+    said = f"[orchestrator] {names}: synced 2 file(s) to each node's run folder ("
+    assert done.stdout.count(said) == 1 and "synced 2 file(s)" not in done.stdout.replace(said, "")
 
 
 def test_exec_runs_a_command_everywhere_with_a_summary(cluster, workdir: Path) -> None:
