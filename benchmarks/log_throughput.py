@@ -1,12 +1,13 @@
 """Log throughput: ranks printing as fast as they can, into the run's per-rank log files.
 
     python benchmarks/log_throughput.py [--nodes 4] [--ranks-per-node 1,2] [--lines 100000]
-                                        [--repeat 3]   (as root: it builds a namespace
-                                        cluster with sshd, see tests/lab)
+                                        [--repeat 3] [--no-fold]   (as root: it builds a
+                                        namespace cluster with sshd, see tests/lab)
 
 The same printing program runs on every node, R ranks per node, in two ways:
   orchestrator   `orchestrator launch` (torchrun, one rank per slot; output of the launch
-                 command itself to /dev/null): lines reach runs/<id>/logs/rank-N.log.
+                 command itself to /dev/null, folded as a console is by default, or not
+                 with --no-fold): lines reach runs/<id>/logs/rank-N.log.
   plain ssh      one `ssh NODE 'RANK=N python -u printer.py'` per rank, all at once,
                  output to /dev/null here.
 Both run the program with `python -u` (as the orchestrator's node script does), so every
@@ -84,7 +85,8 @@ class Result:
 
 
 class Bench:
-    def __init__(self, cluster, work: Path, per_node: int, lines: int) -> None:
+    def __init__(self, cluster, work: Path, per_node: int, lines: int, fold: bool = True) -> None:
+        self.fold = fold
         self.cluster = cluster
         self.work = work
         self.per_node = per_node
@@ -123,6 +125,7 @@ class Bench:
             run_id,
             "--color",
             "never",
+            *([] if self.fold else ["--no-fold"]),
             "--",
             program.name,
         ]
@@ -222,6 +225,12 @@ def main() -> None:
         help="ranks per node (default 1,2)",
     )
     cli.add_argument("--lines", type=int, default=100_000, help="lines per rank (default 1e5)")
+    cli.add_argument(
+        "--no-fold",
+        action="store_true",
+        help="launch with --no-fold: the console (/dev/null here) shows every line as printed, "
+        "without the folding the console does by default",
+    )
     args = cli.parse_args()
     say(__doc__.split("\n\n", 2)[2].rstrip())
     say(machine_line())
@@ -230,7 +239,7 @@ def main() -> None:
     for n in args.nodes:
         with lab_cluster(n) as cluster, scratch("orchestrator-bench-logs-") as work:
             for per_node in args.ranks_per_node:
-                bench = Bench(cluster, work, per_node, args.lines)
+                bench = Bench(cluster, work, per_node, args.lines, fold=not args.no_fold)
                 results = {"orchestrator": Result(), "plain ssh": Result()}
                 runners = {"orchestrator": bench.orchestrator, "plain ssh": bench.plain_ssh}
                 try:

@@ -27,8 +27,7 @@ from __future__ import annotations
 
 import re
 from collections import OrderedDict, deque
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable
 
 from orchestrator.hostlist import compress_hosts
 
@@ -43,23 +42,40 @@ _STAMP = re.compile(
     rb"^\[?(?:[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+(?: +\d+)?"
     rb"|\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?)"
 )
+_STAMP_FIRST = frozenset(b"[IWEF0123456789")  # the first bytes a stamp may start with
 _PREFIX = re.compile(rb"\[([^\]\s]+)(?: r(\d+))?\] ")
 
 
-@dataclass(eq=False)
 class _Group:
-    """One console line in waiting: a text and the sources (prefixes) that printed it."""
+    """One console line in waiting: a text and the sources (prefixes) that printed it.
+    (A plain class with slots: one is made for every line, so it is kept cheap.)"""
 
-    text: bytes  # as the first copy printed it
-    key: tuple[str, bytes]  # what copies share: the kind and the text without a time stamp
-    kind: str  # a rank's line, a node's, or a note of ours about a node
-    opened: float
-    late: bool  # copies of a text shown recently: waits for QUIET/LONGEST, not WINDOW
-    seq: int = 0  # order opened: a source joins only groups opened after its waiting ones
-    last: float = 0.0
-    members: list[bytes] = field(default_factory=list)
-    joined: set[bytes] = field(default_factory=set)
-    done: bool = False
+    __slots__ = (
+        "done",
+        "joined",
+        "key",
+        "kind",
+        "last",
+        "late",
+        "members",
+        "opened",
+        "seq",
+        "text",
+    )
+
+    def __init__(
+        self, text: bytes, key: tuple[str, bytes], kind: str, opened: float, late: bool, seq: int
+    ) -> None:
+        self.text = text  # as the first copy printed it
+        self.key = key  # what copies share: the kind and the text without a time stamp
+        self.kind = kind  # a rank's line, a node's, or a note of ours about a node
+        self.opened = opened
+        self.late = late  # copies of a text shown recently: wait for QUIET/LONGEST, not WINDOW
+        self.seq = seq  # order opened: a source joins only groups opened after its waiting ones
+        self.last = opened
+        self.members: list[bytes] = []
+        self.joined: set[bytes] = set()
+        self.done = False
 
 
 def split_prefix(line: bytes) -> tuple[bytes, bytes] | None:
@@ -93,6 +109,7 @@ class Folder:
         self.pending: dict[bytes, deque[_Group]] = {}  # a source's waiting lines, in order
         self.shown: OrderedDict[tuple[str, bytes], float] = OrderedDict()
         self.labels: dict[bytes, tuple[str, int | None]] = {}
+        self.kinds: dict[bytes, str] = {}  # a source's kind of line: "rank" or "node"
         self.opened = 0
 
     def _label(self, prefix: bytes) -> tuple[str, int | None]:
@@ -112,31 +129,42 @@ class Folder:
         `about`, a note of ours about that host (`prefix` is `[orchestrator] HOST: `)."""
         if about is not None:
             self.labels[prefix] = (about, None)
-            kind = "note"
-        else:
-            kind = "rank" if self._label(prefix)[1] is not None else "node"
-        key = (kind, _STAMP.sub(b"", text, count=1))
-        group = self.open.get(key)
+        self.add_lines(now, prefix, (text,), "note" if about is not None else None)
+
+    def add_lines(
+        self, now: float, prefix: bytes, lines: Iterable[bytes], kind: str | None = None
+    ) -> None:
+        """Whole lines from the source `prefix`, in order (one chunk of a rank's output:
+        what is the same for every line is looked up once, since this runs per line)."""
+        if kind is None:
+            kind = self.kinds.get(prefix)
+            if kind is None:
+                kind = self.kinds[prefix] = "rank" if self._label(prefix)[1] is not None else "node"
+        opened, shown, recent = self.open, self.shown, self.recent
         waiting = self.pending.get(prefix)
-        if (
-            group is None
-            or group.done
-            or prefix in group.joined
-            or (waiting and waiting[-1].seq > group.seq)  # would show before its own earlier line
-        ):
-            seen = self.shown.get(key)
-            late = seen is not None and now - seen <= self.recent
-            self.opened += 1
-            group = self.open[key] = _Group(text, key, kind, now, late, self.opened)
-            (self.lates.append if late else self.firsts.append)(group)
-        group.members.append(prefix)
-        group.joined.add(prefix)
-        group.last = now
         if waiting is None:
             waiting = self.pending[prefix] = deque()
-        waiting.append(group)
-        self.shown[key] = now
-        self.shown.move_to_end(key)
+        for text in lines:
+            stamped = text[:1] and text[0] in _STAMP_FIRST  # most lines cannot start with one
+            key = (kind, _STAMP.sub(b"", text, count=1) if stamped else text)
+            group = opened.get(key)
+            if (
+                group is None
+                or group.done
+                or prefix in group.joined
+                or (waiting and waiting[-1].seq > group.seq)  # it would show before an earlier
+            ):
+                seen = shown.get(key)
+                late = seen is not None and now - seen <= recent
+                self.opened += 1
+                group = opened[key] = _Group(text, key, kind, now, late, self.opened)
+                (self.lates.append if late else self.firsts.append)(group)
+            group.members.append(prefix)
+            group.joined.add(prefix)
+            group.last = now
+            waiting.append(group)
+            shown[key] = now
+            shown.move_to_end(key)
 
     def holding(self) -> bool:
         """Whether any line waits to be shown."""
@@ -172,6 +200,18 @@ class Folder:
 
     def _emit(self, group: _Group) -> None:
         """Show `group`, after the lines its sources printed before it."""
+        if len(group.members) == 1 and not group.done:  # the common case, made short
+            member = group.members[0]
+            waiting = self.pending[member]
+            if waiting[0] is group:
+                group.done = True
+                waiting.popleft()
+                if not waiting:
+                    del self.pending[member]
+                if self.open.get(group.key) is group:
+                    del self.open[group.key]
+                self.show(member, group.text, False)
+                return
         stack = [group]
         while stack:
             top = stack[-1]

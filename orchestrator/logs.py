@@ -127,9 +127,7 @@ class LogSink:
             if prefix == ORCHESTRATOR:
                 self.folder.drain()
             else:
-                now = self.clock()
-                for line in data.splitlines(keepends=True):
-                    self.folder.add(now, prefix, line)
+                self.folder.add_lines(self.clock(), prefix, data.splitlines(keepends=True))
                 return
         self._write_console(prefix, data, prefixed)
 
