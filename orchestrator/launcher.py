@@ -159,6 +159,7 @@ def run_plan(
         on_change=on_change,
         metrics_path=record.metrics_path,
         probes=pool.new_probes() if pool is not None else None,
+        stragglers=options.stragglers,
     )
     started = time.monotonic()
     record.write_status({**base, **recovery_status()})

@@ -18,6 +18,7 @@ from orchestrator.progress import Progress
 from orchestrator.recovery import NodePool, Probe
 from orchestrator.render import command_line, plan_yaml, render_node_scripts, script_name
 from orchestrator.spec import JobSpec
+from orchestrator.supervise.stragglers import RATIO, WINDOW_S
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,7 @@ class LaunchOptions:
     color: str = "auto"
     fold: bool = True  # --no-fold: the console shows every line as printed
     footer: bool = True  # --no-footer: no summary line under the stream on a terminal
+    stragglers: tuple[float, float] = (RATIO, WINDOW_S)  # --stragglers RATIO,SECONDS
     preflight: bool = True
     ssh: SshOptions | None = None
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import subprocess
 import sys
 import time
@@ -43,6 +44,23 @@ def test_a_rank_whose_work_stays_above_the_median_is_named_once() -> None:
     assert named.line().startswith("straggler: rank 5 on n2, its step work 2.1x the median")
     assert s.check(now + 1, set(range(8))) == []  # named once
     assert [entry["rank"] for entry in s.status()] == [5]
+
+
+def test_the_rule_is_the_users_and_a_bad_one_is_refused(tmp_path: Path) -> None:
+    from orchestrator.logs import LogSink
+    from orchestrator.supervise import NodeState, RankState, Supervisor
+
+    nodes, ranks = [NodeState(0, "n0", (0, 1))], [RankState(r, 0, r, "n0") for r in (0, 1)]
+    sink = LogSink(None, {0: "n0 r0", 1: "n0 r1"}, {0: "n0"}, None, False)
+    sup = Supervisor(
+        nodes, ranks, [], queue.Queue(), sink, grace=1, heartbeat_timeout=0, stragglers=(3.0, 60)
+    )
+    assert (sup.metrics.stragglers.ratio, sup.metrics.stragglers.window_s) == (3.0, 60)
+    for bad in ("1,20", "2", "x,20", "1.5,0"):
+        refused = run_cli(["launch", "hostfiles/local.txt", "--stragglers", bad, "--dry-run"])
+        assert refused.returncode == 2, refused.stdout + refused.stderr
+        assert "Invalid value for '--stragglers'" in refused.stderr, refused.stderr
+        assert "RATIO,SECONDS" in refused.stderr and "Traceback" not in refused.stderr
 
 
 def test_equal_ranks_and_a_slow_rank_that_is_not_running_name_nobody() -> None:

@@ -26,6 +26,7 @@ from orchestrator.cli.options import (
     run_options,
     split_ssh,
     ssh_options,
+    stragglers_option,
 )
 from orchestrator.cli.selecting import select, selection_options, spares_option, split_selection
 from orchestrator.errors import ConfigError
@@ -150,6 +151,7 @@ def size_value(param: click.Parameter, value: str) -> int:
 )
 @fold_option
 @footer_option
+@stragglers_option
 def launch(
     hostfile,
     program,
@@ -164,6 +166,7 @@ def launch(
     color,
     fold,
     footer,
+    stragglers,
     run_id,
     run_dir,
     backend,
@@ -210,6 +213,7 @@ def launch(
         color=color,
         fold=fold,
         footer=footer,
+        stragglers=stragglers,
         preflight=preflight,
         ssh=ssh,
     )

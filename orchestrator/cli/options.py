@@ -275,6 +275,35 @@ def footer_option(func):
     )(func)
 
 
+def stragglers_option(func):
+    def parse(ctx, param, value: str) -> tuple[float, float]:
+        ratio, _, seconds = value.partition(",")
+        try:
+            rule = float(ratio), float(seconds)
+        except ValueError:
+            rule = (0.0, 0.0)
+        if not (rule[0] > 1 and rule[1] > 0):
+            raise click.BadParameter(
+                f"{value!r}: give RATIO,SECONDS, a ratio above 1 and a positive window "
+                "(e.g. 1.5,20)",
+                param=param,
+            )
+        return rule
+
+    return click.option(
+        "--stragglers",
+        default="1.5,20",
+        show_default=True,
+        metavar="RATIO,SECONDS",
+        callback=parse,
+        help="Name a rank a straggler (once, on the console and in status.json) when its "
+        "own step work, averaged over SECONDS, stays above RATIO times the other ranks' "
+        "median. Its own work is what ranks report as work_s on the metrics channel (the "
+        "bundled trainer does): step time alone names nobody, since every rank waits for "
+        "the slowest.",
+    )(func)
+
+
 def refuse_empty(**flags: str | None) -> None:
     """Refuse a flag given as '' (or blanks) instead of silently taking it as not given.
 

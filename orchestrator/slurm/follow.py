@@ -34,6 +34,7 @@ from orchestrator.slurm.spares import SlurmSpares
 from orchestrator.slurm.stream import READ_BYTES, AttemptFiles
 from orchestrator.supervise import NodeState, Outcome, RankState, Supervisor, describe_exit
 from orchestrator.supervise.stopping import STOP_SIGNALS
+from orchestrator.supervise.stragglers import RATIO, WINDOW_S
 
 POLL_S = 1.0  # squeue at most this often
 FILES_S = 0.1  # rank files this often
@@ -55,7 +56,9 @@ class Follower:
         spares: SlurmSpares | None = None,
         fold: bool = True,
         footer: bool = True,
+        stragglers: tuple[float, float] = (RATIO, WINDOW_S),
     ) -> None:
+        self.stragglers = stragglers  # --stragglers RATIO,SECONDS
         self.job, self.record, self.commands, self.job_id = job, record, commands, job_id
         self.base, self.console, self.color, self.fold = base, console, color, fold
         self.footer = Footer.on(console) if footer else None  # once ranks run
@@ -244,6 +247,7 @@ class Follower:
             max_restarts=job.max_restarts,
             on_change=lambda sup: self.write_status(sup),
             metrics_path=self.record.metrics_path,
+            stragglers=self.stragglers,
         )
         if self.interrupted_by is not None:
             self.sup.begin_stop(

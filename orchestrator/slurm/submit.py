@@ -234,6 +234,7 @@ def _submit_and_follow(
         spares,
         fold=options.fold,
         footer=options.footer,
+        stragglers=options.stragglers,
     )
     if spares is not None:
         spares.note = follower.note

@@ -27,6 +27,7 @@ from orchestrator.supervise.liveness import Liveness
 from orchestrator.supervise.metrics import RunMetrics
 from orchestrator.supervise.state import NodeState, Outcome, RankState, describe_exit
 from orchestrator.supervise.stopping import Stopper
+from orchestrator.supervise.stragglers import RATIO, WINDOW_S, Stragglers
 from orchestrator.top import summary
 
 MAX_EVENTS_PER_STEP = 256  # then flush and look at heartbeats and signals again
@@ -57,6 +58,7 @@ class Supervisor:
         on_change: Callable[[Supervisor], None] = lambda sup: None,
         metrics_path: Path | None = None,
         probes: dict[int, tuple[float, float]] | None = None,
+        stragglers: tuple[float, float] = (RATIO, WINDOW_S),  # --stragglers RATIO,SECONDS
     ) -> None:
         self.events = events
         self.sink = sink
@@ -85,7 +87,11 @@ class Supervisor:
         self.sessions = sessions  # the caller may still be adding to it while nodes start
         self.session_of: dict[int, NodeSession] = {}
         self.liveness = Liveness(self.nodes, sessions, sink.note, heartbeat_timeout, stall_timeout)
-        self.metrics = RunMetrics(metrics_path, {r.rank: r.host for r in ranks}, sink.note)
+        hosts = {r.rank: r.host for r in ranks}
+        ratio, window_s = stragglers
+        self.metrics = RunMetrics(
+            metrics_path, hosts, sink.note, Stragglers(hosts, ratio=ratio, window_s=window_s)
+        )
         by_index = {node.index: node for node in self.nodes}
         for index, (began, ended) in sorted((probes or {}).items()):  # the preflight's
             if index in by_index:
