@@ -140,14 +140,14 @@ class Folder:
             kind = self.kinds.get(prefix)
             if kind is None:
                 kind = self.kinds[prefix] = "rank" if self._label(prefix)[1] is not None else "node"
-        opened, shown, recent = self.open, self.shown, self.recent
+        open_groups, shown, recent = self.open, self.shown, self.recent
         waiting = self.pending.get(prefix)
         if waiting is None:
             waiting = self.pending[prefix] = deque()
         for text in lines:
             stamped = text[:1] and text[0] in _STAMP_FIRST  # most lines cannot start with one
             key = (kind, _STAMP.sub(b"", text, count=1) if stamped else text)
-            group = opened.get(key)
+            group = open_groups.get(key)
             if (
                 group is None
                 or group.done
@@ -157,7 +157,7 @@ class Folder:
                 seen = shown.get(key)
                 late = seen is not None and now - seen <= recent
                 self.opened += 1
-                group = opened[key] = _Group(text, key, kind, now, late, self.opened)
+                group = open_groups[key] = _Group(text, key, kind, now, late, self.opened)
                 (self.lates.append if late else self.firsts.append)(group)
             group.members.append(prefix)
             group.joined.add(prefix)
@@ -200,18 +200,10 @@ class Folder:
 
     def _emit(self, group: _Group) -> None:
         """Show `group`, after the lines its sources printed before it."""
-        if len(group.members) == 1 and not group.done:  # the common case, made short
-            member = group.members[0]
-            waiting = self.pending[member]
-            if waiting[0] is group:
-                group.done = True
-                waiting.popleft()
-                if not waiting:
-                    del self.pending[member]
-                if self.open.get(group.key) is group:
-                    del self.open[group.key]
-                self.show(member, group.text, False)
-                return
+        members = group.members
+        if len(members) == 1 and not group.done and self.pending[members[0]][0] is group:
+            self._show(group)  # the common case: a lone line with nothing of its source before
+            return
         stack = [group]
         while stack:
             top = stack[-1]
@@ -225,18 +217,22 @@ class Folder:
                 stack.append(before)
                 continue
             stack.pop()
-            top.done = True
-            for member in top.members:
-                waiting = self.pending[member]
-                waiting.popleft()
-                if not waiting:
-                    del self.pending[member]
-            if self.open.get(top.key) is top:
-                del self.open[top.key]
-            if len(top.members) == 1:
-                self.show(top.members[0], top.text, False)
-            else:
-                self.show(self.prefix_of(top.members, top.kind), top.text, True)
+            self._show(top)
+
+    def _show(self, group: _Group) -> None:
+        """Show `group`, first in line for each of its sources, and forget it."""
+        group.done = True
+        for member in group.members:
+            waiting = self.pending[member]
+            waiting.popleft()
+            if not waiting:
+                del self.pending[member]
+        if self.open.get(group.key) is group:
+            del self.open[group.key]
+        if len(group.members) == 1:
+            self.show(group.members[0], group.text, False)
+        else:
+            self.show(self.prefix_of(group.members, group.kind), group.text, True)
 
     def prefix_of(self, members: list[bytes], kind: str = "rank") -> bytes:
         """`[ceon[1-4] r[0-7]] ` for several ranks, `[ceon[1-4]] ` for several nodes,

@@ -58,10 +58,10 @@ class Follower:
         footer: bool = True,
         stragglers: tuple[float, float] = (RATIO, WINDOW_S),
     ) -> None:
-        self.stragglers = stragglers  # --stragglers RATIO,SECONDS
         self.job, self.record, self.commands, self.job_id = job, record, commands, job_id
         self.base, self.console, self.color, self.fold = base, console, color, fold
         self.footer = Footer.on(console) if footer else None  # once ranks run
+        self.stragglers = stragglers  # --stragglers RATIO,SECONDS
         self.sink = LogSink(record.logs_dir, {}, {}, console, color, fold=fold)
         self.sup: Supervisor | None = None
         self.info = JobInfo(state="PENDING")
