@@ -10,6 +10,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -90,6 +91,9 @@ class NodeSession:
         self.finished = False  # the agent said X: it now waits for another step
         self.heard = time.monotonic()  # when its reader last got bytes from the agent
         self.sent_at: float | None = None  # when its step's config was sent (wall clock)
+        # Heartbeats (H) wait here for the loop's next pass instead of waking it: on a quiet
+        # run of N nodes they would be N wake-ups every beat (see Supervisor.take_beats).
+        self.beats: deque[tuple[tuple[str, ...], float]] = deque()
         self.lock = threading.Lock()
         self.thread = threading.Thread(target=self._read, name=f"node{index}-reader", daemon=True)
 
@@ -134,6 +138,9 @@ class NodeSession:
                 self.heard = time.monotonic()
                 at = time.time()
                 for kind, fields, payload in parser.feed(data):
+                    if kind == "H":
+                        self.beats.append((fields, at))
+                        continue
                     self.finished = kind == "X"  # nothing follows until another step
                     self.events.put(Event(self.index, kind, fields, payload, at))
                     if self.finished:

@@ -310,3 +310,58 @@ def test_an_idle_agent_counts_as_idle_from_its_x_not_from_when_the_controller_go
     assert connection.idle_agent.since == arrived - REUSE_WITHIN_S
     assert take_idle_agent(connection, "python3", "run1") is None  # may have left: not reused
     assert channel.closed and time.monotonic() >= arrived
+
+
+def test_a_steady_heartbeat_waits_while_the_agent_writes_other_frames() -> None:
+    """While output goes out, one H in BEATS_DEFERRED + 1 beats (3 + 1); quiet, one a beat."""
+    import threading
+    import time
+
+    from orchestrator.agent.protocol import BEATS_DEFERRED, FIRST_BEAT_S, FIRST_BEATS
+
+    timeout = 2.0  # steady beats every 0.5 s; the first FIRST_BEATS every 0.5 s too
+    pause = timeout / 4
+    first = FIRST_BEATS * min(FIRST_BEAT_S, pause)
+    loud, quiet = 4.0, 3.0
+    script = f"sleep {first + 0.5}; end=$((SECONDS + {loud:.0f})); "
+    script += "while [ $SECONDS -lt $end ]; do echo tick; sleep 0.1; done; "
+    script += f"echo quiet; sleep {quiet}"
+    proc = start_agent()
+    config = {"argv": ["bash", "-c", script], "heartbeat_timeout": timeout}
+    proc.stdin.write(encode_config(config))
+    proc.stdin.flush()
+    done = threading.Event()
+
+    def ping() -> None:  # the controller's side: an hb twice a second
+        while not done.wait(0.5):
+            try:
+                proc.stdin.write(f"hb {time.time():.6f}\n".encode())
+                proc.stdin.flush()
+            except OSError:
+                return
+
+    threading.Thread(target=ping, daemon=True).start()
+    parser, arrivals = FrameParser(), []  # (monotonic time, kind, payload)
+    try:
+        while not any(kind == "X" for _, kind, _ in arrivals):
+            chunk = proc.stdout.read1(65536)
+            assert chunk, proc.stderr.read().decode()
+            now = time.monotonic()
+            arrivals += [(now, kind, data) for kind, _, data in parser.feed(chunk)]
+    finally:
+        done.set()
+        proc.stdin.close()
+        proc.wait(timeout=30)
+    ticks = [t for t, kind, data in arrivals if kind == "N" and b"tick" in data]
+    went_quiet = next(t for t, kind, data in arrivals if kind == "N" and b"quiet" in data)
+    end = next(t for t, kind, _ in arrivals if kind == "X")
+    beats = [t for t, kind, _ in arrivals if kind == "H"]
+    while_loud = [t for t in beats if ticks[0] + pause < t <= ticks[-1]]
+    while_quiet = [t for t in beats if went_quiet + pause < t < end]
+    loud_s, quiet_s = ticks[-1] - ticks[0] - pause, end - went_quiet - pause
+    assert len(while_quiet) >= quiet_s / pause - 2, while_quiet  # one a beat
+    assert len(while_loud) <= loud_s / pause / (BEATS_DEFERRED + 1) + 1, while_loud
+    assert len(while_loud) / loud_s < len(while_quiet) / quiet_s / 2
+    sent = sorted(beats + ticks)
+    gaps = [b - a for a, b in zip(sent, sent[1:], strict=False)]
+    assert max(gaps) < pause * 2.5  # something went out at least about every beat

@@ -9,6 +9,7 @@ import queue
 import signal
 import threading
 import time
+from collections import deque
 from pathlib import Path
 
 from orchestrator.logs import LogSink
@@ -27,6 +28,7 @@ class FakeSession:
         self.index = index
         self.sent: list[str] = []
         self.heard = time.monotonic()  # liveness reads it once a pass comes 0.5 s late
+        self.beats: deque = deque()  # heartbeats its reader set aside (none here)
 
     def send(self, line: str) -> None:
         self.sent.append(line)
@@ -490,3 +492,42 @@ def test_a_sigterm_nobody_on_its_node_explains_is_a_failure() -> None:
     assert det.rank_exited(2, 143, time.time()) == "rank 2 on b failed"
     det.outcome()
     assert det.ranks[2].state == "failed"
+
+
+class _Frames:
+    """An agent channel that delivers the given bytes, then ends."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = [data]
+
+    def read(self, size: int) -> bytes:
+        return self.data.pop(0) if self.data else b""
+
+    def errors(self) -> str:
+        return ""
+
+
+def test_heartbeats_reach_the_node_clock_without_waking_the_loop(tmp_path: Path) -> None:
+    from orchestrator.agent.protocol import frame
+    from orchestrator.nodes import NodeSession
+
+    # The node's clock is 5 s ahead: hb sent at t1 (ours), read at t2 and answered at t3
+    # (its), received about now (ours): one round trip of about 0.2 s.
+    t1 = time.time() - 0.2
+    t2 = t3 = t1 + 0.1 + 5.0
+    events: queue.Queue[Event] = queue.Queue()
+    channel = _Frames(frame("H", f"{t3:.6f}", f"{t1:.6f}", f"{t2:.6f}") + frame("M", payload=b"hi"))
+    session = NodeSession(0, None, channel, events)
+    session.thread.start()
+    session.thread.join(timeout=5)
+    kinds = []
+    while not events.empty():
+        kinds.append(events.get_nowait().kind)
+    assert kinds == ["M", "EOF"]  # the beat did not go through the loop's queue
+    nodes = [NodeState(index=0, host="a")]
+    sink = LogSink(tmp_path, {}, {0: "a"}, None, False)
+    sup = Supervisor(nodes, [], [session], events, sink, grace=3, heartbeat_timeout=30)
+    sup.take_beats()
+    best = nodes[0].clock.best()
+    assert best is not None and abs(best.offset - 5.0) <= best.error + 0.01
+    assert not session.beats and nodes[0].heard_wall >= t1

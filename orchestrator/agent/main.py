@@ -38,6 +38,8 @@ from orchestrator.agent.processes import (
     script_command,
 )
 from orchestrator.agent.protocol import (
+    BEATS_DEFERRED,
+    FIRST_BEATS,
     IDLE_S,
     STALL_S,
     CommandReader,
@@ -184,11 +186,18 @@ class Agent:
         self.wait = POLL_S if busy else min(IDLE_POLL_S, self.wait * 2)
 
     def heartbeats(self) -> None:
-        """H from a thread of its own, whatever the loop is doing (protocol.beat_intervals)."""
+        """H from a thread of its own, whatever the loop is doing (protocol.beat_intervals);
+        a steady one waits `pause` after the last bytes written, BEATS_DEFERRED times at most."""
         timeout = float(self.config.get("heartbeat_timeout", 30))
-        for pause in beat_intervals(timeout):
-            if self.beating.wait(pause):
-                return
+        for number, pause in enumerate(beat_intervals(timeout)):
+            due, deferred = time.monotonic() + pause, 0
+            while True:
+                if self.beating.wait(max(0.0, due - time.monotonic())):
+                    return
+                wrote = self.outbox.wrote_at
+                if number < FIRST_BEATS or deferred >= BEATS_DEFERRED or wrote <= due - pause:
+                    break
+                due, deferred = wrote + pause, deferred + 1
             t1, t2 = self.commands.ping
             self.outbox.send(frame("H", f"{time.time():.6f}", t1, t2))
             self.outbox.write_some()

@@ -32,12 +32,15 @@ import time
 # while the clocks are first compared (clocks.py), then one per heartbeat_timeout / 4
 # between FASTEST_BEAT_S and SLOWEST_BEAT_S, so that a beat is late before a third of the
 # timeout has passed (when liveness starts asking the node's sshd), and a quiet job of
-# 1 000 nodes costs the controller little.
+# 1 000 nodes costs the controller little. A steady H waits while the agent writes other
+# frames (any bytes say it is there), up to BEATS_DEFERRED beats in a row: one still goes out
+# every 4 beats, so the clocks go on being compared while ranks print.
 WITH_PAYLOAD = frozenset("ONFMWQP")  # frame types whose last header field is a length
 FIRST_BEATS = 5
 FIRST_BEAT_S = 1.0
 FASTEST_BEAT_S = 0.5
 SLOWEST_BEAT_S = 10.0
+BEATS_DEFERRED = 3
 STALL_S = 600.0  # how long a silent controller whose host answers is waited for
 IDLE_S = 30.0  # how long a finished agent waits for the controller's next step
 

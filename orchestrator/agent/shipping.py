@@ -41,6 +41,7 @@ class Outbox:
         self.data = bytearray()
         self.open = True  # False once the controller is gone: nothing more is kept
         self.outputs = 0  # how many O frames so far: the agent polls faster while they come
+        self.wrote_at = 0.0  # when bytes last went out (monotonic): a steady beat waits on it
         # The heartbeat thread sends and writes too: frames go in and out whole.
         self.lock = threading.Lock()
 
@@ -77,6 +78,8 @@ class Outbox:
                 self.data.clear()
                 return
             del self.data[:written]
+            if written:
+                self.wrote_at = time.monotonic()
 
     def flush(self, timeout: float) -> None:
         end = time.monotonic() + timeout

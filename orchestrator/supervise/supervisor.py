@@ -184,6 +184,7 @@ class Supervisor:
                 event: Event | None = self.events.get(timeout=self._pause())
             except queue.Empty:
                 event = None
+            self.take_beats()
             handled = 0
             while event is not None:
                 self.handle(event)
@@ -231,9 +232,7 @@ class Supervisor:
         elif kind == "N":  # q=1: torchrun after a stop or its ranks all exited 0: node log only
             self.sink.node_output(node.index, event.data, console=fields[:1] != ("1",))
         elif kind == "H":
-            if len(fields) == 3 and fields[1] != "-":  # t3 t1 t2: one round trip
-                t3, t1, t2 = (float(f) for f in fields)
-                node.clock.exchange(t1, t2, t3, node.heard_wall)
+            self.heartbeat(node, fields, node.heard_wall)
         elif kind == "M":
             self.sink.node_note(node.host, event.data.decode(errors="replace").strip())
         elif kind == "S":
@@ -266,6 +265,21 @@ class Supervisor:
                 "its agent ended without reporting"
                 + (f": {detail.splitlines()[-1]}" if detail else ""),
             )
+
+    def take_beats(self) -> None:
+        """The heartbeats the nodes' readers set aside since the last pass (NodeSession)."""
+        for session in self.sessions:
+            while session.beats:
+                fields, at = session.beats.popleft()
+                node = self.nodes[session.index]
+                node.heard_wall = max(node.heard_wall, at)
+                self.heartbeat(node, fields, at)
+
+    def heartbeat(self, node: NodeState, fields: Sequence[str], at: float) -> None:
+        """`H t3 t1 t2` received at `at`: one NTP round trip (supervise/clocks.py)."""
+        if len(fields) == 3 and fields[1] != "-":
+            t3, t1, t2 = (float(f) for f in fields)
+            node.clock.exchange(t1, t2, t3, at)
 
     def overdue_by(self, slack: float) -> bool:
         """Stopping, and every agent should have reported `slack` seconds ago."""
