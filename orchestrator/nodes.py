@@ -20,6 +20,10 @@ from orchestrator.agent.protocol import WITH_PAYLOAD
 from orchestrator.backends.base import AgentChannel, IdleAgent, NodeConnection
 
 REUSE_WITHIN_S = IDLE_S / 3  # an agent idle for longer may be about to leave: start another
+# Heartbeats, node samples and metrics records: each node sends them every few seconds
+# whether anything happens or not, so on a quiet run of N nodes, waking the loop for each
+# would cost N wake-ups every beat. They wait in their session for the loop's next pass.
+ASIDE = frozenset("HPQ")
 
 
 @dataclass(frozen=True)
@@ -91,9 +95,9 @@ class NodeSession:
         self.finished = False  # the agent said X: it now waits for another step
         self.heard = time.monotonic()  # when its reader last got bytes from the agent
         self.sent_at: float | None = None  # when its step's config was sent (wall clock)
-        # Heartbeats (H) wait here for the loop's next pass instead of waking it: on a quiet
-        # run of N nodes they would be N wake-ups every beat (see Supervisor.take_beats).
-        self.beats: deque[tuple[tuple[str, ...], float]] = deque()
+        # Frames that need no prompt answer wait here for the loop's next pass (at most a
+        # second away) instead of waking it: see ASIDE and Supervisor.take_aside.
+        self.aside: deque[Event] = deque()
         self.lock = threading.Lock()
         self.thread = threading.Thread(target=self._read, name=f"node{index}-reader", daemon=True)
 
@@ -138,11 +142,12 @@ class NodeSession:
                 self.heard = time.monotonic()
                 at = time.time()
                 for kind, fields, payload in parser.feed(data):
-                    if kind == "H":
-                        self.beats.append((fields, at))
+                    event = Event(self.index, kind, fields, payload, at)
+                    if kind in ASIDE:
+                        self.aside.append(event)
                         continue
                     self.finished = kind == "X"  # nothing follows until another step
-                    self.events.put(Event(self.index, kind, fields, payload, at))
+                    self.events.put(event)
                     if self.finished:
                         return
         except (OSError, EOFError, ValueError) as exc:

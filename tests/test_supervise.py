@@ -28,7 +28,7 @@ class FakeSession:
         self.index = index
         self.sent: list[str] = []
         self.heard = time.monotonic()  # liveness reads it once a pass comes 0.5 s late
-        self.beats: deque = deque()  # heartbeats its reader set aside (none here)
+        self.aside: deque = deque()  # frames its reader set aside (none here)
 
     def send(self, line: str) -> None:
         self.sent.append(line)
@@ -507,7 +507,7 @@ class _Frames:
         return ""
 
 
-def test_heartbeats_reach_the_node_clock_without_waking_the_loop(tmp_path: Path) -> None:
+def test_heartbeats_and_samples_reach_the_run_without_waking_the_loop(tmp_path: Path) -> None:
     from orchestrator.agent.protocol import frame
     from orchestrator.nodes import NodeSession
 
@@ -516,18 +516,25 @@ def test_heartbeats_reach_the_node_clock_without_waking_the_loop(tmp_path: Path)
     t1 = time.time() - 0.2
     t2 = t3 = t1 + 0.1 + 5.0
     events: queue.Queue[Event] = queue.Queue()
-    channel = _Frames(frame("H", f"{t3:.6f}", f"{t1:.6f}", f"{t2:.6f}") + frame("M", payload=b"hi"))
+    beat = frame("H", f"{t3:.6f}", f"{t1:.6f}", f"{t2:.6f}")
+    sample = frame("P", payload=b'{"cpu_percent": 7}')
+    channel = _Frames(beat + sample + frame("M", payload=b"hi"))
     session = NodeSession(0, None, channel, events)
     session.thread.start()
     session.thread.join(timeout=5)
     kinds = []
     while not events.empty():
         kinds.append(events.get_nowait().kind)
-    assert kinds == ["M", "EOF"]  # the beat did not go through the loop's queue
+    assert kinds == ["M", "EOF"]  # the beat and the sample did not go through the queue
     nodes = [NodeState(index=0, host="a")]
     sink = LogSink(tmp_path, {}, {0: "a"}, None, False)
-    sup = Supervisor(nodes, [], [session], events, sink, grace=3, heartbeat_timeout=30)
-    sup.take_beats()
+    metrics = tmp_path / "metrics.jsonl"
+    sup = Supervisor(
+        nodes, [], [session], events, sink, grace=3, heartbeat_timeout=30, metrics_path=metrics
+    )
+    sup.take_aside()
     best = nodes[0].clock.best()
     assert best is not None and abs(best.offset - 5.0) <= best.error + 0.01
-    assert not session.beats and nodes[0].heard_wall >= t1
+    sup.metrics.flush()
+    assert '"sample":{"cpu_percent":7}' in metrics.read_text()
+    assert not session.aside and nodes[0].heard_wall >= t1

@@ -152,6 +152,7 @@ class Supervisor:
         self.start_beating()
         try:
             self._loop()
+            self.take_aside()  # what came with the last frames (a last metrics record)
         finally:
             self.ended.set()
             self.sink.end_footer()
@@ -184,7 +185,7 @@ class Supervisor:
                 event: Event | None = self.events.get(timeout=self._pause())
             except queue.Empty:
                 event = None
-            self.take_beats()
+            self.take_aside()  # first: a reader sets a frame aside before it queues the next
             handled = 0
             while event is not None:
                 self.handle(event)
@@ -217,7 +218,7 @@ class Supervisor:
 
     def handle(self, event: Event) -> None:
         node = self.nodes[event.node]
-        node.heard_wall = event.at or time.time()
+        node.heard_wall = max(node.heard_wall, event.at or time.time())
         kind, fields = event.kind, event.fields
         if kind == "O":
             rank = int(fields[0])
@@ -232,7 +233,9 @@ class Supervisor:
         elif kind == "N":  # q=1: torchrun after a stop or its ranks all exited 0: node log only
             self.sink.node_output(node.index, event.data, console=fields[:1] != ("1",))
         elif kind == "H":
-            self.heartbeat(node, fields, node.heard_wall)
+            if len(fields) == 3 and fields[1] != "-":  # t3 t1 t2: one round trip
+                t3, t1, t2 = (float(f) for f in fields)
+                node.clock.exchange(t1, t2, t3, event.at or node.heard_wall)
         elif kind == "M":
             self.sink.node_note(node.host, event.data.decode(errors="replace").strip())
         elif kind == "S":
@@ -266,20 +269,12 @@ class Supervisor:
                 + (f": {detail.splitlines()[-1]}" if detail else ""),
             )
 
-    def take_beats(self) -> None:
-        """The heartbeats the nodes' readers set aside since the last pass (NodeSession)."""
+    def take_aside(self) -> None:
+        """The frames the nodes' readers set aside since the last pass (nodes.ASIDE), each
+        handled as it would have been at once: it keeps the time it arrived."""
         for session in self.sessions:
-            while session.beats:
-                fields, at = session.beats.popleft()
-                node = self.nodes[session.index]
-                node.heard_wall = max(node.heard_wall, at)
-                self.heartbeat(node, fields, at)
-
-    def heartbeat(self, node: NodeState, fields: Sequence[str], at: float) -> None:
-        """`H t3 t1 t2` received at `at`: one NTP round trip (supervise/clocks.py)."""
-        if len(fields) == 3 and fields[1] != "-":
-            t3, t1, t2 = (float(f) for f in fields)
-            node.clock.exchange(t1, t2, t3, at)
+            while session.aside:
+                self.handle(session.aside.popleft())
 
     def overdue_by(self, slack: float) -> bool:
         """Stopping, and every agent should have reported `slack` seconds ago."""
