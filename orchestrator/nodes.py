@@ -99,6 +99,7 @@ class NodeSession:
         # second away) instead of waking it: see ASIDE and Supervisor.take_aside.
         self.aside: deque[Event] = deque()
         self.lock = threading.Lock()
+        self.backlog: bytearray | None = None  # lines a background write still has to send
         self.thread = threading.Thread(target=self._read, name=f"node{index}-reader", daemon=True)
 
     @classmethod
@@ -128,9 +129,33 @@ class NodeSession:
         connection dies, so callers ask from a thread of their own."""
         return self.connection.answers()
 
-    def send(self, command: str) -> None:
+    def send(self, command: str, may_skip: bool = False) -> None:
+        """Send a command line without ever blocking the caller: a node that cannot take
+        bytes now (frozen, or its sshd starved or swapped out, so its socket is full) gets
+        them from a thread of its own, in order, while the caller goes on to the other
+        nodes. A `may_skip` line (a heartbeat) is dropped while such a write waits."""
+        data = command.encode() + b"\n"
         with self.lock:
-            self.channel.write(command.encode() + b"\n")
+            if self.backlog is not None:
+                if not may_skip:
+                    self.backlog += data
+                return
+            if self.channel.ready():
+                self.channel.write(data)
+                return
+            self.backlog = bytearray(data)
+        writer = threading.Thread(target=self._write_backlog, name=f"node{self.index}-writer")
+        writer.daemon = True  # a node stuck for good must not keep the controller from exiting
+        writer.start()
+
+    def _write_backlog(self) -> None:
+        while True:
+            with self.lock:
+                data = bytes(self.backlog or b"")
+                self.backlog = bytearray() if data else None
+            if not data:
+                return
+            self.channel.write(data)  # may wait as long as the node does: this thread only
 
     def _read(self) -> None:
         parser = FrameParser()

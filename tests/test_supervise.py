@@ -30,7 +30,7 @@ class FakeSession:
         self.heard = time.monotonic()  # liveness reads it once a pass comes 0.5 s late
         self.aside: deque = deque()  # frames its reader set aside (none here)
 
-    def send(self, line: str) -> None:
+    def send(self, line: str, may_skip: bool = False) -> None:
         self.sent.append(line)
 
     def answers(self) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import select
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -26,6 +27,9 @@ class AgentChannel(Protocol):
 
     def write(self, data: bytes) -> None:
         """Send bytes to the agent; a dead agent is not an error (its EOF will say so)."""
+
+    def ready(self) -> bool:
+        """Whether a short write would go through now without blocking."""
 
     def read(self, size: int) -> bytes:
         """Block for up to `size` bytes of agent output; b"" once it has ended."""
@@ -69,3 +73,14 @@ class NodeConnection(Protocol):
 
     def close(self) -> None:
         """Release the connection."""
+
+
+def writable(stream) -> bool:
+    """Whether a file or socket has room for a short write now (poll, not select: a
+    controller of many nodes holds descriptors past select's 1024)."""
+    try:
+        poller = select.poll()
+        poller.register(stream, select.POLLOUT)
+        return bool(poller.poll(0))
+    except (OSError, ValueError):
+        return True  # closed or not pollable: the write itself says what happened

@@ -7,7 +7,7 @@ import shutil
 import subprocess
 
 from orchestrator.agent import agent_argv
-from orchestrator.backends.base import IdleAgent
+from orchestrator.backends.base import IdleAgent, writable
 from orchestrator.errors import NodeError
 
 
@@ -38,6 +38,9 @@ class LocalChannel:
             self.proc.stdin.write(data)
         except (OSError, ValueError):
             pass  # the agent has ended; its output's end tells the rest
+
+    def ready(self) -> bool:
+        return writable(self.proc.stdin)
 
     def read(self, size: int) -> bytes:
         return os.read(self.proc.stdout.fileno(), size)

@@ -24,6 +24,7 @@ from orchestrator.backends.base import (
     MISSING_PYTHON_WORDS,
     IdleAgent,
     SshOptions,
+    writable,
 )
 from orchestrator.backends.ssh.config import SshConfig, Target, resolve
 from orchestrator.backends.ssh.identities import OfferedKeys
@@ -81,6 +82,18 @@ class SshChannel:
                 self.channel.sendall(data)
             except (OSError, EOFError, paramiko.SSHException):
                 pass  # the agent or the connection is gone; the reader will see the end
+
+    def ready(self) -> bool:
+        """The channel's window is open and every hop's socket has room (a frozen or
+        starved node stops reading its socket, and then a write to it waits)."""
+        if not self.channel.send_ready():
+            return False
+        sock = self.channel.get_transport().sock
+        while isinstance(sock, paramiko.Channel):  # through a jump host: its channel
+            if not sock.send_ready():
+                return False
+            sock = sock.get_transport().sock
+        return not isinstance(sock, socket.socket) or writable(sock)
 
     def read(self, size: int) -> bytes:
         return self.channel.recv(size)
