@@ -166,10 +166,22 @@ def say(text: str) -> None:
     print(text, flush=True)
 
 
+def pdsh_environ(cluster, config: object | None = None) -> dict[str, str]:
+    """The cluster's environment for pdsh, its ssh reading `config` (the lab's by default)."""
+    config = cluster.ssh.config_path if config is None else config
+    return {**cluster.environ(), "PDSH_SSH_ARGS_APPEND": f"-F {config}"}
+
+
+def node_rank_from_address(addresses: Sequence[str]) -> str:
+    """Shell that sets $r to the node's index in `addresses`, found from the address the
+    node was reached at ($SSH_CONNECTION's third field): pdsh runs one command everywhere."""
+    cases = " ".join(f"{a}) r={i};;" for i, a in enumerate(addresses))
+    return f"set -- $SSH_CONNECTION; case $3 in {cases} esac"
+
+
 def torchrun_on_each_node(addresses: Sequence[str], work: Path, program: str, port: int) -> str:
     """The command pdsh runs on every node: torchrun, one rank, its node rank found from
     the address the node was reached at ($SSH_CONNECTION's third field)."""
-    cases = " ".join(f"{a}) r={i};;" for i, a in enumerate(addresses))
     torchrun = shlex.join(
         [
             PYTHON,
@@ -182,7 +194,7 @@ def torchrun_on_each_node(addresses: Sequence[str], work: Path, program: str, po
         ]
     )
     return (
-        f"set -- $SSH_CONNECTION; case $3 in {cases} esac; "
+        f"{node_rank_from_address(addresses)}; "
         f"cd {shlex.quote(str(work))} && exec {torchrun} --node_rank=$r {shlex.quote(program)}"
     )
 

@@ -33,6 +33,7 @@ from common import (
     lab_cluster,
     machine_line,
     parser,
+    pdsh_environ,
     ratio,
     read_stamps,
     remove_node_dirs,
@@ -75,7 +76,7 @@ class Bench:
         self.hostfile = cluster.write_hostfile(work / "hosts.txt", slots=1)
         self.env = cluster.environ()
         self.config = str(cluster.ssh.config_path)
-        self.pdsh_env = {**self.env, "PDSH_SSH_ARGS_APPEND": f"-F {self.config}"}
+        self.pdsh_env = pdsh_environ(cluster)
         self.runs = work / "runs"
         self.run_ids: list[str] = []
 

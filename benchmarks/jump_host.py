@@ -34,6 +34,7 @@ from common import (
     lab_cluster,
     machine_line,
     parser,
+    pdsh_environ,
     ratio,
     remove_node_dirs,
     say,
@@ -105,7 +106,7 @@ class Bench:
         started = time.monotonic()
         done = subprocess.run(
             ["pdsh", "-R", "ssh", "-w", ",".join(n.name for n in self.behind), "echo", "ok"],
-            env={**self.env, "PDSH_SSH_ARGS_APPEND": f"-F {self.jump_config}"},
+            env=pdsh_environ(self.cluster, self.jump_config),
             capture_output=True,
             text=True,
             timeout=1800,

@@ -26,7 +26,6 @@ import itertools
 import resource
 import shlex
 import subprocess
-import time
 from pathlib import Path
 
 from common import (
@@ -35,7 +34,9 @@ from common import (
     lab_cluster,
     machine_line,
     median,
+    node_rank_from_address,
     parser,
+    pdsh_environ,
     remove_node_dirs,
     say,
     scratch,
@@ -75,8 +76,7 @@ class Bench:
         self.addresses = [node.address for node in cluster.nodes]
         self.hostfile = cluster.write_hostfile(work / "hosts.txt", slots=1)
         self.env = cluster.environ()
-        config = str(cluster.ssh.config_path)
-        self.pdsh_env = {**self.env, "PDSH_SSH_ARGS_APPEND": f"-F {config}"}
+        self.pdsh_env = pdsh_environ(cluster)
         self.run_ids: list[str] = []
 
     def program(self, printing: bool) -> Path:
@@ -88,9 +88,9 @@ class Bench:
     def lines(self, printing: bool) -> int:
         return int(self.rate * self.seconds) * len(self.names) if printing else 0
 
-    def timed(self, argv: list[str], env: dict[str, str], stdout) -> tuple[float, float]:
-        """(CPU s, wall s) of one command run to its end."""
-        before, start = children_cpu(), time.monotonic()
+    def timed(self, argv: list[str], env: dict[str, str], stdout) -> float:
+        """CPU seconds of one command run to its end, its waited-for children included."""
+        before = children_cpu()
         done = subprocess.run(
             argv,
             cwd=self.work,
@@ -104,7 +104,7 @@ class Bench:
         if done.returncode != 0:
             tail = " | ".join(done.stderr.strip().splitlines()[-3:])
             raise SystemExit(f"{argv[0]} exited {done.returncode}: {tail}")
-        return children_cpu() - before, time.monotonic() - start
+        return children_cpu() - before
 
     def orchestrator(self, printing: bool) -> float:
         program = self.program(printing)
@@ -112,7 +112,7 @@ class Bench:
         self.run_ids.append(run_id)
         argv = [*ORCHESTRATOR, "launch", str(self.hostfile), "--run-dir", str(self.work / "runs")]
         argv += ["--run-id", run_id, "--color", "never", *([] if self.fold else ["--no-fold"])]
-        cpu, _ = self.timed([*argv, "--", program.name], self.env, subprocess.DEVNULL)
+        cpu = self.timed([*argv, "--", program.name], self.env, subprocess.DEVNULL)
         logs = self.work / "runs" / run_id / "logs"
         want = self.lines(printing)
         got = sum(len(p.read_bytes().splitlines()) for p in logs.glob("rank-*.log"))
@@ -125,15 +125,14 @@ class Bench:
 
     def pdsh(self, printing: bool) -> float:
         program = self.program(printing)
-        cases = " ".join(f"{a}) r={i};;" for i, a in enumerate(self.addresses))
         remote = (
-            f"set -- $SSH_CONNECTION; case $3 in {cases} esac; cd {shlex.quote(str(self.work))}"
+            f"{node_rank_from_address(self.addresses)}; cd {shlex.quote(str(self.work))}"
             f" && RANK=$r exec {shlex.quote(PYTHON)} -u {shlex.quote(program.name)}"
         )
         out = self.work / f"{program.stem}.out"
         with out.open("wb") as sink:
             argv = ["pdsh", "-R", "ssh", "-w", ",".join(self.names), remote]
-            cpu, _ = self.timed(argv, self.pdsh_env, sink)
+            cpu = self.timed(argv, self.pdsh_env, sink)
         got = sum(b" step " in line for line in out.read_bytes().splitlines())
         if got != self.lines(printing):
             raise SystemExit(f"pdsh: {got} lines of {self.lines(printing)}")

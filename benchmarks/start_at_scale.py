@@ -34,6 +34,7 @@ from common import (
     machine_line,
     median,
     parser,
+    pdsh_environ,
     ratio,
     read_stamps,
     say,
@@ -72,7 +73,7 @@ class Bench:
         self.addresses = [node.address for node in cluster.nodes]
         self.hostfile = cluster.write_hostfile(work / "hosts.txt", slots=1)
         self.env = cluster.environ()
-        self.pdsh_env = {**self.env, "PDSH_SSH_ARGS_APPEND": f"-F {cluster.ssh.config_path}"}
+        self.pdsh_env = pdsh_environ(cluster)
 
     def program(self, stamps: Path) -> str:
         path = stamps.with_suffix(".py")

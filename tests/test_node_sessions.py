@@ -1,5 +1,6 @@
-"""The controller's side of a node agent (orchestrator.nodes): what goes to a node never
-waits for a node that cannot take it.
+"""The controller's side of a node agent (orchestrator.nodes): the frames that need no
+prompt answer do not wake the supervision loop, and what goes to a node never waits for a
+node that cannot take it.
 
 A node whose sshd stops reading its socket (the node frozen, or starved and swapped out
 while hundreds of torchruns start on it) makes a write to it wait until the socket drains.
@@ -12,9 +13,12 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from pathlib import Path
 
+from orchestrator.agent.protocol import frame
+from orchestrator.logs import LogSink
 from orchestrator.nodes import NodeSession
-from orchestrator.supervise import NodeState
+from orchestrator.supervise import NodeState, Supervisor
 from orchestrator.supervise.stopping import Stopper
 
 
@@ -85,3 +89,46 @@ def test_lines_to_a_stuck_node_keep_their_order() -> None:
     assert channels[1].lines() == ["stop", "3", "kill"]
     stuck.send("hb 2.0", may_skip=True)  # the backlog is written: sends go straight out again
     assert channels[1].lines()[-2:] == ["hb", "2.0"]
+
+
+class _Frames:
+    """An agent channel that delivers the given bytes, then ends."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = [data]
+
+    def read(self, size: int) -> bytes:
+        return self.data.pop(0) if self.data else b""
+
+    def errors(self) -> str:
+        return ""
+
+
+def test_heartbeats_and_samples_reach_the_run_without_waking_the_loop(tmp_path: Path) -> None:
+    # The node's clock is 5 s ahead: hb sent at t1 (ours), read at t2 and answered at t3
+    # (its), received about now (ours): one round trip of about 0.2 s.
+    t1 = time.time() - 0.2
+    t2 = t3 = t1 + 0.1 + 5.0
+    events: queue.Queue = queue.Queue()
+    beat = frame("H", f"{t3:.6f}", f"{t1:.6f}", f"{t2:.6f}")
+    sample = frame("P", payload=b'{"cpu_percent": 7}')
+    channel = _Frames(beat + sample + frame("M", payload=b"hi"))
+    session = NodeSession(0, None, channel, events)
+    session.thread.start()
+    session.thread.join(timeout=5)
+    kinds = []
+    while not events.empty():
+        kinds.append(events.get_nowait().kind)
+    assert kinds == ["M", "EOF"]  # the beat and the sample did not go through the queue
+    nodes = [NodeState(index=0, host="a")]
+    sink = LogSink(tmp_path, {}, {0: "a"}, None, False)
+    metrics = tmp_path / "metrics.jsonl"
+    sup = Supervisor(
+        nodes, [], [session], events, sink, grace=3, heartbeat_timeout=30, metrics_path=metrics
+    )
+    sup.take_aside()
+    best = nodes[0].clock.best()
+    assert best is not None and abs(best.offset - 5.0) <= best.error + 0.01
+    sup.metrics.flush()
+    assert '"sample":{"cpu_percent":7}' in metrics.read_text()
+    assert not session.aside and nodes[0].heard_wall >= t1

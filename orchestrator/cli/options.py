@@ -13,6 +13,7 @@ import sys
 import click
 
 from orchestrator.errors import ConfigError
+from orchestrator.supervise.stragglers import RATIO, WINDOW_S
 
 
 def job_options(func):
@@ -276,6 +277,8 @@ def footer_option(func):
 
 
 def stragglers_option(func):
+    default = f"{RATIO:g},{WINDOW_S:g}"  # the rule's own defaults, written as the flag takes them
+
     def parse(ctx, param, value: str) -> tuple[float, float]:
         ratio, _, seconds = value.partition(",")
         try:
@@ -285,14 +288,14 @@ def stragglers_option(func):
         if not (rule[0] > 1 and rule[1] > 0):
             raise click.BadParameter(
                 f"{value!r}: give RATIO,SECONDS, a ratio above 1 and a positive window "
-                "(e.g. 1.5,20)",
+                f"(e.g. {default})",
                 param=param,
             )
         return rule
 
     return click.option(
         "--stragglers",
-        default="1.5,20",
+        default=default,
         show_default=True,
         metavar="RATIO,SECONDS",
         callback=parse,
