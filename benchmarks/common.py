@@ -210,6 +210,13 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / TICK
 
 
+def telling(lines: list[str], most: int = 40) -> str:
+    """The lines that say why a run ended: the first `most` of them, leaving out the
+    lines each node says when the run's stop reaches it, then the last few (the verdict)."""
+    said = [line for line in lines if "(stop requested)" not in line]
+    return "".join(said[:most] + (["...\n"] + said[-5:] if len(said) > most else []))
+
+
 @contextlib.contextmanager
 def sleeping_job(
     cluster, work: Path, seconds: float, run_id: str = "idle", timeout: float = 1800
@@ -233,10 +240,12 @@ def sleeping_job(
         seen, deadline, said = 0, time.monotonic() + timeout, []
         while seen < len(cluster.nodes):
             line = controller.stdout.readline()
-            said = [*said[-19:], line]
+            if "sleeping" not in line:
+                said.append(line)
             if not line or time.monotonic() > deadline:
-                tail = "".join(said)
-                raise SystemExit(f"the launch ended early or hung ({controller.poll()}):\n{tail}")
+                raise SystemExit(
+                    f"the launch ended early or hung ({controller.poll()}):\n{telling(said)}"
+                )
             seen += "sleeping" in line
         time.sleep(2)
         yield controller

@@ -17,7 +17,8 @@ in the same run, directly. Each repetition runs, in a rotating order:
 and `--launch-rounds` times a hello `orchestrator launch` (one rank per node) through the
 jump host and direct. For each: the nodes reached (of N) and the wall time, medians and
 ratios against the same on direct connections. The nodes' login shells start with empty
-start-up files (LAB.md, "Timing at many nodes").
+start-up files (LAB.md, "Timing at many nodes"). A launch at 250 nodes starts 250 torchruns
+at once, ~40 GB here: give the machine swap first (benchmarks/idle_controller.py says how).
 """
 
 from __future__ import annotations

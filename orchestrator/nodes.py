@@ -19,7 +19,7 @@ from orchestrator.agent import IDLE_S, agent_source, encode_config, length_prefi
 from orchestrator.agent.protocol import WITH_PAYLOAD
 from orchestrator.backends.base import AgentChannel, IdleAgent, NodeConnection
 
-REUSE_WITHIN_S = IDLE_S / 3  # an agent idle for longer may be about to leave: start another
+REUSE_WITHIN_S = IDLE_S / 2  # an agent idle for longer may be about to leave: start another
 # Heartbeats, node samples and metrics records: each node sends them every few seconds
 # whether anything happens or not, so on a quiet run of N nodes, waking the loop for each
 # would cost N wake-ups every beat. They wait in their session for the loop's next pass.
@@ -111,8 +111,10 @@ class NodeSession:
         tag: str,
         config: dict,
         events: queue.Queue[Event],
+        channel: AgentChannel | None = None,
     ) -> NodeSession:
-        channel = take_idle_agent(connection, python, tag)
+        """Run a step on the node: on `channel`, an idle agent of the connection's (see
+        take_idle_agent), or else a new agent."""
         if channel is not None:
             head = b"next\n"
         else:
@@ -206,18 +208,24 @@ def start_sessions(
     it while the others start).
 
     Each start waits for its node to open a channel and run a command: in turn, those
-    round trips would add up with the node count. If any start fails, the others are
-    closed (which stops their agents) and the first error is raised.
+    round trips would add up with the node count. Nodes whose agent waits idle (from the
+    preflight) are taken, all of them, before any starts, and go first: for them a start
+    is one write, while a new agent's channel may take long to open on a node already
+    busy, and an idle agent left waiting behind those would leave (IDLE_S). If any start
+    fails, the others are closed (which stops their agents) and the first error is raised.
     """
+    idle = [take_idle_agent(one[1], one[2], one[3]) for one in starts]
+    order = sorted(range(len(starts)), key=lambda i: idle[i] is None)
 
-    def start(*args) -> NodeSession:
-        session = NodeSession.start(*args, events)
+    def start(i: int) -> NodeSession:
+        session = NodeSession.start(*starts[i], events, idle[i])
         if into is not None:
             into.append(session)
         return session
 
     with ThreadPoolExecutor(max_workers=min(64, max(1, len(starts)))) as pool:
-        futures = [pool.submit(start, *one) for one in starts]
+        submitted = {i: pool.submit(start, i) for i in order}
+    futures = [submitted[i] for i in range(len(starts))]
     sessions, errors = [], []
     for future in futures:
         try:

@@ -6,18 +6,26 @@ A node whose sshd stops reading its socket (the node frozen, or starved and swap
 while hundreds of torchruns start on it) makes a write to it wait until the socket drains.
 The channel here stands in for such a node at the network's edge: `ready()` says no, and
 a write waits until the test lets it through. What must hold: heartbeats and stops reach
-every other node at once, and the stuck node gets its stop afterwards, in order."""
+every other node at once, and the stuck node gets its stop afterwards, in order. And
+`SshChannel.ready()` sees a full last hop behind a ProxyCommand, and a start hands the
+nodes whose agent waits idle their step before it waits for new agents."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import queue
 import threading
 import time
 from pathlib import Path
 
+import paramiko
+
 from orchestrator.agent.protocol import frame
+from orchestrator.backends.base import IdleAgent
+from orchestrator.backends.ssh.connect import SshChannel
 from orchestrator.logs import LogSink
-from orchestrator.nodes import NodeSession
+from orchestrator.nodes import NodeSession, start_sessions
 from orchestrator.supervise import NodeState, Supervisor
 from orchestrator.supervise.stopping import Stopper
 
@@ -132,3 +140,96 @@ def test_heartbeats_and_samples_reach_the_run_without_waking_the_loop(tmp_path: 
     sup.metrics.flush()
     assert '"sample":{"cpu_percent":7}' in metrics.read_text()
     assert not session.aside and nodes[0].heard_wall >= t1
+
+
+class _Transport:
+    def __init__(self, sock) -> None:
+        self.sock = sock
+
+
+class _Channel:
+    """The paramiko channel's side that `SshChannel.ready()` asks: its window is open."""
+
+    def __init__(self, sock) -> None:
+        self.transport = _Transport(sock)
+
+    def send_ready(self) -> bool:
+        return True
+
+    def get_transport(self) -> _Transport:
+        return self.transport
+
+
+def test_ready_says_no_while_a_proxy_command_does_not_read() -> None:
+    """Behind a ProxyCommand the last hop is a pipe to a process: a proxy that stops
+    reading (stuck on its own connection) fills the pipe, and then a write would wait."""
+    proxy = paramiko.ProxyCommand("sleep 30")  # a real process that never reads its stdin
+    try:
+        channel = SshChannel(_Channel(proxy))
+        assert channel.ready()
+        pipe = proxy.process.stdin.fileno()
+        os.set_blocking(pipe, False)
+        with contextlib.suppress(BlockingIOError):
+            while True:
+                os.write(pipe, b"x" * 4096)
+        assert not channel.ready()
+    finally:
+        proxy.close()
+
+
+class _Agent:
+    """An agent channel that takes what is written and ends when closed."""
+
+    def __init__(self) -> None:
+        self.written = bytearray()
+        self.closed = threading.Event()
+
+    def write(self, data: bytes) -> None:
+        self.written += data
+
+    def read(self, size: int) -> bytes:
+        self.closed.wait(30)
+        return b""
+
+    def errors(self) -> str:
+        return ""
+
+    def close(self) -> None:
+        self.closed.set()
+
+
+class _Node:
+    """A connection whose new agents wait for `opened` (a node too busy to open a channel
+    soon), with an idle agent from an earlier step or none."""
+
+    def __init__(self, opened: threading.Event, idle: bool) -> None:
+        self.opened = opened
+        self.idle_agent = IdleAgent("py", "run", _Agent(), time.monotonic()) if idle else None
+
+    def start_agent(self, python: str, tag: str) -> _Agent:
+        self.opened.wait(30)
+        return _Agent()
+
+
+def test_idle_agents_start_before_new_ones_however_many_wait_to_open() -> None:
+    """More nodes than start threads: the nodes whose agent waits idle must get their step
+    at once, not after the new agents' channels open (an idle agent leaves after IDLE_S)."""
+    opened = threading.Event()
+    nodes = [_Node(opened, idle=i >= 70) for i in range(74)]  # the idle ones come last
+    idle = [node.idle_agent.channel for node in nodes[70:]]
+    starts = [(i, node, "py", "run", {"step": i}) for i, node in enumerate(nodes)]
+    sessions: list[NodeSession] = []
+    starting = threading.Thread(target=start_sessions, args=(starts, queue.Queue(), sessions))
+    starting.start()
+    try:
+        deadline = time.monotonic() + 5
+        while not all(agent.written for agent in idle) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert all(agent.written.startswith(b"next\n") for agent in idle)
+        assert sorted(s.index for s in sessions) == [70, 71, 72, 73]
+    finally:
+        opened.set()
+        starting.join(timeout=30)
+        for session in sessions:
+            session.channel.close()
+    assert len(sessions) == 74

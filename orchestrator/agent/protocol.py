@@ -45,9 +45,9 @@ STALL_S = 600.0  # how long a silent controller whose host answers is waited for
 # How long a finished agent waits for the controller's next step. The launch's preflight
 # ends once its slowest node answers, and planning follows: at 250 nodes on a loaded
 # machine that took minutes, and an agent that had left meant a second session on every
-# node while they were busiest. Waiting costs nothing (a blocked read), and an agent whose
-# controller is gone sees its connection close at once.
-IDLE_S = 180.0
+# node while they were busiest (opening one then timed out). Waiting costs nothing (a
+# blocked read), and an agent whose controller is gone sees its connection close at once.
+IDLE_S = 600.0
 
 
 def beat_intervals(heartbeat_timeout: float):

@@ -85,7 +85,8 @@ class SshChannel:
 
     def ready(self) -> bool:
         """The channel's window is open and every hop's socket has room (a frozen or
-        starved node stops reading its socket, and then a write to it waits)."""
+        starved node stops reading its socket, and then a write to it waits); behind a
+        ProxyCommand, the pipe to the command has room."""
         if not self.channel.send_ready():
             return False
         sock = self.channel.get_transport().sock
@@ -93,6 +94,8 @@ class SshChannel:
             if not sock.send_ready():
                 return False
             sock = sock.get_transport().sock
+        if isinstance(sock, paramiko.ProxyCommand):
+            return writable(sock.process.stdin)
         return not isinstance(sock, socket.socket) or writable(sock)
 
     def read(self, size: int) -> bytes:
