@@ -31,12 +31,14 @@ from orchestrator.supervise.stopping import Stopper
 
 
 class Channel:
-    """An agent channel: records what was written; `stuck` makes writes wait."""
+    """An agent channel: records what was written; `stuck` makes writes wait. Its agent
+    says nothing and ends when the channel is closed."""
 
     def __init__(self, stuck: bool = False) -> None:
         self.written: list[bytes] = []
         self.stuck = stuck
         self.released = threading.Event()
+        self.closed = threading.Event()
 
     def ready(self) -> bool:
         return not self.stuck
@@ -48,6 +50,16 @@ class Channel:
 
     def lines(self) -> list[str]:
         return b"".join(self.written).decode().split()
+
+    def read(self, size: int) -> bytes:
+        self.closed.wait(30)
+        return b""
+
+    def errors(self) -> str:
+        return ""
+
+    def close(self) -> None:
+        self.closed.set()
 
 
 class Notes:
@@ -177,38 +189,17 @@ def test_ready_says_no_while_a_proxy_command_does_not_read() -> None:
         proxy.close()
 
 
-class _Agent:
-    """An agent channel that takes what is written and ends when closed."""
-
-    def __init__(self) -> None:
-        self.written = bytearray()
-        self.closed = threading.Event()
-
-    def write(self, data: bytes) -> None:
-        self.written += data
-
-    def read(self, size: int) -> bytes:
-        self.closed.wait(30)
-        return b""
-
-    def errors(self) -> str:
-        return ""
-
-    def close(self) -> None:
-        self.closed.set()
-
-
 class _Node:
     """A connection whose new agents wait for `opened` (a node too busy to open a channel
     soon), with an idle agent from an earlier step or none."""
 
     def __init__(self, opened: threading.Event, idle: bool) -> None:
         self.opened = opened
-        self.idle_agent = IdleAgent("py", "run", _Agent(), time.monotonic()) if idle else None
+        self.idle_agent = IdleAgent("py", "run", Channel(), time.monotonic()) if idle else None
 
-    def start_agent(self, python: str, tag: str) -> _Agent:
+    def start_agent(self, python: str, tag: str) -> Channel:
         self.opened.wait(30)
-        return _Agent()
+        return Channel()
 
 
 def test_idle_agents_start_before_new_ones_however_many_wait_to_open() -> None:
@@ -225,7 +216,7 @@ def test_idle_agents_start_before_new_ones_however_many_wait_to_open() -> None:
         deadline = time.monotonic() + 5
         while not all(agent.written for agent in idle) and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert all(agent.written.startswith(b"next\n") for agent in idle)
+        assert all(b"".join(agent.written).startswith(b"next\n") for agent in idle)
         assert sorted(s.index for s in sessions) == [70, 71, 72, 73]
     finally:
         opened.set()
