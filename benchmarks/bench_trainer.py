@@ -94,6 +94,10 @@ def main() -> None:
         "--channel-only", action="store_true",
         help="run only the trainer with and without ORCHESTRATOR_METRICS_FILE",
     )  # fmt: skip
+    parser.add_argument(
+        "--skip-channel", action="store_true",
+        help="leave out the metrics channel pair (a third fewer runs)",
+    )  # fmt: skip
     args = parser.parse_args()
 
     if args.gpu:
@@ -130,6 +134,8 @@ def main() -> None:
     }  # fmt: skip
     if args.channel_only:
         variants = {n: v for n, v in variants.items() if v[2] is not None}
+    elif args.skip_channel:
+        variants = {n: v for n, v in variants.items() if v[2] is None}
     mode = "GPU, NCCL, bf16" if args.gpu else f"CPU, gloo, {threads} thread(s) per rank"
     print(f"{nproc} rank(s), {mode}; model {args.model}, batch {args.batch_size}/rank, "
           f"{args.steps} steps, {args.reps} repetitions")  # fmt: skip
@@ -175,7 +181,8 @@ def main() -> None:
             f"stop check {label}: {median:.3f}x the throughput of no check, cost "
             f"{1 - median:+.1%} (median of {len(ratios)} paired repetitions)"
         )
-    channel_cost(results)
+    if not args.skip_channel:
+        channel_cost(results)
 
 
 def channel_cost(results: dict[str, list[tuple[float, float]]]) -> None:

@@ -17,6 +17,8 @@ from orchestrator.backends.ssh import notices
 from orchestrator.backends.ssh.config import SshConfig, resolve
 from orchestrator.backends.ssh.identities import offers
 
+pytestmark = pytest.mark.openssh
+
 
 @pytest.fixture
 def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:

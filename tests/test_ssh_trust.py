@@ -18,6 +18,8 @@ from orchestrator.backends.ssh.certs import host_certificate
 from orchestrator.backends.ssh.config import HostTrust, Target
 from orchestrator.backends.ssh.trust import HostKeyRefused, Trust
 
+pytestmark = pytest.mark.openssh
+
 
 def keygen(path: Path) -> paramiko.PKey:
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(path)], check=True)

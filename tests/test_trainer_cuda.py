@@ -80,3 +80,28 @@ def test_nccl_survivor_exits_when_its_peer_is_killed(tmp_path: Path) -> None:
         for proc in procs:
             proc.kill()
     assert code != 0
+
+
+def _final_loss(output: str) -> float:
+    match = re.search(r"done: \d+ steps, final loss ([\d.]+)", output)
+    assert match is not None, output
+    return float(match.group(1))
+
+
+def test_the_step_replayed_as_cuda_graphs_trains_like_the_eager_step() -> None:
+    # fp32 and a fixed seed: the graphs replay the very kernels the eager step launches,
+    # so both runs must end at the same loss (up to cuDNN's choice of algorithm).
+    args = [*FAST, *STEPS, "--model", "cnn", "--log-every", "5"]
+    graphed = run_torchrun(1, args)
+    eager = run_torchrun(1, [*args, "--no-cuda-graphs"])
+    assert graphed.returncode == 0, graphed.stdout + graphed.stderr
+    assert eager.returncode == 0, eager.stdout + eager.stderr
+    assert "fp32, CUDA graphs" in graphed.stdout and "CUDA graphs" not in eager.stdout
+    assert abs(_final_loss(graphed.stdout) - _final_loss(eager.stdout)) < 1e-3
+
+
+def test_accumulating_micro_steps_are_not_graphed() -> None:
+    # A graph's reused gradient buffer would be added to itself across micro-steps.
+    result = run_torchrun(1, [*FAST, *STEPS, "--grad-accum", "2"])
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "accum 2" in result.stdout and "CUDA graphs" not in result.stdout

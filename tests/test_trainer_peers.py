@@ -82,6 +82,9 @@ def test_a_rank_that_never_comes_ends_the_other_after_the_timeout(tmp_path: Path
            "--world-size", "2", "--timeout", "3"]  # fmt: skip
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=trainer_env())  # fmt: skip
+    # The timeout counts from the rendezvous (its file appears), not from the start: a
+    # CUDA build of torch can take longer to import on a busy machine than the slack.
+    wait_for(lambda: (tmp_path / "rdzv").exists(), 120, "the rendezvous")
     code, took = _exit_within(proc, 3 + SLACK_S)
     err = proc.stderr.read() if proc.stderr else ""
     assert code == 1, err

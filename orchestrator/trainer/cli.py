@@ -192,6 +192,13 @@ def build_parser() -> argparse.ArgumentParser:
         "(LOCAL_WORLD_SIZE), else cpu with a note saying why; cuda: fail (exit 2) "
         "unless it has (default: %(default)s)",
     )
+    g.add_argument(
+        "--no-cuda-graphs",
+        dest="cuda_graphs",
+        action="store_false",
+        help="on CUDA, run the model's forward and backward kernel by kernel instead of "
+        "replaying them as CUDA graphs (graphs are used with --grad-accum 1)",
+    )
     g = p.add_argument_group("checkpoints")
     g.add_argument(
         "--checkpoint-dir",
@@ -308,6 +315,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         log_every=args.log_every,
         stop_check_every=args.stop_check_every,
         evaluate=args.evaluate,
+        cuda_graphs=args.cuda_graphs,
         timeout_s=args.timeout_s,
     )
 

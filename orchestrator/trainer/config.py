@@ -50,6 +50,7 @@ class TrainConfig:
     log_every: int | None = None
     stop_check_every: int | None = None  # None: adaptive, about every 0.25 s
     evaluate: bool = True
+    cuda_graphs: bool = True  # where they apply (graphs.py)
     # Seconds any rendezvous or collective may wait for a peer before this rank gives up
     # (exit 1): the bound on how long a silent peer (hung, stopped, cut off) can hold
     # the others. A peer that exits is noticed at once on gloo.

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import socket
 import time
+import warnings
 from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any
@@ -167,6 +168,12 @@ def _runtime(
         emit(choice.note)
     if choice.kind == "cuda":
         torch.cuda.set_device(local_rank)
+        # The autograd engine runs backward on a thread of its own, which has no current
+        # CUDA context at its first cuBLAS call; torch then sets the primary context itself
+        # and says so on stderr (seen with torch 2.11 on an H200). Nothing for a user to do.
+        warnings.filterwarnings(
+            "ignore", message="Attempting to run cuBLAS, but there was no current CUDA context"
+        )
         device = torch.device("cuda", local_rank)
     else:
         device = torch.device("cpu")

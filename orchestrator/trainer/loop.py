@@ -32,6 +32,7 @@ from orchestrator.trainer.config import Topology, TrainConfig
 from orchestrator.trainer.datasets import Split
 from orchestrator.trainer.distributed import Runtime, is_peer_failure, start_runtime
 from orchestrator.trainer.errors import EXIT_OK, TrainerRuntimeError
+from orchestrator.trainer.graphs import applies, graph_module
 from orchestrator.trainer.models import parameter_count
 from orchestrator.trainer.reporting import WindowStats, emit, progress_line, summary_line
 from orchestrator.trainer.setup import Session, build_session
@@ -102,6 +103,8 @@ class Trainer:
         self.config = session.config
         self.runtime = session.runtime
         self.started_at = started_at
+        # Before DDP wraps it: DDP's hooks sit on the parameters, which stay the same.
+        self.graphed = self._graph(session)
         self.ddp: DistributedDataParallel | None = None
         if self.runtime.distributed:
             device = self.runtime.device
@@ -119,6 +122,20 @@ class Trainer:
         self.last_loss = session.resumed_loss if session.resumed_loss is not None else math.nan
         self.last_saved_step = -1
 
+    def _graph(self, s: Session) -> bool:
+        """Replay the model's step as CUDA graphs where that applies (graphs.py)."""
+        rt, cfg = self.runtime, self.config
+        if not applies(cfg.cuda_graphs, rt.device, cfg.grad_accum):
+            return False
+        first = s.plan.share(s.plan.global_indices(s.start_step), rt.rank, 0, rt.world_size,
+                             cfg.batch_size)  # fmt: skip
+        sample, _ = s.feeder.fetch(first)
+        s.model.train()
+        s.model, failed = graph_module(s.model, sample, s.autocast)
+        if failed is not None:
+            emit(f"rank {rt.rank}: {failed}")
+        return failed is None
+
     def say(self, line: str) -> None:
         if self.runtime.is_main:
             emit(line)
@@ -131,6 +148,7 @@ class Trainer:
             f"{s.dataset.describe()}; {rt.world_size} rank(s) x batch {cfg.batch_size} x "
             f"accum {cfg.grad_accum} = global batch {s.plan.global_batch}; {s.total_steps} steps "
             f"({spe}/epoch); sgd lr {cfg.lr} momentum {cfg.momentum}; {cfg.precision}"
+            + (", CUDA graphs" if self.graphed else "")
         )
         if s.resumed_from is not None:
             epoch, within = s.plan.position(s.start_step)

@@ -100,7 +100,9 @@ def autocast_factory(
             "--precision bf16: this GPU has no bf16 support; use --precision fp16 or fp32"
         )
     dtype = torch.bfloat16 if precision == "bf16" else torch.float16
-    return lambda: torch.autocast(device.type, dtype=dtype)
+    # Weight cache off: recording CUDA graphs needs it off (graphs.py), and each weight of
+    # the bundled models is cast once per forward, so it saved nothing.
+    return lambda: torch.autocast(device.type, dtype=dtype, cache_enabled=False)
 
 
 def build_session(config: TrainConfig, runtime: Runtime) -> Session:
