@@ -65,13 +65,18 @@ class Bench:
         (work / "hello.py").write_text(HELLO)
         self.times: dict[str, list[float]] = {}
         self.reached: dict[str, list[int]] = {}
+        self.codes: dict[str, list[int]] = {}  # each run's exit code (0 for ssh and pdsh)
         self.run_ids: list[str] = []
         self.launches = itertools.count()
 
-    def record(self, name: str, started: float, reached: int) -> None:
+    def record(self, name: str, started: float, reached: int, code: int = 0) -> None:
+        """One run: the nodes it reached and, for our own commands, their exit code (a
+        launch whose every rank printed can still fail after, and must not pass)."""
         self.times.setdefault(name, []).append(time.monotonic() - started)
         self.reached.setdefault(name, []).append(reached)
-        say(f"  {name}: {reached}/{len(self.behind)} in {self.times[name][-1]:.1f} s")
+        self.codes.setdefault(name, []).append(code)
+        exited = f", exit code {code}" if code else ""
+        say(f"  {name}: {reached}/{len(self.behind)} in {self.times[name][-1]:.1f} s{exited}")
 
     def exec(self, name: str, config: Path) -> None:
         argv = [*ORCHESTRATOR, "exec", str(self.hostfile), "--ssh-config", str(config)]
@@ -85,7 +90,8 @@ class Bench:
             timeout=1800,
         )
         lines = set(done.stdout.splitlines())
-        self.record(name, started, sum(f"[{n.name}] ok" in lines for n in self.behind))
+        reached = sum(f"[{n.name}] ok" in lines for n in self.behind)
+        self.record(name, started, reached, done.returncode)
 
     def ssh_each(self, name: str, options: list[str]) -> None:
         started = time.monotonic()
@@ -132,7 +138,7 @@ class Bench:
         run_id = f"jumpbench{next(self.launches)}"
         self.run_ids.append(run_id)
         started = time.monotonic()
-        subprocess.run(
+        done = subprocess.run(
             [
                 *ORCHESTRATOR,
                 "launch",
@@ -158,7 +164,9 @@ class Bench:
         reached = sum(
             f"hello from rank {r}" in _read(logs / f"rank-{r}.log") for r in range(len(self.behind))
         )
-        self.record(name, started, reached)
+        self.record(name, started, reached, done.returncode)
+        if done.returncode:  # why, in the launch's own words: its summary ends combined.log
+            say("    " + "\n    ".join(_read(logs / "combined.log").splitlines()[-4:]))
 
 
 def _read(path: Path) -> str:
@@ -203,18 +211,20 @@ def measure(bench: Bench, options) -> None:
     rows = []
     for name, times in bench.times.items():
         base = "launch direct" if name.startswith("launch") else "exec direct"
-        reached = bench.reached[name]
+        reached, codes = bench.reached[name], bench.codes[name]
         rows.append(
             [
                 name,
                 f"{min(reached)}-{max(reached)}",
-                f"{sum(r == n for r in reached)}/{len(reached)}",
+                f"{sum(r == n and not c for r, c in zip(reached, codes, strict=True))}"
+                f"/{len(reached)}",
                 spread(times),
                 ratio(times, bench.times.get(base, [])),
             ]
         )
     say(f"\n{n} nodes, {options.repeat} repetitions, {options.launch_rounds} launch rounds")
-    say(table(["contender", "reached", "runs reaching all", "wall s", "vs direct"], rows))
+    columns = ["contender", "reached", "runs reaching all, exit 0", "wall s", "vs direct"]
+    say(table(columns, rows))
     say("command: " + shlex.join(["python", "benchmarks/jump_host.py", *sys.argv[1:]]))
 
 
