@@ -100,6 +100,7 @@ class NodeSession:
         self.aside: deque[Event] = deque()
         self.lock = threading.Lock()
         self.backlog: bytearray | None = None  # lines a background write still has to send
+        self.beating = False  # a heartbeat's write is under way (outside the lock)
         self.thread = threading.Thread(target=self._read, name=f"node{index}-reader", daemon=True)
 
     @classmethod
@@ -135,17 +136,35 @@ class NodeSession:
         """Send a command line without ever blocking the caller: a node that cannot take
         bytes now (frozen, or its sshd starved or swapped out, so its socket is full) gets
         them from a thread of its own, in order, while the caller goes on to the other
-        nodes. A `may_skip` line (a heartbeat) is dropped while such a write waits."""
+        nodes. A `may_skip` line (a heartbeat) is dropped while such a write waits, or
+        while the heartbeat before it is still being written: the kernel can hold a send
+        even when the socket looked writable (a machine out of memory), so heartbeats are
+        written outside the lock, by a thread that may wait (see Supervisor._beat)."""
         data = command.encode() + b"\n"
         with self.lock:
-            if self.backlog is not None:
-                if not may_skip:
+            if self.backlog is not None or self.beating:
+                if may_skip:
+                    return
+                if self.backlog is not None:
                     self.backlog += data
-                return
-            if self.channel.ready():
+                    return
+                self.backlog = bytearray(data)  # behind the heartbeat under way
+            elif not self.channel.ready():
+                if may_skip:
+                    return  # it would be stale by the time the node reads it
+                self.backlog = bytearray(data)
+            elif not may_skip:
                 self.channel.write(data)
                 return
-            self.backlog = bytearray(data)
+            else:
+                self.beating = True
+        if may_skip:
+            try:
+                self.channel.write(data)  # may wait on a starved machine: this round only
+            finally:
+                with self.lock:
+                    self.beating = False
+            return
         writer = threading.Thread(target=self._write_backlog, name=f"node{self.index}-writer")
         writer.daemon = True  # a node stuck for good must not keep the controller from exiting
         writer.start()

@@ -31,17 +31,19 @@ from orchestrator.supervise.stopping import Stopper
 
 
 class Channel:
-    """An agent channel: records what was written; `stuck` makes writes wait. Its agent
+    """An agent channel: records what was written; `stuck` makes writes wait, and with
+    `looks_ready` ready() says yes all the same (a kernel send held for memory). Its agent
     says nothing and ends when the channel is closed."""
 
-    def __init__(self, stuck: bool = False) -> None:
+    def __init__(self, stuck: bool = False, looks_ready: bool = False) -> None:
         self.written: list[bytes] = []
         self.stuck = stuck
+        self.looks_ready = looks_ready
         self.released = threading.Event()
         self.closed = threading.Event()
 
     def ready(self) -> bool:
-        return not self.stuck
+        return self.looks_ready or not self.stuck
 
     def write(self, data: bytes) -> None:
         if self.stuck:
@@ -67,10 +69,16 @@ class Notes:
         pass
 
 
-def sessions_with_one_stuck() -> tuple[list[Channel], list[NodeSession]]:
-    channels = [Channel(), Channel(stuck=True), Channel()]
+def sessions_with_one_stuck(looks_ready: bool = False) -> tuple[list[Channel], list[NodeSession]]:
+    channels = [Channel(), Channel(stuck=True, looks_ready=looks_ready), Channel()]
     sessions = [NodeSession(i, None, c, queue.Queue()) for i, c in enumerate(channels)]
     return channels, sessions
+
+
+def _until(condition, seconds: float = 5) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.01)
 
 
 def test_heartbeats_and_stops_reach_the_other_nodes_while_one_node_is_stuck() -> None:
@@ -88,12 +96,32 @@ def test_heartbeats_and_stops_reach_the_other_nodes_while_one_node_is_stuck() ->
     assert channels[1].written == []
     channels[1].stuck = False
     channels[1].released.set()
-    deadline = time.monotonic() + 5
-    while "stop" not in channels[1].lines() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    # The first heartbeat was under way when the node got stuck; the second, sent while it
-    # still waited, was dropped (it would be stale); the stop was kept, and came after it.
-    assert channels[1].lines()[0::2] == ["hb", "stop"]
+    _until(lambda: "stop" in channels[1].lines())
+    # The heartbeats found its socket full and were dropped (they would be stale); the
+    # stop was kept for it.
+    assert channels[1].lines() == ["stop", "3"]
+
+
+def test_a_send_the_kernel_holds_holds_one_heartbeat_round_only() -> None:
+    # The node's socket looks writable, yet the write waits: seen at 250 nodes with the
+    # machine out of memory, the one heartbeat thread sat in a socket send and no node
+    # heard the controller for 600 s. Each round has a thread of its own now.
+    channels, sessions = sessions_with_one_stuck(looks_ready=True)
+    nodes = [NodeState(index=i, host=f"n{i}") for i in range(3)]
+    stopper = Stopper(nodes, sessions, Notes(), grace=3)
+    started = time.monotonic()
+    stopper.heartbeat_round()  # writes to node 0, then waits on node 1
+    _until(lambda: sessions[1].beating)
+    stopper.heartbeat_round()  # node 0 and node 2: node 1's heartbeat is still under way
+    _until(lambda: channels[2].lines()[:1] == ["hb"])
+    stopper.begin(3, "rank 2 failed")
+    assert time.monotonic() - started < 1.0  # nothing but the first round waited
+    assert channels[0].lines()[0::2] == ["hb", "hb", "stop"]
+    assert channels[2].lines()[0::2] == ["hb", "stop"]
+    channels[1].stuck = False
+    channels[1].released.set()
+    _until(lambda: "stop" in channels[1].lines())
+    assert channels[1].lines()[0::2] == ["hb", "stop"]  # the held heartbeat, then the stop
 
 
 def test_lines_to_a_stuck_node_keep_their_order() -> None:
@@ -103,9 +131,7 @@ def test_lines_to_a_stuck_node_keep_their_order() -> None:
         stuck.send(line, may_skip=line.startswith("hb"))
     channels[1].stuck = False
     channels[1].released.set()
-    deadline = time.monotonic() + 5
-    while stuck.backlog is not None and time.monotonic() < deadline:
-        time.sleep(0.01)
+    _until(lambda: stuck.backlog is None)
     assert channels[1].lines() == ["stop", "3", "kill"]
     stuck.send("hb 2.0", may_skip=True)  # the backlog is written: sends go straight out again
     assert channels[1].lines()[-2:] == ["hb", "2.0"]

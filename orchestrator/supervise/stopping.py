@@ -96,6 +96,10 @@ class Stopper:
         """Whether an exit at wall-clock `when` came after the stop began (so from it)."""
         return self.stopping and self.wall is not None and when >= self.wall
 
+    def heartbeat_round(self) -> None:
+        """One round of heartbeats in a thread of its own (see Supervisor._beat)."""
+        threading.Thread(target=self.heartbeat, name="beat", daemon=True).start()
+
     def heartbeat(self) -> None:
         """`hb T1`: the controller's clock, which the agent echoes (see clocks.py)."""
         for session in self.sessions:

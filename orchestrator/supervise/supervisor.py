@@ -164,11 +164,14 @@ class Supervisor:
 
     def _beat(self) -> None:
         """Heartbeats to every agent from a timer of their own: a busy loop cannot hold
-        them back, so a slow controller does not look gone to its nodes."""
+        them back, so a slow controller does not look gone to its nodes. Each round runs
+        in a thread of its own: a write the kernel holds (seen at 250 nodes with the
+        machine out of memory) holds that round only, and the next round skips the node
+        whose heartbeat is still being written (NodeSession.send)."""
         for pause in beat_intervals(self.heartbeat_timeout):
             if self.ended.wait(pause):
                 return
-            self.stopper.heartbeat()
+            self.stopper.heartbeat_round()
 
     def _pause(self) -> float:
         """How long the loop may wait for an event."""
