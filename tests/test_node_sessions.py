@@ -41,14 +41,16 @@ class Channel:
         self.looks_ready = looks_ready
         self.released = threading.Event()
         self.closed = threading.Event()
+        self.lock = threading.Lock()
 
     def ready(self) -> bool:
         return self.looks_ready or not self.stuck
 
     def write(self, data: bytes) -> None:
-        if self.stuck:
-            self.released.wait(30)
-        self.written.append(data)
+        with self.lock:  # one write at a time, as SshChannel.write
+            if self.stuck:
+                self.released.wait(30)
+            self.written.append(data)
 
     def lines(self) -> list[str]:
         return b"".join(self.written).decode().split()
@@ -109,13 +111,14 @@ def test_a_send_the_kernel_holds_holds_one_heartbeat_round_only() -> None:
     channels, sessions = sessions_with_one_stuck(looks_ready=True)
     nodes = [NodeState(index=i, host=f"n{i}") for i in range(3)]
     stopper = Stopper(nodes, sessions, Notes(), grace=3)
-    started = time.monotonic()
     stopper.heartbeat_round()  # writes to node 0, then waits on node 1
-    _until(lambda: sessions[1].beating)
+    _until(lambda: sessions[1].beating, 30)
     stopper.heartbeat_round()  # node 0 and node 2: node 1's heartbeat is still under way
-    _until(lambda: channels[2].lines()[:1] == ["hb"])
+    _until(lambda: channels[2].lines()[:1] == ["hb"], 30)
+    assert sessions[1].beating and channels[1].written == []  # still held, all along
+    started = time.monotonic()
     stopper.begin(3, "rank 2 failed")
-    assert time.monotonic() - started < 1.0  # nothing but the first round waited
+    assert time.monotonic() - started < 5.0  # the stop does not wait for node 1 (30 s)
     assert channels[0].lines()[0::2] == ["hb", "hb", "stop"]
     assert channels[2].lines()[0::2] == ["hb", "stop"]
     channels[1].stuck = False
