@@ -242,9 +242,8 @@ def test_idle_agents_start_before_new_ones_however_many_wait_to_open() -> None:
     starting = threading.Thread(target=start_sessions, args=(starts, queue.Queue(), sessions))
     starting.start()
     try:
-        deadline = time.monotonic() + 5
-        while not all(agent.written for agent in idle) and time.monotonic() < deadline:
-            time.sleep(0.01)
+        # A session joins `sessions` just after its write: wait for both, not the writes.
+        _until(lambda: all(agent.written for agent in idle) and len(sessions) >= 4)
         assert all(b"".join(agent.written).startswith(b"next\n") for agent in idle)
         assert sorted(s.index for s in sessions) == [70, 71, 72, 73]
     finally:
