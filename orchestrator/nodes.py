@@ -142,22 +142,19 @@ class NodeSession:
         written outside the lock, by a thread that may wait (see Supervisor._beat)."""
         data = command.encode() + b"\n"
         with self.lock:
-            if self.backlog is not None or self.beating:
-                if may_skip:
-                    return
-                if self.backlog is not None:
-                    self.backlog += data
-                    return
-                self.backlog = bytearray(data)  # behind the heartbeat under way
-            elif not self.channel.ready():
-                if may_skip:
+            waits = self.backlog is not None or self.beating or not self.channel.ready()
+            if may_skip:
+                if waits:
                     return  # it would be stale by the time the node reads it
-                self.backlog = bytearray(data)
-            elif not may_skip:
+                self.beating = True
+            elif self.backlog is not None:
+                self.backlog += data
+                return
+            elif not waits:
                 self.channel.write(data)
                 return
             else:
-                self.beating = True
+                self.backlog = bytearray(data)  # behind a full socket or a heartbeat
         if may_skip:
             try:
                 self.channel.write(data)  # may wait on a starved machine: this round only

@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import os
 import shutil
 
 import pytest
@@ -15,7 +14,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 def _skip_openssh_without_its_tools(items: list[pytest.Item]) -> None:
     """Skip tests marked `openssh` where ssh-keygen is missing; under CI=true they fail."""
-    if shutil.which("ssh-keygen") is not None or os.environ.get("CI") == "true":
+    from tests.lab.fixtures import under_ci  # the plugin above: imported once it is loaded
+
+    if shutil.which("ssh-keygen") is not None or under_ci():
         return
     reason = "needs OpenSSH's client tools (ssh-keygen, ssh-agent): apt install openssh-client"
     for item in items:
