@@ -55,16 +55,24 @@ def parser(description: str, nodes: str, repeat: int) -> argparse.ArgumentParser
 
 
 @contextlib.contextmanager
-def lab_cluster(n: int, plain_home: Path | None = None) -> Iterator[object]:
+def lab_cluster(
+    n: int, plain_home: Path | None = None, apart: bool = False, beside: int = 0
+) -> Iterator[object]:
     """A namespace cluster of `n` nodes with sshd (tests.lab), torn down afterwards; with
     `plain_home`, the nodes' login shells start there, with empty start-up files (LAB.md,
-    "Timing at many nodes": root's own ~/.bashrc may run pyenv on every SSH command)."""
+    "Timing at many nodes": root's own ~/.bashrc may run pyenv on every SSH command).
+    With `apart`, every node but the first `beside` (a jump host) runs in a cgroup of its
+    own, as on a real cluster, where the nodes' work does not take the controller's CPU and
+    memory (tests/lab/cgroups.py: at 250 nodes the controller was swapped out for minutes).
+    The baselines (pdsh, ssh) run beside the controller, outside it."""
     from tests.lab import LabUnavailable, make_cluster
     from tests.lab.bad_days import plain_home as make_plain
 
     extra = f"SetEnv HOME={make_plain(plain_home)}" if plain_home is not None else ""
     try:
         with make_cluster(n, sshd_extra=extra) as cluster:
+            if apart:
+                say(cluster.confine(cluster.nodes[beside:]))
             yield cluster
     except LabUnavailable as exc:
         raise SystemExit(f"cannot build the namespace cluster here: {exc}") from None

@@ -232,7 +232,7 @@ def main() -> None:
     say(f"repetitions per contender: {args.repeat}")
     summary = []
     for n in args.nodes:
-        with lab_cluster(n) as cluster, scratch("orchestrator-bench-fanout-") as work:
+        with lab_cluster(n, apart=True) as cluster, scratch("orchestrator-bench-fanout-") as work:
             bench = Bench(cluster, work)
             exec_side, launch_side = bench.exec_contenders(), bench.launch_contenders()
             try:

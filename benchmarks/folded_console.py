@@ -53,7 +53,7 @@ def ranks_named(lines: list[str]) -> list[int]:
 def measure(n: int, per_node: int, timeout: float) -> bool:
     world = n * per_node
     rows, verdicts = [], []
-    with scratch("orchestrator-bench-fold-") as work, lab_cluster(n) as cluster:
+    with scratch("orchestrator-bench-fold-") as work, lab_cluster(n, apart=True) as cluster:
         say(f"\n{n} node(s), {per_node} rank(s) each ({world} ranks); {machine_line()}")
         (work / "hello.py").write_text(PROGRAM)
         hostfile = cluster.write_hostfile(work / "hosts.txt", slots=per_node)

@@ -65,7 +65,7 @@ def main() -> int:
     for n in args.nodes:
         with (
             scratch("orchestrator-bench-idlectl-") as work,
-            lab_cluster(n, plain_home=work / "home") as cluster,
+            lab_cluster(n, plain_home=work / "home", apart=True) as cluster,
         ):
             started = time.monotonic()
             # Ranks sleep past the slowest start (a 250-node start can take many minutes

@@ -181,7 +181,7 @@ def main() -> None:
     for n in options.nodes:
         with (
             scratch("orchestrator-jump-") as work,
-            lab_cluster(n + 1, plain_home=work / "home") as cluster,
+            lab_cluster(n + 1, plain_home=work / "home", apart=True, beside=1) as cluster,
         ):
             cluster.use_stock_limits(cluster.nodes[0])
             measure(Bench(cluster, work), options)

@@ -156,6 +156,7 @@ def measure(n: int, repeat: int, sleep: float, timeout: float) -> bool:
         with contextlib.ExitStack() as stack:
             try:
                 cluster = stack.enter_context(make_cluster(n, sshd_extra=f"SetEnv HOME={home}"))
+                say(cluster.confine())  # as on a real cluster: see common.lab_cluster
             except LabUnavailable as exc:
                 raise SystemExit(f"cannot build the namespace cluster here: {exc}") from None
             say(machine_line().replace("at start", "with the cluster up"))

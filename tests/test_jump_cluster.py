@@ -5,6 +5,7 @@ refused key is not; no library output reaches the console."""
 
 from __future__ import annotations
 
+import ipaddress
 import re
 import socket
 import subprocess
@@ -62,7 +63,7 @@ class Connections:
 
     def __init__(self, lab: Cluster) -> None:
         self.jump = lab.nodes[0].address
-        self.subnet = lab.subnet_glob.rstrip("*")
+        self.subnet = lab.subnet
         self.most_to_jump = 0
         self.direct: set[str] = set()
         self.done = threading.Event()
@@ -77,7 +78,9 @@ class Connections:
             ).stdout
             peers = [line.split()[-1].rsplit(":", 1)[0] for line in shown.splitlines()]
             self.most_to_jump = max(self.most_to_jump, peers.count(self.jump))
-            self.direct.update(p for p in peers if p != self.jump and p.startswith(self.subnet))
+            self.direct.update(
+                p for p in peers if p != self.jump and ipaddress.ip_address(p) in self.subnet
+            )
             time.sleep(0.05)
 
     def __enter__(self) -> Connections:
@@ -115,7 +118,7 @@ def test_exec_reaches_every_node_behind_the_jump_host_every_time(
             )
         assert done.returncode == 0, (round_, done.stdout + done.stderr)
         for node in jumped.nodes[1:]:
-            line = f"[{node.name}] reached from {node.address}/24"
+            line = f"[{node.name}] reached from {node.cidr}"
             assert line in done.stdout.splitlines(), (round_, node.name, done.stdout)
         assert seen.most_to_jump == 1, (round_, seen.most_to_jump)
         assert not seen.direct, (round_, seen.direct)

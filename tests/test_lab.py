@@ -16,7 +16,7 @@ from pathlib import Path
 import paramiko
 import pytest
 
-from tests.lab import state
+from tests.lab import netns, state
 from tests.lab.cluster import Cluster, Node
 from tests.lab.faults import Proc
 from tests.lab.fixtures import gate, under_ci
@@ -64,7 +64,7 @@ def test_each_node_has_its_own_address_on_eth0_over_paramiko(cluster: Cluster) -
     for node in cluster.nodes:
         status, out, err = cluster.ssh_run(node, "ip -4 -o addr show dev eth0")
         assert status == 0, err
-        assert f"inet {node.address}/24" in out
+        assert f"inet {node.cidr}" in out
         others = [n.address for n in cluster.nodes if n is not node]
         assert not any(f"inet {a}/" in out for a in others)
 
@@ -285,6 +285,40 @@ def test_second_cluster_gets_its_own_subnet_and_teardown_leaves_nothing(
     assert cluster.ssh_run(0, "true")[0] == 0  # the session cluster is untouched
 
 
+def test_a_cluster_subnet_holds_its_bridge_and_every_node_of_the_largest_cluster() -> None:
+    # 256 nodes and a jump host (the scale benchmarks) need more than a /24.
+    assert netns.MAX_NODES >= 257
+    for index in (0, 1, state.MAX_CLUSTERS - 1):
+        net = state.subnet_of(index)
+        record = state.ClusterState(f"olab{index}", index, 0, 0, "br")
+        bridge = netns.bridge_address(record)
+        nodes = [netns.node_address(net, i) for i in range(netns.MAX_NODES)]
+        everything = [bridge, *nodes]
+        assert len(set(everything)) == len(everything)
+        usable = {str(a) for a in net.hosts()}
+        assert set(everything) <= usable, set(everything) - usable
+    assert not state.subnet_of(0).overlaps(state.subnet_of(1))
+
+
+@pytest.mark.cluster
+def test_confined_nodes_run_in_a_cgroup_apart_and_teardown_removes_it(make_cluster) -> None:  # type: ignore[no-untyped-def]
+    with make_cluster(2) as lab:
+        said = lab.confine(lab.nodes[1:])
+        if lab.apart is None:
+            pytest.skip(said)  # a machine without cgroup v1 hierarchies for memory and cpu
+        assert said.startswith("1 nodes in a cgroup apart"), said
+        groups = {Path(path).name for path in lab.state.cgroups}
+        assert groups == {f"{lab.name}-nodes"}
+        inside = lab.ssh_run(1, "cat /proc/self/cgroup")[1]
+        outside = lab.ssh_run(0, "cat /proc/self/cgroup")[1]
+        assert f"/{lab.name}-nodes" in inside, inside
+        assert f"/{lab.name}-nodes" not in outside, outside
+        lab.restart_sshd(1)  # a restarted sshd goes back in
+        assert f"/{lab.name}-nodes" in lab.ssh_run(1, "cat /proc/self/cgroup")[1]
+    assert lab.residue() == []
+    assert not any(Path(path).exists() for path in lab.state.cgroups)
+
+
 @pytest.mark.cluster
 def test_stale_cluster_of_a_dead_process_is_removed() -> None:
     # The child prints its record and dies without teardown (another session running
@@ -319,7 +353,7 @@ def test_sbatch_two_nodes_runs_on_both_and_reports_exit_codes(
     info = slurm_cluster.wait_job(job, timeout=60)
     assert (info["JobState"], info["ExitCode"]) == ("COMPLETED", "0:0")
     out = (tmp_path / f"{job}.out").read_text()
-    assert all(f"inet {n.address}/24" in out for n in nodes), out
+    assert all(f"inet {n.cidr}" in out for n in nodes), out
 
     failing = slurm_cluster.sbatch(
         "#!/bin/bash\n#SBATCH --nodes=2\nsrun true\nexit 3\n", cwd=tmp_path

@@ -388,7 +388,7 @@ def test_exec_runs_a_command_everywhere_with_a_summary(cluster, workdir: Path) -
     )
     assert done.returncode == 0, done.stderr
     for node in cluster.nodes:
-        assert f"[{node.name}] {node.address}/24" in done.stdout
+        assert f"[{node.name}] {node.cidr}" in done.stdout
         assert re.search(rf"^{node.name}\s+ok$", done.stdout, re.M)
     odd = cluster.nodes[1].address
     failing = cli(
@@ -507,8 +507,8 @@ def test_ssh_config_alias_and_proxy_jump_are_honoured(cluster, workdir: Path) ->
                 "ip -4 -o addr show eth0",
             )
             assert done.returncode == 0, done.stdout + done.stderr
-            assert f"[gpu-hidden] 2: eth0    inet {hidden.address}/24" in done.stdout, done.stdout
-            assert f"[gpu-direct] 2: eth0    inet {direct.address}/24" in done.stdout
+            assert f"[gpu-hidden] 2: eth0    inet {hidden.cidr}" in done.stdout, done.stdout
+            assert f"[gpu-direct] 2: eth0    inet {direct.cidr}" in done.stdout
             unjumped = workdir / "direct.txt"
             unjumped.write_text(f"{hidden.name}\n")
             blocked = cli(

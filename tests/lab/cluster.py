@@ -17,6 +17,7 @@ from contextlib import AbstractContextManager as ContextManager
 from pathlib import Path
 
 from tests.lab import bad_days, faults, netns, state
+from tests.lab.cgroups import Group, Unavailable
 from tests.lab.netns import Node
 from tests.lab.packages import SSH_PACKAGES, ensure_prerequisites
 from tests.lab.ssh import SshHome, run_over_ssh, sshd_config
@@ -43,6 +44,8 @@ class Cluster:
         self._sshd: dict[str, subprocess.Popen[bytes]] = {}
         self._sshd_extra = ""
         self.netns_inodes: dict[str, int] = {}
+        self.apart: Group | None = None  # the confined nodes' cgroup (confine)
+        self.confined: set[str] = set()
 
     # ----- construction and teardown -------------------------------------------------------
 
@@ -71,8 +74,9 @@ class Cluster:
 
     @property
     def subnet_glob(self) -> str:
-        """The cluster's addresses as an ssh config `Host` pattern (`10.177.K.*`)."""
-        return ".".join(str(self.subnet.network_address).split(".")[:3]) + ".*"
+        """The cluster's addresses as ssh config `Host` patterns (`10.177.K.* 10.177.K+1.*`)."""
+        blocks = self.subnet.subnets(new_prefix=24) if self.subnet.prefixlen < 24 else [self.subnet]
+        return " ".join(str(block.network_address).rsplit(".", 1)[0] + ".*" for block in blocks)
 
     def _start_all_sshd(self, extra: str) -> None:
         Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
@@ -84,6 +88,22 @@ class Cluster:
             self._spawn_sshd(node)
         for node in self.nodes:
             self._await_sshd(node)
+
+    def confine(self, nodes: Sequence[Node] | None = None) -> str:
+        """Put `nodes` (default: all) in a cgroup of their own, apart from the controller
+        (cgroups.py says why, at scale); returns a line saying what was done, or why not."""
+        chosen = list(self.nodes if nodes is None else nodes)
+        try:
+            if self.apart is None:
+                self.apart = Group.create(f"{self.name}-nodes")
+                self.state.cgroups = [str(path) for path in self.apart.dirs]
+                self.state.save()
+            for node in chosen:
+                self.apart.add(self._sshd[node.name].pid)
+                self.confined.add(node.name)
+        except (Unavailable, OSError) as exc:
+            return f"nodes share the controller's CPU and memory ({exc})"
+        return f"{len(chosen)} nodes in a cgroup apart: their memory reclaimed first, one CPU share"
 
     def _write_sshd_config(self, node: Node, extra: str, stock_limits: bool = False) -> None:
         node.sshd_config_path.write_text(
@@ -134,6 +154,8 @@ class Cluster:
             start_new_session=True,
         )
         self._sshd[node.name] = proc
+        if node.name in self.confined and self.apart is not None:
+            self.apart.add(proc.pid)
         start = None
         while start is None and proc.poll() is None:
             start = state.process_start(proc.pid)

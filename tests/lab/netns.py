@@ -1,13 +1,15 @@
 """Nodes as network namespaces: veth pairs on a bridge, addresses, /etc/hosts names.
 
 Node i of cluster k is the namespace `olab<k>-node<i>` (also its host name in /etc/hosts and
-its SLURM NodeName), whose `eth0` holds 10.177.k.(2+i)/24; the outer veth end `olab<k>v<i>`
-sits on the bridge `olab<k>br`, which holds 10.177.k.1, named `olab<k>-controller`, for the
-controller (the root namespace). Every interface name stays within Linux's 15 characters.
+its SLURM NodeName), whose `eth0` holds the (2+i)th address of the cluster's /23 (state.py);
+the outer veth end `olab<k>v<i>` sits on the bridge `olab<k>br`, which holds the first, named
+`olab<k>-controller`, for the controller (the root namespace). Every interface name stays
+within Linux's 15 characters.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -17,7 +19,8 @@ from tests.lab import state
 from tests.lab.ssh import new_key
 
 FIRST_NODE_HOST = 2
-MAX_NODES = 253  # .2 to .254 of its /24: 250 nodes behind a jump host fit
+# every address of the subnet but the network's, the bridge's and the broadcast: 509 for a /23
+MAX_NODES = 2 ** (32 - state.PREFIX) - 3
 
 
 @dataclass(frozen=True)
@@ -34,6 +37,11 @@ class Node:
     interface: str = "eth0"
 
     @property
+    def cidr(self) -> str:
+        """Its address with the cluster's prefix length, as `ip addr` shows it."""
+        return f"{self.address}/{state.PREFIX}"
+
+    @property
     def sshd_config_path(self) -> Path:
         return self.dir / "sshd_config"
 
@@ -44,6 +52,11 @@ class Node:
     @property
     def sshd_log_path(self) -> Path:
         return self.dir / "sshd.log"
+
+
+def node_address(net: ipaddress.IPv4Network, i: int) -> str:
+    """Node i's address in its cluster's subnet."""
+    return str(net.network_address + FIRST_NODE_HOST + i)
 
 
 def bridge_address(record: state.ClusterState) -> str:
@@ -66,7 +79,7 @@ def plan_nodes(record: state.ClusterState, n: int, workdir: Path) -> tuple[Node,
         node_dir.mkdir(parents=True)
         host_key = new_key()
         host_key.write(node_dir / "ssh_host_ed25519_key", comment=name)
-        address = str(net.network_address + FIRST_NODE_HOST + i)
+        address = node_address(net, i)
         nodes.append(Node(i, name, address, name, f"{record.name}v{i}", node_dir, host_key.public))
     return tuple(nodes)
 
@@ -91,7 +104,7 @@ def build_network(record: state.ClusterState, nodes: Sequence[Node]) -> dict[str
     bridge = record.bridge
     root = [
         f"link add {bridge} type bridge",
-        f"addr add {bridge_address(record)}/24 dev {bridge}",
+        f"addr add {bridge_address(record)}/{state.PREFIX} dev {bridge}",
         f"link set {bridge} up",
     ]
     for node in nodes:
@@ -104,7 +117,7 @@ def build_network(record: state.ClusterState, nodes: Sequence[Node]) -> dict[str
     for node in nodes:
         inner = [
             "link set lo up",
-            f"addr add {node.address}/24 dev {node.interface}",
+            f"addr add {node.cidr} dev {node.interface}",
             f"link set {node.interface} up",
         ]
         _ip_batch(inner, netns=node.netns)

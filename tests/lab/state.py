@@ -3,7 +3,7 @@
 Every cluster records, before creating anything, an entry under LAB_RUN_DIR naming its
 namespaces, links, /etc/hosts block, work directory and the pids (with start times, so a
 reused pid is never killed) of the daemons it started. Subnet allocation happens under a
-machine-wide lock so that two concurrent creators never pick the same /24.
+machine-wide lock so that two concurrent creators never pick the same subnet.
 """
 
 from __future__ import annotations
@@ -22,11 +22,15 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from tests.lab.cgroups import remove_dirs
+
 LAB_RUN_DIR = Path("/run/orchestrator-lab")
 HOSTS_FILE = Path("/etc/hosts")
-# Cluster k (0..255) owns 10.177.k.0/24; the bridge is .1, node i is .(2 + i).
+# Cluster k (0..127) owns 10.177.2k.0/23 (510 addresses, room for a 256-node cluster and its
+# jump host); the bridge is its first address, node i the (2 + i)th.
 SUBNET_BASE = ipaddress.IPv4Network("10.177.0.0/16")
-MAX_CLUSTERS = 256
+PREFIX = 23
+MAX_CLUSTERS = 2 ** (PREFIX - SUBNET_BASE.prefixlen)
 NAME_PREFIX = "olab"
 
 
@@ -47,6 +51,7 @@ class ClusterState:
     hosts_block: bool = False
     # `ip rule` arguments added in the root namespace (fault injection from the controller).
     root_rules: list[list[str]] = field(default_factory=list)
+    cgroups: list[str] = field(default_factory=list)  # the nodes' own, where confined
 
     @property
     def path(self) -> Path:
@@ -66,8 +71,8 @@ class ClusterState:
 
 
 def subnet_of(index: int) -> ipaddress.IPv4Network:
-    """The /24 owned by cluster `index`."""
-    return list(SUBNET_BASE.subnets(new_prefix=24))[index]
+    """The subnet (a /PREFIX) owned by cluster `index`."""
+    return list(SUBNET_BASE.subnets(new_prefix=PREFIX))[index]
 
 
 def process_start(pid: int) -> int | None:
@@ -130,7 +135,7 @@ def _subnet_in_use(net: ipaddress.IPv4Network, bridge: str) -> bool:
 
 
 def allocate() -> ClusterState:
-    """Claim a free cluster index (and so its /24 and names) for this process.
+    """Claim a free cluster index (and so its subnet and names) for this process.
 
     Indices rotate (the next search starts after the last one handed out), so a name is not
     reused right after its cluster went away, which keeps "is it gone?" checks unambiguous.
@@ -166,6 +171,17 @@ def allocate() -> ClusterState:
                 counter.write_text(str(index + 1))
                 return state
     raise RuntimeError(f"all {MAX_CLUSTERS} lab subnets of {SUBNET_BASE} are in use")
+
+
+def _rule_into(line: str, net: ipaddress.IPv4Network) -> bool:
+    """Whether an `ip rule show` line's destination (`... to 10.177.0.5 ...`) lies in `net`."""
+    words = line.split()
+    if "to" not in words[:-1]:
+        return False
+    try:
+        return ipaddress.ip_network(words[words.index("to") + 1], strict=False).subnet_of(net)
+    except (ValueError, TypeError):
+        return False
 
 
 def _hosts_markers(name: str) -> tuple[str, str]:
@@ -254,6 +270,7 @@ def remove(state: ClusterState) -> list[str]:
                 cmd = "?"
             strays.append(f"{netns}: pid {stray} {cmd.strip()}")
             kill_recorded(stray, started, timeout=2.0)
+    remove_dirs([Path(path) for path in state.cgroups])
     for rule in state.root_rules:
         _ip("rule", "del", *rule)
     # Deleting the outer end removes the pair at once; `netns del` alone frees it lazily.
@@ -315,8 +332,9 @@ def residue(record: ClusterState, netns_inodes: dict[str, int]) -> list[str]:
     if begin in HOSTS_FILE.read_text().splitlines():
         left.append("/etc/hosts block")
     rules = _ip("rule", "show").stdout
-    subnet = str(subnet_of(record.index).network_address).rsplit(".", 1)[0] + "."
-    left += [f"ip rule {line.strip()}" for line in rules.splitlines() if f"to {subnet}" in line]
+    net = subnet_of(record.index)
+    left += [f"ip rule {line.strip()}" for line in rules.splitlines() if _rule_into(line, net)]
+    left += [f"cgroup {path}" for path in record.cgroups if Path(path).is_dir()]
     if record.workdir and Path(record.workdir).exists():
         left.append(f"directory {record.workdir}")
     if record.path.exists():
