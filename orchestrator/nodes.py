@@ -132,6 +132,10 @@ class NodeSession:
         connection dies, so callers ask from a thread of their own."""
         return self.connection.answers()
 
+    def acknowledged(self, within: float) -> bool | None:
+        """Whether the node's kernel acknowledged our packets lately (never blocks)."""
+        return self.connection.acknowledged(within)
+
     def send(self, command: str, may_skip: bool = False) -> None:
         """Send a command line without ever blocking the caller: a node that cannot take
         bytes now (frozen, or its sshd starved or swapped out, so its socket is full) gets

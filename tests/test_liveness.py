@@ -24,11 +24,14 @@ class Clock:
 class Session:
     """A node's session: `heard` moves when its agent speaks; its sshd answers or not."""
 
-    def __init__(self, index: int, clock: Clock, sshd_up: bool = True) -> None:
+    def __init__(
+        self, index: int, clock: Clock, sshd_up: bool = True, kernel_up: bool | None = None
+    ) -> None:
         self.index = index
         self.clock = clock
         self.heard = clock.now
         self.sshd_up = sshd_up
+        self.kernel_up = sshd_up if kernel_up is None else kernel_up  # TCP acknowledgements
         self.asked = 0
 
     def speak(self) -> None:
@@ -39,6 +42,9 @@ class Session:
         if not self.sshd_up:
             threading.Event().wait()  # a dead link: the keepalive never comes back
         return True
+
+    def acknowledged(self, within: float) -> bool | None:
+        return self.kernel_up
 
 
 @pytest.fixture
@@ -108,6 +114,28 @@ def test_a_node_whose_sshd_does_not_answer_is_lost_within_the_heartbeat_timeout(
     lost = run(live, clock, 5.6, speaking=[talking])
     assert [(node.host, gone) for node, _, gone in lost] == [("n0", True)]
     assert "no answer from its sshd" in lost[0][1]
+
+
+def test_a_node_whose_kernel_acknowledges_but_sshd_does_not_answer_is_busy_not_lost(clock) -> None:
+    # Seen at 250 nodes on a machine swapping hard: every sshd too starved to answer a
+    # keepalive within the heartbeat timeout, every node's kernel acknowledging our packets.
+    live, (starved,), notes = setup(clock, False, hb=5, stall=60)
+    starved.kernel_up = True
+    assert run(live, clock, 30) == []
+    assert notes == [
+        "n0: its agent has been silent for 5 s, but its kernel acknowledges every packet (its "
+        "sshd is too starved to answer): busy, so waiting up to 60 s (--stall-timeout)"
+    ]
+    lost = run(live, clock, 31)
+    assert [(node.host, gone) for node, _, gone in lost] == [("n0", False)]
+    assert "frozen or stuck" in lost[0][1] and "kernel acknowledges" in lost[0][1]
+
+
+def test_a_node_whose_kernel_cannot_be_asked_counts_as_not_acknowledging(clock) -> None:
+    live, (hidden,), _ = setup(clock, False, hb=5)
+    hidden.kernel_up = None  # through a jump host: the acknowledgements are the hop's
+    lost = run(live, clock, 5.6)
+    assert [(node.host, gone) for node, _, gone in lost] == [("n0", True)]
 
 
 def test_time_the_controller_was_away_is_not_counted(clock) -> None:

@@ -36,6 +36,9 @@ class FakeSession:
     def answers(self) -> bool:
         return True
 
+    def acknowledged(self, within: float) -> bool:
+        return True
+
 
 class Notes:
     def __init__(self) -> None:

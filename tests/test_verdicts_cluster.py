@@ -233,6 +233,32 @@ def test_a_starved_agent_is_silent_not_lost(cluster, job) -> None:
     assert_nothing_left(run_id)
 
 
+def test_a_node_whose_sshd_is_starved_too_is_busy_not_lost(cluster, job) -> None:
+    # At 250 nodes on a machine swapping hard, a node's sshd could not answer a keepalive
+    # within the heartbeat timeout and the node was counted lost; its kernel, though, still
+    # acknowledged every packet. Here the node's agent and every sshd process of it stop.
+    run_id = "sshd-starved"
+    victim = cluster.nodes[1]
+    console = job(cluster, run_id, "--heartbeat-timeout", "4", env={"SLEEP": "25"})
+    wait_started(console, job, run_id, 1)
+    agents = bad_days.agent_pids(cluster, victim, run_id)
+    sshds = [
+        p.pid
+        for p in cluster.processes_on(victim, include_lab=True)
+        if p.cmdline[0].startswith("sshd")
+    ]
+    assert agents and sshds, cluster.processes_on(victim, include_lab=True)
+    with bad_days.frozen(agents + sshds):
+        time.sleep(12)  # three heartbeat timeouts
+    code, out = console.wait(timeout=180)
+    assert code == 0, out
+    assert " lost" not in out, out
+    assert f"{victim.name}: its agent has been silent" in out, out
+    assert "its kernel acknowledges every packet" in out, out
+    assert status_of(job.runs, run_id)["state"] == "succeeded"
+    assert_nothing_left(run_id)
+
+
 def test_a_stalled_controller_loses_no_node(cluster, job) -> None:
     run_id = "controller-stalled"
     console = job(cluster, run_id, "--heartbeat-timeout", "4", env={"SLEEP": "25"})

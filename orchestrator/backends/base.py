@@ -68,6 +68,12 @@ class NodeConnection(Protocol):
         """Whether the node itself answers (an SSH keepalive to its sshd), whatever its
         agent is doing; blocks until it does (True) or the connection is gone (False)."""
 
+    def acknowledged(self, within: float) -> bool | None:
+        """Whether the node's kernel acknowledged what was sent to it lately (TCP, within
+        `within` seconds): the machine is up and the link carries, even when its sshd is
+        too starved to answer; None where that cannot be told (through a jump host or a
+        ProxyCommand, whose acknowledgements are the hop's). Never blocks."""
+
     def put_tree(self, local_dir: str, remote_dir: str) -> int:
         """Copy a local directory to the node (`~/` is the node user's home)."""
 

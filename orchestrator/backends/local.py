@@ -74,6 +74,9 @@ class LocalConnection:
         """This machine is there as long as the controller is."""
         return True
 
+    def acknowledged(self, within: float) -> bool:
+        return True
+
     def start_agent(self, python: str, tag: str) -> LocalChannel:
         return LocalChannel(self.host, python, tag)
 

@@ -8,6 +8,9 @@ answers proves the node and the link alive (`NodeConnection.answers`), whatever 
 is doing. So, for a node whose agent has said nothing for `heartbeat_timeout`:
 - its sshd answered a keepalive since the agent fell silent, within the heartbeat timeout:
   it is busy or frozen, not gone; say so once and wait, up to `stall_timeout` of silence;
+- or its sshd did not, but the node's kernel acknowledged our packets (TCP) within the
+  heartbeat timeout: the machine is up and the link carries, its sshd is starved (seen at
+  250 nodes on a machine swapping hard): the same, busy, not gone;
 - otherwise it is lost: the node is down or its link is cut.
 Keepalives go out from `heartbeat_timeout / 3` of silence on, so a dead node is still
 declared lost within the heartbeat timeout.
@@ -33,6 +36,8 @@ class Heard(Protocol):
     heard: float
 
     def answers(self) -> bool: ...
+
+    def acknowledged(self, within: float) -> bool | None: ...
 
 
 class Liveness:
@@ -126,24 +131,26 @@ class Liveness:
             if alive and overdue(hb):
                 return "its agent did not report back after the stop (the node answers)", False
             return None
+        how = "the node answers"
         if silent > hb and not alive:
-            why = (
-                f"no word from its agent for {silent:.0f} s and no answer from its sshd "
-                "(node down, or link cut?)"
-            )
-            return why, True
+            if session.acknowledged(hb) is not True:
+                why = (
+                    f"no word from its agent for {silent:.0f} s and no answer from its sshd "
+                    "(node down, or link cut?)"
+                )
+                return why, True
+            how = "its kernel acknowledges every packet (its sshd is too starved to answer)"
         if silent > self.stall_timeout:
             why = (
-                f"its agent has been silent for {silent:.0f} s although the node answers "
+                f"its agent has been silent for {silent:.0f} s although {how} "
                 f"(--stall-timeout {self.stall_timeout:g}): frozen or stuck"
             )
             return why, False
         if silent > hb and index not in self.said_silent:
             self.said_silent.add(index)
             self.notes(
-                f"{node.host}: its agent has been silent for {silent:.0f} s, but the node "
-                f"answers: busy, so waiting up to {self.stall_timeout:g} s "
-                "(--stall-timeout)"
+                f"{node.host}: its agent has been silent for {silent:.0f} s, but {how}: "
+                f"busy, so waiting up to {self.stall_timeout:g} s (--stall-timeout)"
             )
         return None
 

@@ -14,6 +14,7 @@ import logging
 import os
 import shlex
 import socket
+import struct
 import threading
 from collections.abc import Callable
 
@@ -44,6 +45,8 @@ logging.getLogger("paramiko").addHandler(logging.NullHandler())
 # node (or, in a lab, the one machine under every node) is loaded: 250 at once on 2 cores
 # took more than 10 s for some.
 SESSION_OPEN_TIMEOUT_S = 120.0
+# Linux's struct tcp_info (linux/tcp.h): tcpi_unacked at byte 24, tcpi_last_ack_recv (ms) at 52.
+TCP_INFO_FIELDS = struct.Struct("=24xI24xI")
 
 
 class SshSession:
@@ -160,6 +163,21 @@ class SshConnection:
         except (OSError, EOFError, paramiko.SSHException):
             return False
         return transport.is_active()
+
+    def acknowledged(self, within: float) -> bool | None:
+        """The node's kernel acknowledged every segment in flight, or some segment within
+        `within` s (tcp_info; the controller's heartbeats keep segments going out), on a
+        direct connection; None through a hop (base.NodeConnection)."""
+        transport = self.client.get_transport()
+        sock = transport.sock if transport is not None else None
+        if not isinstance(sock, socket.socket) or not hasattr(socket, "TCP_INFO"):
+            return None
+        try:
+            info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, TCP_INFO_FIELDS.size)
+            unacked, last_ack_ms = TCP_INFO_FIELDS.unpack_from(info)
+        except (OSError, struct.error):
+            return None
+        return unacked == 0 or last_ack_ms < within * 1000
 
     def put_tree(self, local_dir: str, remote_dir: str) -> int:
         """Copy a directory tree to the node over SFTP; returns the number of files."""
