@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 import queue
+import socket
 import threading
 import time
 from pathlib import Path
@@ -23,7 +24,7 @@ import paramiko
 
 from orchestrator.agent.protocol import frame
 from orchestrator.backends.base import IdleAgent
-from orchestrator.backends.ssh.connect import SshChannel
+from orchestrator.backends.ssh.connect import SshChannel, tcp_acks
 from orchestrator.logs import LogSink
 from orchestrator.nodes import NodeSession, start_sessions
 from orchestrator.supervise import NodeState, Supervisor
@@ -252,3 +253,21 @@ def test_idle_agents_start_before_new_ones_however_many_wait_to_open() -> None:
         for session in sessions:
             session.channel.close()
     assert len(sessions) == 74
+
+
+def test_tcp_acks_reads_the_kernels_last_acknowledgement_not_the_last_data() -> None:
+    # The peer (a node whose agent is silent) sends no data for 1.5 s, then acknowledges a
+    # byte we send: the time since its last acknowledgement is short, since its data long.
+    server = socket.create_server(("127.0.0.1", 0))
+    with server, socket.create_connection(server.getsockname()) as ours:
+        peer, _ = server.accept()
+        with peer:
+            time.sleep(1.5)
+            ours.sendall(b"x")
+            assert peer.recv(1) == b"x"
+            acks = tcp_acks(ours)
+    if acks is None:
+        return  # not Linux: no tcp_info, and the controller never counts on it
+    unacked, since_ack = acks
+    assert unacked == 0
+    assert since_ack < 1.0, since_ack  # tcpi_last_data_recv would be past 1.5 s

@@ -45,8 +45,9 @@ logging.getLogger("paramiko").addHandler(logging.NullHandler())
 # node (or, in a lab, the one machine under every node) is loaded: 250 at once on 2 cores
 # took more than 10 s for some.
 SESSION_OPEN_TIMEOUT_S = 120.0
-# Linux's struct tcp_info (linux/tcp.h): tcpi_unacked at byte 24, tcpi_last_ack_recv (ms) at 52.
-TCP_INFO_FIELDS = struct.Struct("=24xI24xI")
+# Linux's struct tcp_info (linux/tcp.h): tcpi_unacked at byte 24, tcpi_last_ack_recv (ms) at 56
+# (52 is tcpi_last_data_recv: a silent agent's silence, not the kernel's).
+TCP_INFO_FIELDS = struct.Struct("=24xI28xI")
 
 
 class SshSession:
@@ -170,14 +171,11 @@ class SshConnection:
         direct connection; None through a hop (base.NodeConnection)."""
         transport = self.client.get_transport()
         sock = transport.sock if transport is not None else None
-        if not isinstance(sock, socket.socket) or not hasattr(socket, "TCP_INFO"):
+        acks = tcp_acks(sock) if isinstance(sock, socket.socket) else None
+        if acks is None:
             return None
-        try:
-            info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, TCP_INFO_FIELDS.size)
-            unacked, last_ack_ms = TCP_INFO_FIELDS.unpack_from(info)
-        except (OSError, struct.error):
-            return None
-        return unacked == 0 or last_ack_ms < within * 1000
+        unacked, since_ack = acks
+        return unacked == 0 or since_ack < within
 
     def put_tree(self, local_dir: str, remote_dir: str) -> int:
         """Copy a directory tree to the node over SFTP; returns the number of files."""
@@ -191,6 +189,19 @@ class SshConnection:
         jump, self.jump = self.jump, None
         if jump is not None:
             jump.release()
+
+
+def tcp_acks(sock: socket.socket) -> tuple[int, float] | None:
+    """(segments in flight not yet acknowledged, seconds since the peer's kernel last
+    acknowledged one) of a TCP socket, from Linux's tcp_info; None elsewhere."""
+    if not hasattr(socket, "TCP_INFO"):
+        return None
+    try:
+        info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, TCP_INFO_FIELDS.size)
+        unacked, last_ack_ms = TCP_INFO_FIELDS.unpack_from(info)
+    except (OSError, struct.error):
+        return None
+    return unacked, last_ack_ms / 1000
 
 
 class _TrustPolicy(paramiko.MissingHostKeyPolicy):
