@@ -170,6 +170,20 @@ def test_after_the_stop_a_gone_node_is_lost_and_an_answering_one_gets_more_time(
     assert "the node answers" in lost[0][1]
 
 
+def test_after_the_stop_a_node_whose_kernel_acknowledges_gets_more_time(clock) -> None:
+    live, (gone, starved), _ = setup(clock, False, False, hb=6)
+    starved.kernel_up = True
+    stop_overdue_at = clock.now + 2
+
+    def overdue(slack: float) -> bool:
+        return clock.now - slack > stop_overdue_at
+
+    lost = run(live, clock, 4.6, overdue=overdue)
+    assert [(node.host, gone) for node, _, gone in lost] == [("n0", True)]
+    lost = run(live, clock, 6, overdue=overdue)
+    assert [(node.host, gone) for node, _, gone in lost] == [("n1", False)]
+
+
 def test_no_heartbeat_timeout_means_no_verdicts(clock) -> None:
     live, _, _ = setup(clock, False, hb=0)
     assert run(live, clock, 50) == []

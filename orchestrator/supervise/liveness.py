@@ -125,6 +125,7 @@ class Liveness:
             self._ask(session)
         alive = self.alive(index)
         if stopped:
+            alive = alive or session.acknowledged(hb) is True
             if not alive and self.unanswered(index) >= hb / 3:
                 return "its agent did not report back after the stop, and the node does not "\
                     "answer", True  # fmt: skip
