@@ -8,13 +8,13 @@ that time; 9 000 major page faults), so its nodes heard nothing from it and stop
 the lab failing, not the launcher it tests.
 
 `Group` moves node sshds, and so everything later started through them, into a cgroup
-whose memory the kernel reclaims first (soft limit 0: when memory runs short the nodes swap,
-the controller keeps its pages; a hard cap was tried and made the nodes thrash among
-themselves, none started in 12 minutes) and whose CPU share is that of one busy process
-outside it (the kernel still gives the nodes every cycle nobody else wants). Benchmarks at
-scale use it; pdsh, ssh and the controller, which all run outside it, are measured alike.
-cgroup v1 (this kind of machine: cpu and memory hierarchies) only; elsewhere `Group.create`
-says why it cannot.
+whose memory the kernel reclaims first (soft limit 0: when memory runs short the nodes
+swap, the controller keeps its pages; a hard cap was tried and made the nodes thrash among
+themselves: 43 of 250 had started after 12 minutes) and whose CPU share is that of one busy
+process outside it (the kernel still gives the nodes every cycle nobody else wants).
+Benchmarks at scale use it; pdsh, ssh and the controller, which all run outside it, are
+measured alike. cgroup v1 (this kind of machine: cpu and memory hierarchies) only; elsewhere
+`Group.create` says why it cannot.
 """
 
 from __future__ import annotations
