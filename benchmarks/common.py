@@ -63,16 +63,19 @@ def lab_cluster(
     "Timing at many nodes": root's own ~/.bashrc may run pyenv on every SSH command).
     With `apart`, every node but the first `beside` (a jump host) runs in a cgroup of its
     own, as on a real cluster, where the nodes' work does not take the controller's CPU and
-    memory (tests/lab/cgroups.py: at 250 nodes the controller was swapped out for minutes).
-    The baselines (pdsh, ssh) run beside the controller, outside it."""
+    memory (tests/lab/cgroups.py: at 250 nodes the controller was swapped out for minutes),
+    and the nodes keep one copy of their identical pages (tests/lab/pages.py: 256 torchruns
+    need 37 GB of their own). The baselines (pdsh, ssh) run beside the controller, outside
+    the cgroup, on the same nodes."""
     from tests.lab import LabUnavailable, make_cluster
     from tests.lab.bad_days import plain_home as make_plain
 
     extra = f"SetEnv HOME={make_plain(plain_home)}" if plain_home is not None else ""
     try:
-        with make_cluster(n, sshd_extra=extra) as cluster:
+        with make_cluster(n, sshd_extra=extra, share_pages=apart) as cluster:
             if apart:
                 say(cluster.confine(cluster.nodes[beside:]))
+                say(cluster.sharing)
             yield cluster
     except LabUnavailable as exc:
         raise SystemExit(f"cannot build the namespace cluster here: {exc}") from None

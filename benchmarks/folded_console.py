@@ -96,6 +96,11 @@ def measure(n: int, per_node: int, timeout: float) -> bool:
                 verdicts.append(code == 0 and len(hello) == world and every and whole)
             else:
                 verdicts.append(code == 0 and every and whole)
+            if not verdicts[-1] and not name.startswith("folded, terminal"):
+                say(
+                    f"  {name} failed (exit {code}); its last lines:\n    "
+                    + "\n    ".join(lines[-12:])
+                )
     headers = ["console", "exit", "lines in all", "hello lines", "ranks named", "files whole"]
     say(table([*headers, "s"], rows))
     folded, raw = rows[0][2], rows[1][2]

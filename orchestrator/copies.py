@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from orchestrator.backends.base import NodeConnection
 from orchestrator.execute import NodeResult, run_on_nodes
+from orchestrator.hostlist import compress_hosts
 from orchestrator.plan import NODE_RUNS_DIR, LaunchPlan
 from orchestrator.sizes import human_bytes
 
@@ -104,16 +105,27 @@ def node_copies(
         node.node_dir if plan.attempt == 1 else f"~/{NODE_RUNS_DIR}/{plan.run_id}"
         for node in plan.nodes
     ]
-    failed = remove_copies(connections, [node.python for node in plan.nodes], dirs)
-    for why in failed:
-        note(f"warning: could not remove the node's copy of the run: {why}")
-    return f"removed, except on: {'; '.join(failed)}" if failed else "removed"
+    failed = by_reason(remove_copies(connections, [node.python for node in plan.nodes], dirs))
+    for hosts, why in failed:
+        note(f"warning: could not remove the node's copy of the run: {hosts}: {why}")
+    return (
+        f"removed, except on: {'; '.join(f'{h}: {w}' for h, w in failed)}" if failed else "removed"
+    )
+
+
+def by_reason(failed: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
+    """(host, why) folded to (host list, why), one per reason, in order of first appearance:
+    at 256 nodes one reason is one line, not 211 (`ceon[1-3,7]`, SLURM's syntax)."""
+    hosts: dict[str, list[str]] = {}
+    for host, why in failed:
+        hosts.setdefault(why, []).append(host)
+    return [(compress_hosts(names), why) for why, names in hosts.items()]
 
 
 def remove_copies(
     connections: Sequence[NodeConnection], pythons: Sequence[str], node_dirs: Sequence[str]
-) -> list[str]:
-    """Remove each node's copy of a run; what could not be removed, as 'host: why'."""
+) -> list[tuple[str, str]]:
+    """Remove each node's copy of a run; what could not be removed, as (host, why)."""
     results = run_on_nodes(
         connections,
         pythons,
@@ -122,7 +134,7 @@ def remove_copies(
         tag="clean",
         what="removing the nodes' copies",
     )
-    return [f"{r.host}: {r.describe()}{last_line(r)}" for r in results if not r.ok]
+    return [(r.host, f"{r.describe()}{last_line(r)}") for r in results if not r.ok]
 
 
 @dataclass(frozen=True)

@@ -5,8 +5,9 @@ and it is shown once with their host list and rank list in the SLURM syntax the 
 reads: `[ceon[1-64] r[0-63]] hello`. A line no other rank prints is shown as it would be
 unfolded, one window late. Ranks rarely start together at scale, so copies of a text that
 come after it was shown join one more line for that text, shown once they stop coming for
-a while (or after a longest wait): 256 ranks that print the same line over a minute show
-it a handful of times, not 256.
+a while (or after a longest wait), and each time such a line is shown the next one waits
+twice as long (up to 16x): the warning that each of 256 nodes' torch printed once, over
+three minutes, shows 8 times (a 256-node run's record replayed), not 51 as at a fixed wait.
 
 The orchestrator's own lines about one node (`[orchestrator] ceon3: stopping (stop
 requested)`) fold the same way across nodes: `[orchestrator] ceon[1-16]: stopping ...`.
@@ -35,6 +36,7 @@ WINDOW_S = 0.25  # how long a new line waits for copies; the most a distinct lin
 QUIET_S = 1.0  # late copies of a shown line: shown once none came for this long
 LONGEST_S = 5.0  # ... or this long after the first of them
 RECENT_S = 10.0  # a text shown this recently gathers late copies instead of a new window
+BACKOFF_MAX = 4  # QUIET/LONGEST double each time a text's late copies are shown, up to 2**4
 
 ORCHESTRATOR = b"[orchestrator] "  # the prefix of the orchestrator's own lines
 # a time stamp at the start of a line: glog/c10 (`W1125 13:34:54.336425 [thread]`) or ISO 8601
@@ -108,6 +110,8 @@ class Folder:
         self.lates: list[_Group] = []
         self.pending: dict[bytes, deque[_Group]] = {}  # a source's waiting lines, in order
         self.shown: OrderedDict[tuple[str, bytes], float] = OrderedDict()
+        # texts whose late copies were shown: (how often, up to BACKOFF_MAX; the last copy)
+        self.backoff: OrderedDict[tuple[str, bytes], tuple[int, float]] = OrderedDict()
         self.labels: dict[bytes, tuple[str, int | None]] = {}
         self.kinds: dict[bytes, str] = {}  # a source's kind of line: "rank" or "node"
         self.opened = 0
@@ -156,6 +160,9 @@ class Folder:
             ):
                 seen = shown.get(key)
                 late = seen is not None and now - seen <= recent
+                if not late and self.backoff:  # a text shown late waits longer to be new again
+                    level, last = self.backoff.get(key, (0, now - recent - 1))
+                    late = now - last <= recent * (1 << level)
                 self.opened += 1
                 group = open_groups[key] = _Group(text, key, kind, now, late, self.opened)
                 (self.lates.append if late else self.firsts.append)(group)
@@ -183,9 +190,17 @@ class Folder:
             if now - when <= self.recent:
                 break
             self.shown.popitem(last=False)
+        while self.backoff:
+            _level, last = next(iter(self.backoff.values()))
+            if now - last <= self.recent * (1 << BACKOFF_MAX):
+                break
+            self.backoff.popitem(last=False)
 
     def _late_due(self, group: _Group, now: float) -> bool:
-        return group.done or min(group.last + self.quiet, group.opened + self.longest) <= now
+        if group.done:
+            return True
+        scale = 1 << self.backoff.get(group.key, (0, 0.0))[0]
+        return min(group.last + self.quiet * scale, group.opened + self.longest * scale) <= now
 
     def drain(self) -> None:
         """Show everything held, in order (before a line of our own, and at the end)."""
@@ -197,6 +212,7 @@ class Folder:
             else:
                 self._emit(self.lates.pop(0))
         self.shown.clear()
+        self.backoff.clear()
 
     def _emit(self, group: _Group) -> None:
         """Show `group`, after the lines its sources printed before it."""
@@ -229,6 +245,9 @@ class Folder:
                 del self.pending[member]
         if self.open.get(group.key) is group:
             del self.open[group.key]
+        if group.late:
+            level = self.backoff.pop(group.key, (0, 0.0))[0]
+            self.backoff[group.key] = (min(level + 1, BACKOFF_MAX), group.last)
         if len(group.members) == 1:
             self.show(group.members[0], group.text, False)
         else:

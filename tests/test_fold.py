@@ -112,6 +112,25 @@ def test_late_copies_that_keep_coming_show_every_longest_wait() -> None:
     assert covered == list(range(n))
 
 
+def test_copies_that_trickle_in_for_minutes_show_a_handful_of_times() -> None:
+    # Seen at 256 nodes: each node's torch printed the same warning once, over three
+    # minutes, with gaps of up to 16 s; at a fixed wait the console showed it 31 times.
+    shown = Console()
+    folder = Folder(shown)
+    now, gaps = 0.0, [0.3, 2.5, 0.1, 7.0, 1.2, 16.0, 0.6, 3.3]
+    for n in range(256):
+        folder.release(now)
+        folder.add(
+            now, rank(n), b"[W1127 00:10:%06.3f socket.cpp:207] [c10d] warning\n" % (now % 60)
+        )
+        now += gaps[n % len(gaps)] / 5
+    folder.release(now + 200)
+    covered = [r for line in shown.lines for r in ranks_of(line)]
+    assert sorted(covered) == list(range(256))
+    assert {text_of(line)[20:] for line in shown.lines} == {"socket.cpp:207] [c10d] warning"}
+    assert len(shown.lines) <= 8, (now, len(shown.lines))
+
+
 def ranks_of(line: str) -> list[int]:
     match = re.match(r"\[\S+ (r\S+)\] ", line)
     assert match, line

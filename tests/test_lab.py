@@ -16,7 +16,7 @@ from pathlib import Path
 import paramiko
 import pytest
 
-from tests.lab import netns, state
+from tests.lab import netns, pages, state
 from tests.lab.cluster import Cluster, Node
 from tests.lab.faults import Proc
 from tests.lab.fixtures import gate, under_ci
@@ -317,6 +317,38 @@ def test_confined_nodes_run_in_a_cgroup_apart_and_teardown_removes_it(make_clust
         assert f"/{lab.name}-nodes" in lab.ssh_run(1, "cat /proc/self/cgroup")[1]
     assert lab.residue() == []
     assert not any(Path(path).exists() for path in lab.state.cgroups)
+
+
+@pytest.mark.cluster
+@pytest.mark.slow
+def test_shared_pages_nodes_keep_one_copy_of_torch_and_teardown_restores_ksmd(make_cluster) -> None:  # type: ignore[no-untyped-def]
+    if not (pages.KSM / "run").exists():
+        pytest.skip(f"this kernel has no same-page merging ({pages.KSM} is missing)")
+    before = pages.running()
+    with make_cluster(2, share_pages=True) as lab:
+        assert lab.sharing.startswith("nodes share identical memory pages"), lab.sharing
+        assert lab.state.ksm == (state.ksm_before(lab.name) or before)  # kept for teardown
+        # What a session gets: ASLR off (personality 0x0040000), merging on, the hash seed.
+        said = lab.ssh_run(
+            1,
+            "cat /proc/self/personality; grep merge_any /proc/self/ksm_stat; "
+            "python3 -c \"import os; print(os.environ['PYTHONHASHSEED'])\"",
+        )[1].split()
+        assert said == ["00040000", "ksm_merge_any:", "yes", "0"], said
+        start = pages.merged_bytes()
+        hold = f"{sys.executable} -c 'import sys, torch; sys.stdin.read()'"  # until EOF
+        sessions = [subprocess.Popen(lab.ssh_argv(i, hold), stdin=subprocess.PIPE) for i in (0, 1)]
+        try:
+            deadline = time.monotonic() + 80
+            while pages.merged_bytes() - start < 50 << 20 and time.monotonic() < deadline:
+                time.sleep(1)
+            # Two torch imports: ~144 MB each of their own without merging.
+            assert pages.merged_bytes() - start >= 50 << 20, pages.merged_bytes() - start
+        finally:
+            for session in sessions:
+                session.communicate(timeout=30)
+    assert pages.running() == before
+    assert lab.residue() == []
 
 
 @pytest.mark.cluster

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager as ContextManager
 from pathlib import Path
 
-from tests.lab import bad_days, faults, netns, state
+from tests.lab import bad_days, faults, netns, pages, state
 from tests.lab.cgroups import Group, Unavailable
 from tests.lab.netns import Node
 from tests.lab.packages import SSH_PACKAGES, ensure_prerequisites
@@ -46,12 +46,18 @@ class Cluster:
         self.netns_inodes: dict[str, int] = {}
         self.apart: Group | None = None  # the confined nodes' cgroup (confine)
         self.confined: set[str] = set()
+        self.sharing = "nodes keep their own copies of identical pages"  # (_share_pages)
+        self._mergeable = False
 
     # ----- construction and teardown -------------------------------------------------------
 
     @classmethod
-    def create(cls, n: int, *, sshd_extra: str = "", install: bool = True) -> Cluster:
-        """Bring up `n` nodes with sshd; raises LabUnavailable when this machine cannot."""
+    def create(
+        cls, n: int, *, sshd_extra: str = "", install: bool = True, share_pages: bool = False
+    ) -> Cluster:
+        """Bring up `n` nodes with sshd; raises LabUnavailable when this machine cannot.
+        With `share_pages`, the nodes' identical memory pages are kept once (pages.py says
+        why, at scale; `sharing` says whether it could be done)."""
         if not 1 <= n <= netns.MAX_NODES:
             raise ValueError(f"a lab cluster has 1..{netns.MAX_NODES} nodes, not {n}")
         if install:
@@ -63,6 +69,8 @@ class Cluster:
             record.workdir = str(workdir)
             record.save()
             cluster = cls(record, netns.plan_nodes(record, n, workdir), workdir)
+            if share_pages:
+                sshd_extra = cluster._share_pages(sshd_extra)
             cluster.netns_inodes = netns.build_network(record, cluster.nodes)
             cluster._start_all_sshd(sshd_extra)
             cluster.write_ssh_config()
@@ -88,6 +96,20 @@ class Cluster:
             self._spawn_sshd(node)
         for node in self.nodes:
             self._await_sshd(node)
+
+    def _share_pages(self, sshd_extra: str) -> str:
+        """Turn same-page merging on for this cluster's nodes (their sshds are spawned
+        mergeable); returns the sshd config lines with the hash seed added."""
+        try:
+            found = pages.start()
+        except pages.Unavailable as exc:
+            self.sharing = f"nodes keep their own copies of identical pages ({exc})"
+            return sshd_extra
+        self.state.ksm = state.ksm_before(self.name) or found  # the settings before any cluster
+        self.state.save()
+        self._mergeable = True
+        self.sharing = "nodes share identical memory pages (ASLR off, PYTHONHASHSEED=0, KSM)"
+        return pages.with_hash_seed(sshd_extra)
 
     def confine(self, nodes: Sequence[Node] | None = None) -> str:
         """Put `nodes` (default: all) in a cgroup of their own, apart from the controller
@@ -142,10 +164,12 @@ class Cluster:
 
     def _spawn_sshd(self, node: Node) -> None:
         node.sshd_pid_path.unlink(missing_ok=True)
-        argv = ["ip", "netns", "exec", node.netns, SSHD, "-D", "-f", str(node.sshd_config_path)]
-        argv += ["-E", str(node.sshd_log_path)]
-        # `ip netns exec` execs sshd, so this pid is the listener's; a new session keeps a
-        # terminal's Ctrl-C away from it (teardown stops it).
+        command = [SSHD, "-D", "-f", str(node.sshd_config_path), "-E", str(node.sshd_log_path)]
+        if self._mergeable:
+            command = pages.mergeable(command)
+        argv = ["ip", "netns", "exec", node.netns, *command]
+        # `ip netns exec` (and the mergeable wrapper) exec sshd, so this pid is the
+        # listener's; a new session keeps a terminal's Ctrl-C away from it (teardown stops it).
         proc = subprocess.Popen(
             argv,
             stdin=subprocess.DEVNULL,
@@ -405,9 +429,9 @@ class Cluster:
 
 
 @contextlib.contextmanager
-def make_cluster(n: int, *, sshd_extra: str = "") -> Iterator[Cluster]:
+def make_cluster(n: int, *, sshd_extra: str = "", share_pages: bool = False) -> Iterator[Cluster]:
     """A cluster of `n` nodes for the duration of the block."""
-    cluster = Cluster.create(n, sshd_extra=sshd_extra)
+    cluster = Cluster.create(n, sshd_extra=sshd_extra, share_pages=share_pages)
     try:
         yield cluster
     finally:

@@ -22,6 +22,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from tests.lab import pages
 from tests.lab.cgroups import remove_dirs
 
 LAB_RUN_DIR = Path("/run/orchestrator-lab")
@@ -52,6 +53,7 @@ class ClusterState:
     # `ip rule` arguments added in the root namespace (fault injection from the controller).
     root_rules: list[list[str]] = field(default_factory=list)
     cgroups: list[str] = field(default_factory=list)  # the nodes' own, where confined
+    ksm: dict[str, str] = field(default_factory=dict)  # ksmd's settings before, where shared
 
     @property
     def path(self) -> Path:
@@ -245,6 +247,17 @@ def pids_in_netns(inode: int) -> list[int]:
     return [p for p in found if process_start(p) is not None]
 
 
+def ksm_before(name: str) -> dict[str, str] | None:
+    """ksmd's settings from before merging was turned on, as another recorded cluster that
+    still has it on keeps them; None when no other has (then ours are the ones to restore)."""
+    for path in sorted(LAB_RUN_DIR.glob(f"{NAME_PREFIX}*.json")):
+        with contextlib.suppress(ValueError, TypeError, OSError):
+            other = ClusterState.load(path)
+            if other.name != name and other.ksm:
+                return other.ksm
+    return None
+
+
 def remove(state: ClusterState) -> list[str]:
     """Undo everything `state` records; returns descriptions of stray processes it had to kill."""
     strays: list[str] = []
@@ -271,6 +284,8 @@ def remove(state: ClusterState) -> list[str]:
             strays.append(f"{netns}: pid {stray} {cmd.strip()}")
             kill_recorded(stray, started, timeout=2.0)
     remove_dirs([Path(path) for path in state.cgroups])
+    if state.ksm and ksm_before(state.name) is None:
+        pages.restore(state.ksm)
     for rule in state.root_rules:
         _ip("rule", "del", *rule)
     # Deleting the outer end removes the pair at once; `netns del` alone frees it lazily.
@@ -335,6 +350,8 @@ def residue(record: ClusterState, netns_inodes: dict[str, int]) -> list[str]:
     net = subnet_of(record.index)
     left += [f"ip rule {line.strip()}" for line in rules.splitlines() if _rule_into(line, net)]
     left += [f"cgroup {path}" for path in record.cgroups if Path(path).is_dir()]
+    if record.ksm and ksm_before(record.name) is None and pages.running() != record.ksm:
+        left.append(f"ksmd settings {pages.running()} (were {record.ksm})")
     if record.workdir and Path(record.workdir).exists():
         left.append(f"directory {record.workdir}")
     if record.path.exists():
