@@ -161,8 +161,8 @@ class Folder:
                 seen = shown.get(key)
                 late = seen is not None and now - seen <= recent
                 if not late and self.backoff:  # a text shown late waits longer to be new again
-                    level, last = self.backoff.get(key, (0, now - recent - 1))
-                    late = now - last <= recent * (1 << level)
+                    backoff = self.backoff.get(key)
+                    late = backoff is not None and now - backoff[1] <= recent * (1 << backoff[0])
                 self.opened += 1
                 group = open_groups[key] = _Group(text, key, kind, now, late, self.opened)
                 (self.lates.append if late else self.firsts.append)(group)

@@ -47,7 +47,6 @@ class Cluster:
         self.apart: Group | None = None  # the confined nodes' cgroup (confine)
         self.confined: set[str] = set()
         self.sharing = "nodes keep their own copies of identical pages"  # (_share_pages)
-        self._mergeable = False
 
     # ----- construction and teardown -------------------------------------------------------
 
@@ -107,7 +106,6 @@ class Cluster:
             return sshd_extra
         self.state.ksm = state.ksm_before(self.name) or found  # the settings before any cluster
         self.state.save()
-        self._mergeable = True
         self.sharing = "nodes share identical memory pages (ASLR off, PYTHONHASHSEED=0, KSM)"
         return pages.with_hash_seed(sshd_extra)
 
@@ -165,7 +163,7 @@ class Cluster:
     def _spawn_sshd(self, node: Node) -> None:
         node.sshd_pid_path.unlink(missing_ok=True)
         command = [SSHD, "-D", "-f", str(node.sshd_config_path), "-E", str(node.sshd_log_path)]
-        if self._mergeable:
+        if self.state.ksm:  # recorded only where merging was turned on (_share_pages)
             command = pages.mergeable(command)
         argv = ["ip", "netns", "exec", node.netns, *command]
         # `ip netns exec` (and the mergeable wrapper) exec sshd, so this pid is the

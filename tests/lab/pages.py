@@ -50,10 +50,10 @@ def start() -> dict[str, str]:
     if not (KSM / "run").exists():
         raise Unavailable(f"this kernel has no same-page merging ({KSM} is missing)")
     try:
-        previous = running()
+        pid = _ksmd()
+        previous = running(pid)
         for name, value in SETTINGS.items():
             (KSM / name).write_text(value + "\n")
-        pid = _ksmd()
         if pid is not None:
             os.setpriority(os.PRIO_PROCESS, pid, KSMD_NICE)
     except OSError as exc:
@@ -70,10 +70,10 @@ def _ksmd() -> int | None:
     return None
 
 
-def running() -> dict[str, str]:
-    """ksmd's SETTINGS (and its nice value) as they are now."""
+def running(pid: int | None = None) -> dict[str, str]:
+    """ksmd's SETTINGS (and its nice value) as they are now; `pid`: ksmd's, if known."""
     now = {name: (KSM / name).read_text().strip() for name in SETTINGS}
-    pid = _ksmd()
+    pid = pid if pid is not None else _ksmd()
     if pid is not None:
         now["nice"] = str(os.getpriority(os.PRIO_PROCESS, pid))
     return now

@@ -350,8 +350,10 @@ def residue(record: ClusterState, netns_inodes: dict[str, int]) -> list[str]:
     net = subnet_of(record.index)
     left += [f"ip rule {line.strip()}" for line in rules.splitlines() if _rule_into(line, net)]
     left += [f"cgroup {path}" for path in record.cgroups if Path(path).is_dir()]
-    if record.ksm and ksm_before(record.name) is None and pages.running() != record.ksm:
-        left.append(f"ksmd settings {pages.running()} (were {record.ksm})")
+    if record.ksm and ksm_before(record.name) is None:
+        now = pages.running()
+        if now != record.ksm:
+            left.append(f"ksmd settings {now} (were {record.ksm})")
     if record.workdir and Path(record.workdir).exists():
         left.append(f"directory {record.workdir}")
     if record.path.exists():
