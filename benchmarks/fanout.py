@@ -14,16 +14,23 @@
     and time. "Started" = the latest stamp - the command's start: so it includes starting
     torchrun (which imports torch) and torchrun's rendezvous of all nodes, for everyone.
     Without the probe nothing picks a free port, so --no-preflight runs get --master-port.
-"Finished" = the command's exit - its start. Every contender runs once per repetition,
-in a rotating order; medians (min-max) over the repetitions, ratios of medians. Each SSH
-session runs the node user's login shell, which reads ~/.bashrc: every contender pays that
-once per session and node (pdsh keeps its default fan-out of 32 sessions at a time).
+    pdsh runs all sessions at once here (`-f N`): the rendezvous needs every node.
+"Finished" = the command's exit - its start. "CPU here" = the CPU time (user + system) the
+command and its descendants used on this machine, per node: the controller for
+`orchestrator`, pdsh or the loop and their ssh processes for the others. Every contender
+runs once per repetition, in a rotating order; medians (min-max) over the repetitions,
+ratios of medians. Each SSH session runs the node user's login shell; the nodes log in with
+a home whose start-up files are empty (root's own ~/.bashrc may run pyenv on every session,
+and at 256 nodes hundreds of them queue on pyenv's lock: that would measure pyenv). For the
+trivial command pdsh keeps its default fan-out of 32 sessions at a time.
 """
 
 from __future__ import annotations
 
 import itertools
+import resource
 import shlex
+import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +39,7 @@ from common import (
     ORCHESTRATOR,
     lab_cluster,
     machine_line,
+    median,
     parser,
     pdsh_environ,
     ratio,
@@ -62,6 +70,8 @@ class Contender:
     command: Callable[[Path], tuple[list[str], dict[str, str]]]  # stamps file -> argv, env
     started: list[float] = field(default_factory=list)
     finished: list[float] = field(default_factory=list)
+    cpu: list[float] = field(default_factory=list)  # s of CPU on this machine, per node
+    nodes_cpu: list[float] = field(default_factory=list)  # s of the nodes' CPU, per node
     failures: list[str] = field(default_factory=list)
 
 
@@ -158,7 +168,10 @@ class Bench:
             remote = torchrun_on_each_node(
                 self.addresses, self.work, self.program(stamps), next(PORTS)
             )
-            return ["pdsh", "-R", "ssh", "-S", "-w", ",".join(self.names), remote], self.pdsh_env
+            # all sessions at once: torchrun's static rendezvous waits for every node
+            fanout = str(len(self.names))
+            argv = ["pdsh", "-R", "ssh", "-S", "-f", fanout, "-w", ",".join(self.names), remote]
+            return argv, self.pdsh_env
 
         return [
             Contender("orchestrator launch", launch()),
@@ -168,13 +181,25 @@ class Bench:
 
     # --- running ----------------------------------------------------------------------
 
+    def nodes_cpu(self) -> float | None:
+        """CPU seconds the nodes' processes used so far (their cgroup's account), if kept."""
+        group = self.cluster.apart
+        return group.cpu_seconds() if group is not None else None
+
     def measure(self, contenders: list[Contender], keys: set[str], repeat: int, tag: str) -> None:
         for rep in range(repeat):
             shift = rep % len(contenders)
             for index, contender in enumerate(contenders[shift:] + contenders[:shift]):
                 stamps = self.work / f"{tag}-{rep}-{index}.stamps"
                 argv, env = contender.command(stamps)
-                start, end, done = run_command(argv, env, cwd=self.work)
+                before, nodes_before = children_cpu(), self.nodes_cpu()
+                limit = max(300, 8 * len(keys))  # a start at 256 nodes takes ~15 minutes here
+                try:
+                    start, end, done = run_command(argv, env, cwd=self.work, timeout=limit)
+                except subprocess.TimeoutExpired:
+                    contender.failures.append(f"did not end within {limit} s (killed)")
+                    continue
+                cpu, nodes_after = children_cpu() - before, self.nodes_cpu()
                 found = read_stamps(stamps)
                 if done.returncode != 0 or set(found) != keys:
                     tail = " | ".join(done.stderr.strip().splitlines()[-3:])
@@ -184,6 +209,20 @@ class Bench:
                     continue
                 contender.started.append(max(found.values()) - start)
                 contender.finished.append(end - start)
+                contender.cpu.append(cpu / len(keys))
+                if nodes_before is not None and nodes_after is not None:
+                    contender.nodes_cpu.append((nodes_after - nodes_before) / len(keys))
+
+
+def children_cpu() -> float:
+    """CPU seconds (user + system) of this process's ended children and their descendants:
+    the controller for `orchestrator`; pdsh or the loop with their ssh processes."""
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return used.ru_utime + used.ru_stime
+
+
+def ms(values: list[float]) -> str:
+    return f"{1000 * median(values):.1f}" if values else "-"
 
 
 def report(n: int, title: str, contenders: list[Contender], baseline: Contender) -> None:
@@ -196,6 +235,8 @@ def report(n: int, title: str, contenders: list[Contender], baseline: Contender)
                 ratio(c.started, baseline.started),
                 spread(c.finished),
                 ratio(c.finished, baseline.finished),
+                ms(c.cpu),
+                ms(c.nodes_cpu),
                 f"{len(c.started)}" + (f" ({len(c.failures)} failed)" if c.failures else ""),
             ]
         )
@@ -208,6 +249,8 @@ def report(n: int, title: str, contenders: list[Contender], baseline: Contender)
                 f"vs {baseline.name}",
                 "finished s",
                 f"vs {baseline.name}",
+                "CPU here, ms/node",
+                "nodes' CPU, ms/node",
                 "runs",
             ],
             rows,
@@ -232,7 +275,10 @@ def main() -> None:
     say(f"repetitions per contender: {args.repeat}")
     summary = []
     for n in args.nodes:
-        with lab_cluster(n, apart=True) as cluster, scratch("orchestrator-bench-fanout-") as work:
+        with (
+            scratch("orchestrator-bench-fanout-") as work,
+            lab_cluster(n, plain_home=work / "home", apart=True) as cluster,
+        ):
             bench = Bench(cluster, work)
             exec_side, launch_side = bench.exec_contenders(), bench.launch_contenders()
             try:
@@ -246,8 +292,8 @@ def main() -> None:
                 remove_node_dirs(bench.run_ids)
             summary.append((n, exec_side, launch_side))
     say(
-        "\nall started, ratio of medians (target at 16 nodes: exec <= 1.0x pdsh, "
-        "launch <= 1.1x pdsh + torchrun)"
+        "\nall started, ratio of medians (target: exec <= 1.0x pdsh, launch <= 1.0x pdsh + "
+        "torchrun); CPU on this machine per node, median ms (flat: not growing with nodes)"
     )
     rows = [
         [
@@ -256,6 +302,10 @@ def main() -> None:
             ratio(e[1].started, e[2].started),
             ratio(j[0].started, j[2].started),
             ratio(j[1].started, j[2].started),
+            ms(e[0].cpu),
+            ms(e[2].cpu),
+            ms(j[0].cpu),
+            ms(j[2].cpu),
         ]
         for n, e, j in summary
     ]
@@ -267,6 +317,10 @@ def main() -> None:
                 "ssh loop/pdsh",
                 "launch/pdsh+torchrun",
                 "launch --no-preflight/pdsh+torchrun",
+                "exec CPU",
+                "pdsh CPU",
+                "launch CPU",
+                "pdsh+torchrun CPU",
             ],
             rows,
         )

@@ -11,14 +11,11 @@ the windows) and per node, and each node count's per-node figure against the sma
 count's in the same run (flat: 1.0x or less). Target: at most 2 ms of CPU per node per
 30 s. The nodes' own CPU is not counted (see benchmarks/idle_agent.py for an agent's);
 their login shells start with empty start-up files.
-Memory: each node's torchrun keeps ~150 MB of its own (torch imported), so 250 nodes need
-~40 GB; on a smaller machine give it swap first (the sleeping torchruns swap out), e.g.
-`fallocate -l 40G /swapfile && chmod 600 /swapfile && mkswap /swapfile && swapon /swapfile`,
-and compressed swap in memory in front of it (a 250-node start then took 486 s here; the
-one earlier start that got through without it, 944 s):
-`echo lzo-rle > /sys/module/zswap/parameters/compressor;
-echo 30 > /sys/module/zswap/parameters/max_pool_percent;
-echo 1 > /sys/module/zswap/parameters/enabled`.
+Memory: each node's torchrun keeps ~150 MB of its own (torch imported), but the nodes share
+their identical pages (benchmarks/common.lab_cluster, tests/lab/pages.py): 256 nodes ran
+here in ~10 GB without swap (the start took 825 s). ksmd keeps scanning the nodes' memory
+while the windows run (about 40 % of a core at 256 nodes); the controller's figures here
+are about twice those measured before pages were shared, cause not yet separated.
 """
 
 from __future__ import annotations

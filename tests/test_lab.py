@@ -315,6 +315,15 @@ def test_confined_nodes_run_in_a_cgroup_apart_and_teardown_removes_it(make_clust
         assert f"/{lab.name}-nodes" not in outside, outside
         lab.restart_sshd(1)  # a restarted sshd goes back in
         assert f"/{lab.name}-nodes" in lab.ssh_run(1, "cat /proc/self/cgroup")[1]
+        if lab.apart.accounting is not None:  # the nodes' CPU is counted, the others' not
+            busy = "i=0; while [ $i -lt 300000 ]; do i=$((i+1)); done"
+            before = lab.apart.cpu_seconds()
+            lab.ssh_run(1, busy)
+            inside_cpu = lab.apart.cpu_seconds() - before
+            lab.ssh_run(0, busy)
+            outside_cpu = lab.apart.cpu_seconds() - before - inside_cpu
+            assert inside_cpu > 0.3, inside_cpu
+            assert outside_cpu < inside_cpu / 3, (inside_cpu, outside_cpu)
     assert lab.residue() == []
     assert not any(Path(path).exists() for path in lab.state.cgroups)
 

@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 CONTROLLERS = ("memory", "cpu")
+ACCOUNTING = "cpuacct"  # where mounted: the CPU time the nodes used (benchmarks read it)
 
 
 class Unavailable(Exception):
@@ -56,8 +57,9 @@ def _own_paths() -> dict[str, str]:
 class Group:
     """One cgroup per controller (CONTROLLERS), under this process's own."""
 
-    def __init__(self, dirs: list[Path]) -> None:
+    def __init__(self, dirs: list[Path], accounting: Path | None = None) -> None:
         self.dirs = dirs
+        self.accounting = accounting
 
     @classmethod
     def create(cls, name: str) -> Group:
@@ -66,6 +68,10 @@ class Group:
         if missing:
             raise Unavailable(f"no cgroup v1 hierarchy for {', '.join(missing)}")
         group = cls([mounts[c] / own[c].lstrip("/") / name for c in CONTROLLERS])
+        if ACCOUNTING in mounts and ACCOUNTING in own:
+            group.accounting = mounts[ACCOUNTING] / own[ACCOUNTING].lstrip("/") / name
+            if group.accounting not in group.dirs:  # cpu and cpuacct may share a hierarchy
+                group.dirs.append(group.accounting)
         try:
             for path in group.dirs:
                 path.mkdir()
@@ -79,6 +85,13 @@ class Group:
         """Move `pid` in; what it starts from now on stays in."""
         for path in self.dirs:
             (path / "cgroup.procs").write_text(f"{pid}\n")
+
+    def cpu_seconds(self) -> float | None:
+        """CPU time (user + system) the processes in the group have used so far, ended ones
+        included; None where this machine does not account it."""
+        if self.accounting is None:
+            return None
+        return int((self.accounting / "cpuacct.usage").read_text()) / 1e9
 
     def remove(self, timeout: float = 5.0) -> None:
         """Delete the cgroups once the processes in them are gone."""
