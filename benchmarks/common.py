@@ -13,6 +13,7 @@ import argparse
 import contextlib
 import os
 import pwd
+import resource
 import shlex
 import shutil
 import statistics
@@ -219,6 +220,13 @@ def cpu_seconds(pid: int) -> float:
     included)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / TICK
+
+
+def children_cpu() -> float:
+    """CPU seconds (user + system) of this process's ended children and their descendants
+    (a command run to its end: the controller, or pdsh or a loop with their ssh processes)."""
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return used.ru_utime + used.ru_stime
 
 
 def telling(lines: list[str], most: int = 40) -> str:

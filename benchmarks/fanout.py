@@ -28,7 +28,6 @@ trivial command pdsh keeps its default fan-out of 32 sessions at a time.
 from __future__ import annotations
 
 import itertools
-import resource
 import shlex
 import subprocess
 from collections.abc import Callable
@@ -37,6 +36,7 @@ from pathlib import Path
 
 from common import (
     ORCHESTRATOR,
+    children_cpu,
     lab_cluster,
     machine_line,
     median,
@@ -44,7 +44,6 @@ from common import (
     pdsh_environ,
     ratio,
     read_stamps,
-    remove_node_dirs,
     run_command,
     say,
     scratch,
@@ -88,7 +87,6 @@ class Bench:
         self.config = str(cluster.ssh.config_path)
         self.pdsh_env = pdsh_environ(cluster)
         self.runs = work / "runs"
-        self.run_ids: list[str] = []
 
     # --- (a) a trivial command --------------------------------------------------------
 
@@ -143,7 +141,6 @@ class Bench:
         def launch(*extra: str):
             def command(stamps: Path):
                 run_id = f"bench-fanout-{stamps.stem}"
-                self.run_ids.append(run_id)
                 return [
                     *ORCHESTRATOR,
                     "launch",
@@ -214,13 +211,6 @@ class Bench:
                     contender.nodes_cpu.append((nodes_after - nodes_before) / len(keys))
 
 
-def children_cpu() -> float:
-    """CPU seconds (user + system) of this process's ended children and their descendants:
-    the controller for `orchestrator`; pdsh or the loop with their ssh processes."""
-    used = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return used.ru_utime + used.ru_stime
-
-
 def ms(values: list[float]) -> str:
     return f"{1000 * median(values):.1f}" if values else "-"
 
@@ -281,15 +271,13 @@ def main() -> None:
         ):
             bench = Bench(cluster, work)
             exec_side, launch_side = bench.exec_contenders(), bench.launch_contenders()
-            try:
-                if args.part in ("a", "both"):
-                    bench.measure(exec_side, set(bench.addresses), args.repeat, f"exec{n}")
-                    report(n, "(a) trivial command", exec_side, exec_side[2])
-                if args.part in ("b", "both"):
-                    bench.measure(launch_side, {str(i) for i in range(n)}, args.repeat, f"job{n}")
-                    report(n, "(b) torchrun job, one rank per node", launch_side, launch_side[2])
-            finally:
-                remove_node_dirs(bench.run_ids)
+            # the nodes' copies of each run land in their plain home, inside `work`
+            if args.part in ("a", "both"):
+                bench.measure(exec_side, set(bench.addresses), args.repeat, f"exec{n}")
+                report(n, "(a) trivial command", exec_side, exec_side[2])
+            if args.part in ("b", "both"):
+                bench.measure(launch_side, {str(i) for i in range(n)}, args.repeat, f"job{n}")
+                report(n, "(b) torchrun job, one rank per node", launch_side, launch_side[2])
             summary.append((n, exec_side, launch_side))
     say(
         "\nall started, ratio of medians (target: exec <= 1.0x pdsh, launch <= 1.0x pdsh + "

@@ -37,7 +37,6 @@ from common import (
     parser,
     pdsh_environ,
     ratio,
-    remove_node_dirs,
     say,
     scratch,
     spread,
@@ -66,7 +65,6 @@ class Bench:
         self.times: dict[str, list[float]] = {}
         self.reached: dict[str, list[int]] = {}
         self.codes: dict[str, list[int]] = {}  # each run's exit code (0 for ssh and pdsh)
-        self.run_ids: list[str] = []
         self.launches = itertools.count()
 
     def record(self, name: str, started: float, reached: int, code: int = 0) -> None:
@@ -136,7 +134,6 @@ class Bench:
 
     def launch(self, name: str, config: Path) -> None:
         run_id = f"jumpbench{next(self.launches)}"
-        self.run_ids.append(run_id)
         started = time.monotonic()
         done = subprocess.run(
             [
@@ -207,7 +204,6 @@ def measure(bench: Bench, options) -> None:
     for round_ in range(options.launch_rounds):
         for step in pair if round_ % 2 == 0 else pair[::-1]:
             step()
-    remove_node_dirs(bench.run_ids)
     rows = []
     for name, times in bench.times.items():
         base = "launch direct" if name.startswith("launch") else "exec direct"

@@ -23,7 +23,6 @@ Target (issue: a controller cheaper than pdsh per line): orchestrator / pdsh <= 
 from __future__ import annotations
 
 import itertools
-import resource
 import shlex
 import subprocess
 from pathlib import Path
@@ -31,6 +30,7 @@ from pathlib import Path
 from common import (
     ORCHESTRATOR,
     PYTHON,
+    children_cpu,
     lab_cluster,
     machine_line,
     median,
@@ -58,11 +58,6 @@ if not lines:
 """
 
 RUNS = itertools.count()
-
-
-def children_cpu() -> float:
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
 
 
 class Bench:

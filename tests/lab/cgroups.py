@@ -57,9 +57,9 @@ def _own_paths() -> dict[str, str]:
 class Group:
     """One cgroup per controller (CONTROLLERS), under this process's own."""
 
-    def __init__(self, dirs: list[Path], accounting: Path | None = None) -> None:
+    def __init__(self, dirs: list[Path]) -> None:
         self.dirs = dirs
-        self.accounting = accounting
+        self.accounting: Path | None = None  # its cpuacct folder, where there is one (create)
 
     @classmethod
     def create(cls, name: str) -> Group:
