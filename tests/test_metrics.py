@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import os
 import queue
+import random
+import statistics
 import subprocess
 import sys
 import time
@@ -17,7 +19,7 @@ from orchestrator.nodes import FrameParser
 from orchestrator.runs import RunRecord
 from orchestrator.supervise.metrics import RunMetrics
 from orchestrator.supervise.state import NodeState
-from orchestrator.supervise.stragglers import Stragglers
+from orchestrator.supervise.stragglers import Stragglers, median_without
 from orchestrator.top import RunView
 from tests.cli_helpers import run_cli
 
@@ -95,6 +97,20 @@ def test_silence_names_nobody_when_only_rank_0_prints_or_everyone_waits() -> Non
         for rank in range(8):
             s.heard_from(rank, float(t))
     assert s.check(200.0, set(range(8))) == []  # all silent alike: a hang, not a straggler
+
+
+def test_the_other_ranks_median_is_the_median_of_the_list_without_the_rank() -> None:
+    # check() sorts once per pass instead of building every rank's "others" (quadratic in
+    # the ranks, every second); ties, odd and even counts, and one rank alone.
+    picks = random.Random(7)
+    for _ in range(2000):
+        values = [
+            picks.choice([1.0, 2.0, 2.0, picks.uniform(0, 9)]) for _ in range(picks.randint(1, 9))
+        ]
+        ordered = sorted(values)
+        for i, value in enumerate(values):
+            others = values[:i] + values[i + 1 :]
+            assert median_without(ordered, value) == (statistics.median(others) if others else None)
 
 
 def test_metrics_jsonl_stamps_each_record_and_skips_what_is_not_json(tmp_path: Path) -> None:

@@ -17,8 +17,8 @@ or the rank never spoke much (only rank 0 prints), nobody is named.
 
 from __future__ import annotations
 
+import bisect
 import math
-import statistics
 from collections import deque
 from dataclasses import dataclass
 
@@ -111,26 +111,28 @@ class Stragglers:
         return means
 
     def check(self, now: float, running: set[int]) -> list[Straggler]:
-        """Stragglers among the `running` ranks not named before."""
+        """Stragglers among the `running` ranks not named before. One sort per measure
+        and pass: the loop runs this every second, over every rank."""
         found = []
         means = {r: m for r, m in self.mean_work(now).items() if r in running}
+        works = sorted(work for work, _ in means.values())
         for rank, (work, span) in means.items():
-            others = [m for r, (m, _) in means.items() if r != rank]
-            median = statistics.median(others) if others else 0.0
-            if rank not in self.named and median > 0 and work > self.ratio * median:
+            if rank in self.named:
+                continue
+            median = median_without(works, work)
+            if median is not None and median > 0 and work > self.ratio * median:
                 found.append(self._name(rank, "work", work / median, span, now))
         silences = {r: now - self.heard[r] for r in running if r in self.heard}
+        ordered = sorted(silences.values())
         for rank, silence in silences.items():
-            others = [s for r, s in silences.items() if r != rank]
             if (
                 rank in self.named
-                or not others
                 or silence < self.silent_min_s
                 or self.spoken.get(rank, 0) < SPOKEN
             ):
                 continue
-            median = statistics.median(others)
-            if silence > self.silent_ratio * max(median, 1.0):
+            median = median_without(ordered, silence)
+            if median is not None and silence > self.silent_ratio * max(median, 1.0):
                 found.append(self._name(rank, "silent", silence / max(median, 1.0), silence, now))
         return found
 
@@ -145,3 +147,18 @@ class Stragglers:
 
 def _number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def median_without(ordered: list[float], value: float) -> float | None:
+    """The median of sorted `ordered` with one occurrence of `value` (which it holds) left
+    out: the other ranks' median, without building their list for every rank. None when
+    nothing is left."""
+    k = len(ordered) - 1
+    if k <= 0:
+        return None
+    i = bisect.bisect_left(ordered, value)
+
+    def rest(j: int) -> float:
+        return ordered[j] if j < i else ordered[j + 1]
+
+    return rest(k // 2) if k % 2 else (rest(k // 2 - 1) + rest(k // 2)) / 2
