@@ -105,7 +105,10 @@ def node_copies(
         node.node_dir if plan.attempt == 1 else f"~/{NODE_RUNS_DIR}/{plan.run_id}"
         for node in plan.nodes
     ]
-    failed = by_reason(remove_copies(connections, [node.python for node in plan.nodes], dirs))
+    pythons = [node.python for node in plan.nodes]
+    # Tagged with the run: each node's agent, idle since the job ended, does it (no new
+    # session or interpreter per node).
+    failed = by_reason(remove_copies(connections, pythons, dirs, tag=plan.run_id))
     for hosts, why in failed:
         note(f"warning: could not remove the node's copy of the run: {hosts}: {why}")
     return (
@@ -123,15 +126,19 @@ def by_reason(failed: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
 
 
 def remove_copies(
-    connections: Sequence[NodeConnection], pythons: Sequence[str], node_dirs: Sequence[str]
+    connections: Sequence[NodeConnection],
+    pythons: Sequence[str],
+    node_dirs: Sequence[str],
+    tag: str = "clean",
 ) -> list[tuple[str, str]]:
-    """Remove each node's copy of a run; what could not be removed, as (host, why)."""
+    """Remove each node's copy of a run; what could not be removed, as (host, why). The
+    agents are tagged `tag`: a run's own id takes the agents its job left idle."""
     results = run_on_nodes(
         connections,
         pythons,
         [["sh", "-c", REMOVE_COPY, "sh", copy_path(d)] for d in node_dirs],
         time_limit=REMOVE_TIME_LIMIT_S,
-        tag="clean",
+        tag=tag,
         what="removing the nodes' copies",
     )
     return [(r.host, f"{r.describe()}{last_line(r)}") for r in results if not r.ok]

@@ -5,6 +5,8 @@ removes the copies of ended runs, never those of a run still running."""
 
 from __future__ import annotations
 
+import shlex
+import sys
 import textwrap
 import uuid
 from pathlib import Path
@@ -96,10 +98,25 @@ def test_node_copies_go_after_success_stay_after_failure_and_clean_removes_them(
     ok_id, kept_id, failed_id, running_id = (
         f"copies-{w}-{tag}" for w in ("ok", "kept", "failed", "running")
     )
-    ok = job(ok_id, env={"SLEEP": "0"})
+    # The nodes' python, through a wrapper that notes each agent it starts (node, tag).
+    agents = job.tmp / "agents.txt"
+    python = job.tmp / "python"
+    python.write_text(
+        "#!/bin/bash\n"
+        'for word in "$@"; do if [ "$word" = orchestrator-agent ]; then\n'
+        '    read -r _ _ node _ <<< "$SSH_CONNECTION"\n'
+        f'    echo "$node ${{@: -1}}" >> {shlex.quote(str(agents))}\n'
+        "fi; done\n"
+        f'exec {shlex.quote(sys.executable)} "$@"\n'
+    )
+    python.chmod(0o755)
+    ok = job(ok_id, "--python", str(python), env={"SLEEP": "0"})
     assert ok.returncode == 0, ok.stdout[-3000:]
     assert not (copies / ok_id).exists(), list((copies / ok_id).rglob("*"))
     assert status_of(job.runs, ok_id)["node_copies"] == "removed"
+    # One agent per node did the preflight, the job and the removal: one login each.
+    started = sorted(agents.read_text().split("\n")[:-1])
+    assert started == sorted(f"{node.address} {ok_id}" for node in cluster.nodes), started
 
     kept = job(kept_id, "--keep-node-logs", env={"SLEEP": "0"})
     assert kept.returncode == 0, kept.stdout[-3000:]
