@@ -330,7 +330,7 @@ def test_confined_nodes_run_in_a_cgroup_apart_and_teardown_removes_it(make_clust
 
 @pytest.mark.cluster
 @pytest.mark.slow
-def test_shared_pages_nodes_keep_one_copy_of_torch_and_teardown_restores_ksmd(make_cluster) -> None:  # type: ignore[no-untyped-def]
+def test_shared_pages_keep_one_torch_copy_even_paused_teardown_restores_ksmd(make_cluster) -> None:  # type: ignore[no-untyped-def]
     if not (pages.KSM / "run").exists():
         pytest.skip(f"this kernel has no same-page merging ({pages.KSM} is missing)")
     before = pages.running()
@@ -353,6 +353,10 @@ def test_shared_pages_nodes_keep_one_copy_of_torch_and_teardown_restores_ksmd(ma
                 time.sleep(1)
             # Two torch imports: ~144 MB each of their own without merging.
             assert pages.merged_bytes() - start >= 50 << 20, pages.merged_bytes() - start
+            with pages.paused() as stopped:  # ksmd stops scanning; what it merged stays
+                assert stopped and pages.running()["run"] == "0"
+                assert pages.merged_bytes() - start >= 50 << 20, pages.merged_bytes() - start
+            assert pages.running()["run"] == "1"
         finally:
             for session in sessions:
                 session.communicate(timeout=30)
