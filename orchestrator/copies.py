@@ -106,9 +106,7 @@ def node_copies(
         for node in plan.nodes
     ]
     pythons = [node.python for node in plan.nodes]
-    # Tagged with the run: each node's agent, idle since the job ended, does it (no new
-    # session or interpreter per node).
-    failed = by_reason(remove_copies(connections, pythons, dirs, tag=plan.run_id))
+    failed = by_reason(remove_copies(connections, pythons, dirs, plan.run_id))
     for hosts, why in failed:
         note(f"warning: could not remove the node's copy of the run: {hosts}: {why}")
     return (
@@ -129,16 +127,16 @@ def remove_copies(
     connections: Sequence[NodeConnection],
     pythons: Sequence[str],
     node_dirs: Sequence[str],
-    tag: str = "clean",
+    run_id: str,
 ) -> list[tuple[str, str]]:
-    """Remove each node's copy of a run; what could not be removed, as (host, why). The
-    agents are tagged `tag`: a run's own id takes the agents its job left idle."""
+    """Remove each node's copy of run `run_id`; what could not be removed, as (host, why).
+    The agents are tagged with the run's id, so the ones its job left idle do it."""
     results = run_on_nodes(
         connections,
         pythons,
         [["sh", "-c", REMOVE_COPY, "sh", copy_path(d)] for d in node_dirs],
         time_limit=REMOVE_TIME_LIMIT_S,
-        tag=tag,
+        tag=run_id,
         what="removing the nodes' copies",
     )
     return [(r.host, f"{r.describe()}{last_line(r)}") for r in results if not r.ok]
