@@ -317,10 +317,10 @@ def test_a_steady_heartbeat_waits_while_the_agent_writes_other_frames() -> None:
     import threading
     import time
 
-    from orchestrator.agent.protocol import BEATS_DEFERRED, FIRST_BEAT_S, FIRST_BEATS
+    from orchestrator.agent.protocol import AGENT_BEATS, BEATS_DEFERRED, FIRST_BEAT_S, FIRST_BEATS
 
-    timeout = 2.0  # steady beats every 0.5 s; the first FIRST_BEATS every 0.5 s too
-    pause = timeout / 4
+    timeout = 1.5  # steady beats every 0.5 s; the first FIRST_BEATS every 0.5 s too
+    pause = timeout / AGENT_BEATS
     first = FIRST_BEATS * min(FIRST_BEAT_S, pause)
     loud, quiet = 4.0, 3.0
     script = f"sleep {first + 0.5}; end=$((SECONDS + {loud:.0f})); "

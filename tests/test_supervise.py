@@ -306,14 +306,14 @@ def test_an_idle_loop_sleeps_long_yet_a_signal_wakes_it_at_once(tmp_path: Path) 
     events: queue.Queue[Event | None] = queue.Queue()
     sink = LogSink(tmp_path, {r: f"r{r}" for r in range(4)}, {0: "a", 1: "b"}, None, False)
     sup = Supervisor(nodes, ranks, sessions, events, sink, grace=3, heartbeat_timeout=60)
-    assert sup._pause() == IDLE_TICK_S == 1.0  # nothing happens: one wake-up a second
+    assert sup._pause() == IDLE_TICK_S == 2.0  # nothing happens: one wake-up in 2 s
     now = time.time()
     for node in (0, 1):
         events.put(Event(node, "S", (str(100 + node), f"{now:.6f}")))
     took: list[float] = []
 
     def interrupt_then_end() -> None:
-        time.sleep(2.3)  # the loop waits for an event, up to a second at a time
+        time.sleep(2.3)  # the loop waits for an event, up to 2 s at a time
         sent = time.monotonic()
         os.kill(os.getpid(), signal.SIGINT)
         while "stop 3" not in sessions[0].sent and time.monotonic() < sent + 5:

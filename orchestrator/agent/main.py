@@ -38,6 +38,7 @@ from orchestrator.agent.processes import (
     script_command,
 )
 from orchestrator.agent.protocol import (
+    AGENT_BEATS,
     BEATS_DEFERRED,
     FIRST_BEATS,
     IDLE_S,
@@ -189,7 +190,7 @@ class Agent:
         """H from a thread of its own, whatever the loop is doing (protocol.beat_intervals);
         a steady one waits `pause` after the last bytes written, BEATS_DEFERRED times at most."""
         timeout = float(self.config.get("heartbeat_timeout", 30))
-        for number, pause in enumerate(beat_intervals(timeout)):
+        for number, pause in enumerate(beat_intervals(timeout, AGENT_BEATS)):
             due, deferred = time.monotonic() + pause, 0
             while True:
                 if self.beating.wait(max(0.0, due - time.monotonic())):

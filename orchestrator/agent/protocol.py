@@ -29,17 +29,23 @@ import select
 import time
 
 # Heartbeats (agent -> controller `H`, controller -> agent `hb`), both ways: one a second
-# while the clocks are first compared (clocks.py), then one per heartbeat_timeout / 4
-# between FASTEST_BEAT_S and SLOWEST_BEAT_S, so that a beat is late before a third of the
-# timeout has passed (when liveness starts asking the node's sshd), and a quiet job of
-# 1 000 nodes costs the controller little. A steady H waits while the agent writes other
-# frames (any bytes say it is there), up to BEATS_DEFERRED beats in a row: one still goes out
-# every 4 beats, so the clocks go on being compared while ranks print.
+# while the clocks are first compared (clocks.py), then steady, between FASTEST_BEAT_S and
+# SLOWEST_BEAT_S: the agent's one per heartbeat_timeout / AGENT_BEATS, so that a beat is
+# late by a sixth of the timeout before liveness starts asking the node's sshd (at half of
+# it), and the controller's one per heartbeat_timeout / CONTROLLER_BEATS, so that an agent
+# misses two before it starts asking whether the controller's host is there. A quiet job of
+# 1 000 nodes costs the controller what its messages cost (benchmarks/idle_controller.py):
+# five per node in 30 s, two out and three in (two H, and the quiet node's P sample, which
+# stands in for a third). A steady H waits while the agent writes other frames (any bytes
+# say it is there), up to BEATS_DEFERRED beats in a row: one still goes out every 4 beats,
+# so the clocks go on being compared while ranks print.
 WITH_PAYLOAD = frozenset("ONFMWQP")  # frame types whose last header field is a length
 FIRST_BEATS = 5
 FIRST_BEAT_S = 1.0
 FASTEST_BEAT_S = 0.5
-SLOWEST_BEAT_S = 10.0
+SLOWEST_BEAT_S = 15.0
+AGENT_BEATS = 3  # per heartbeat timeout
+CONTROLLER_BEATS = 2
 BEATS_DEFERRED = 3
 STALL_S = 600.0  # how long a silent controller whose host answers is waited for
 # How long a finished agent waits for the controller's next step. The launch's preflight
@@ -50,9 +56,10 @@ STALL_S = 600.0  # how long a silent controller whose host answers is waited for
 IDLE_S = 600.0
 
 
-def beat_intervals(heartbeat_timeout: float):
-    """The pauses between heartbeats: FIRST_BEATS of FIRST_BEAT_S, then steady."""
-    steady = SLOWEST_BEAT_S if heartbeat_timeout <= 0 else heartbeat_timeout / 4
+def beat_intervals(heartbeat_timeout: float, per_timeout: int):
+    """The pauses between heartbeats: FIRST_BEATS of FIRST_BEAT_S, then `per_timeout`
+    steady ones per heartbeat timeout (AGENT_BEATS or CONTROLLER_BEATS)."""
+    steady = SLOWEST_BEAT_S if heartbeat_timeout <= 0 else heartbeat_timeout / per_timeout
     steady = min(SLOWEST_BEAT_S, max(FASTEST_BEAT_S, steady))
     for _ in range(FIRST_BEATS):
         yield min(FIRST_BEAT_S, steady)

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-SAMPLES = 16  # exchanges kept: a minute's worth at one a few seconds, so drift hardly shows
+SAMPLES = 16  # exchanges kept: a few minutes' worth at one per 10 s, so drift hardly shows
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,10 @@ is doing. So, for a node whose agent has said nothing for `heartbeat_timeout`:
   heartbeat timeout: the machine is up and the link carries, its sshd is starved (seen at
   250 nodes on a machine swapping hard): the same, busy, not gone;
 - otherwise it is lost: the node is down or its link is cut.
-Keepalives go out from `heartbeat_timeout / 3` of silence on, so a dead node is still
-declared lost within the heartbeat timeout.
+Keepalives go out from ASK_AFTER (half) of the heartbeat timeout's silence on: an agent's
+steady beats come three times per timeout (agent/protocol.py), so a node is asked only
+once its agent is late by a sixth of the timeout, and a dead node is still declared lost
+within the heartbeat timeout.
 """
 
 from __future__ import annotations
@@ -25,8 +27,9 @@ from typing import Protocol
 
 from orchestrator.supervise.state import NodeState
 
-MAX_TICK_S = 2.0  # the most one pass of the loop counts, however late it is
+MAX_TICK_S = 3.0  # the most one pass of the loop counts, however late (one comes every 2 s)
 CHECK_S = 0.5  # how often silence is looked at
+ASK_AFTER = 0.5  # of the heartbeat timeout: the silence from which a node's sshd is asked
 
 
 class Heard(Protocol):
@@ -81,7 +84,7 @@ class Liveness:
 
     def alive(self, node: int) -> bool:
         """Heard lately, or its sshd answered since its agent fell silent, lately."""
-        if self.silence(node) < self.heartbeat_timeout / 3:
+        if self.silence(node) < self.heartbeat_timeout * ASK_AFTER:
             return True
         answered = self.answered.get(node)
         return (
@@ -105,7 +108,7 @@ class Liveness:
         self.last_check = self.awake
         self._note_heard()
         lost = []
-        stopped, quiet = overdue(0.0), self.heartbeat_timeout / 3
+        stopped, quiet = overdue(0.0), self.heartbeat_timeout * ASK_AFTER
         for session in list(self.sessions):
             node = self.nodes[session.index]
             if node.done or (not stopped and self.silence(session.index) < quiet):
@@ -121,7 +124,7 @@ class Liveness:
         index, hb = node.index, self.heartbeat_timeout
         silent = self.silence(index)
         stopped = overdue(0.0)
-        if silent >= hb / 3 or stopped:
+        if silent >= hb * ASK_AFTER or stopped:
             self._ask(session)
         alive = self.alive(index)
         if stopped:
