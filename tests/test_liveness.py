@@ -187,3 +187,20 @@ def test_after_the_stop_a_node_whose_kernel_acknowledges_gets_more_time(clock) -
 def test_no_heartbeat_timeout_means_no_verdicts(clock) -> None:
     live, _, _ = setup(clock, False, hb=0)
     assert run(live, clock, 50) == []
+
+
+@pytest.mark.parametrize("hb", [1.5, 3, 5, 30, 60, 120])
+def test_steady_beats_come_before_a_node_is_asked_and_two_before_an_agent_asks(hb) -> None:
+    """The beat schedules (agent/protocol.py) against the silences that start questions:
+    an agent's beat is late before the controller asks the node's sshd, and an agent hears
+    two of the controller's beats within the timeout after which it asks the controller's
+    host (agent/main.py check_controller)."""
+    from itertools import islice
+
+    from orchestrator.agent.protocol import AGENT_BEATS, CONTROLLER_BEATS, beat_intervals
+
+    agent = list(islice(beat_intervals(hb, AGENT_BEATS), 20))
+    controller = list(islice(beat_intervals(hb, CONTROLLER_BEATS), 20))
+    assert max(agent) <= hb * liveness.ASK_AFTER * 2 / 3  # late by a third of the wait, at least
+    assert 2 * max(controller) <= hb
+    assert agent[-1] <= controller[-1]  # nodes speak at least as often as they are spoken to

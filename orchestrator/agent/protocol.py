@@ -35,10 +35,10 @@ import time
 # it), and the controller's one per heartbeat_timeout / CONTROLLER_BEATS, so that an agent
 # misses two before it starts asking whether the controller's host is there. A quiet job of
 # 1 000 nodes costs the controller what its messages cost (benchmarks/idle_controller.py):
-# five per node in 30 s, two out and three in (two H, and the quiet node's P sample, which
-# stands in for a third). A steady H waits while the agent writes other frames (any bytes
-# say it is there), up to BEATS_DEFERRED beats in a row: one still goes out every 4 beats,
-# so the clocks go on being compared while ranks print.
+# at the default timeout (30 s), five per node in 30 s, two out and three in (two H, and the
+# quiet node's P sample, which stands in for a third). A steady H waits while the agent
+# writes other frames (any bytes say it is there), up to BEATS_DEFERRED beats in a row: one
+# still goes out every 4 beats, so the clocks go on being compared while ranks print.
 WITH_PAYLOAD = frozenset("ONFMWQP")  # frame types whose last header field is a length
 FIRST_BEATS = 5
 FIRST_BEAT_S = 1.0
