@@ -16,7 +16,7 @@ from pathlib import Path
 import paramiko
 import pytest
 
-from tests.lab import netns, pages, state
+from tests.lab import limits, netns, pages, state
 from tests.lab.cluster import Cluster, Node
 from tests.lab.faults import Proc
 from tests.lab.fixtures import gate, under_ci
@@ -411,3 +411,19 @@ def test_sbatch_two_nodes_runs_on_both_and_reports_exit_codes(
     assert (failed["JobState"], failed["ExitCode"]) == ("FAILED", "3:0")
     squeue = slurm_cluster.run(["squeue", "-h", "-j", f"{job},{failing}"])
     assert squeue.stdout.strip() == ""
+
+
+def test_a_cluster_past_the_inotify_limit_raises_it_and_restore_puts_it_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One inotify instance per node agent (tests/lab/limits.py), on a stand-in file."""
+    setting = tmp_path / "max_user_instances"
+    setting.write_text("128\n")
+    monkeypatch.setattr(limits, "INOTIFY_INSTANCES", setting)
+    assert limits.raise_for(32) is None  # 2 * 32 + 64 <= 128: left alone
+    assert setting.read_text() == "128\n"
+    assert limits.raise_for(256) == 128  # what it found, for the teardown
+    assert limits.current() == limits.needed(256) >= 2 * 256
+    assert limits.raise_for(100) is None  # high enough already: never lowered
+    limits.restore(128)
+    assert limits.current() == 128

@@ -6,6 +6,7 @@ shipping.py   the outbox to the controller, masking, the script's output as whol
 ranks.py      each rank's output file as whole lines, then its exit
 disk.py       whether the node directory can still be written, and if not, why
 controller.py whether the controller's host still answers, when the controller is silent
+wakeup.py     what wakes a quiet agent: writes in the node directory, signals, a child's end
 main.py       the agent: one loop tying them together, step after step
 loader.py     runs first on a node: makes the modules above importable from their source
 bootstrap.py  controller side: the agent's command line and the source it is sent

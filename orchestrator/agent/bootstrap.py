@@ -33,6 +33,7 @@ NODE_MODULES = (
     "processes",
     "controller",
     "sampling",
+    "wakeup",
     "main",
 )
 

@@ -52,6 +52,7 @@ from orchestrator.agent.protocol import (
 from orchestrator.agent.ranks import NodeRanks
 from orchestrator.agent.sampling import QUIET_SAMPLE_S, SAMPLE_S, Sampler, differs
 from orchestrator.agent.shipping import Outbox, PipeLines
+from orchestrator.agent.wakeup import QUIET_S, Wakeup, drain
 
 # Type names only, not imported at run time (see processes.py).
 TYPE_CHECKING = False
@@ -59,7 +60,9 @@ if TYPE_CHECKING:
     from typing import IO
 
 POLL_S = 0.02  # while ranks print or the run stops: how often their files are read
-IDLE_POLL_S = 0.1  # quiet: the wait doubles up to this (a command or script output wakes it)
+# Quiet: the wait doubles up to this where nothing reports writes to the rank files (up to
+# wakeup.QUIET_S where the kernel does); a command, the script's output or a signal wakes it.
+IDLE_POLL_S = 0.1
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
 
 
@@ -79,7 +82,9 @@ class Agent:
         self.stdin_open = True
         self.controller_silent = False
         self.lock: IO[str] | None = None
-        self.wait = POLL_S  # the loop's select timeout: POLL_S while busy, up to IDLE_POLL_S
+        self.wait = POLL_S  # the loop's select timeout: POLL_S while busy, up to quiet_wait
+        self.wakeup: Wakeup | None = None
+        self.quiet_wait = IDLE_POLL_S
         self.last_hb_in = time.monotonic()
         self.controller_host = ControllerHost()
         self.beating = threading.Event()
@@ -115,6 +120,13 @@ class Agent:
             self.outbox.send(frame("X", 127, f"{time.time():.6f}"))
             self.outbox.flush(10)
             return 127
+        # The rank files' watch, where there are rank files (a command's step has none).
+        self.wakeup = Wakeup(self.node_dir if self.ranks.files else None)
+        if self.wakeup.files is not None:
+            # What only a pass notices (a silent controller) must not wait much longer.
+            timeout = float(self.config.get("heartbeat_timeout", 30))
+            longest = min(QUIET_S, timeout / 4) if timeout > 0 else QUIET_S
+            self.quiet_wait = max(IDLE_POLL_S, longest)
         threads = [threading.Thread(target=self.heartbeats, name="heartbeats", daemon=True)]
         sample_s = float(self.config.get("sample_s", SAMPLE_S))
         if self.ranks.files and sample_s > 0:
@@ -123,10 +135,13 @@ class Agent:
             )
         for thread in threads:
             thread.start()
-        while True:
-            self.step()
-            if self.finished():
-                break
+        try:
+            while True:
+                self.step()
+                if self.finished():
+                    break
+        finally:
+            self.wakeup.close()
         self.beating.set()  # nothing may follow X
         for thread in threads:
             thread.join()
@@ -153,16 +168,24 @@ class Agent:
         readers = [0] if self.stdin_open else []
         if script_out is not None:
             readers.append(script_out.pipe.fileno())
+        wakeup = self.wakeup
+        if wakeup is not None:
+            readers += wakeup.descriptors(quiet=self.wait > POLL_S)
         writers = [1] if self.outbox.data and self.outbox.open else []
         outputs = self.outbox.outputs
         try:
             readable, writable, _ = select.select(readers, writers, [], self.wait)
         except InterruptedError:
             return
+        if wakeup is not None:
+            if wakeup.signals in readable:
+                drain(wakeup.signals)
+            wakeup.drain_files()  # before the files are read: a later write wakes the next select
         if 1 in writable:
             self.outbox.write_some()
         if 0 in readable:
             self.read_commands()
+        data = b""
         if (
             script_out is not None
             and script_out.pipe.fileno() in readable
@@ -182,9 +205,15 @@ class Agent:
         ending = self.processes.stopping or self.processes.script_rc is not None
         if ending:
             self.processes.enforce_stop(now, self.ranks.all_exited())
-        # An idle agent costs next to nothing: it backs off while nothing happens.
-        busy = ending or bool(readable) or self.outbox.outputs != outputs
-        self.wait = POLL_S if busy else min(IDLE_POLL_S, self.wait * 2)
+        # An idle agent costs next to nothing: it backs off while nothing happens (a
+        # heartbeat in, a signal or a child's end is handled in this pass and changes nothing).
+        busy = (
+            ending
+            or self.outbox.outputs != outputs
+            or bool(data)
+            or (wakeup is not None and wakeup.files in readable)
+        )
+        self.wait = POLL_S if busy else min(self.quiet_wait, self.wait * 2)
 
     def heartbeats(self) -> None:
         """H from a thread of its own, whatever the loop is doing (protocol.beat_intervals);
@@ -217,6 +246,7 @@ class Agent:
             if self.beating.is_set():
                 return
             self.outbox.send(frame("P", payload=data))
+            self.outbox.write_some()  # now, not at the loop's next pass (up to QUIET_S away)
             shipped, shipped_at = sample, now
 
     def check_controller(self, now: float) -> None:

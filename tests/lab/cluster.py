@@ -16,7 +16,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager as ContextManager
 from pathlib import Path
 
-from tests.lab import bad_days, faults, netns, pages, state
+from tests.lab import bad_days, faults, limits, netns, pages, state
 from tests.lab.cgroups import Group, Unavailable
 from tests.lab.netns import Node
 from tests.lab.packages import SSH_PACKAGES, ensure_prerequisites
@@ -70,6 +70,9 @@ class Cluster:
             cluster = cls(record, netns.plan_nodes(record, n, workdir), workdir)
             if share_pages:
                 sshd_extra = cluster._share_pages(sshd_extra)
+            if (found := limits.raise_for(n)) is not None:  # one agent per node (limits.py)
+                record.inotify_instances = state.inotify_before(record.name) or found
+                record.save()
             cluster.netns_inodes = netns.build_network(record, cluster.nodes)
             cluster._start_all_sshd(sshd_extra)
             cluster.write_ssh_config()

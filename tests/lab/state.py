@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from tests.lab import pages
+from tests.lab import limits, pages
 from tests.lab.cgroups import remove_dirs
 
 LAB_RUN_DIR = Path("/run/orchestrator-lab")
@@ -54,6 +54,7 @@ class ClusterState:
     root_rules: list[list[str]] = field(default_factory=list)
     cgroups: list[str] = field(default_factory=list)  # the nodes' own, where confined
     ksm: dict[str, str] = field(default_factory=dict)  # ksmd's settings before, where shared
+    inotify_instances: int = 0  # the user's inotify limit before, where raised (limits.py)
 
     @property
     def path(self) -> Path:
@@ -250,11 +251,20 @@ def pids_in_netns(inode: int) -> list[int]:
 def ksm_before(name: str) -> dict[str, str] | None:
     """ksmd's settings from before merging was turned on, as another recorded cluster that
     still has it on keeps them; None when no other has (then ours are the ones to restore)."""
+    return _before(name, "ksm")
+
+
+def inotify_before(name: str) -> int | None:
+    """The inotify instance limit from before any recorded cluster raised it (as ksm_before)."""
+    return _before(name, "inotify_instances")
+
+
+def _before(name: str, setting: str):
     for path in sorted(LAB_RUN_DIR.glob(f"{NAME_PREFIX}*.json")):
         with contextlib.suppress(ValueError, TypeError, OSError):
             other = ClusterState.load(path)
-            if other.name != name and other.ksm:
-                return other.ksm
+            if other.name != name and getattr(other, setting):
+                return getattr(other, setting)
     return None
 
 
@@ -286,6 +296,8 @@ def remove(state: ClusterState) -> list[str]:
     remove_dirs([Path(path) for path in state.cgroups])
     if state.ksm and ksm_before(state.name) is None:
         pages.restore(state.ksm)
+    if state.inotify_instances and inotify_before(state.name) is None:
+        limits.restore(state.inotify_instances)
     for rule in state.root_rules:
         _ip("rule", "del", *rule)
     # Deleting the outer end removes the pair at once; `netns del` alone frees it lazily.
@@ -354,6 +366,9 @@ def residue(record: ClusterState, netns_inodes: dict[str, int]) -> list[str]:
         now = pages.running()
         if now != record.ksm:
             left.append(f"ksmd settings {now} (were {record.ksm})")
+    was, limit = record.inotify_instances, limits.current()
+    if was and inotify_before(record.name) is None and limit != was:
+        left.append(f"inotify instance limit {limit} (was {was})")
     if record.workdir and Path(record.workdir).exists():
         left.append(f"directory {record.workdir}")
     if record.path.exists():

@@ -1,0 +1,128 @@
+"""What wakes a quiet agent (orchestrator.agent.wakeup), on a real directory, pipe and child.
+
+A quiet agent sleeps up to wakeup.QUIET_S; the tests give it a minute, so a pass that ends
+in seconds was woken by what the test did, not by its timeout."""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from orchestrator.agent.main import POLL_S, Agent
+from orchestrator.agent.wakeup import Wakeup
+from orchestrator.nodes import FrameParser
+
+ASLEEP_S = 60.0  # the sleep the tests put the agent in; a wake-up comes long before
+
+
+@pytest.fixture
+def wakeup(tmp_path: Path):
+    watch = Wakeup(str(tmp_path))
+    yield watch
+    watch.close()
+
+
+def readable(fds: list[int], timeout: float) -> list[int]:
+    return select.select(fds, [], [], timeout)[0]
+
+
+def test_a_write_in_the_directory_wakes_a_quiet_select_once_drained(
+    wakeup: Wakeup, tmp_path: Path
+) -> None:
+    assert wakeup.files is not None, "this kernel gave no inotify watch"
+    quiet = wakeup.descriptors(quiet=True)
+    assert readable(quiet, 0) == []
+    (tmp_path / "rank-0.out").write_bytes(b"hello\n")
+    assert wakeup.files in readable(quiet, ASLEEP_S)
+    wakeup.drain_files()
+    assert readable(quiet, 0) == []  # drained: only a later write wakes it again
+    with open(tmp_path / "rank-0.out", "ab") as out:
+        out.write(b"again\n")
+    assert wakeup.files in readable(quiet, ASLEEP_S)
+
+
+def test_a_busy_loop_is_not_woken_by_every_write(wakeup: Wakeup) -> None:
+    assert wakeup.descriptors(quiet=False) == [wakeup.signals]
+
+
+def test_a_childs_end_wakes_it(wakeup: Wakeup) -> None:
+    child = subprocess.Popen(["sleep", "0.2"])
+    try:
+        assert wakeup.signals in readable([wakeup.signals], ASLEEP_S)
+    finally:
+        child.wait()
+
+
+def test_without_a_directory_or_a_watch_only_signals_wake_it(tmp_path: Path) -> None:
+    for directory in (None, str(tmp_path / "missing")):
+        watch = Wakeup(directory)
+        try:
+            assert watch.files is None
+            assert watch.descriptors(quiet=True) == [watch.signals]
+        finally:
+            watch.close()
+
+
+def test_close_puts_back_the_signal_handling_it_found(tmp_path: Path) -> None:
+    before = signal.getsignal(signal.SIGCHLD)
+    Wakeup(str(tmp_path)).close()
+    assert signal.getsignal(signal.SIGCHLD) is before
+    assert signal.set_wakeup_fd(-1) == -1  # no wakeup fd left behind
+
+
+# --- the agent's loop, one pass at a time -----------------------------------------------
+
+
+def quiet_agent(node_dir: Path) -> tuple[Agent, int]:
+    """An agent for rank 0 of `node_dir`, asleep (a minute's wait), its frames to a pipe."""
+    agent = Agent({"node_dir": str(node_dir), "ranks": [0], "heartbeat_timeout": 0})
+    frames_out, agent.outbox.fd = os.pipe()
+    agent.stdin_open = False  # no controller: nothing on stdin
+    agent.wakeup = Wakeup(str(node_dir))
+    agent.quiet_wait = agent.wait = ASLEEP_S
+    return agent, frames_out
+
+
+def test_a_sleeping_agent_ships_a_line_as_soon_as_the_rank_writes_it(tmp_path: Path) -> None:
+    agent, frames_out = quiet_agent(tmp_path)
+    out = tmp_path / "rank-0.out"
+    out.write_bytes(b"")
+    agent.wakeup.drain_files()
+
+    def rank_prints() -> None:
+        with open(out, "ab") as handle:
+            handle.write(b"step 100 loss 0.25\n")
+
+    try:
+        threading.Timer(0.3, rank_prints).start()
+        began = time.monotonic()
+        agent.step()
+        woke_after = time.monotonic() - began
+        agent.outbox.write_some()
+        sent = FrameParser().feed(os.read(frames_out, 1 << 16))
+    finally:
+        agent.wakeup.close()
+    assert woke_after < ASLEEP_S / 2, f"slept {woke_after:.1f} s: the write did not wake it"
+    assert sent == [("O", ("0",), b"step 100 loss 0.25\n")]
+    assert agent.wait == POLL_S  # output came: it reads at the busy pace again
+
+
+def test_a_sleeping_agent_wakes_when_its_script_ends(tmp_path: Path) -> None:
+    agent, _frames_out = quiet_agent(tmp_path)
+    script = subprocess.Popen(["sleep", "0.3"])
+    agent.processes.proc = script
+    try:
+        began = time.monotonic()
+        agent.step()
+        woke_after = time.monotonic() - began
+    finally:
+        agent.wakeup.close()
+    assert woke_after < ASLEEP_S / 2, f"slept {woke_after:.1f} s: the child's end did not wake it"
+    assert agent.processes.script_rc == 0  # reaped in the same pass
