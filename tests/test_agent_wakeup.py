@@ -80,18 +80,25 @@ def test_close_puts_back_the_signal_handling_it_found(tmp_path: Path) -> None:
 # --- the agent's loop, one pass at a time -----------------------------------------------
 
 
-def quiet_agent(node_dir: Path) -> tuple[Agent, int]:
-    """An agent for rank 0 of `node_dir`, asleep (a minute's wait), its frames to a pipe."""
-    agent = Agent({"node_dir": str(node_dir), "ranks": [0], "heartbeat_timeout": 0})
+@pytest.fixture
+def asleep(tmp_path: Path):
+    """An agent for rank 0 of `tmp_path`, asleep (a minute's wait), and the read end of the
+    pipe its frames go to."""
+    agent = Agent({"node_dir": str(tmp_path), "ranks": [0], "heartbeat_timeout": 0})
     frames_out, agent.outbox.fd = os.pipe()
     agent.stdin_open = False  # no controller: nothing on stdin
-    agent.wakeup = Wakeup(str(node_dir))
+    agent.wakeup = Wakeup(str(tmp_path))
     agent.quiet_wait = agent.wait = ASLEEP_S
-    return agent, frames_out
+    yield agent, frames_out
+    agent.wakeup.close()
+    os.close(frames_out)
+    os.close(agent.outbox.fd)
 
 
-def test_a_sleeping_agent_ships_a_line_as_soon_as_the_rank_writes_it(tmp_path: Path) -> None:
-    agent, frames_out = quiet_agent(tmp_path)
+def test_a_sleeping_agent_ships_a_line_as_soon_as_the_rank_writes_it(
+    asleep: tuple[Agent, int], tmp_path: Path
+) -> None:
+    agent, frames_out = asleep
     out = tmp_path / "rank-0.out"
     out.write_bytes(b"")
     agent.wakeup.drain_files()
@@ -100,29 +107,22 @@ def test_a_sleeping_agent_ships_a_line_as_soon_as_the_rank_writes_it(tmp_path: P
         with open(out, "ab") as handle:
             handle.write(b"step 100 loss 0.25\n")
 
-    try:
-        threading.Timer(0.3, rank_prints).start()
-        began = time.monotonic()
-        agent.step()
-        woke_after = time.monotonic() - began
-        agent.outbox.write_some()
-        sent = FrameParser().feed(os.read(frames_out, 1 << 16))
-    finally:
-        agent.wakeup.close()
+    threading.Timer(0.3, rank_prints).start()
+    began = time.monotonic()
+    agent.step()
+    woke_after = time.monotonic() - began
+    agent.outbox.write_some()
+    sent = FrameParser().feed(os.read(frames_out, 1 << 16))
     assert woke_after < ASLEEP_S / 2, f"slept {woke_after:.1f} s: the write did not wake it"
     assert sent == [("O", ("0",), b"step 100 loss 0.25\n")]
     assert agent.wait == POLL_S  # output came: it reads at the busy pace again
 
 
-def test_a_sleeping_agent_wakes_when_its_script_ends(tmp_path: Path) -> None:
-    agent, _frames_out = quiet_agent(tmp_path)
-    script = subprocess.Popen(["sleep", "0.3"])
-    agent.processes.proc = script
-    try:
-        began = time.monotonic()
-        agent.step()
-        woke_after = time.monotonic() - began
-    finally:
-        agent.wakeup.close()
+def test_a_sleeping_agent_wakes_when_its_script_ends(asleep: tuple[Agent, int]) -> None:
+    agent, _frames_out = asleep
+    agent.processes.proc = subprocess.Popen(["sleep", "0.3"])
+    began = time.monotonic()
+    agent.step()
+    woke_after = time.monotonic() - began
     assert woke_after < ASLEEP_S / 2, f"slept {woke_after:.1f} s: the child's end did not wake it"
     assert agent.processes.script_rc == 0  # reaped in the same pass

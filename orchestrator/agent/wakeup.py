@@ -2,7 +2,7 @@
 
 Ranks write their output, metrics and exit records to files in the node directory
 (ranks.py), and files give no sign when they grow. Polled, a quiet agent wakes ten times a
-second to find nothing: at one node that is a fifth of a percent of a core, but it is per
+second to find nothing: at one node that is a quarter of a percent of a core, but it is per
 node, and where many nodes start at once on shared cores (or a node runs many agents) it
 is CPU taken from the torch imports the start waits for. So on Linux the agent asks the
 kernel (inotify, through ctypes) to report writes in the node directory, and a signal

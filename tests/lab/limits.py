@@ -15,9 +15,9 @@ import contextlib
 from pathlib import Path
 
 INOTIFY_INSTANCES = Path("/proc/sys/fs/inotify/max_user_instances")
-# Besides one per node agent (and one per agent a preflight leaves waiting): the rest of
-# the machine's own (systemd, editors, test runners).
-SPARE_INSTANCES = 64  # so a cluster of up to 32 nodes leaves the default of 128 alone
+# Two per node (a test may run two jobs on the same nodes at once), and some for the rest of
+# the machine (systemd, editors, test runners): a cluster of up to 32 nodes leaves 128 alone.
+SPARE_INSTANCES = 64
 
 
 def needed(nodes: int) -> int:
