@@ -49,21 +49,18 @@ def watch_directory(directory: str) -> int | None:
     return fd
 
 
-def drain(fd: int) -> bool:
-    """Read every pending byte of a non-blocking descriptor; whether there was any."""
-    got = False
+def drain(fd: int) -> None:
+    """Read every pending byte of a non-blocking descriptor."""
     while True:
         try:
-            chunk = os.read(fd, READ_SIZE)
+            if not os.read(fd, READ_SIZE):
+                return
         except OSError:  # BlockingIOError: nothing (more) pending
-            return got
-        if not chunk:
-            return got
-        got = True
+            return
 
 
 class Wakeup:
-    """The descriptors a quiet agent's select waits on, from `open()` to `close()`.
+    """The descriptors a quiet agent's select waits on, from its creation to `close()`.
 
     `files` is the node directory's watch (None: poll); `signals` the read end of the pipe
     every signal writes to. Call `drain_files()` before reading the files, so that a write
