@@ -14,11 +14,13 @@
     and time. "Started" = the latest stamp - the command's start: so it includes starting
     torchrun (which imports torch) and torchrun's rendezvous of all nodes, for everyone.
     Without the probe nothing picks a free port, so --no-preflight runs get --master-port.
-    pdsh runs all sessions at once here (`-f N`): the rendezvous needs every node.
+    pdsh runs all sessions at once here (`-f N`): the rendezvous needs every node; and it
+    waits up to PDSH_CONNECT_TIMEOUT_S for each connection (`-t`).
 "Finished" = the command's exit - its start. "CPU here" = the CPU time (user + system) the
 command and its descendants used on this machine, per node: the controller for
 `orchestrator`, pdsh or the loop and their ssh processes for the others. Every contender
-runs once per repetition, in a rotating order; medians (min-max) over the repetitions,
+runs once per repetition, in a rotating order, after one `import torch` here has put
+torch's files in the page cache; medians (min-max) over the repetitions,
 ratios of medians. Each SSH session runs the node user's login shell; the nodes log in with
 a home whose start-up files are empty (root's own ~/.bashrc may run pyenv on every session,
 and at 256 nodes hundreds of them queue on pyenv's lock: that would measure pyenv). For the
@@ -36,6 +38,7 @@ from pathlib import Path
 
 from common import (
     ORCHESTRATOR,
+    PYTHON,
     children_cpu,
     lab_cluster,
     machine_line,
@@ -61,6 +64,11 @@ with open({stamps!r}, "a") as stamps:
 """
 
 PORTS = itertools.count(21000)
+# pdsh's connect timeout for the torchrun job (its default is 10 s, passed to ssh as
+# ConnectTimeout): with 256 handshakes at once on two cores, 40 of 256 sessions took longer
+# and were dropped, and the rest then waited at the rendezvous for ever. `orchestrator`
+# opens at most 64 connections at a time and retries a failed handshake.
+PDSH_CONNECT_TIMEOUT_S = 120
 
 
 @dataclass
@@ -167,7 +175,8 @@ class Bench:
             )
             # all sessions at once: torchrun's static rendezvous waits for every node
             fanout = str(len(self.names))
-            argv = ["pdsh", "-R", "ssh", "-S", "-f", fanout, "-w", ",".join(self.names), remote]
+            argv = ["pdsh", "-R", "ssh", "-S", "-f", fanout, "-t", str(PDSH_CONNECT_TIMEOUT_S)]
+            argv += ["-w", ",".join(self.names), remote]
             return argv, self.pdsh_env
 
         return [
@@ -276,6 +285,8 @@ def main() -> None:
                 bench.measure(exec_side, set(bench.addresses), args.repeat, f"exec{n}")
                 report(n, "(a) trivial command", exec_side, exec_side[2])
             if args.part in ("b", "both"):
+                # torch's files in the page cache before the first contender, not during it
+                subprocess.run([PYTHON, "-c", "import torch"], check=True)
                 bench.measure(launch_side, {str(i) for i in range(n)}, args.repeat, f"job{n}")
                 report(n, "(b) torchrun job, one rank per node", launch_side, launch_side[2])
             summary.append((n, exec_side, launch_side))

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from orchestrator.agent import IDLE_S, agent_source, encode_config, length_prefixed
+from orchestrator.agent import IDLE_S, agent_start, encode_config
 from orchestrator.agent.protocol import WITH_PAYLOAD
 from orchestrator.backends.base import AgentChannel, IdleAgent, NodeConnection
 
@@ -120,7 +120,7 @@ class NodeSession:
             head = b"next\n"
         else:
             channel = connection.start_agent(python, tag)
-            head = length_prefixed(agent_source())
+            head = agent_start()
         session = cls(index, connection, channel, events, python, tag)
         session.sent_at = time.time()
         channel.write(head + encode_config(config))

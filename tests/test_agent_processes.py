@@ -11,11 +11,15 @@ from pathlib import Path
 import pytest
 
 from orchestrator.agent.processes import (
+    CHILDREN_FILES,
     ProcessTree,
     claim_node_dir,
     descendants_of,
+    scanned_descendants_of,
     script_command,
     shell_level,
+    state_of,
+    tree_of,
 )
 
 
@@ -74,6 +78,20 @@ def test_descendants_are_found_through_every_level_and_end_as_they_end(tree, tmp
     tree.begin_stop(5, "test")
     run_stop(tree)
     assert descendants_of(proc.pid) == [] and tree.descendants() == []
+
+
+def test_the_children_walk_finds_what_a_scan_of_proc_finds_and_skips_zombies(
+    tree, tmp_path
+) -> None:
+    # The subshell starts `sleep 0`, then becomes `sleep 30`, which never reaps it.
+    proc = start(tree, "(sleep 0 & exec sleep 30) & wait", tmp_path)
+    wait_for(lambda: b"Z" in [state_of(pid) for pid in tree_of(proc.pid)])
+    assert CHILDREN_FILES
+    found = descendants_of(proc.pid)
+    assert len(tree_of(proc.pid)) == 2 and len(found) == 1  # the zombie is not counted
+    assert found == scanned_descendants_of(proc.pid) and state_of(found[0]) == b"S"
+    tree.begin_stop(5, "test")
+    run_stop(tree)
 
 
 def test_a_stop_that_sigterm_ends_does_not_wait_for_the_grace(tree, tmp_path) -> None:

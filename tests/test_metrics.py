@@ -13,8 +13,9 @@ import sys
 import time
 from pathlib import Path
 
+from orchestrator.agent.processes import tree_of
 from orchestrator.agent.protocol import WITH_PAYLOAD, frame
-from orchestrator.agent.sampling import Sampler, differs, parse_apps, parse_gpus, tree_of
+from orchestrator.agent.sampling import Sampler, differs, parse_apps, parse_gpus
 from orchestrator.nodes import FrameParser
 from orchestrator.runs import RunRecord
 from orchestrator.supervise.metrics import RunMetrics

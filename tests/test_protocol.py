@@ -7,6 +7,7 @@ come out.
 
 from __future__ import annotations
 
+import marshal
 import subprocess
 import sys
 
@@ -15,8 +16,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from orchestrator.agent import BOOTSTRAP, encode_config, frame, length_prefixed
-from orchestrator.agent.bootstrap import agent_argv, agent_source
-from orchestrator.agent.loader import install
+from orchestrator.agent.bootstrap import agent_argv, agent_start
+from orchestrator.agent.loader import bytecode_magic, install, read_modules
 from orchestrator.agent.protocol import CommandReader
 from orchestrator.nodes import FrameParser
 
@@ -142,6 +143,21 @@ def test_length_prefixed(data: bytes) -> None:
     assert int(encoded[:8]) == len(data) and encoded[8:] == data
 
 
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
+    lambda inner: st.lists(inner) | st.dictionaries(st.text(), inner),
+    max_leaves=30,
+)
+
+
+@given(st.dictionaries(st.text(), JSON))
+def test_a_config_reads_back_as_sent(config: dict) -> None:
+    encoded = encode_config(config)
+    assert int(encoded[:8]) == len(encoded) - 8
+    assert marshal.loads(encoded[8:]) == config
+    assert encoded[8] & 0x7F == ord("{")  # a marshal dict, in the format of version 4
+
+
 def test_bootstrap_runs_the_source_it_is_sent() -> None:
     source = (
         b"import sys, json\nconfig = json.loads(read_exact(int(read_exact(8))))\n"
@@ -168,7 +184,7 @@ def test_bootstrap_ends_cleanly_when_the_controller_goes_away() -> None:
 
 
 def start_agent(env: dict | None = None) -> subprocess.Popen:
-    from orchestrator.nodes import agent_source
+    from orchestrator.nodes import agent_start
 
     proc = subprocess.Popen(
         [sys.executable, "-u", "-c", BOOTSTRAP],
@@ -177,7 +193,7 @@ def start_agent(env: dict | None = None) -> subprocess.Popen:
         stderr=subprocess.PIPE,
         env=env,
     )
-    proc.stdin.write(length_prefixed(agent_source()))
+    proc.stdin.write(agent_start())
     return proc
 
 
@@ -256,7 +272,44 @@ def test_loader_installs_modules_that_import_each_other() -> None:
             del sys.modules[name]
 
 
-def test_the_agent_runs_isolated_with_nothing_but_what_it_is_sent(tmp_path) -> None:
+def test_the_node_takes_the_controllers_bytecode_only_when_its_magic_matches() -> None:
+    compiled = [("m", compile("FROM = 'bytecode'\n", "m.py", "exec"))]
+    sources = [("m", "FROM = 'source'\n")]
+
+    def sent(magic: bytes) -> bytes:
+        parts = (
+            magic,
+            marshal.dumps(compiled),
+            marshal.dumps(sources),
+        )
+        return b"".join(length_prefixed(part) for part in parts)
+
+    def read_from(stream: bytes):
+        position = 0
+
+        def read_exact(n: int) -> bytes:
+            nonlocal position
+            position += n
+            return stream[position - n : position]
+
+        return read_exact
+
+    magic = bytecode_magic()
+    assert magic is not None and len(magic) == 4
+    assert read_modules(read_from(sent(magic))) == compiled
+    other = bytes(b ^ 0xFF for b in magic)  # another Python's bytecode: compile the source
+    assert read_modules(read_from(sent(other))) == sources
+
+
+def _with_magic(start: bytes, magic: bytes) -> bytes:
+    """agent_start() with the compiled modules labelled for another interpreter."""
+    loader_length = 8 + int(start[:8])
+    assert start[loader_length : loader_length + 8] == b"00000004"
+    return start[: loader_length + 8] + magic + start[loader_length + 12 :]
+
+
+@pytest.mark.parametrize("magic", ["own", "other"])
+def test_the_agent_runs_isolated_with_nothing_but_what_it_is_sent(tmp_path, magic) -> None:
     # As on a node: -I -S, started where no orchestrator package can be imported from.
     proc = subprocess.Popen(
         agent_argv(sys.executable, "test"),
@@ -265,7 +318,8 @@ def test_the_agent_runs_isolated_with_nothing_but_what_it_is_sent(tmp_path) -> N
         stderr=subprocess.PIPE,
         cwd=tmp_path,
     )
-    proc.stdin.write(length_prefixed(agent_source()))
+    start = agent_start()
+    proc.stdin.write(start if magic == "own" else _with_magic(start, b"\0\0\0\0"))
     seen = run_step(proc, b"", ["bash", "-c", "echo isolated"])
     proc.stdin.close()
     assert proc.wait(timeout=30) == 0, proc.stderr.read().decode()

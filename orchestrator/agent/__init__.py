@@ -8,8 +8,8 @@ disk.py       whether the node directory can still be written, and if not, why
 controller.py whether the controller's host still answers, when the controller is silent
 wakeup.py     what wakes a quiet agent: writes in the node directory, signals, a child's end
 main.py       the agent: one loop tying them together, step after step
-loader.py     runs first on a node: makes the modules above importable from their source
-bootstrap.py  controller side: the agent's command line and the source it is sent
+loader.py     runs first on a node: makes the modules above importable (bytecode or source)
+bootstrap.py  controller side: the agent's command line and what it is sent first
 
 Only what the controller needs is imported here; on a node this package is an empty module
 and the modules are installed by loader.py.
@@ -17,14 +17,14 @@ and the modules are installed by loader.py.
 
 from __future__ import annotations
 
-from orchestrator.agent.bootstrap import BOOTSTRAP, agent_argv, agent_source
+from orchestrator.agent.bootstrap import BOOTSTRAP, agent_argv, agent_start
 from orchestrator.agent.protocol import IDLE_S, encode_config, frame, length_prefixed
 
 __all__ = [
     "BOOTSTRAP",
     "IDLE_S",
     "agent_argv",
-    "agent_source",
+    "agent_start",
     "encode_config",
     "frame",
     "length_prefixed",

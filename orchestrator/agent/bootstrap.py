@@ -1,14 +1,19 @@
-"""How the controller starts an agent on a node: the command line and the source it sends.
+"""How the controller starts an agent on a node: the command line and what it sends.
 
 The node's interpreter runs `BOOTSTRAP`, which reads one length-prefixed source from stdin
-and executes it. That source is `loader.py` and a call of its `install` with the agent's
-modules (NODE_MODULES, in dependency order), then the agent's `main()`: the agent is a
-package here and one process there, and the node needs nothing but a Python interpreter.
+and executes it. That source is `loader.py` and a call of its `install`, which reads the
+agent's modules (NODE_MODULES, in dependency order) from stdin as well, as bytecode and as
+source, then runs the agent's `main()`: the agent is a package here and one process there,
+and the node needs nothing but a Python interpreter.
 """
 
 from __future__ import annotations
 
+import marshal
 from importlib import resources
+from importlib.util import MAGIC_NUMBER
+
+from orchestrator.agent.protocol import length_prefixed
 
 # Run by the node's interpreter: read a length-prefixed source from stdin and execute it.
 BOOTSTRAP = (
@@ -37,7 +42,7 @@ NODE_MODULES = (
     "main",
 )
 
-_AGENT_SOURCE: bytes | None = None
+_AGENT_START: bytes | None = None
 
 
 def agent_argv(python: str, tag: str) -> list[str]:
@@ -51,16 +56,36 @@ def agent_argv(python: str, tag: str) -> list[str]:
     return [python, "-I", "-S", "-u", "-c", BOOTSTRAP, "orchestrator-agent", tag]
 
 
-def agent_source() -> bytes:
-    """What BOOTSTRAP executes: the loader, the agent's modules, and a call of its main()."""
-    global _AGENT_SOURCE
-    if _AGENT_SOURCE is None:
+def agent_start() -> bytes:
+    """What the controller writes to a new agent before its first config: the loader (for
+    BOOTSTRAP), then the agent's modules compiled here (with this interpreter's magic
+    number) and as source; see loader.py."""
+    global _AGENT_START
+    if _AGENT_START is None:
         package = resources.files(__package__)
-        modules = [
+        sources = [
             (f"{__package__}.{name}", package.joinpath(f"{name}.py").read_text())
             for name in NODE_MODULES
         ]
-        _AGENT_SOURCE = (
-            package.joinpath("loader.py").read_text() + f"\nsys.exit(install({modules!r}).main())\n"
-        ).encode()
-    return _AGENT_SOURCE
+        compiled = [
+            (
+                name,
+                compile(
+                    source, name.replace(".", "/") + ".py", "exec", dont_inherit=True, optimize=0
+                ),
+            )
+            for name, source in sources
+        ]
+        loader = package.joinpath("loader.py").read_text()
+        loader += "\nsys.exit(install(read_modules(read_exact)).main())\n"
+        _AGENT_START = b"".join(
+            length_prefixed(part)
+            for part in (
+                loader.encode(),
+                MAGIC_NUMBER,
+                marshal.dumps(compiled),
+                # plain data: marshal's version 4 reads on every Python 3 since 3.4
+                marshal.dumps(sources, 4),
+            )
+        )
+    return _AGENT_START

@@ -15,7 +15,6 @@ Standard library only: this module runs on the nodes too (see orchestrator.agent
 from __future__ import annotations
 
 import os
-import socket
 import threading
 
 ASK_TIMEOUT_S = 3.0  # no answer within this is no answer
@@ -58,6 +57,8 @@ class ControllerHost:
 
 def host_answers(address: tuple[str, int], timeout: float) -> bool:
     """A TCP connection attempt: accepted or refused, the host's kernel answered."""
+    import socket  # here, not at the top: only a silent controller needs it (4 ms a start)
+
     family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as sock:
         sock.settimeout(timeout)

@@ -1,8 +1,8 @@
 """The node agent: runs on every node for the length of a run, standard library only.
 
 The controller starts it with the node's interpreter (a local subprocess or an SSH exec
-channel) through `BOOTSTRAP`, then sends its modules' source and a JSON config over stdin
-(orchestrator.agent.bootstrap). The agent then:
+channel) through `BOOTSTRAP`, then sends its modules (as bytecode and as source) and a JSON
+config over stdin (orchestrator.agent.bootstrap). The agent then:
 
 - starts the node script (`bash nodeN.sh`) or a command in a session of its own, and
   becomes the child subreaper (processes.py);
@@ -22,7 +22,6 @@ one SSH session (one login shell), per node. It ends when stdin closes.
 
 from __future__ import annotations
 
-import json
 import os
 import select
 import signal
@@ -235,6 +234,8 @@ class Agent:
     def samples(self, every: float) -> None:
         """A node sample every `every` seconds, each over the time since the last; shipped
         (P) when it differs from the last one shipped, or QUIET_SAMPLE_S after it."""
+        import json  # here, not at the top: a step without samples (`exec`) never needs it
+
         sampler = Sampler(os.getpid())
         sampler.sample()  # the baseline the first sample's CPU is measured from
         shipped, shipped_at = None, 0.0

@@ -24,6 +24,9 @@ if TYPE_CHECKING:
 
 PR_SET_CHILD_SUBREAPER = 36
 SCAN_S = 0.05  # how often a stop looks for processes left
+# Whether this kernel lists each thread's children in /proc (CONFIG_PROC_CHILDREN, on in
+# the common distributions' kernels); see descendants_of.
+CHILDREN_FILES = os.path.exists(f"/proc/self/task/{os.getpid()}/children")
 
 
 class ProcessTree:
@@ -152,6 +155,56 @@ def claim_node_dir(node_dir: str) -> IO[str]:
 
 
 def descendants_of(root: int) -> list[int]:
+    """Live (non-zombie) descendants of `root`.
+
+    Walked down /proc/PID/task/TID/children, which reads only the run's own processes: a
+    scan of all of /proc costs every agent a read per process of the machine, four times
+    at the end of every step and every 50 ms of a stop (12 of the 112 ms of CPU a whole
+    `exec` step cost on a machine with 70 processes). On a kernel without those files
+    (CONFIG_PROC_CHILDREN unset), one scan of /proc.
+    """
+    if not CHILDREN_FILES:
+        return scanned_descendants_of(root)
+    return [pid for pid in tree_of(root) if state_of(pid) not in (None, b"Z", b"X")]
+
+
+def children_of(pid: int) -> list[int]:
+    """The children of every thread of `pid` (empty when it has gone)."""
+    found: list[int] = []
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return found
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children", "rb") as handle:
+                found.extend(int(word) for word in handle.read().split())
+        except OSError:
+            continue
+    return found
+
+
+def tree_of(root: int, children: Callable[[int], list[int]] = children_of) -> list[int]:
+    """Every descendant of `root` (zombies included, from the children files by default)."""
+    found, todo = [], [root]
+    while todo:
+        for child in children(todo.pop()):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def state_of(pid: int) -> bytes | None:
+    """A process's state letter (R, S, Z, ...) from /proc/PID/stat; None if gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            stat = handle.read()
+    except OSError:
+        return None
+    return stat[stat.rfind(b")") + 2 :].split(maxsplit=1)[0]
+
+
+def scanned_descendants_of(root: int) -> list[int]:
     """Live (non-zombie) descendants of `root`, from one scan of /proc."""
     children: dict[int, list[int]] = {}
     for name in os.listdir("/proc"):
@@ -166,12 +219,7 @@ def descendants_of(root: int) -> list[int]:
         if fields[0] in (b"Z", b"X"):
             continue
         children.setdefault(int(fields[1]), []).append(int(name))
-    found, todo = [], [root]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
+    return tree_of(root, lambda pid: children.get(pid, []))
 
 
 def signal_pid(pid: int, signum: int) -> None:

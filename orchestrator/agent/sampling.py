@@ -14,8 +14,8 @@ thread of its own:
 CPU is over the time since the previous sample, 100 per busy core, for every process under
 the agent (the node script, torchrun, the ranks and what they started); a process counts
 for the rank whose RANK its environment holds. The processes are found by walking
-/proc/PID/task/TID/children down from the agent, so a sample reads only the run's own
-processes, not every process of the node.
+/proc/PID/task/TID/children down from the agent (processes.tree_of), so a sample reads only
+the run's own processes, not every process of the node.
 
 GPUs: `nvidia-smi --query-gpu` and `--query-compute-apps`, where the node has nvidia-smi
 (it comes with the NVIDIA driver). NVML through a Python binding would save starting a
@@ -29,9 +29,10 @@ Standard library only: this module runs on the nodes too (see orchestrator.agent
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import time
+
+from orchestrator.agent.processes import tree_of
 
 SAMPLE_S = 5.0  # between samples
 # A sample is shipped when it differs from the last one shipped (a CPU share or GPU use by
@@ -48,32 +49,6 @@ TICKS = os.sysconf("SC_CLK_TCK")
 PAGE = os.sysconf("SC_PAGE_SIZE")
 GPU_QUERY = "index,uuid,utilization.gpu,memory.used,memory.total,temperature.gpu"
 APPS_QUERY = "pid,gpu_uuid,used_memory"
-
-
-def children_of(pid: int) -> list[int]:
-    """The children of every thread of `pid` (empty when it has gone)."""
-    found: list[int] = []
-    try:
-        tids = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return found
-    for tid in tids:
-        try:
-            with open(f"/proc/{pid}/task/{tid}/children", "rb") as handle:
-                found.extend(int(word) for word in handle.read().split())
-        except OSError:
-            continue
-    return found
-
-
-def tree_of(root: int) -> list[int]:
-    """Every live descendant of `root`."""
-    found, todo = [], [root]
-    while todo:
-        for child in children_of(todo.pop()):
-            found.append(child)
-            todo.append(child)
-    return found
 
 
 def cpu_and_rss(pid: int) -> tuple[int, int] | None:
@@ -205,6 +180,8 @@ class Sampler:
         self.ticks: dict[int, int] = {}  # pid -> its CPU ticks at the previous sample
         self.at: float | None = None
         self.rank_of: dict[int, int | None] = {}
+        import shutil  # here, not at the top: a step without samples (`exec`) never needs it
+
         self.nvidia_smi = shutil.which("nvidia-smi")
 
     def sample(self) -> dict:
