@@ -194,29 +194,29 @@ def tree_of(root: int, children: Callable[[int], list[int]] = children_of) -> li
     return found
 
 
-def state_of(pid: int) -> bytes | None:
-    """A process's state letter (R, S, Z, ...) from /proc/PID/stat; None if gone."""
+def stat_fields(pid: int) -> list[bytes] | None:
+    """/proc/PID/stat from its third field on (the state letter: R, S, Z, ...), past the
+    command name, which may hold spaces and parentheses; None if the process is gone."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as handle:
             stat = handle.read()
     except OSError:
         return None
-    return stat[stat.rfind(b")") + 2 :].split(maxsplit=1)[0]
+    return stat[stat.rfind(b")") + 2 :].split()
+
+
+def state_of(pid: int) -> bytes | None:
+    """A process's state letter (R, S, Z, ...); None if gone."""
+    fields = stat_fields(pid)
+    return fields[0] if fields else None
 
 
 def scanned_descendants_of(root: int) -> list[int]:
     """Live (non-zombie) descendants of `root`, from one scan of /proc."""
     children: dict[int, list[int]] = {}
     for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as handle:
-                stat = handle.read()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(b")") + 2 :].split()
-        if fields[0] in (b"Z", b"X"):
+        fields = stat_fields(int(name)) if name.isdigit() else None
+        if fields is None or fields[0] in (b"Z", b"X"):
             continue
         children.setdefault(int(fields[1]), []).append(int(name))
     return tree_of(root, lambda pid: children.get(pid, []))

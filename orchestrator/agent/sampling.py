@@ -32,7 +32,7 @@ import os
 import subprocess
 import time
 
-from orchestrator.agent.processes import tree_of
+from orchestrator.agent.processes import stat_fields, tree_of
 
 SAMPLE_S = 5.0  # between samples
 # A sample is shipped when it differs from the last one shipped (a CPU share or GPU use by
@@ -53,13 +53,8 @@ APPS_QUERY = "pid,gpu_uuid,used_memory"
 
 def cpu_and_rss(pid: int) -> tuple[int, int] | None:
     """(user + system CPU in clock ticks, resident bytes) of a process; None if gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            stat = handle.read()
-    except OSError:
-        return None
-    fields = stat[stat.rfind(b")") + 2 :].split()
-    if fields[0] in (b"Z", b"X"):
+    fields = stat_fields(pid)
+    if fields is None or fields[0] in (b"Z", b"X"):
         return None
     return int(fields[11]) + int(fields[12]), int(fields[21]) * PAGE
 
