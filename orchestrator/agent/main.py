@@ -1,8 +1,8 @@
 """The node agent: runs on every node for the length of a run, standard library only.
 
 The controller starts it with the node's interpreter (a local subprocess or an SSH exec
-channel) through `BOOTSTRAP`, then sends its modules (as bytecode and as source) and a JSON
-config over stdin (orchestrator.agent.bootstrap). The agent then:
+channel) through `BOOTSTRAP`, then sends its modules (as bytecode and as source) and a
+step's config over stdin (orchestrator.agent.bootstrap, protocol.py). The agent then:
 
 - starts the node script (`bash nodeN.sh`) or a command in a session of its own, and
   becomes the child subreaper (processes.py);
