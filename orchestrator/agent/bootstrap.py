@@ -13,6 +13,7 @@ import marshal
 from importlib import resources
 from importlib.util import MAGIC_NUMBER
 
+from orchestrator.agent.loader import compile_module
 from orchestrator.agent.protocol import length_prefixed
 
 # Run by the node's interpreter: read a length-prefixed source from stdin and execute it.
@@ -67,15 +68,7 @@ def agent_start() -> bytes:
             (f"{__package__}.{name}", package.joinpath(f"{name}.py").read_text())
             for name in NODE_MODULES
         ]
-        compiled = [
-            (
-                name,
-                compile(
-                    source, name.replace(".", "/") + ".py", "exec", dont_inherit=True, optimize=0
-                ),
-            )
-            for name, source in sources
-        ]
+        compiled = [(name, compile_module(name, source)) for name, source in sources]
         loader = package.joinpath("loader.py").read_text()
         loader += "\nsys.exit(install(read_modules(read_exact)).main())\n"
         _AGENT_START = b"".join(

@@ -55,10 +55,13 @@ def install(modules: list[tuple[str, object]]) -> object:
         sys.modules[name] = module
         if parent:
             setattr(sys.modules[parent], name.rpartition(".")[2], module)
-        if isinstance(code, str):
-            code = compile(code, name.replace(".", "/") + ".py", "exec")
-        exec(code, module.__dict__)
+        exec(compile_module(name, code) if isinstance(code, str) else code, module.__dict__)
     return module
+
+
+def compile_module(name: str, source: str) -> object:
+    """A module's code as the controller compiles it and as a node compiles its source."""
+    return compile(source, name.replace(".", "/") + ".py", "exec", dont_inherit=True, optimize=0)
 
 
 def new_module(name: str, path: list[str] | None = None) -> object:
