@@ -276,7 +276,9 @@ def test_two_node_scripts_say_what_they_are() -> None:
     assert "export NCCL_SOCKET_IFNAME=ens5" in node0 and "orchestrator_route_ifname" not in node0
     assert 'orchestrator_route_ifname "$MASTER_ADDR"' in node1  # unprobed: found at start
     assert "--nnodes=2 --node_rank=1 --nproc_per_node=2" in node1
-    assert "exec /opt/conda/bin/python -m torch.distributed.run" in node1
+    assert "exec /usr/bin/python3 -m torch.distributed.run" in node0  # hosts the store
+    # the other nodes join once it answers
+    assert 'exec /opt/conda/bin/python -c "$orchestrator_torchrun"' in node1
     assert "cd '/srv/my project'" in node0
 
 

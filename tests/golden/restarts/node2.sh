@@ -28,6 +28,7 @@ orchestrator_node() {
 
     cd /srv/proj
 
+    # torchrun runs through orchestrator_torchrun (below): it joins once node 0's store answers.
     # torchrun of the node's interpreter, restarting the workers after a failure up to
     # 2 time(s). Restarts need the c10d rendezvous (hosted by node 0 at
     # MASTER_ADDR:MASTER_PORT): with the static one, a node restarts alone and its new
@@ -37,7 +38,7 @@ orchestrator_node() {
     # it); the others only need to sort after it, in node_rank order, so ranks keep the plan's.
     # Every rank runs through run_rank (below).
     export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
-    exec /usr/bin/python3 -m torch.distributed.run \
+    exec /usr/bin/python3 -c "$orchestrator_torchrun" \
         --nnodes=3 --nproc_per_node=2 --max-restarts=2 \
         --rdzv-backend=c10d --rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT" --rdzv-id=golden-restarts \
         --rdzv-conf=is_host=0 --local-addr="$MASTER_ADDR~node00002" \
@@ -80,6 +81,28 @@ run_rank() {
     return "$rc"
 }
 export -f run_rank
+
+# torchrun for the nodes but node 0, started once node 0's store answers. torchrun imports
+# torch and then connects to the store at MASTER_ADDR:MASTER_PORT, which node 0's torchrun
+# opens once its own import is done; a refused connection is retried after a pause that
+# grows by half each time, up to a minute, so a node that was ready well before node 0 would
+# join up to a minute after the store opened. This imports the same torch first, then tries
+# the store every quarter second (up to 600 s, torchrun's own rendezvous timeout) and runs
+# torchrun as `python -m torch.distributed.run` would, with the same arguments.
+orchestrator_torchrun='
+import os, socket, sys, time
+from torch.distributed.run import main
+store = (os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]))
+deadline = time.monotonic() + 600
+while time.monotonic() < deadline:
+    try:
+        socket.create_connection(store, timeout=5).close()
+        break
+    except OSError:
+        time.sleep(0.25)
+sys.argv[0] = "torchrun"
+sys.exit(main())
+'
 
 # Answers from iproute2's `ip` where it is installed, else from the kernel's tables through
 # the standard library (orchestrator/route.py, below): containers often lack `ip`.
