@@ -17,7 +17,7 @@ import time
 
 from common import machine_line, median, say, table
 
-from orchestrator.logs import LogSink
+from orchestrator.console.sink import LogSink
 
 
 def cost_per_line(fold: bool, ranks: int, lines: int, chunk: int) -> float:

@@ -13,7 +13,7 @@ from orchestrator.agent.disk import DiskWatch
 from orchestrator.agent.protocol import frame
 from orchestrator.agent.ranks import MAX_LINE, NodeRanks, RankFile, read_exit
 from orchestrator.agent.shipping import MAX_PENDING_OUT, Outbox, PipeLines
-from orchestrator.nodes import FrameParser
+from orchestrator.backends.sessions import FrameParser
 
 
 def node_ranks(directory: Path, ranks: list[int], outbox: Outbox) -> NodeRanks:

@@ -17,7 +17,7 @@ import pytest
 
 from orchestrator.agent.main import POLL_S, Agent
 from orchestrator.agent.wakeup import Wakeup
-from orchestrator.nodes import FrameParser
+from orchestrator.backends.sessions import FrameParser
 
 ASLEEP_S = 60.0  # the sleep the tests put the agent in; a wake-up comes long before
 

@@ -18,7 +18,7 @@ from orchestrator import sizes
 from orchestrator.check import measure
 from orchestrator.check.diagnose import node_problems
 from orchestrator.check.facts import choose_backend
-from orchestrator.check.nodes import reach_source
+from orchestrator.check.gather import reach_source
 from orchestrator.check.report import (
     Problem,
     bandwidth_table,
@@ -442,7 +442,7 @@ def test_problem_text() -> None:
 
 
 def render_probe(**context: object) -> str:
-    from orchestrator.render import render_template
+    from orchestrator.plan.scripts import render_template
 
     base = {
         "host": "node0",
@@ -480,7 +480,7 @@ def test_probe_script_runs_here() -> None:
         ["bash", "-c", render_probe()], capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 0, done.stderr
-    from orchestrator.probe import parse_probe_output
+    from orchestrator.nodes.probe import parse_probe_output
 
     values = parse_probe_output(done.stdout)
     assert values["python_version"] == sys.version.split()[0]

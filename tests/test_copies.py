@@ -1,4 +1,4 @@
-"""The nodes' copies of runs (orchestrator.copies): the node-side clean script run here on a
+"""The nodes' copies of runs (orchestrator.nodes.copies): the node-side clean script run here on a
 home of its own, with a real lock held as an agent holds it, and the pure parts. The copies
 on the namespace nodes, removed by a launch and by `orchestrator clean`, are in
 test_disk_cluster.py."""
@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.copies import (
+from orchestrator.hostlist import expand_range
+from orchestrator.nodes.copies import (
     CLEAN_NODE,
     RunCopy,
     by_reason,
@@ -22,8 +23,7 @@ from orchestrator.copies import (
     copy_path,
     parse_age,
 )
-from orchestrator.hostlist import expand_range
-from orchestrator.plan import NODE_RUNS_DIR, node_dir
+from orchestrator.plan.launch_plan import NODE_RUNS_DIR, node_dir
 
 
 def clean_here(home: Path, older: float, dry: bool) -> list[list[str]]:

@@ -1,4 +1,4 @@
-"""--bind-cores: the core sets per local rank (orchestrator.cores), pure and on this machine."""
+"""--bind-cores: the core sets per local rank (agent/cores.py), pure and on this machine."""
 
 from __future__ import annotations
 
@@ -11,12 +11,19 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchestrator import cores
-from orchestrator.cores import CoreSet, TooFewCores, Topology, core_sets, format_cpus, parse_cpus
+from orchestrator.agent import cores
+from orchestrator.agent.cores import (
+    CoreSet,
+    TooFewCores,
+    Topology,
+    core_sets,
+    format_cpus,
+    parse_cpus,
+)
 from orchestrator.errors import ConfigError
-from orchestrator.hostfile import parse_hostfile
-from orchestrator.plan import NodeFacts, make_plan
-from orchestrator.spec import JobSpec, Program
+from orchestrator.hosts.hostfile import parse_hostfile
+from orchestrator.plan.launch_plan import NodeFacts, make_plan
+from orchestrator.plan.spec import JobSpec, Program
 
 
 @settings(max_examples=200, deadline=None)

@@ -1,4 +1,4 @@
-"""Folding the console (orchestrator.fold, LogSink(fold=True), logs.fold_lines): identical
+"""Folding the console (orchestrator.console.fold, LogSink(fold=True), logs.fold_lines): identical
 lines from many ranks or nodes show once with their host and rank lists, a differing one
 stands alone, no distinct line waits longer than the window, each rank's lines keep their
 order, and the files keep every line."""
@@ -9,9 +9,9 @@ import io
 import re
 from pathlib import Path
 
-from orchestrator.fold import LONGEST_S, QUIET_S, WINDOW_S, Folder
+from orchestrator.console.fold import LONGEST_S, QUIET_S, WINDOW_S, Folder
+from orchestrator.console.sink import LogSink, fold_lines
 from orchestrator.hostlist import expand_range
-from orchestrator.logs import LogSink, fold_lines
 
 
 class Console:

@@ -9,10 +9,10 @@ import re
 import textwrap
 from pathlib import Path
 
-from orchestrator.footer import PREFIX, Footer
-from orchestrator.logs import LogSink
-from orchestrator.progress import CLEAR
-from orchestrator.top import summary
+from orchestrator.console.footer import PREFIX, Footer
+from orchestrator.console.progress import CLEAR
+from orchestrator.console.rank_table import summary
+from orchestrator.console.sink import LogSink
 from tests.cli_helpers import ORCHESTRATOR, REPO, run_cli, run_on_terminal
 
 

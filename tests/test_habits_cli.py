@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator.spec import deepspeed_env_files
+from orchestrator.plan.spec import deepspeed_env_files
 
 CLI = [sys.executable, "-m", "orchestrator"]
 HOSTS = "worker-0 slots=4\nworker-1 slots=4\nworker-2 slots=4\n"

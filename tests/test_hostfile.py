@@ -14,8 +14,8 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from orchestrator.errors import ConfigError, SourceError
-from orchestrator.hostfile import Cluster, Host, load_hostfile, parse_hostfile
 from orchestrator.hostlist import MAX_EXPANDED_HOSTS, expand_range
+from orchestrator.hosts.hostfile import Cluster, Host, load_hostfile, parse_hostfile
 
 FAST = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 ROUND_TRIP = settings(FAST, max_examples=60)
@@ -599,7 +599,7 @@ def test_range_expansion_limit_counts_all_groups_and_items() -> None:
 def test_every_example_hostfile_parses() -> None:
     from pathlib import Path
 
-    from orchestrator.hostfile import load_hostfile
+    from orchestrator.hosts.hostfile import load_hostfile
 
     examples = sorted((Path(__file__).resolve().parent.parent / "hostfiles").iterdir())
     assert len(examples) >= 5

@@ -43,9 +43,9 @@ def test_the_list_expands_back_to_the_same_hosts(entries) -> None:
 
 
 def test_the_preflight_summary_is_one_line_when_the_nodes_agree() -> None:
-    from orchestrator.hostfile import parse_hostfile
-    from orchestrator.plan import NodeFacts
-    from orchestrator.prepare import versions_summary
+    from orchestrator.hosts.hostfile import parse_hostfile
+    from orchestrator.launch.preflight import versions_summary
+    from orchestrator.plan.launch_plan import NodeFacts
 
     cluster = parse_hostfile("".join(f"ceon{i}\n" for i in range(1, 65)), "h.txt")
     same = NodeFacts(python_version="3.11.7", torch_version="2.13.0+cpu")
@@ -61,12 +61,12 @@ def test_the_preflight_summary_is_one_line_when_the_nodes_agree() -> None:
 def test_sync_says_one_line_per_file_count_and_counts_nodes_on_the_progress_line() -> None:
     import io
 
+    from orchestrator.console.progress import Progress
     from orchestrator.errors import NodeErrors
-    from orchestrator.hostfile import parse_hostfile
-    from orchestrator.plan import make_plan
-    from orchestrator.prepare import sync_code
-    from orchestrator.progress import Progress
-    from orchestrator.spec import JobSpec, Program
+    from orchestrator.hosts.hostfile import parse_hostfile
+    from orchestrator.launch.preflight import sync_code
+    from orchestrator.plan.launch_plan import make_plan
+    from orchestrator.plan.spec import JobSpec, Program
 
     class Connection:
         def __init__(self, files: int | None) -> None:

@@ -14,53 +14,29 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "orchestrator"
 MAX_LINES = 400
 
-# Low to high: a module may import its own layer and the ones before it, never a later one.
+# Low to high, one stage a layer: a module may import its own layer and the ones before it,
+# never a later one. The package's own modules (errors, hostlist, sizes) are the words every
+# stage shares.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("orchestrator", "orchestrator.hostlist", "orchestrator.errors", "orchestrator.sizes"),
-    # shipped to the nodes as source, or pure data
-    (
-        "orchestrator.agent",
-        "orchestrator.route",
-        "orchestrator.cores",
-        "orchestrator.hostfile",
-        "orchestrator.spec",
-        "orchestrator.selection",
-    ),
-    ("orchestrator.plan", "orchestrator.render"),
-    (
-        "orchestrator.backends",
-        "orchestrator.nodes",
-        "orchestrator.logs",
-        "orchestrator.fold",
-        "orchestrator.logfile",
-        "orchestrator.runs",
-        "orchestrator.plot",
-        "orchestrator.top",
-        "orchestrator.detach",
-        "orchestrator.bad_nodes",
-        "orchestrator.progress",
-        "orchestrator.footer",
-    ),
-    ("orchestrator.execute", "orchestrator.supervise", "orchestrator.probe"),
-    (
-        "orchestrator.launcher",
-        "orchestrator.prepare",
-        "orchestrator.copies",
-        "orchestrator.recovery",
-        "orchestrator.refill",
-    ),
-    ("orchestrator.slurm", "orchestrator.check", "orchestrator.control"),
+    ("orchestrator", "orchestrator.errors", "orchestrator.hostlist", "orchestrator.sizes"),
+    ("orchestrator.agent",),  # shipped to the nodes as source: the standard library only
+    ("orchestrator.hosts",),
+    ("orchestrator.plan",),
+    ("orchestrator.backends",),
+    ("orchestrator.record",),
+    ("orchestrator.console",),
+    ("orchestrator.supervise",),
+    ("orchestrator.nodes",),
+    ("orchestrator.launch",),
+    ("orchestrator.slurm",),
+    ("orchestrator.check",),
+    ("orchestrator.api",),
     ("orchestrator.cli", "orchestrator.__main__"),
 )
 # The trainer stands alone: what ranks run imports nothing of the controller.
 TRAINER = "orchestrator.trainer"
 # Run on the nodes by an interpreter that may have nothing but the standard library.
-NODE_SIDE = (
-    "orchestrator.agent",
-    "orchestrator.route",
-    "orchestrator.cores",
-    "orchestrator.check.reach",
-)
+NODE_SIDE = ("orchestrator.agent", "orchestrator.check.reach")
 
 
 def module_name(path: Path) -> str:
@@ -181,6 +157,17 @@ def test_a_name_prefix_is_a_folder() -> None:
             f"{a} / {b}" for a in names for b in names if a != b and b.startswith(a + "_")
         )
         assert not clashes, f"{folder.relative_to(ROOT)}: prefixed siblings {clashes}"
+
+
+def test_no_two_modules_share_a_name() -> None:
+    """`render.py` in two folders makes every traceback, grep and import read ambiguously."""
+    seen: dict[str, list[str]] = {}
+    for name, path in MODULES.items():
+        stem = name.rsplit(".", 1)[-1]
+        if path.stem not in ("__init__", "__main__") or path.name == "__init__.py":
+            seen.setdefault(stem, []).append(str(path.relative_to(ROOT)))
+    twice = {stem: paths for stem, paths in seen.items() if len(paths) > 1}
+    assert not twice, f"module or folder names used twice: {twice}"
 
 
 def test_every_package_is_shipped() -> None:

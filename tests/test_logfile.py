@@ -1,7 +1,7 @@
 """The run record when the controller's disk fills: LogSink and status.json never raise, the
 console goes on, a rank file stops whole at its first loss and is marked incomplete, the
-other files continue once space returns (orchestrator.logfile); and the rank files filled
-from the node's copy through a real local agent (orchestrator.refill).
+other files continue once space returns (orchestrator.record.logfile); and the rank files filled
+from the node's copy through a real local agent (orchestrator.nodes.refill).
 
 The full disk is simulated at the one boundary it crosses, the file object (`Disk`), or is
 real (/dev/full); the end-to-end test on a real full tmpfs is test_full_disk_local.py."""
@@ -18,14 +18,14 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import logfile
 from orchestrator.backends.local import LocalConnection
+from orchestrator.console.sink import LogSink
 from orchestrator.errors import ConfigError
-from orchestrator.logs import LogSink
-from orchestrator.refill.complete import Completion, fetch_incomplete
-from orchestrator.refill.fetch import FetchSink, Refill, fill_gaps
-from orchestrator.refill.gaps import Gap
-from orchestrator.runs import RunRecord, process_start_time
+from orchestrator.nodes.refill.complete import Completion, fetch_incomplete
+from orchestrator.nodes.refill.fetch import FetchSink, Refill, fill_gaps
+from orchestrator.nodes.refill.gaps import Gap
+from orchestrator.record import logfile
+from orchestrator.record.runs import RunRecord, process_start_time
 
 WARNING = b"warning: cannot write the run record: No space left on device"
 

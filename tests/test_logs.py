@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchestrator.logs import (
+from orchestrator.console.sink import (
     TAIL_LINES,
     LogSink,
     follow,

@@ -16,12 +16,12 @@ from pathlib import Path
 from orchestrator.agent.processes import tree_of
 from orchestrator.agent.protocol import WITH_PAYLOAD, frame
 from orchestrator.agent.sampling import Sampler, differs, parse_apps, parse_gpus
-from orchestrator.nodes import FrameParser
-from orchestrator.runs import RunRecord
+from orchestrator.backends.sessions import FrameParser
+from orchestrator.console.rank_table import RunView
+from orchestrator.record.runs import RunRecord
 from orchestrator.supervise.metrics import RunMetrics
 from orchestrator.supervise.state import NodeState
 from orchestrator.supervise.stragglers import Stragglers, median_without
-from orchestrator.top import RunView
 from tests.cli_helpers import run_cli
 
 HOSTS = {rank: f"n{rank // 2}" for rank in range(8)}
@@ -50,7 +50,7 @@ def test_a_rank_whose_work_stays_above_the_median_is_named_once() -> None:
 
 
 def test_the_rule_is_the_users_and_a_bad_one_is_refused(tmp_path: Path) -> None:
-    from orchestrator.logs import LogSink
+    from orchestrator.console.sink import LogSink
     from orchestrator.supervise import NodeState, RankState, Supervisor
 
     nodes, ranks = [NodeState(0, "n0", (0, 1))], [RankState(r, 0, r, "n0") for r in (0, 1)]

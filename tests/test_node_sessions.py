@@ -1,4 +1,4 @@
-"""The controller's side of a node agent (orchestrator.nodes): the frames that need no
+"""The controller's side of a node agent (orchestrator.backends.sessions): the frames that need no
 prompt answer do not wake the supervision loop, and what goes to a node never waits for a
 node that cannot take it.
 
@@ -24,9 +24,9 @@ import paramiko
 
 from orchestrator.agent.protocol import frame
 from orchestrator.backends.base import IdleAgent
+from orchestrator.backends.sessions import NodeSession, start_sessions
 from orchestrator.backends.ssh.connect import SshChannel, tcp_acks
-from orchestrator.logs import LogSink
-from orchestrator.nodes import NodeSession, start_sessions
+from orchestrator.console.sink import LogSink
 from orchestrator.supervise import NodeState, Supervisor
 from orchestrator.supervise.stopping import Stopper
 

@@ -7,9 +7,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from orchestrator.errors import ConfigError
-from orchestrator.hostfile import Cluster, Host, parse_hostfile
-from orchestrator.plan import IFNAME_VARS, LaunchPlan, NodeFacts, is_loopback, make_plan
-from orchestrator.spec import JobSpec, Program
+from orchestrator.hosts.hostfile import Cluster, Host, parse_hostfile
+from orchestrator.plan.launch_plan import IFNAME_VARS, LaunchPlan, NodeFacts, is_loopback, make_plan
+from orchestrator.plan.spec import JobSpec, Program
 
 PROPERTY = settings(max_examples=60, deadline=None)
 

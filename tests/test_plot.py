@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.plot import Event, draw, load, read_lines, series_of, spans
+from orchestrator.console.plot import Event, draw, load, read_lines, series_of, spans
 from tests.cli_helpers import REPO, run_cli
 
 T0 = 1764094400.0

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator import probe
+from orchestrator.nodes import probe
 from orchestrator.errors import NodeErrors
-from orchestrator.execute import NodeResult
-from orchestrator.hostfile import parse_hostfile
-from orchestrator.spec import JobSpec, Program
+from orchestrator.hosts.hostfile import parse_hostfile
+from orchestrator.nodes.execute import NodeResult
+from orchestrator.plan.spec import JobSpec, Program
 
 
 class Reached:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 import threading
 
-from orchestrator.progress import CLEAR, LONGEST_GAP_S, QUIET_S, Progress
+from orchestrator.console.progress import CLEAR, LONGEST_GAP_S, QUIET_S, Progress
 
 
 class Clock:

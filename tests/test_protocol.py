@@ -1,8 +1,8 @@
 """The agent protocol: frames (agent -> controller) and the length-prefixed bootstrap.
 
-Frames are encoded by orchestrator.agent.frame and decoded by orchestrator.nodes.FrameParser;
-whatever way the bytes are cut on the way (byte by byte, random chunks), the same frames
-come out.
+Frames are encoded by orchestrator.agent.frame and decoded by
+orchestrator.backends.sessions.FrameParser; whatever way the bytes are cut on the way
+(byte by byte, random chunks), the same frames come out.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from orchestrator.agent import BOOTSTRAP, encode_config, frame, length_prefixed
 from orchestrator.agent.bootstrap import agent_argv, agent_start
 from orchestrator.agent.loader import bytecode_magic, install, read_modules
 from orchestrator.agent.protocol import CommandReader
-from orchestrator.nodes import FrameParser
+from orchestrator.backends.sessions import FrameParser
 
 PROPERTY = settings(max_examples=60, deadline=None)
 
@@ -184,7 +184,7 @@ def test_bootstrap_ends_cleanly_when_the_controller_goes_away() -> None:
 
 
 def start_agent(env: dict | None = None) -> subprocess.Popen:
-    from orchestrator.nodes import agent_start
+    from orchestrator.backends.sessions import agent_start
 
     proc = subprocess.Popen(
         [sys.executable, "-u", "-c", BOOTSTRAP],
@@ -351,7 +351,7 @@ def test_an_idle_agent_counts_as_idle_from_its_x_not_from_when_the_controller_go
     import time
     from types import SimpleNamespace
 
-    from orchestrator.nodes import REUSE_WITHIN_S, NodeSession, take_idle_agent
+    from orchestrator.backends.sessions import REUSE_WITHIN_S, NodeSession, take_idle_agent
 
     connection = SimpleNamespace(idle_agent=None)
     channel = _Finished()

@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.bad_nodes import add_bad_node, read_bad_nodes, skip_bad_nodes
 from orchestrator.errors import ConfigError, NodeError, NodeErrors, SourceError
-from orchestrator.hostfile import parse_hostfile
-from orchestrator.plan import NodeFacts, make_plan, node_dir
-from orchestrator.probe import ProbeResult
-from orchestrator.recovery import NodePool
-from orchestrator.render import plan_yaml
-from orchestrator.selection import hold_spares
+from orchestrator.hosts.hostfile import parse_hostfile
+from orchestrator.hosts.selection import hold_spares
+from orchestrator.launch.recovery import NodePool
+from orchestrator.nodes.probe import ProbeResult
+from orchestrator.plan.launch_plan import NodeFacts, make_plan, node_dir
+from orchestrator.plan.scripts import plan_yaml
+from orchestrator.record.bad_nodes import add_bad_node, read_bad_nodes, skip_bad_nodes
 from orchestrator.supervise.state import NodeFault, Outcome
 from tests.test_plan import spec
 from tests.test_supervise import detector

@@ -25,11 +25,12 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from orchestrator.cores import Topology
-from orchestrator.hostfile import parse_hostfile
-from orchestrator.plan import LaunchPlan, NodeFacts, make_plan
-from orchestrator.probe import probe_script
-from orchestrator.render import (
+from orchestrator.agent.cores import Topology
+from orchestrator.hosts.hostfile import parse_hostfile
+from orchestrator.hosts.selection import Selection, select_hosts
+from orchestrator.nodes.probe import probe_script
+from orchestrator.plan.launch_plan import LaunchPlan, NodeFacts, make_plan
+from orchestrator.plan.scripts import (
     command_line,
     comment_safe,
     plan_yaml,
@@ -37,8 +38,7 @@ from orchestrator.render import (
     render_template,
     write_rendered,
 )
-from orchestrator.selection import Selection, select_hosts
-from orchestrator.spec import JobSpec, Program
+from orchestrator.plan.spec import JobSpec, Program
 
 GOLDEN = Path(__file__).parent / "golden"
 UPDATE = os.environ.get("UPDATE_GOLDEN") == "1"

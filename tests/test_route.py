@@ -1,4 +1,4 @@
-"""Finding the interface that reaches an address without iproute2 (orchestrator/route.py):
+"""Finding the interface that reaches an address without iproute2 (orchestrator/agent/route.py):
 parsing the kernel's tables, this machine, and the probes run with `ip` hidden from PATH.
 Agreement with `ip` on the namespace nodes is in test_route_cluster.py."""
 
@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import route
-from orchestrator.probe import parse_probe_output
-from orchestrator.render import render_template
+from orchestrator.agent import route
+from orchestrator.nodes.probe import parse_probe_output
+from orchestrator.plan.scripts import render_template
 
 # /proc/net/route as the kernel writes it (little-endian hex): a default route via eth0,
 # 10.0.4.0/24 on br0, 10.0.4.128/25 on br1 (longer prefix), 10.9.0.0/16 twice (metrics),

@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from orchestrator.errors import ConfigError
-from orchestrator.runs import (
+from orchestrator.record.runs import (
     ACTIVE_STATES,
     FINAL_STATES,
     RunRecord,

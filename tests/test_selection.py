@@ -11,10 +11,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from orchestrator.errors import ConfigError
-from orchestrator.hostfile import parse_hostfile
-from orchestrator.plan import make_plan
-from orchestrator.selection import Selection, select_hosts
-from orchestrator.spec import JobSpec, Program
+from orchestrator.hosts.hostfile import parse_hostfile
+from orchestrator.hosts.selection import Selection, select_hosts
+from orchestrator.plan.launch_plan import make_plan
+from orchestrator.plan.spec import JobSpec, Program
 
 HOSTS = "worker-0 slots=4\nworker-1 slots=4\nworker-2 slots=4\n"
 

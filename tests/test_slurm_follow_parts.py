@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.logs import LogSink
+from orchestrator.console.sink import LogSink
 from orchestrator.slurm.outcome import job_outcome
 from orchestrator.slurm.parse import JobInfo
 from orchestrator.slurm.stream import AttemptFiles, read_fields

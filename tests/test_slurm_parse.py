@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.errors import ConfigError, OrchestratorError
-from orchestrator.slurm.commands import SlurmCommands, unreachable_or
+from orchestrator.slurm.client import SlurmCommands, unreachable_or
 from orchestrator.slurm.parse import (
     UNRUNNABLE,
     JobInfo,

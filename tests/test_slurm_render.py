@@ -14,12 +14,12 @@ import pytest
 
 from orchestrator.cli import main
 from orchestrator.errors import ConfigError
-from orchestrator.hostfile import parse_hostfile
-from orchestrator.render import render_template
-from orchestrator.selection import Selection, select_hosts
-from orchestrator.slurm.render import SlurmOptions, parse_signal, plan_slurm_job
+from orchestrator.hosts.hostfile import parse_hostfile
+from orchestrator.hosts.selection import Selection, select_hosts
+from orchestrator.plan.scripts import render_template
+from orchestrator.plan.spec import JobSpec, Program
+from orchestrator.slurm.sbatch import SlurmOptions, parse_signal, plan_slurm_job
 from orchestrator.slurm.submit import prepare_slurm
-from orchestrator.spec import JobSpec, Program
 
 GOLDEN = Path(__file__).parent / "golden" / "slurm"
 ARGV = ("orchestrator", "render", "--backend", "slurm", "-o", "out")
@@ -135,7 +135,7 @@ def test_launch_with_restarts_dry_run_shows_the_c10d_script(tmp_path: Path) -> N
     """Followed like any job (a failing rank is a restart until torchrun gives up)."""
     import io
 
-    from orchestrator.prepare import LaunchOptions
+    from orchestrator.launch.preflight import LaunchOptions
     from orchestrator.slurm.submit import launch_slurm
 
     options = LaunchOptions(run_dir=str(tmp_path), run_id="r", argv=ARGV)

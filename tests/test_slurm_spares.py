@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from orchestrator.errors import ConfigError
-from orchestrator.hostfile import parse_hostfile
-from orchestrator.selection import hold_spares
-from orchestrator.slurm.render import SlurmOptions, plan_slurm_job
+from orchestrator.hosts.hostfile import parse_hostfile
+from orchestrator.hosts.selection import hold_spares
+from orchestrator.slurm.sbatch import SlurmOptions, plan_slurm_job
 from orchestrator.slurm.spares import check_capacity, failed_nodes, resubmitted
 from orchestrator.slurm.submit import prepare_slurm
 from tests.test_slurm_render import ARGV, check_golden, run_cli, spec

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from orchestrator.errors import ConfigError, SourceError
-from orchestrator.spec import (
+from orchestrator.plan.spec import (
     BUNDLED_TRAINER,
     JobSpec,
     Program,

@@ -1,4 +1,5 @@
-"""What paramiko's SSHConfig lacks and config.py adds: Include, tokens, trust settings, warnings.
+"""What paramiko's SSHConfig lacks and client_config.py adds: Include, tokens, trust
+settings, warnings.
 
 (tests/test_ssh_fidelity.py checks the same against real `ssh -G` on the lab cluster.)
 """
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.backends.base import SshOptions
-from orchestrator.backends.ssh.config import SshConfig, expand_tokens, resolve
+from orchestrator.backends.ssh.client_config import SshConfig, expand_tokens, resolve
 from orchestrator.errors import SourceError
 
 

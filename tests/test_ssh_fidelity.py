@@ -41,7 +41,7 @@ IN_HOME = (
 RESOLVE = """
 import json, sys
 from orchestrator.backends.base import SshOptions
-from orchestrator.backends.ssh.config import SshConfig, resolve
+from orchestrator.backends.ssh.client_config import SshConfig, resolve
 config = SshConfig()
 print(json.dumps({name: (lambda t: {
     "user": t.user, "hostname": t.hostname, "port": str(t.port),

@@ -14,7 +14,7 @@ import pytest
 
 from orchestrator.backends.base import SshOptions
 from orchestrator.backends.ssh import notices
-from orchestrator.backends.ssh.config import SshConfig, resolve
+from orchestrator.backends.ssh.client_config import SshConfig, resolve
 from orchestrator.backends.ssh.identities import offers
 
 pytestmark = pytest.mark.openssh

@@ -15,7 +15,7 @@ import pytest
 
 from orchestrator.backends.ssh import known_hosts
 from orchestrator.backends.ssh.certs import host_certificate
-from orchestrator.backends.ssh.config import HostTrust, Target
+from orchestrator.backends.ssh.client_config import HostTrust, Target
 from orchestrator.backends.ssh.trust import HostKeyRefused, Trust
 
 pytestmark = pytest.mark.openssh

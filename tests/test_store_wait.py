@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from orchestrator.render import render_template
+from orchestrator.plan.scripts import render_template
 
 BASH = shutil.which("bash") or "/bin/bash"
 

@@ -12,8 +12,8 @@ import time
 from collections import deque
 from pathlib import Path
 
-from orchestrator.logs import LogSink
-from orchestrator.nodes import Event
+from orchestrator.backends.sessions import Event
+from orchestrator.console.sink import LogSink
 from orchestrator.supervise import NodeState, RankState, Supervisor, describe_exit
 from orchestrator.supervise.detect import Detector
 from orchestrator.supervise.state import Outcome

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.plot import load
+from orchestrator.console.plot import load
 from tests.cli_helpers import (
     ORCHESTRATOR,
     assert_nothing_left,

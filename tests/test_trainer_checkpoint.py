@@ -18,7 +18,7 @@ from orchestrator.trainer.checkpoint import (
     remove_stale_temporaries,
     save_checkpoint,
 )
-from orchestrator.trainer.errors import CheckpointError
+from orchestrator.trainer.exits import CheckpointError
 from tests.trainer_helpers import (
     FAST,
     TRAINER,

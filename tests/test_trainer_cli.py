@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from orchestrator.trainer.checkpoint import load_checkpoint
-from orchestrator.trainer.cli import build_parser
 from orchestrator.trainer.config import TrainConfig, resolve_topology
-from orchestrator.trainer.errors import TrainerUsageError
+from orchestrator.trainer.entry import build_parser
+from orchestrator.trainer.exits import TrainerUsageError
 from orchestrator.trainer.models import build_model
 from orchestrator.trainer.setup import autocast_factory
 from tests.trainer_helpers import (

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from orchestrator.trainer.batching import GlobalBatchPlan
 from orchestrator.trainer.datasets import load_cifar10, load_npz, make_synthetic
-from orchestrator.trainer.errors import TrainerUsageError
+from orchestrator.trainer.exits import TrainerUsageError
 from tests.trainer_helpers import run_trainer
 
 

@@ -9,10 +9,10 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from orchestrator.trainer.cli import main
 from orchestrator.trainer.config import Topology, resolve_topology
 from orchestrator.trainer.distributed import start_runtime
-from orchestrator.trainer.errors import EXIT_FAILURE, TrainerUsageError
+from orchestrator.trainer.entry import main
+from orchestrator.trainer.exits import EXIT_FAILURE, TrainerUsageError
 from orchestrator.trainer.placement import (
     DeviceChoice,
     agree_on_kind,

@@ -22,7 +22,7 @@ from orchestrator.trainer.checkpoint import (
 )
 from orchestrator.trainer.config import Topology, TrainConfig
 from orchestrator.trainer.distributed import Runtime
-from orchestrator.trainer.errors import CheckpointError
+from orchestrator.trainer.exits import CheckpointError
 from orchestrator.trainer.loop import Trainer
 from orchestrator.trainer.setup import _resume, build_session
 from tests.trainer_helpers import FAST, assert_clean_failure, run_trainer

@@ -6,14 +6,14 @@ from collections.abc import Sequence
 
 from orchestrator.backends.base import NodeConnection, SshOptions
 from orchestrator.errors import NodeError
-from orchestrator.hostfile import Cluster
+from orchestrator.hosts.hostfile import Cluster
 
 
 def connect_cluster(
     cluster: Cluster, ssh_options: SshOptions | None, on_done=None
 ) -> list[NodeConnection]:
     """A connection to every node: this machine directly, others over SSH in parallel;
-    `on_done(ok)` as each node is done (orchestrator.progress)."""
+    `on_done(ok)` as each node is done (orchestrator.console.progress)."""
     if cluster.is_local:
         from orchestrator.backends.local import LocalConnection
 

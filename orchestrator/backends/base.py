@@ -45,7 +45,8 @@ class AgentChannel(Protocol):
 @dataclass(frozen=True)
 class IdleAgent:
     """An agent that finished a step and waits for the next one of the same run (see
-    orchestrator.agent): kept on its connection by orchestrator.nodes, closed with it."""
+    orchestrator.agent): kept on its connection by orchestrator.backends.sessions, closed
+    with it."""
 
     python: str
     tag: str

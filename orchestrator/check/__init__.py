@@ -1,6 +1,6 @@
 """`orchestrator check`: prove a cluster is ready.
 
-run.py drives the three steps; nodes.py gathers per-node facts and the rendezvous test (with
+run.py drives the three steps; gather.py gathers per-node facts and the rendezvous test (with
 reach.py, shipped to the nodes); collectives.py is the job every rank runs; measure.py holds
 the exact expected values and the bandwidth formulas; diagnose.py says what is wrong with
 the nodes, and report.py turns it all into problems and tables.

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from orchestrator.check.facts import Master, NodeReport
 from orchestrator.check.report import Problem
-from orchestrator.probe import MIN_FREE_DISK
+from orchestrator.nodes.probe import MIN_FREE_DISK
 from orchestrator.sizes import human_bytes
 
 

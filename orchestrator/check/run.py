@@ -1,8 +1,8 @@
 """`orchestrator check HOSTFILE`: prove a cluster is ready, in three steps.
 
-1. Node facts (orchestrator.check.nodes): SSH round trip, python, torch, NCCL, CUDA devices,
+1. Node facts (orchestrator.check.gather): SSH round trip, python, torch, NCCL, CUDA devices,
    the NCCL/gloo interface, free disk, and the rendezvous port on the master.
-2. Rendezvous reachability (orchestrator.check.nodes + orchestrator.check.reach): can every node
+2. Rendezvous reachability (orchestrator.check.gather + orchestrator.check.reach): can every node
    open a TCP connection to MASTER_ADDR:MASTER_PORT from its chosen interface?
 3. Unless a problem above makes it pointless, a real job over every slot, launched like
    `launch` (prepare + run_plan, so it is an ordinary run record that `runs` lists):
@@ -28,7 +28,7 @@ from orchestrator.backends import close_all
 from orchestrator.check import measure
 from orchestrator.check.diagnose import node_problems
 from orchestrator.check.facts import Master, NodeReport, choose_backend
-from orchestrator.check.nodes import (
+from orchestrator.check.gather import (
     REACH_TIMEOUT_S,
     connect_each,
     probe_facts,
@@ -46,9 +46,9 @@ from orchestrator.check.report import (
     problems_text,
 )
 from orchestrator.errors import ConfigError, NodeError
-from orchestrator.hostfile import Cluster
-from orchestrator.plan import is_loopback, make_plan
-from orchestrator.spec import JobSpec, Program, forwarded_env, merge_env
+from orchestrator.hosts.hostfile import Cluster
+from orchestrator.plan.launch_plan import is_loopback, make_plan
+from orchestrator.plan.spec import JobSpec, Program, forwarded_env, merge_env
 
 
 @dataclass(frozen=True)
@@ -282,10 +282,10 @@ def run_collectives(
     cluster: Cluster, options: CheckOptions, spec: JobSpec, backend: str, connections: list
 ) -> JobResult:
     """Step 3: launch orchestrator.check.collectives on every slot; read its reports back."""
-    from orchestrator.launcher import run_plan
-    from orchestrator.prepare import LaunchOptions, prepare
-    from orchestrator.render import write_rendered
-    from orchestrator.runs import RunRecord
+    from orchestrator.launch.launcher import run_plan
+    from orchestrator.launch.preflight import LaunchOptions, prepare
+    from orchestrator.plan.scripts import write_rendered
+    from orchestrator.record.runs import RunRecord
 
     args = ("--backend", backend, *spec.program.args)
     spec = replace(spec, program=replace(spec.program, args=args))

@@ -1,7 +1,7 @@
 """Command-line options for choosing the backend, and the SLURM job's options.
 
 Shared by `launch` and `render` (orchestrator.cli); no logic beyond turning flags into an
-`orchestrator.slurm.render.SlurmOptions` and checking that they fit the chosen backend.
+`orchestrator.slurm.sbatch.SlurmOptions` and checking that they fit the chosen backend.
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ def backend_options(func):
 
 def make_slurm_options(kwargs: dict, login: str | None = None):
     """Take --backend's SLURM options out of a command's keyword arguments."""
-    from orchestrator.slurm.render import SlurmOptions
+    from orchestrator.slurm.sbatch import SlurmOptions
 
     values = {key: kwargs.pop(key) for key in SLURM_KEYS}
     return SlurmOptions(**{**values, "sbatch_args": tuple(values["sbatch_args"])}, login=login)
@@ -102,7 +102,7 @@ def make_slurm_options(kwargs: dict, login: str | None = None):
 
 def check_backend(backend: str, slurm, hostfile: str | None):
     """For the SSH/local path: no SLURM option, and a hostfile; its Cluster."""
-    from orchestrator.hostfile import load_hostfile
+    from orchestrator.hosts.hostfile import load_hostfile
 
     given = slurm.given_flags()
     if given:

@@ -30,15 +30,15 @@ from orchestrator.cli.options import (
 )
 from orchestrator.cli.selecting import select, selection_options, spares_option, split_selection
 from orchestrator.errors import ConfigError
-from orchestrator.selection import hold_spares
+from orchestrator.hosts.selection import hold_spares
 from orchestrator.sizes import parse_size
 
 
 def slurm_nodes(hostfile, selection, nproc_per_node, spares: int):
     """--backend slurm: the hostfile's chosen hosts (its last `spares` held back), or, without
     one, the hosts of the bad-node list as --exclude."""
-    from orchestrator.bad_nodes import read_bad_nodes
-    from orchestrator.hostfile import load_hostfile
+    from orchestrator.hosts.hostfile import load_hostfile
+    from orchestrator.record.bad_nodes import read_bad_nodes
 
     if hostfile:
         cluster = select(load_hostfile(hostfile), selection, nproc_per_node)
@@ -185,9 +185,9 @@ def launch(
     --partition gpu -- train.py`): the job id is printed, then its state and the ranks'
     output; Ctrl-C cancels the job.
     """
-    from orchestrator.launcher import launch as run_launch
-    from orchestrator.prepare import LaunchOptions
-    from orchestrator.runs import check_run_id, new_run_id
+    from orchestrator.launch.launcher import launch as run_launch
+    from orchestrator.launch.preflight import LaunchOptions
+    from orchestrator.record.runs import check_run_id, new_run_id
 
     ssh = make_ssh_options(**split_ssh(job))
     selection = split_selection(job)
@@ -258,9 +258,9 @@ def render(hostfile, program, out_dir, run_id, backend, spares, **job):
     29500 unless given. With --backend slurm: DIR/job.sbatch, to submit with
     `sbatch DIR/job.sbatch` (the ranks' output then goes to slurm-<jobid>.out).
     """
-    from orchestrator.prepare import LaunchOptions, check_script_exists, prepare
-    from orchestrator.render import write_rendered
-    from orchestrator.runs import check_run_id, new_run_id
+    from orchestrator.launch.preflight import LaunchOptions, check_script_exists, prepare
+    from orchestrator.plan.scripts import write_rendered
+    from orchestrator.record.runs import check_run_id, new_run_id
 
     hostfile, program = split_hostfile(hostfile, program)
     slurm = make_slurm_options(job)
@@ -337,8 +337,8 @@ def exec_command(hostfile, command, python, grace, timeout, color, fold, **ssh):
     status is 0 when the command succeeded everywhere, 1 otherwise. Ctrl-C stops the
     command on every node. Example: orchestrator exec hosts.txt -- nvidia-smi -L
     """
-    from orchestrator.execute import exec_on_cluster
-    from orchestrator.hostfile import load_hostfile
+    from orchestrator.hosts.hostfile import load_hostfile
+    from orchestrator.nodes.execute import exec_on_cluster
 
     refuse_empty(python=python)
     cluster = load_hostfile(hostfile)
@@ -381,8 +381,8 @@ def clean(hostfile, older_than, dry_run, python, **ssh):
     Exit status: 0, or 1 when a node could not be cleaned.
     """
     from orchestrator.backends import close_all, connect_cluster
-    from orchestrator.copies import clean_nodes, clean_table, parse_age
-    from orchestrator.hostfile import load_hostfile
+    from orchestrator.hosts.hostfile import load_hostfile
+    from orchestrator.nodes.copies import clean_nodes, clean_table, parse_age
 
     refuse_empty(python=python)
     try:

@@ -132,7 +132,7 @@ def job_options(func):
 
 def env_file_layers(env_files, no_env_file: bool, say=None) -> list[list[tuple[str, str]]]:
     """--env-file's pairs; without it, DeepSpeed's .deepspeed_env files (said, in one line)."""
-    from orchestrator.spec import deepspeed_env_files, load_env_file
+    from orchestrator.plan.spec import deepspeed_env_files, load_env_file
 
     if env_files and no_env_file:
         raise ConfigError("--env-file and --no-env-file together: give one of them")
@@ -346,7 +346,7 @@ def make_spec(
     """The JobSpec of the flags. `gpus_chosen` (see `gpus_chosen()`): nothing is said about
     the controller's CUDA_VISIBLE_DEVICES not being forwarded."""
     refuse_empty(ifname=ifname, python=python, workdir=workdir)
-    from orchestrator.spec import (
+    from orchestrator.plan.spec import (
         VISIBLE_DEVICES,
         JobSpec,
         Program,

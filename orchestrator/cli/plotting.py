@@ -32,8 +32,8 @@ def plot(run_id, run_dir, output):
     Works on a run still going (it draws what is there so far). Needs matplotlib:
     pip install 'orchestrator[plot]'.
     """
-    from orchestrator.plot import draw, load
-    from orchestrator.runs import RunRecord
+    from orchestrator.console.plot import draw, load
+    from orchestrator.record.runs import RunRecord
 
     record = RunRecord.open(run_dir, run_id)
     run = load(record.path)

@@ -115,9 +115,9 @@ def check(
     what to fix.
     """
     from orchestrator.check.run import CheckOptions, check_json_path, parse_max_size, run_check
-    from orchestrator.hostfile import load_hostfile
-    from orchestrator.runs import check_run_id, new_run_id
-    from orchestrator.spec import parse_master_port
+    from orchestrator.hosts.hostfile import load_hostfile
+    from orchestrator.plan.spec import parse_master_port
+    from orchestrator.record.runs import check_run_id, new_run_id
 
     if max_size is not None:
         max_size = parse_max_size(max_size)

@@ -42,15 +42,15 @@ def logs(run_id, run_dir, follow, rank, node, grep, tail, fetch, fold):
     import re
     import time
 
-    from orchestrator.logs import fold_lines, last_lines_of, line_filter
-    from orchestrator.logs import follow as follow_file
-    from orchestrator.runs import FINAL_STATES, RunRecord, controller_alive
+    from orchestrator.console.sink import fold_lines, last_lines_of, line_filter
+    from orchestrator.console.sink import follow as follow_file
+    from orchestrator.record.runs import FINAL_STATES, RunRecord, controller_alive
 
     record = RunRecord.open(run_dir, run_id)
     if fetch:
         if follow or rank is not None or node or grep or tail is not None:
             raise ConfigError("--fetch completes the rank files and prints no log: give it alone")
-        from orchestrator.refill import fetch_incomplete
+        from orchestrator.nodes.refill import fetch_incomplete
 
         return fetch_incomplete(record, say=click.echo)
     if grep is not None:
@@ -103,12 +103,12 @@ def status(run_id, run_dir, as_json):
     import json
 
     from orchestrator.cli.views import status_text
-    from orchestrator.runs import RunRecord
+    from orchestrator.record.runs import RunRecord
 
     record = RunRecord.open(run_dir, run_id)
     current = record.read_status()
     if current.get("backend") == "slurm":  # squeue/sacct's word on a run not yet ended
-        from orchestrator.slurm.commands import refresh_status
+        from orchestrator.slurm.client import refresh_status
 
         current = refresh_status(record, current)
     click.echo(json.dumps(current, indent=2) if as_json else status_text(current))
@@ -131,8 +131,8 @@ def stop(run_id, run_dir, wait):
 
     Works from any shell; stopping again kills at once.
     """
-    from orchestrator.control import stop_run
-    from orchestrator.runs import RunRecord
+    from orchestrator.api.stop import stop_run
+    from orchestrator.record.runs import RunRecord
 
     return stop_run(RunRecord.open(run_dir, run_id), wait, say=click.echo)
 
@@ -142,7 +142,7 @@ def stop(run_id, run_dir, wait):
 def runs(run_dir):
     """List the runs in --run-dir with their state."""
     from orchestrator.cli.views import runs_table
-    from orchestrator.runs import list_runs
+    from orchestrator.record.runs import list_runs
 
     click.echo(runs_table(list_runs(run_dir), run_dir))
     return 0

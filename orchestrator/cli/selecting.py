@@ -81,14 +81,14 @@ SELECTION_KEYS = ("include", "exclude", "num_nodes", "num_gpus", "bad_nodes")
 
 def split_selection(kwargs: dict):
     """Take the selection flags out of a command's keyword arguments: a `Selection`."""
-    from orchestrator.selection import Selection
+    from orchestrator.hosts.selection import Selection
 
     return Selection(**{key: kwargs.pop(key) for key in SELECTION_KEYS})
 
 
 def select(cluster, selection, nproc_per_node: int | None):
     """The hosts and slots the selection flags leave (the cluster itself without them)."""
-    from orchestrator.selection import select_hosts
+    from orchestrator.hosts.selection import select_hosts
 
     if cluster is None:
         if selection.given:
@@ -98,7 +98,7 @@ def select(cluster, selection, nproc_per_node: int | None):
                 "use --nodes)"
             )
         return None
-    from orchestrator.bad_nodes import skip_bad_nodes
+    from orchestrator.record.bad_nodes import skip_bad_nodes
 
     cluster, skipped = skip_bad_nodes(cluster, selection.bad_nodes)
     if skipped:

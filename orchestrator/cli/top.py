@@ -1,4 +1,4 @@
-"""The `top` command: a live table of every rank of a run (orchestrator.top), drawn by rich."""
+"""The `top` command: a live table of every rank of a run (console/rank_table.py), drawn by rich."""
 
 from __future__ import annotations
 
@@ -62,8 +62,8 @@ def top(run_id, run_dir, once, interval):
     from rich.console import Console
     from rich.live import Live
 
-    from orchestrator.runs import RunRecord
-    from orchestrator.top import RunView
+    from orchestrator.console.rank_table import RunView
+    from orchestrator.record.runs import RunRecord
 
     view = RunView(RunRecord.open(run_dir, run_id))
     console = Console()

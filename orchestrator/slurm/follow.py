@@ -21,15 +21,15 @@ from pathlib import Path
 from typing import BinaryIO
 
 from orchestrator.agent.ranks import RankFile
+from orchestrator.console.footer import Footer
+from orchestrator.console.sink import LogSink
 from orchestrator.errors import ConfigError, OrchestratorError
-from orchestrator.footer import Footer
-from orchestrator.logs import LogSink
-from orchestrator.runs import RunRecord, now_iso
-from orchestrator.slurm import commands as slurm
-from orchestrator.slurm.commands import SlurmCommands
+from orchestrator.record.runs import RunRecord, now_iso
+from orchestrator.slurm import client as slurm
+from orchestrator.slurm.client import SlurmCommands
 from orchestrator.slurm.outcome import job_outcome
 from orchestrator.slurm.parse import UNRUNNABLE, JobInfo
-from orchestrator.slurm.render import PORT_BASE, PORT_SPAN, SCRIPT_NAME, SlurmJob
+from orchestrator.slurm.sbatch import PORT_BASE, PORT_SPAN, SCRIPT_NAME, SlurmJob
 from orchestrator.slurm.spares import SlurmSpares
 from orchestrator.slurm.stream import READ_BYTES, AttemptFiles
 from orchestrator.supervise import NodeState, Outcome, RankState, Supervisor, describe_exit

@@ -22,12 +22,12 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 
-from orchestrator.bad_nodes import add_bad_node
 from orchestrator.errors import ConfigError
-from orchestrator.recovery import Recovery
-from orchestrator.slurm.commands import SlurmCommands
+from orchestrator.launch.recovery import Recovery
+from orchestrator.record.bad_nodes import add_bad_node
+from orchestrator.slurm.client import SlurmCommands
 from orchestrator.slurm.parse import JobInfo
-from orchestrator.slurm.render import SlurmJob
+from orchestrator.slurm.sbatch import SlurmJob
 from orchestrator.supervise import Outcome
 
 BY_SLURM = "(chosen by SLURM)"

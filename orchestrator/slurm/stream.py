@@ -23,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from orchestrator.agent.ranks import RankFile
-from orchestrator.logs import LogSink
+from orchestrator.console.sink import LogSink
 from orchestrator.supervise import NodeState, Supervisor
 from orchestrator.supervise.clocks import NodeClock
 

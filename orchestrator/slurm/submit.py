@@ -11,17 +11,18 @@ import sys
 from pathlib import Path
 from typing import BinaryIO
 
-from orchestrator.detach import run_detached
+from orchestrator.console.sink import use_color
 from orchestrator.errors import ConfigError, OrchestratorError
-from orchestrator.hostfile import Cluster
-from orchestrator.logs import use_color
-from orchestrator.prepare import LaunchOptions
-from orchestrator.render import command_line, make_output_dir, plan_yaml
-from orchestrator.runs import RunRecord, now_iso, process_start_time
-from orchestrator.slurm import commands as slurm
-from orchestrator.slurm.commands import SlurmCommands
+from orchestrator.hosts.hostfile import Cluster
+from orchestrator.launch.detach import run_detached
+from orchestrator.launch.preflight import LaunchOptions
+from orchestrator.plan.scripts import command_line, make_output_dir, plan_yaml
+from orchestrator.plan.spec import JobSpec
+from orchestrator.record.runs import RunRecord, now_iso, process_start_time
+from orchestrator.slurm import client as slurm
+from orchestrator.slurm.client import SlurmCommands
 from orchestrator.slurm.follow import Follower
-from orchestrator.slurm.render import (
+from orchestrator.slurm.sbatch import (
     SCRIPT_NAME,
     SlurmJob,
     SlurmOptions,
@@ -29,7 +30,6 @@ from orchestrator.slurm.render import (
     render_sbatch,
 )
 from orchestrator.slurm.spares import SlurmSpares, check_capacity
-from orchestrator.spec import JobSpec
 
 
 def prepare_slurm(

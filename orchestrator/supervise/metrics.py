@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from orchestrator.logfile import LogFile, open_append
+from orchestrator.record.logfile import LogFile, open_append
 from orchestrator.supervise.state import NodeState
 from orchestrator.supervise.stragglers import Straggler, Stragglers
 

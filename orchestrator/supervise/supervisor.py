@@ -19,16 +19,16 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from orchestrator.agent.protocol import CONTROLLER_BEATS, beat_intervals
-from orchestrator.logs import LogSink
-from orchestrator.nodes import Event, NodeSession
-from orchestrator.runs import now_iso
+from orchestrator.backends.sessions import Event, NodeSession
+from orchestrator.console.rank_table import summary
+from orchestrator.console.sink import LogSink
+from orchestrator.record.runs import now_iso
 from orchestrator.supervise.detect import Detector
 from orchestrator.supervise.liveness import Liveness
 from orchestrator.supervise.metrics import RunMetrics
 from orchestrator.supervise.state import NodeState, Outcome, RankState, describe_exit
 from orchestrator.supervise.stopping import Stopper
 from orchestrator.supervise.stragglers import RATIO, WINDOW_S, Stragglers
-from orchestrator.top import summary
 
 MAX_EVENTS_PER_STEP = 256  # then flush and look at heartbeats and signals again
 # The loop wakes on every event at once; without one, after TICK_S while lines wait to be

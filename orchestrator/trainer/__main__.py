@@ -6,8 +6,8 @@ import gc
 import os
 import sys
 
-from orchestrator.trainer.cli import main
-from orchestrator.trainer.errors import EXIT_FAILURE
+from orchestrator.trainer.entry import main
+from orchestrator.trainer.exits import EXIT_FAILURE
 
 exit_code = main()
 if exit_code == EXIT_FAILURE:

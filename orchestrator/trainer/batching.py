@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from orchestrator.trainer.datasets import InputTransform, Split
-from orchestrator.trainer.errors import TrainerUsageError
+from orchestrator.trainer.exits import TrainerUsageError
 
 
 class GlobalBatchPlan:

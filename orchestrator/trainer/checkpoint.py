@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from orchestrator.trainer.errors import CheckpointError
+from orchestrator.trainer.exits import CheckpointError
 
 FORMAT = "orchestrator.trainer/1"
 LATEST_POINTER = "latest"

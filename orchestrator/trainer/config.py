@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from orchestrator.trainer.errors import TrainerUsageError
+from orchestrator.trainer.exits import TrainerUsageError
 
 MODELS = ("mlp", "cnn")
 DATASETS = ("synthetic", "cifar10", "npz")

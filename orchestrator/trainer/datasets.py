@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from orchestrator.trainer.errors import TrainerUsageError
+from orchestrator.trainer.exits import TrainerUsageError
 
 CIFAR_DIR_NAME = "cifar-10-batches-py"
 CIFAR_MEAN = (0.4914, 0.4822, 0.4465)

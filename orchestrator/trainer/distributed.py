@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from orchestrator.trainer.config import Topology
-from orchestrator.trainer.errors import TrainerRuntimeError, TrainerUsageError
+from orchestrator.trainer.exits import TrainerRuntimeError, TrainerUsageError
 from orchestrator.trainer.placement import (
     DeviceChoice,
     agree_on_kind,

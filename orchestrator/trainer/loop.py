@@ -31,12 +31,12 @@ from orchestrator.trainer.checkpoint import (
 from orchestrator.trainer.config import Topology, TrainConfig
 from orchestrator.trainer.datasets import Split
 from orchestrator.trainer.distributed import Runtime, is_peer_failure, start_runtime
-from orchestrator.trainer.errors import EXIT_OK, TrainerRuntimeError
+from orchestrator.trainer.exits import EXIT_OK, TrainerRuntimeError
 from orchestrator.trainer.graphs import applies, graph_module
 from orchestrator.trainer.models import parameter_count
 from orchestrator.trainer.reporting import WindowStats, emit, progress_line, summary_line
 from orchestrator.trainer.setup import Session, build_session
-from orchestrator.trainer.stopping import StopAgreement, StopRequest, signal_name
+from orchestrator.trainer.signals import StopAgreement, StopRequest, signal_name
 
 EVAL_BATCH = 1024
 

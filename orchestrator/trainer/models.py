@@ -12,7 +12,7 @@ import math
 import torch
 from torch import nn
 
-from orchestrator.trainer.errors import TrainerUsageError
+from orchestrator.trainer.exits import TrainerUsageError
 
 CNN_INPUT_SHAPE = (3, 32, 32)
 

@@ -11,7 +11,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from orchestrator.trainer.errors import TrainerUsageError
+from orchestrator.trainer.exits import TrainerUsageError
 
 
 @dataclass(frozen=True)

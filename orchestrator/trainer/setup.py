@@ -28,7 +28,7 @@ from orchestrator.trainer.checkpoint import (
 from orchestrator.trainer.config import TrainConfig
 from orchestrator.trainer.datasets import Dataset, InputTransform, load_dataset
 from orchestrator.trainer.distributed import Runtime
-from orchestrator.trainer.errors import CheckpointError, TrainerUsageError
+from orchestrator.trainer.exits import CheckpointError, TrainerUsageError
 from orchestrator.trainer.models import build_model
 from orchestrator.trainer.reporting import MetricsWriter, emit
 

@@ -1,6 +1,6 @@
 """The SSH backend: reach every node that `ssh NODE` reaches, with the same trust decision.
 
-config.py (what `ssh -G` would resolve), known_hosts.py and certs.py (the files and
+client_config.py (what `ssh -G` would resolve), known_hosts.py and certs.py (the files and
 certificates), trust.py (the host key decision), identities.py (the keys offered for login),
 connect.py (paramiko connections), transport.py (how paramiko's transport is run), jumps.py
 (jump hosts shared by the nodes behind them), retry.py (handshakes tried again), sftp.py

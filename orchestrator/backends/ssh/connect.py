@@ -1,6 +1,6 @@
 """Connections to nodes over SSH (paramiko), decided as `ssh NODE` would decide them.
 
-config.py resolves each host as `ssh -G` would; trust.py judges its host key as ssh's
+client_config.py resolves each host as `ssh -G` would; trust.py judges its host key as ssh's
 known_hosts checks would; identities.py logs in with the keys ssh would offer; this module
 opens the connections (through jump hosts shared by the nodes behind them, jumps.py, or a
 ProxyCommand), tries a handshake again when it failed for a moment (retry.py), and turns
@@ -27,7 +27,7 @@ from orchestrator.backends.base import (
     SshOptions,
     writable,
 )
-from orchestrator.backends.ssh.config import SshConfig, Target, resolve
+from orchestrator.backends.ssh.client_config import SshConfig, Target, resolve
 from orchestrator.backends.ssh.identities import OfferedKeys
 from orchestrator.backends.ssh.jumps import Jump, JumpLost, Jumps
 from orchestrator.backends.ssh.retry import Transient, is_transient, with_retries
@@ -35,7 +35,7 @@ from orchestrator.backends.ssh.sftp import put_tree
 from orchestrator.backends.ssh.transport import close_client, new_transport, settle
 from orchestrator.backends.ssh.trust import HostKeyRefused, Trust
 from orchestrator.errors import NodeError
-from orchestrator.hostfile import Host
+from orchestrator.hosts.hostfile import Host
 
 # paramiko logs a failed handshake (`Exception (client): ...` and a traceback) as records
 # that Python would print raw on stderr; what they mean reaches the user as our NodeError,

@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 from orchestrator.backends.base import SshOptions
 from orchestrator.backends.ssh.connect import SshSession
 from orchestrator.errors import NodeError, NodeErrors
-from orchestrator.hostfile import Host
+from orchestrator.hosts.hostfile import Host
 
 
 def connect_all(hosts: Sequence[Host], options: SshOptions | None, on_done=None) -> list:

@@ -28,7 +28,7 @@ from paramiko.message import Message
 from paramiko.pkey import PublicBlob
 
 from orchestrator.backends.ssh.certs import CERT_SUFFIX, USER_CERT, parse
-from orchestrator.backends.ssh.config import Target
+from orchestrator.backends.ssh.client_config import Target
 from orchestrator.backends.ssh.notices import warn_once
 
 # ssh's default identities (readconf.c), when no IdentityFile is named; of these, paramiko

@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 import paramiko
 
-from orchestrator.backends.ssh.config import Target
+from orchestrator.backends.ssh.client_config import Target
 from orchestrator.backends.ssh.transport import close_client
 from orchestrator.errors import NodeError
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import paramiko
 
 from orchestrator.backends.ssh.certs import CERT_SUFFIX, Certificate, host_certificate
-from orchestrator.backends.ssh.config import Target
+from orchestrator.backends.ssh.client_config import Target
 from orchestrator.backends.ssh.known_hosts import (
     CERT_AUTHORITY,
     REVOKED,

@@ -1,0 +1,253 @@
+"""`orchestrator check`, steps 0-2: reach every node, learn its facts, and test whether it
+can open a TCP connection to MASTER_ADDR:MASTER_PORT. Every step runs on all nodes at once
+through the node agents (`run_on_nodes`, tagged with the check's run id); a node that fails
+a step is reported, never the end of the check.
+
+The rendezvous test needs two phases: with --master-port auto the nodes learn the port only
+from the master's probe. In the second phase the master opens a short-lived listener on
+that port and every node (the master too) connects to it from the address of the interface
+chosen for NCCL/gloo, retrying while the listener comes up (see orchestrator.check.reach).
+"""
+
+from __future__ import annotations
+
+import secrets
+import statistics
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from importlib import resources
+
+from orchestrator.backends.base import NodeConnection
+from orchestrator.check.facts import Master, NodeReport
+from orchestrator.errors import NodeError, OrchestratorError
+from orchestrator.hosts.hostfile import Cluster
+from orchestrator.nodes.execute import NodeResult, run_on_nodes
+from orchestrator.nodes.probe import parse_probe_output, probe_time_limit
+from orchestrator.plan.scripts import render_template
+from orchestrator.plan.spec import DEFAULT_MASTER_PORT
+
+RTT_SAMPLES = 5
+REACH_TIMEOUT_S = 5.0
+
+
+class Interrupted(OrchestratorError):
+    exit_code = 130
+
+
+# --- step 0: connections ----------------------------------------------------------------
+
+
+def connect_each(cluster: Cluster, ssh: object | None) -> list[NodeConnection | NodeError]:
+    """A connection to every node, in parallel; a node that fails gets its NodeError."""
+    from orchestrator.backends.local import LocalConnection
+
+    if cluster.is_local:
+        return [LocalConnection(host.name) for host in cluster.hosts]
+    from orchestrator.backends.ssh import SshSession
+
+    session = SshSession(ssh)  # type: ignore[arg-type]
+
+    def one(host) -> NodeConnection | NodeError:
+        try:
+            return LocalConnection(host.name) if host.is_local else session.connect(host)
+        except NodeError as exc:
+            return exc
+        except Exception as exc:  # still name the host
+            return NodeError(host.name, f"cannot connect: {exc!r}")
+
+    with ThreadPoolExecutor(max_workers=min(64, len(cluster.hosts))) as pool:
+        found = list(pool.map(one, cluster.hosts))
+    session.report()
+    return found
+
+
+def ssh_rtts(connections: Sequence[NodeConnection]) -> dict[int, float]:
+    """Median of RTT_SAMPLES SSH keepalive round trips per SSH connection, in ms (by id)."""
+
+    def one(connection) -> float | None:
+        client = getattr(connection, "client", None)
+        if client is None:
+            return None
+        transport = client.get_transport()
+        samples = []
+        for _ in range(RTT_SAMPLES):
+            begin = time.perf_counter()
+            transport.global_request("keepalive@openssh.com", wait=True)
+            if not transport.is_active():
+                return None
+            samples.append((time.perf_counter() - begin) * 1e3)
+        return statistics.median(samples)
+
+    if not connections:
+        return {}
+    pool = ThreadPoolExecutor(max_workers=min(64, len(connections)))
+    try:
+        futures = {id(c): pool.submit(one, c) for c in connections}
+        found = {}
+        for key, future in futures.items():
+            try:
+                value = future.result(timeout=10.0)
+            except Exception:  # a node too slow to answer keepalives shows no RTT
+                value = None
+            if value is not None:
+                found[key] = value
+        return found
+    finally:
+        pool.shutdown(wait=False)
+
+
+# --- step 1: node facts -----------------------------------------------------------------
+
+
+def probe_facts(
+    cluster: Cluster,
+    connections: list,
+    pythons: list[str],
+    master_addr: str,
+    *,
+    ifname: str | None,
+    master_port: int | None,
+    tag: str,
+) -> dict[int, tuple[dict, str | None]]:
+    """{node index: (key=values, error)} for every connected node (check_probe.sh.j2)."""
+    argvs = {}
+    for index, (host, connection) in enumerate(zip(cluster.hosts, connections, strict=True)):
+        if isinstance(connection, NodeError):
+            continue
+        script = render_template(
+            "check_probe.sh.j2",
+            host=host.name,
+            python=pythons[index],
+            master_addr=master_addr,
+            ifname=host.ifname or ifname,
+            is_master=index == 0,
+            port=master_port,
+            default_port=DEFAULT_MASTER_PORT,
+        )
+        argvs[index] = ["bash", "-c", script]
+    results = run_each(connections, pythons, argvs, probe_time_limit(len(argvs)), tag)
+    return {
+        index: ((parse_probe_output(r.output), None) if r.ok else ({}, _failure(r, pythons[index])))
+        for index, r in results.items()
+    }
+
+
+def run_each(
+    connections: list, pythons: list[str], argvs: dict[int, list[str]], time_limit: float, tag: str
+) -> dict[int, NodeResult]:
+    """run_on_nodes over the nodes in `argvs` (agents tagged with the run id); a node whose
+    agent cannot even start gets a failed result instead of ending the check. Ctrl-C stops
+    every node and the check."""
+    results: dict[int, NodeResult] = {}
+    pending = dict(argvs)
+    while pending:
+        order = sorted(pending)
+        try:
+            done = run_on_nodes(
+                [connections[i] for i in order],
+                [pythons[i] for i in order],
+                [pending[i] for i in order],
+                time_limit=time_limit,
+                tag=tag,
+            )
+        except NodeError as exc:
+            failed = next((i for i in order if connections[i].host == exc.host), None)
+            if failed is None:
+                raise
+            results[failed] = NodeResult(exc.host, None, "", "lost", exc.message)
+            del pending[failed]
+            continue
+        if any(r.state == "stopped" for r in done) and not any(
+            "time limit" in r.detail for r in done
+        ):
+            raise Interrupted("interrupted; stopped the check on every node")
+        results.update(zip(order, done, strict=True))
+        break
+    return results
+
+
+def _failure(result: NodeResult, python: str) -> str:
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    tail = f": {lines[-1]}" if lines else ""
+    if result.exit_code == 127 and "not found" in tail:
+        return f"python {python!r} not found; pass --python PATH or set python= in the hostfile"
+    return f"{result.describe()}{tail}"
+
+
+# --- step 2: rendezvous reachability ----------------------------------------------------
+
+
+def reach_source() -> str:
+    return resources.files("orchestrator.check").joinpath("reach.py").read_text(encoding="utf-8")
+
+
+def reach_master(
+    reports: list[NodeReport], connections: list, master: Master, *, timeout: float, tag: str
+) -> list[NodeReport]:
+    """Every usable node connects to MASTER_ADDR:PORT while the master listens."""
+    token = secrets.token_hex(8)
+    source = reach_source()
+    # A node whose interface is missing, or has no address to bind, is diagnosed as such.
+    connecting = [
+        r
+        for r in reports
+        if r.usable and r.get("ifname_exists") != "no" and (r.source or not r.get("ifname"))
+    ]
+    if not reports[0].usable:
+        return [replace(r, reach_skipped="the master cannot run the listener") for r in reports]
+    argvs = {}
+    for report in connecting:
+        argvs[report.index] = [
+            report.python,
+            "-c",
+            source,
+            "--host",
+            master.addr,
+            "--port",
+            str(master.port),
+            "--source",
+            report.source,
+            "--token",
+            token,
+            "--node",
+            str(report.index),
+            "--timeout",
+            f"{timeout:g}",
+            "--sshd-port",
+            str(master.sshd_port),
+        ]
+    listener = argvs.get(0) or [
+        reports[0].python,
+        "-c",
+        source,
+        "--host",
+        master.addr,
+        "--port",
+        str(master.port),
+        "--token",
+        token,
+        "--node",
+        "0",
+        "--timeout",
+        f"{timeout:g}",
+        "--no-connect",
+    ]
+    argvs[0] = [*listener, "--listen", str(len(connecting))]
+    pythons = [r.python for r in reports]
+    results = run_each(connections, pythons, argvs, timeout + 30.0, tag)
+    updated = []
+    for report in reports:
+        result = results.get(report.index)
+        if result is None:
+            updated.append(replace(report, reach_skipped="not testable (see the problems)"))
+        elif not result.ok:
+            updated.append(
+                replace(
+                    report, reach={"reach": "error", "reach_error": _failure(result, report.python)}
+                )
+            )
+        else:
+            updated.append(replace(report, reach=parse_probe_output(result.output)))
+    return updated

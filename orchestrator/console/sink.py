@@ -1,0 +1,370 @@
+"""The log stream: rank and node lines -> console (prefixed, coloured), per-rank files and a
+combined file; and the readers behind `orchestrator logs` (tail, follow, filter).
+
+Lines arrive whole (the node agent cuts them), so writing each chunk in one piece keeps
+every line intact: two ranks' lines are never spliced. A file that cannot be written (its
+file system is full) never stops the run or the console (orchestrator.record.logfile).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import BinaryIO
+
+from orchestrator.console.fold import ORCHESTRATOR, Folder, split_prefix
+from orchestrator.console.footer import Footer
+from orchestrator.record.logfile import LogFile, open_append
+
+COLORS = (36, 33, 32, 35, 34, 31, 96, 93, 92, 95, 94, 91)  # ANSI foreground codes
+RESET = b"\x1b[0m"
+TAIL_LINES = 20
+
+
+def use_color(stream: object, choice: str = "auto") -> bool:
+    """--color auto|always|never; auto honours NO_COLOR and TERM=dumb."""
+    if choice != "auto":
+        return choice == "always"
+    if os.environ.get("NO_COLOR") or os.environ.get("TERM") == "dumb":
+        return False
+    isatty = getattr(stream, "isatty", None)
+    return bool(isatty and isatty())
+
+
+def prefix_lines(data: bytes, prefix: bytes) -> bytes:
+    """Put `prefix` before every line of `data` (whole lines, ending with a newline)."""
+    if not data:
+        return b""
+    return prefix + data[:-1].replace(b"\n", b"\n" + prefix) + data[-1:]
+
+
+class LogSink:
+    """Where every line of a run goes; one per run, used from one thread."""
+
+    def __init__(
+        self,
+        logs_dir: Path | None,
+        rank_labels: dict[int, str],
+        node_labels: dict[int, str],
+        console: BinaryIO | None,
+        color: bool,
+        mask: Callable[[bytes], bytes] = lambda data: data,
+        opener: Callable[[Path], BinaryIO] = open_append,
+        fold: bool = False,
+        clock: Callable[[], float] = time.monotonic,
+        footer: Footer | None = None,
+    ) -> None:
+        self.logs_dir = logs_dir
+        self.console = console
+        self.footer = footer  # a line kept under the console's stream (launch on a terminal)
+        self.mask = mask
+        self.rank_prefix = {r: f"[{label}] ".encode() for r, label in rank_labels.items()}
+        self.node_prefix = {n: f"[{label}] ".encode() for n, label in node_labels.items()}
+        self.rank_tails: dict[int, deque[bytes]] = {}
+        self.node_tails: dict[int, deque[bytes]] = {}
+        self.color_prefix: dict[bytes, bytes] = {}
+        if color:
+            for index, (_, prefix) in enumerate(sorted(self.rank_prefix.items())):
+                code = COLORS[index % len(COLORS)]
+                self.color_prefix[prefix] = b"\x1b[%dm" % code + prefix[:-1] + RESET + b" "
+            for prefix in self.node_prefix.values():
+                self.color_prefix[prefix] = b"\x1b[1m" + prefix[:-1] + RESET + b" "
+        self.opener = opener
+        self.clock = clock
+        self.folder = Folder(self._show_folded) if fold and console is not None else None
+        self.files: dict[str, LogFile] = {}
+        self.rank_files: dict[int, LogFile] = {}
+        self.warned = False
+        if logs_dir is not None:
+            logs_dir.mkdir(parents=True, exist_ok=True)
+
+    def _write(self, name: str, data: bytes, rank: int | None = None) -> None:
+        if self.logs_dir is None:
+            return
+        handle = self.files.get(name)
+        if handle is None:
+            handle = self.files[name] = LogFile(self.logs_dir / name, rank is not None, self.opener)
+            if rank is not None:
+                self.rank_files[rank] = handle
+        error = handle.write(data)
+        if error is not None:
+            self.report_fault(error, handle.path)
+
+    def report_fault(self, error: OSError, path: Path) -> None:
+        """A file of the run record could not be written: say so once, on the console."""
+        if self.warned:
+            return
+        self.warned = True
+        why = error.strerror or str(error)
+        text = (
+            f"warning: cannot write the run record: {why}: {path}; the job goes on, "
+            "its output is kept whole on the nodes"
+        )
+        data = self.mask(text.encode() + b"\n")
+        self._to_console(ORCHESTRATOR, data, prefix_lines(data, ORCHESTRATOR))
+
+    def incomplete(self) -> dict[int, tuple[int, int]]:
+        """Rank files that missed bytes: rank -> (its size when first opened here, its size
+        now), the stretch of it that holds only part of what the rank printed since."""
+        return {
+            rank: (handle.start or 0, handle.size)
+            for rank, handle in sorted(self.rank_files.items())
+            if handle.lost
+        }
+
+    def _to_console(self, prefix: bytes, data: bytes, prefixed: bytes) -> None:
+        """`prefixed` is data with `prefix`, as the combined log has it: reused unless the
+        console shows a coloured prefix (one pass less over every byte). A rank's or node's
+        lines go through the folder when the console folds; the orchestrator's own lines
+        first show what it holds."""
+        if self.console is None:
+            return
+        if self.folder is not None:
+            if prefix == ORCHESTRATOR:
+                self.folder.drain()
+            else:
+                self.folder.add_lines(self.clock(), prefix, data.splitlines(keepends=True))
+                return
+        self._write_console(prefix, data, prefixed)
+
+    def _show_folded(self, prefix: bytes, line: bytes, folded: bool) -> None:
+        if folded and self.color_prefix:
+            shown = b"\x1b[1m" + prefix[:-1] + RESET + b" " + line
+        else:
+            shown = prefix + line
+        self._write_console(prefix, line, shown)
+
+    def _write_console(self, prefix: bytes, data: bytes, prefixed: bytes) -> None:
+        if self.console is None:
+            return
+        shown = self.color_prefix.get(prefix, prefix)
+        if self.footer is not None:
+            self.footer.before_write()
+        try:
+            self.console.write(prefixed if shown == prefix else prefix_lines(data, shown))
+        except (BrokenPipeError, ValueError, OSError):
+            self.console = None  # the reader went away (e.g. `| head`); the files go on
+
+    def _emit(
+        self,
+        own_file: str,
+        prefix: bytes,
+        data: bytes,
+        tail: deque[bytes],
+        console: bool = True,
+        rank: int | None = None,
+    ) -> None:
+        data = self.mask(data)
+        self._write(own_file, data, rank)
+        prefixed = prefix_lines(data, prefix)
+        self._write("combined.log", prefixed)
+        if console:
+            self._to_console(prefix, data, prefixed)
+        tail.extend(data.rsplit(b"\n", TAIL_LINES + 1)[-TAIL_LINES - 1 : -1])
+
+    def rank_output(self, rank: int, data: bytes) -> None:
+        """Whole lines printed by a rank."""
+        tail = self.rank_tails.setdefault(rank, deque(maxlen=TAIL_LINES))
+        self._emit(f"rank-{rank}.log", self.rank_prefix[rank], data, tail, rank=rank)
+
+    def node_output(self, node: int, data: bytes, console: bool = True) -> None:
+        """Whole lines printed by a node's script or torchrun itself (not by a rank);
+        `console=False`: into the files only (torchrun's shutdown after our own stop)."""
+        tail = self.node_tails.setdefault(node, deque(maxlen=TAIL_LINES))
+        self._emit(f"node-{node}.log", self.node_prefix[node], data, tail, console)
+
+    def note(self, text: str) -> None:
+        """A line from the orchestrator itself, into the combined log and the console."""
+        data = self.mask(text.rstrip("\n").encode() + b"\n")
+        prefix = ORCHESTRATOR
+        prefixed = prefix_lines(data, prefix)
+        self._write("combined.log", prefixed)
+        self._to_console(prefix, data, prefixed)
+
+    def node_note(self, host: str, text: str) -> None:
+        """A line of ours about one node (`HOST: text`): a note, which the console folds
+        across nodes saying the same (`[orchestrator] ceon[1-16]: stopping ...`)."""
+        if self.folder is None:
+            self.note(f"{host}: {text}")
+            return
+        data = self.mask(f"{host}: {text.rstrip()}\n".encode())
+        self._write("combined.log", ORCHESTRATOR + data)
+        about = f"{host}: ".encode()
+        if data.startswith(about):
+            self.folder.add(self.clock(), ORCHESTRATOR + about, data[len(about) :], about=host)
+        else:  # the mask took part of the host name: the line as it is
+            self._to_console(ORCHESTRATOR, data, ORCHESTRATOR + data)
+
+    def last_lines(self, rank: int | None = None, node: int | None = None) -> list[str]:
+        tails = self.rank_tails.get(rank) if rank is not None else self.node_tails.get(node)
+        return [line.decode(errors="replace") for line in (tails or ())]
+
+    def flush(self, drain: bool = False) -> None:
+        """Write what waits; the folder shows the lines whose wait is over (all: `drain`)."""
+        if self.folder is not None:
+            if drain:
+                self.folder.drain()
+            else:
+                self.folder.release(self.clock())
+        for handle in self.files.values():
+            error = handle.flush()
+            if error is not None:
+                self.report_fault(error, handle.path)
+        if self.console is not None:
+            if self.footer is not None:
+                self.footer.after_write()
+            try:
+                self.console.flush()
+            except (BrokenPipeError, ValueError, OSError):
+                self.console = None
+
+    def holding(self) -> bool:
+        """Whether the console holds lines back (to fold them) that a later flush shows."""
+        return self.folder is not None and self.folder.holding()
+
+    def update_footer(self, make_text: Callable[[], str]) -> None:
+        """The footer's text made again when due (see orchestrator.console.footer); shown at the
+        next flush."""
+        if self.footer is not None and self.console is not None:
+            self.footer.update(make_text)
+
+    def end_footer(self) -> None:
+        """No footer from now on (the run is over; its closing lines follow)."""
+        if self.footer is not None:
+            self.footer.end()
+
+    def close(self) -> None:
+        """Write what waits and close the files; a later line opens them again."""
+        self.flush(drain=True)
+        for handle in self.files.values():
+            error = handle.close()
+            if error is not None:
+                self.report_fault(error, handle.path)
+
+
+# --- reading logs back ------------------------------------------------------------------
+
+
+def last_lines_of(
+    path: Path, count: int, end: int | None = None, keep: Callable[[bytes], bool] | None = None
+) -> list[bytes]:
+    """The last `count` lines of a file (before byte `end`) that `keep` accepts.
+
+    Without `keep`, only the end of the file is read.
+    """
+    if count <= 0 or not path.exists():
+        return []
+    if keep is not None:
+        kept: deque[bytes] = deque(maxlen=count)
+        with open(path, "rb") as handle:
+            data = handle.read(end) if end is not None else handle.read()
+        kept.extend(line + b"\n" for line in data.split(b"\n")[:-1] if keep(line + b"\n"))
+        return list(kept)
+    with open(path, "rb") as handle:
+        handle.seek(0, os.SEEK_END)
+        size = handle.tell() if end is None else min(end, handle.tell())
+        block, data = 1 << 16, b""
+        while size > 0 and data.count(b"\n") <= count:
+            step = min(block, size)
+            size -= step
+            handle.seek(size)
+            data = handle.read(step) + data
+    lines = data.split(b"\n")
+    if lines and lines[-1] == b"":
+        lines.pop()
+    return [line + b"\n" for line in lines[-count:]]
+
+
+def follow(
+    path: Path,
+    is_done: Callable[[], bool],
+    from_start: bool = True,
+    poll_s: float = 0.2,
+    offset: int | None = None,
+    idle: bool = False,
+) -> Iterator[bytes]:
+    """Yield whole lines of a growing file until `is_done()` and nothing more arrives.
+
+    Starts at byte `offset` when given, else at the start or (from_start=False) the end.
+    `idle`: yield b"" each time it finds nothing new, before it waits.
+    """
+    if offset is None:
+        offset = 0 if from_start else (path.stat().st_size if path.exists() else 0)
+    partial = b""
+    while True:
+        done = is_done()  # read before the file, so no line written before `done` is lost
+        data = b""
+        if path.exists():
+            with open(path, "rb") as handle:
+                handle.seek(offset)
+                data = handle.read()
+            offset += len(data)
+        if data:
+            data = partial + data
+            cut = data.rfind(b"\n") + 1
+            partial = data[cut:]
+            yield from (line + b"\n" for line in data[:cut].split(b"\n")[:-1])
+        elif done:
+            if partial:
+                yield partial + b"\n"
+            return
+        else:
+            if idle:
+                yield b""
+            time.sleep(poll_s)
+
+
+NOTE_ABOUT = re.compile(rb"(\S+?): ")  # `[orchestrator] ceon3: stopping ...`: a note about ceon3
+
+# A log read back whole has no times: its fold windows count lines instead of seconds.
+LINE_WINDOWS = {"window": 1000, "quiet": 1000, "longest": 5000, "recent": 10000}
+
+
+def fold_lines(lines: Iterable[bytes], clock: Callable[[], float] | None = None) -> Iterator[bytes]:
+    """Combined-log lines folded as the console folds them (orchestrator.console.fold). With
+    `clock` (a log followed live) the windows are seconds and b"" items are ticks of
+    it; without, they count lines. The orchestrator's own lines pass as they are, but
+    for those about one host (`[orchestrator] HOST: ...`), folded across hosts."""
+    shown: list[bytes] = []
+    folder = Folder(
+        lambda prefix, text, folded: shown.append(prefix + text),
+        **({} if clock is not None else LINE_WINDOWS),
+    )
+    for count, line in enumerate(lines):
+        now = clock() if clock is not None else float(count)
+        if line:
+            parts = split_prefix(line)
+            about = NOTE_ABOUT.match(line, len(ORCHESTRATOR)) if parts else None
+            if parts is not None and parts[0] == ORCHESTRATOR and about is not None:
+                prefix = line[: about.end()]
+                folder.add(now, prefix, line[about.end() :], about=about.group(1).decode())
+            elif parts is None or parts[0] == ORCHESTRATOR:
+                folder.drain()
+                shown.append(line)
+            else:
+                folder.add(now, *parts)
+        folder.release(now)
+        yield from shown
+        shown.clear()
+    folder.drain()
+    yield from shown
+
+
+def line_filter(grep: str | None, node: str | None) -> Callable[[bytes], bool]:
+    """A predicate for combined-log lines: --grep REGEX and --node HOST."""
+    pattern = re.compile(grep.encode()) if grep else None
+    node_prefix = f"[{node} ".encode() if node else None
+    node_line = f"[{node}]".encode() if node else None
+
+    def keep(line: bytes) -> bool:
+        if node_prefix is not None and not (
+            line.startswith(node_prefix) or line.startswith(node_line)
+        ):
+            return False
+        return pattern is None or pattern.search(line) is not None
+
+    return keep

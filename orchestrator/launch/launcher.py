@@ -1,0 +1,400 @@
+"""Launch a job: connect -> probe -> plan -> render -> run record -> start agents -> supervise.
+
+The one place where the steps of the data flow meet; each step is a call into its module.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import socket
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import BinaryIO
+
+from orchestrator.backends import close_all, connect_cluster, connect_each
+from orchestrator.backends.base import NodeConnection
+from orchestrator.backends.sessions import Event, NodeSession, start_sessions
+from orchestrator.console.footer import Footer
+from orchestrator.console.progress import Progress
+from orchestrator.console.sink import LogSink, use_color
+from orchestrator.errors import ConfigError, Interrupted, OrchestratorError
+from orchestrator.hosts.hostfile import Cluster
+from orchestrator.launch.detach import run_detached
+from orchestrator.launch.preflight import (
+    LaunchOptions,
+    check_script_exists,
+    dry_run_text,
+    preflight_probe,
+    prepare,
+    sync_code,
+)
+from orchestrator.launch.recovery import NodePool
+from orchestrator.nodes.copies import node_copies
+from orchestrator.nodes.refill import complete_rank_files
+from orchestrator.plan.launch_plan import LaunchPlan, make_plan
+from orchestrator.plan.scripts import (
+    command_line,
+    render_node_scripts,
+    script_name,
+    write_rendered,
+)
+from orchestrator.plan.spec import JobSpec, inherited_secrets
+from orchestrator.record.runs import RunRecord, now_iso, process_start_time
+from orchestrator.supervise import NodeState, Outcome, RankState, Supervisor, signals_to
+
+
+def base_status(plan: LaunchPlan, options: LaunchOptions, backend: str) -> dict:
+    pid = os.getpid()
+    return {
+        "run_id": plan.run_id,
+        "backend": backend,
+        "state": "starting",
+        "command": command_line(options.argv, plan.secret_names),
+        "program": plan.program.describe(),
+        "nnodes": plan.nnodes,
+        "world_size": plan.world_size,
+        "master": f"{plan.master_addr}:{plan.master_port}",
+        "started_at": now_iso(),
+        "ended_at": None,
+        "exit_code": None,
+        "summary": None,
+        "controller": {
+            "pid": pid,
+            "start_time": process_start_time(pid),
+            "host": socket.gethostname(),
+        },
+    }
+
+
+def run_plan(
+    plan: LaunchPlan,
+    scripts: dict[str, str],
+    spec: JobSpec,
+    options: LaunchOptions,
+    connections: Sequence[NodeConnection],
+    record: RunRecord,
+    console: BinaryIO | None,
+    on_started: Callable[[], None] = lambda: None,
+    pool: NodePool | None = None,
+    progress: Progress | None = None,
+) -> Outcome:
+    """Start every node's agent with its script and supervise the run to its end.
+
+    `on_started` is called once every node's script is running. With a `pool` (--spares),
+    an attempt that a node fault ends is not the end: the caller relaunches on a spare.
+    """
+    secrets = {k: v for k, v in spec.env if k in plan.secret_names}
+    # A job on this machine inherits its environment, secrets included (HF_TOKEN=...).
+    inherited = inherited_secrets() if plan.is_local else []
+    secret_values = sorted({v for v in [*secrets.values(), *inherited] if v}, key=len, reverse=True)
+
+    def mask(data: bytes) -> bytes:
+        for value in secret_values:
+            data = data.replace(value.encode(), b"***")
+        return data
+
+    rank_labels, node_labels, nodes, ranks = {}, {}, [], []
+    for node in plan.nodes:
+        node_labels[node.node_rank] = node.name
+        nodes.append(NodeState(index=node.node_rank, host=node.name, ranks=tuple(node.ranks)))
+        for local_rank, rank in enumerate(node.ranks):
+            rank_labels[rank] = f"{node.name} r{rank}"
+            ranks.append(RankState(rank, node.node_rank, local_rank, node.name))
+    sink = LogSink(
+        record.logs_dir,
+        rank_labels,
+        node_labels,
+        console,
+        use_color(sys.stdout, options.color),
+        mask=mask,
+        fold=options.fold,
+        footer=Footer.on(console) if options.footer else None,
+    )
+    backend = "local" if plan.is_local else "ssh"
+    base = base_status(plan, options, backend)
+    if pool is not None:
+        base["started_at"] = now_iso(pool.started_wall)
+
+    def recovery_status() -> dict:
+        return pool.status() if pool is not None else {}
+
+    events: queue.Queue[Event] = queue.Queue(maxsize=4096)
+    sessions: list[NodeSession] = []
+
+    started_nodes = False
+
+    def on_change(sup: Supervisor) -> None:
+        nonlocal started_nodes
+        state = "stopping" if sup.stopping else "running"
+        record.write_status({**base, "state": state, **sup.status(), **recovery_status()})
+        if started_nodes:
+            return
+        if progress is not None:
+            progress.count(*nodes_started(sup.nodes))
+        if all(n.state != "starting" for n in sup.nodes):
+            started_nodes = True
+            if progress is not None:
+                progress.end()
+            on_started()
+
+    if plan.attempt > 1 and pool is not None:
+        sink.note(f"attempt {plan.attempt}: {pool.recoveries[-1].describe()}")
+    sink.note(
+        f"run {plan.run_id}: {plan.world_size} rank(s) on {plan.nnodes} node(s), "
+        f"master {plan.master_addr}:{plan.master_port}; logs in {record.logs_dir}"
+    )
+    supervisor = Supervisor(
+        nodes,
+        ranks,
+        sessions,
+        events,
+        sink,
+        grace=options.grace,
+        heartbeat_timeout=options.heartbeat_timeout,
+        stall_timeout=options.stall_timeout,
+        max_restarts=plan.max_restarts,
+        on_change=on_change,
+        metrics_path=record.metrics_path,
+        probes=pool.new_probes() if pool is not None else None,
+        stragglers=options.stragglers,
+    )
+    started = time.monotonic()
+    record.write_status({**base, **recovery_status()})
+    try:
+        with signals_to(supervisor):
+            starts = [
+                (
+                    node.node_rank,
+                    connection,
+                    node.python,
+                    plan.run_id,
+                    {
+                        "run_id": plan.run_id,
+                        "node_dir": node.node_dir,
+                        "script": scripts[script_name(node)],
+                        "script_name": script_name(node),
+                        "ranks": list(node.ranks),
+                        "env": secrets,
+                        "secrets": secret_values,
+                        "grace": options.grace,
+                        "heartbeat_timeout": options.heartbeat_timeout,
+                        "stall_timeout": options.stall_timeout,
+                    },
+                )
+                for node, connection in zip(plan.nodes, connections, strict=True)
+            ]
+            if progress is not None:
+                progress.begin("starting", plan.nnodes)
+            supervisor.start_beating()
+            try:
+                start_sessions(starts, events, into=sessions)
+            except OrchestratorError as exc:  # the started nodes were stopped
+                record.write_status(
+                    {
+                        **base,
+                        **supervisor.status(),
+                        **recovery_status(),
+                        "state": "failed",
+                        "exit_code": exc.exit_code,
+                        "ended_at": now_iso(),
+                        "summary": str(exc),
+                    }
+                )
+                raise
+            outcome = supervisor.run()
+    finally:
+        supervisor.ended.set()  # no heartbeats after a start that failed either
+        for session in sessions:
+            session.close()
+        if progress is not None:
+            progress.end()
+    elapsed = time.monotonic() - (pool.started if pool is not None else started)
+    relaunch = pool is not None and pool.will_replace(outcome)
+    if relaunch:
+        outcome = replace(outcome, state="recovering")
+        sink.note(outcome.summary)
+        sink.note(
+            f"attempt {plan.attempt} ended by a node fault after {elapsed:.1f} s: a spare "
+            "replaces the node and the job starts again"
+        )
+    else:
+        if pool is not None:
+            outcome = pool.amend(outcome)
+        for line in outcome.closing_lines(plan.run_id, elapsed, record.logs_dir):
+            sink.note(line)
+    sink.close()
+    # Rank files the record could not take whole (its disk filled) are completed from the
+    # nodes' copies, which then stay while any is still incomplete.
+    completion = complete_rank_files(plan, connections, sink)
+    leftover = completion.status(options.ssh)
+    copies = completion.kept_copies(plan.run_id) or node_copies(
+        plan, options.keep_node_logs, outcome.state, connections, sink.note
+    )
+    status_error = record.write_status(
+        {
+            **base,
+            **supervisor.status(),
+            **recovery_status(),
+            "state": outcome.state,
+            "exit_code": outcome.exit_code,
+            "ended_at": now_iso(),
+            "summary": outcome.summary or None,
+            "node_copies": copies,
+            **(pool.carry(leftover) if pool is not None else leftover),
+        }
+    )
+    for line in completion.lines(plan.run_id, options.run_dir, status_error):
+        sink.note(line)
+    if status_error is not None:
+        sink.report_fault(status_error, record.status_path)
+    sink.close()
+    return outcome
+
+
+def nodes_started(nodes) -> tuple[int, int]:
+    """How many nodes got past starting (their script runs or ended), and how many failed."""
+    past = [node for node in nodes if node.state != "starting"]
+    return len(past), sum(node.state in ("failed", "lost") for node in past)
+
+
+def launch(
+    cluster: Cluster,
+    spec: JobSpec,
+    options: LaunchOptions,
+    *,
+    dry_run: bool = False,
+    detach: bool = False,
+    out: BinaryIO | None = None,
+) -> int:
+    """The whole launch; returns the exit code. Raises OrchestratorError for bad input."""
+    out = out or sys.stdout.buffer
+    check_script_exists(cluster, spec)
+    if not dry_run and (os.path.exists(os.path.join(options.run_dir, options.run_id))):
+        raise ConfigError(
+            f"run {options.run_id!r} already exists in {options.run_dir}; choose another --run-id"
+        )
+    if detach and not dry_run:
+        return launch_detached(cluster, spec, options, out)
+    return _launch(cluster, spec, options, dry_run, out, out)
+
+
+def launch_detached(cluster: Cluster, spec: JobSpec, options: LaunchOptions, out: BinaryIO) -> int:
+    """Start the run with a background controller; return once every node runs."""
+    log_path = os.path.join(options.run_dir, f".{options.run_id}.controller.log")
+
+    def work(report) -> int:
+        return _launch(
+            cluster,
+            spec,
+            options,
+            False,
+            None,
+            open(os.devnull, "wb"),
+            on_started=lambda: report({"started": True}),
+        )
+
+    result = run_detached(work, log_path)
+    if "error" in result:
+        out.write(f"orchestrator: error: {result['error']}\n".encode())
+        out.flush()
+        return int(result.get("exit_code") or 1)
+    run_dir = options.run_dir
+    out.write(
+        (
+            f"run {options.run_id} started in the background\n"
+            f"  follow it:  orchestrator logs {options.run_id} -f --run-dir {run_dir}\n"
+            f"  state:      orchestrator status {options.run_id} --run-dir {run_dir}\n"
+            f"  stop it:    orchestrator stop {options.run_id} --run-dir {run_dir}\n"
+        ).encode()
+    )
+    out.flush()
+    return 0
+
+
+def _launch(
+    cluster: Cluster,
+    spec: JobSpec,
+    options: LaunchOptions,
+    dry_run: bool,
+    console: BinaryIO | None,
+    notes: BinaryIO,
+    on_started: Callable[[], None] = lambda: None,
+) -> int:
+    out = notes
+
+    def note(text: str) -> None:
+        try:
+            out.write(f"[orchestrator] {text}\n".encode())
+            out.flush()
+        except OSError:  # the terminal went away (SIGHUP): the run and its record go on
+            pass
+
+    everyone = replace(cluster, hosts=cluster.hosts + cluster.spares, spares=())
+    progress = Progress.to(out)
+    progress.begin("connecting", len(everyone.hosts))
+    try:  # with spares, a host that cannot be reached is replaced, not the end of the launch
+        connections, unreachable = (
+            connect_each(everyone, options.ssh, progress.tick)
+            if cluster.spares
+            else (connect_cluster(everyone, options.ssh, progress.tick), {})
+        )
+    finally:
+        progress.end()
+    pool = NodePool(cluster, connections, options.run_id, options.bad_nodes, note)
+    try:
+        pool.replace_unreachable(unreachable)
+        plan, scripts = prepare(pool.cluster, spec, options, pool.connections, note, pool, progress)
+        if dry_run:
+            out.write(dry_run_text(plan, scripts).encode())
+            out.flush()
+            return 0
+        record = RunRecord.create(options.run_dir, options.run_id)
+        first_start = True
+
+        def started() -> None:
+            nonlocal first_start
+            pool.running()
+            if first_start:
+                first_start = False
+                on_started()
+
+        while True:
+            write_rendered(record.path, plan, scripts)
+            sync_code(plan, pool.connections, note, progress)
+            outcome = run_plan(
+                plan,
+                scripts,
+                spec,
+                options,
+                pool.connections,
+                record,
+                console,
+                started,
+                pool,
+                progress,
+            )
+            if outcome.state != "recovering":
+                pool.recover(outcome.node_fault, None)  # no spare: the bad-node list only
+                return outcome.exit_code
+            try:
+                probe = preflight_probe(spec, options, progress) if options.preflight else None
+                pool.recover(outcome.node_fault, probe)
+            except OrchestratorError as exc:  # no spare passed its probe, or Ctrl-C
+                record.write_status(
+                    {
+                        **record.read_status(),
+                        **pool.status(),
+                        "state": "stopped" if isinstance(exc, Interrupted) else "failed",
+                        "exit_code": exc.exit_code,
+                        "ended_at": now_iso(),
+                        "summary": f"{outcome.summary}\n{exc}",
+                    }
+                )
+                raise
+            plan = make_plan(pool.cluster, spec, options.run_id, pool.facts, pool.attempt)
+            scripts = render_node_scripts(plan, command_line(options.argv, plan.secret_names))
+    finally:
+        close_all(pool.every_connection)

@@ -1,0 +1,306 @@
+"""Node recovery (--spares N): the hosts a run uses, the spares held back, and what a node
+fault does to them.
+
+A node fault (the node lost, its disk failing, a process there killed by SIGKILL or SIGBUS,
+a preflight probe that fails on it) takes the node out: it goes on the bad-node list
+(--bad-nodes), the next spare that passes its probe takes its node rank, and the launcher
+starts the job again with the same program and world size. A rank that fails by itself
+(an exception, exit 3) is the job's error and never consumes a spare.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+
+from orchestrator.backends.base import NodeConnection
+from orchestrator.errors import NodeError, NodeErrors
+from orchestrator.hosts.hostfile import Cluster, Host
+from orchestrator.nodes.probe import ProbeResult
+from orchestrator.plan.launch_plan import NodeFacts
+from orchestrator.record.bad_nodes import add_bad_node
+from orchestrator.record.runs import now_iso
+from orchestrator.supervise.state import NodeFault, Outcome
+
+Probe = Callable[[Cluster, Sequence[NodeConnection], Sequence[int]], ProbeResult]
+
+
+@dataclass
+class Member:
+    host: Host
+    connection: NodeConnection  # None for a host that could not be reached (replace_unreachable)
+    facts: NodeFacts | None = None
+    probed: tuple[float, float] | None = None  # its last probe: began, ended (wall clock)
+
+
+@dataclass
+class Recovery:
+    """One node replaced by a spare."""
+
+    attempt: int  # the attempt the replacement started
+    node_rank: int
+    node: str
+    why: str
+    spare: str
+    noticed_at: float  # the controller's clock
+    running_at: float | None = None  # when every node ran again
+
+    def to_dict(self) -> dict:
+        return {
+            "attempt": self.attempt,
+            "node_rank": self.node_rank,
+            "node": self.node,
+            "why": self.why,
+            "spare": self.spare,
+            "noticed_at": now_iso(self.noticed_at),
+            "running_again_at": now_iso(self.running_at) if self.running_at else None,
+            "seconds_to_running": (
+                round(self.running_at - self.noticed_at, 1) if self.running_at else None
+            ),
+        }
+
+    def describe(self) -> str:
+        return describe_recovery(self.to_dict())
+
+
+def describe_recovery(entry: dict) -> str:
+    """One recovery as status.json holds it, in words."""
+    seconds = entry.get("seconds_to_running")
+    again = f"; running again {seconds:.1f} s later" if seconds is not None else ""
+    return (
+        f"{entry['node']} ({entry['why']}) replaced by {entry['spare']} as node "
+        f"{entry['node_rank']}{again}"
+    )
+
+
+class NodePool:
+    """The run's hosts in node-rank order and its spares, each with its connection."""
+
+    def __init__(
+        self,
+        cluster: Cluster,
+        connections: Sequence[NodeConnection],
+        run_id: str,
+        bad_nodes: str | None = None,
+        note: Callable[[str], None] = lambda text: None,
+    ) -> None:
+        count = len(cluster.hosts)
+        self.base = cluster
+        self.active = [
+            Member(h, c) for h, c in zip(cluster.hosts, connections[:count], strict=True)
+        ]
+        self.spares = [
+            Member(h, c) for h, c in zip(cluster.spares, connections[count:], strict=True)
+        ]
+        self.spare_count = len(self.spares)
+        self.run_id = run_id
+        self.bad_nodes = bad_nodes
+        self.note = note
+        self.recoveries: list[Recovery] = []
+        self.attempt = 1
+        self.every_connection = list(connections)  # to close at the end, lost ones too
+        self.started, self.started_wall = time.monotonic(), time.time()
+        self.carried: dict = {}
+
+    @property
+    def cluster(self) -> Cluster:
+        return replace(
+            self.base,
+            hosts=tuple(m.host for m in self.active),
+            spares=tuple(m.host for m in self.spares),
+        )
+
+    def running(self) -> None:
+        """Every node of the current attempt runs: the last recovery is complete."""
+        if self.recoveries and self.recoveries[-1].running_at is None:
+            self.recoveries[-1].running_at = time.time()
+
+    @property
+    def connections(self) -> list[NodeConnection]:
+        return [m.connection for m in self.active]
+
+    @property
+    def facts(self) -> dict[int, NodeFacts]:
+        return {i: m.facts for i, m in enumerate(self.active) if m.facts is not None}
+
+    def new_probes(self) -> dict[int, tuple[float, float]]:
+        """node rank -> when its preflight probe began and ended (wall clock), for the probes
+        not asked for before (a relaunch reports only the nodes probed again)."""
+        found = {i: m.probed for i, m in enumerate(self.active) if m.probed is not None}
+        for member in self.active:
+            member.probed = None
+        return found
+
+    # --- the preflight ------------------------------------------------------------------
+
+    def replace_unreachable(self, errors: dict[int, NodeError]) -> None:
+        """Hosts and spares that could not be connected to (by index, spares after hosts):
+        a spare is dropped, a host is replaced by a spare that was reached. Raises the
+        connection errors when the spares cannot make up for the hosts."""
+        if not errors:
+            return
+        everyone = self.active + self.spares
+        count = len(self.active)
+        lost_hosts = [i for i in errors if i < count]
+        lost_spares = [i for i in errors if i >= count]
+        if lost_hosts and len(lost_hosts) > len(self.spares) - len(lost_spares):
+            raise NodeErrors([errors[i] for i in sorted(errors)], "connecting")
+        for index in lost_spares:
+            self.spares.remove(everyone[index])
+            self._mark_bad(errors[index].host, errors[index].message)
+            self.note(f"warning: spare {errors[index]}; it is not used")
+        for index in lost_hosts:
+            self._replace(index, errors[index].message, None)
+
+    def preflight(self, probe: Probe) -> list[str]:
+        """Probe every host and spare; a spare that fails is dropped, a host that fails is
+        replaced by a spare that passed (and probed again as its node rank). Raises the
+        probe's `NodeErrors` when the spares cannot make up for the hosts that failed.
+        Returns the probe's warnings."""
+        everyone = self.active + self.spares
+        cluster = replace(self.base, hosts=tuple(m.host for m in everyone), spares=())
+        began = time.time()
+        result = probe(cluster, [m.connection for m in everyone], range(len(everyone)))
+        for index, member in enumerate(everyone):
+            member.facts = result.facts.get(index)
+            member.probed = (began, time.time())
+        failed_hosts = [i for i in result.failed if i < len(self.active)]
+        failed_spares = [i for i in result.failed if i >= len(self.active)]
+        if failed_hosts and len(failed_hosts) > len(self.spares) - len(failed_spares):
+            raise NodeErrors([result.failed[i] for i in sorted(result.failed)], "preflight")
+        for index in failed_spares:
+            self.spares.remove(everyone[index])
+            self._mark_bad(everyone[index].host.name, f"preflight: {result.failed[index].message}")
+            self.note(f"warning: spare {result.failed[index]}; it is not used")
+        for index in failed_hosts:
+            self._replace(index, f"preflight: {result.failed[index].message}", None)
+        if failed_hosts:
+            self._probe_replaced(probe, failed_hosts)
+        return list(result.warnings)
+
+    # --- after a run ----------------------------------------------------------------------
+
+    def recover(self, fault: NodeFault | None, probe: Probe | None) -> Recovery | None:
+        """Replace the faulty node by the next spare that passes its probe (the new master
+        and node 0 are probed again too); None when there is no fault or no spare left.
+        Every node a fault takes out goes on the bad-node list, spare or not."""
+        if fault is None:
+            return None
+        if not self.spares:
+            self._mark_bad(fault.host, fault.why)
+            return None
+        self.attempt += 1
+        recovery = self._replace(fault.index, fault.why, fault.noticed_at)
+        if probe is not None:
+            self._probe_replaced(probe, [fault.index])
+        return recovery
+
+    def used_up(self) -> str:
+        """Why a node fault ended the run: no spare (given or left)."""
+        if not self.spare_count:
+            return "no spare node to replace it (--spares N holds N hosts back for that)"
+        taken = ", ".join(f"{r.spare} replaced {r.node}" for r in self.recoveries)
+        return f"no spare left: --spares {self.spare_count} used up ({taken or 'none passed'})"
+
+    # --- helpers ----------------------------------------------------------------------
+
+    def _replace(self, index: int, why: str, noticed_at: float | None) -> Recovery:
+        old = self.active[index]
+        self._mark_bad(old.host.name, why)
+        spare = self._take_spare(index)
+        recovery = Recovery(
+            self.attempt,
+            index,
+            old.host.name,
+            why,
+            spare.host.name,
+            noticed_at if noticed_at is not None else time.time(),
+        )
+        self.recoveries.append(recovery)
+        self.note(
+            f"{old.host.name} taken out ({why}); spare {spare.host.name} takes node rank {index}"
+        )
+        return recovery
+
+    def _take_spare(self, index: int) -> Member:
+        """The next spare takes node rank `index`, with the slots of the node it replaces, so
+        the world size stays the same."""
+        old, spare = self.active[index], self.spares.pop(0)
+        host = replace(spare.host, slots=old.host.slots, slot_ids=old.host.slot_ids)
+        self.active[index] = Member(host, spare.connection, spare.facts, spare.probed)
+        return self.active[index]
+
+    def _probe_replaced(self, probe: Probe, replaced: list[int]) -> None:
+        """Probe the replacements as their node ranks (and node 0 for a fresh port; everyone
+        when the master moved, since every route leads to it); a replacement that fails is
+        replaced by the next spare, until one passes or none is left."""
+        while True:
+            indices = range(len(self.active)) if 0 in replaced else sorted({0, *replaced})
+            began = time.time()
+            result = probe(self.cluster, self.connections, indices)
+            for index in indices:
+                self.active[index].probed = (began, time.time())
+                if index in result.facts:
+                    self.active[index].facts = result.facts[index]
+            failed = [i for i in result.failed if i in replaced]
+            others = [i for i in result.failed if i not in replaced]
+            if others or len(failed) > len(self.spares):
+                raise NodeErrors([result.failed[i] for i in sorted(result.failed)], "preflight")
+            if not failed:
+                return
+            for index in failed:
+                bad = self.active[index].host.name
+                self._mark_bad(bad, f"preflight: {result.failed[index].message}")
+                spare = self._take_spare(index)
+                self.note(
+                    f"spare {result.failed[index]}; {spare.host.name} takes node rank {index}"
+                )
+                for recovery in self.recoveries:
+                    if recovery.node_rank == index and recovery.spare == bad:
+                        recovery.spare = spare.host.name
+            replaced = failed
+
+    def _mark_bad(self, host: str, why: str) -> None:
+        if self.bad_nodes:
+            try:
+                add_bad_node(self.bad_nodes, host, self.run_id, why)
+            except OSError as exc:
+                self.note(
+                    f"warning: cannot add {host} to the bad-node list {self.bad_nodes}: {exc}"
+                )
+                return
+            self.note(f"{host} added to the bad-node list {self.bad_nodes}")
+
+    # --- what the run says about it -------------------------------------------------
+
+    def will_replace(self, outcome: Outcome) -> bool:
+        """Whether a spare replaces the node this outcome blames (the run goes on)."""
+        return outcome.node_fault is not None and bool(self.spares)
+
+    def amend(self, outcome: Outcome) -> Outcome:
+        """The final outcome with the recoveries in its summary, and, when a node fault
+        ended the run, why no spare replaced it."""
+        lines = [outcome.summary] if outcome.summary else []
+        if outcome.node_fault is not None:
+            lines.append(self.used_up())
+        if self.recoveries:
+            lines.append(f"recovered from {len(self.recoveries)} node fault(s) (--spares):")
+            lines += [f"  {recovery.describe()}" for recovery in self.recoveries]
+        return replace(outcome, summary="\n".join(lines))
+
+    def carry(self, leftover: dict) -> dict:
+        """What an attempt leaves for the rest of the run's record (the rank files it could
+        not complete: `incomplete_logs`), joined with what earlier attempts left."""
+        gaps = [*self.carried.get("incomplete_logs", []), *leftover.get("incomplete_logs", [])]
+        self.carried = {**self.carried, **leftover, **({"incomplete_logs": gaps} if gaps else {})}
+        return self.carried
+
+    def status(self) -> dict:
+        """The recovery part of status.json (with what earlier attempts left: `carry`)."""
+        return {
+            "attempt": self.attempt,
+            "spares": [m.host.name for m in self.spares],
+            "recoveries": [r.to_dict() for r in self.recoveries],
+            **self.carried,
+        }

@@ -1,0 +1,244 @@
+"""The preflight probe: before anything starts, ask every node (in parallel) for its python
+and torch, the interface that routes to MASTER_ADDR, and (on the master) a free port.
+
+This is the explicit, separate step of the data flow that touches the nodes; its result,
+`NodeFacts` per host, is what planning gets. A problem on any node stops the launch
+before anything has started anywhere.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field
+
+from orchestrator.agent.cores import Topology
+from orchestrator.backends.base import MISSING_PYTHON_WORDS, NodeConnection
+from orchestrator.console.progress import Progress
+from orchestrator.errors import NodeError, NodeErrors
+from orchestrator.hostlist import compress_hosts
+from orchestrator.hosts.hostfile import Cluster
+from orchestrator.nodes.execute import run_on_nodes
+from orchestrator.plan.launch_plan import NodeFacts
+from orchestrator.plan.scripts import render_template
+from orchestrator.plan.spec import JobSpec
+from orchestrator.sizes import format_size, human_bytes
+
+# The probe takes a second on a node; the limit is for one that hangs (an interpreter on a
+# stuck network file system). The controller starts the nodes' agents some tens a second,
+# and on a loaded machine fewer: so 60 s, or PROBE_S_PER_NODE per node when that is more.
+PROBE_TIME_LIMIT_S = 60.0
+PROBE_S_PER_NODE = 0.5
+MIN_FREE_DISK = 1 << 30  # less free where a node keeps its runs is worth a warning
+SET_PYTHON = "pass --python PATH or set python for this node in the hostfile"
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    facts: dict[int, NodeFacts]  # by node rank: two entries may share a host name
+    warnings: tuple[str, ...]
+    failed: dict[int, NodeError] = field(default_factory=dict)  # raise_errors=False only
+
+
+def probe_script(
+    host: str,
+    python: str,
+    master_addr: str,
+    *,
+    check_port: bool,
+    port: int | None,
+    ifname: str | None,
+    bind_cores: bool = False,
+) -> str:
+    return render_template(
+        "probe.sh.j2",
+        host=host,
+        python=python,
+        master_addr=master_addr,
+        check_port=check_port,
+        port=port,
+        ifname=ifname,
+        bind_cores=bind_cores,
+    )
+
+
+def parse_probe_output(text: str) -> dict[str, str]:
+    values = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        if sep and key.isidentifier():
+            values[key] = value.strip()
+    return values
+
+
+def master_address(cluster: Cluster, spec: JobSpec, connections: Sequence[NodeConnection]) -> str:
+    """MASTER_ADDR as the probe must see it: --master-addr, else where node 0 was reached."""
+    return spec.master_addr or connections[0].address
+
+
+def probe_nodes(
+    cluster: Cluster,
+    spec: JobSpec,
+    connections: Sequence[NodeConnection],
+    tag: str = "probe",
+    min_free_disk: int = MIN_FREE_DISK,
+    only: Collection[int] | None = None,
+    raise_errors: bool = True,
+    progress: Progress | None = None,
+) -> ProbeResult:
+    """Probe every node (or the node ranks in `only`) in parallel; raise `NodeErrors`
+    naming each node that cannot run (with raise_errors=False: return them, by node rank).
+
+    Warnings: torch versions that differ, and nodes with less than `min_free_disk` free
+    where they keep the run's files (a rank whose output cannot be written fails)."""
+    master_addr = master_address(cluster, spec, connections)
+    chosen = sorted(only) if only is not None else list(range(len(cluster.hosts)))
+    hosts = [cluster.hosts[i] for i in chosen]
+    connections = [connections[i] for i in chosen]
+    pythons = [host.python or spec.python for host in hosts]
+    scripts = [
+        probe_script(
+            host.name,
+            python,
+            master_addr,
+            check_port=index == 0,
+            port=spec.master_port,
+            ifname=host.ifname or spec.ifname,
+            bind_cores=spec.bind_cores,
+        )
+        for index, host, python in zip(chosen, hosts, pythons, strict=True)
+    ]
+    limit = probe_time_limit(len(chosen))
+    if progress is not None:
+        progress.begin("probing", len(chosen))
+    try:
+        results = run_on_nodes(
+            connections,
+            pythons,
+            [["bash", "-c", s] for s in scripts],
+            time_limit=limit,
+            tag=tag,
+            what="the preflight probe",
+            progress=progress,
+        )
+    finally:
+        if progress is not None:
+            progress.end()
+    errors: dict[int, NodeError] = {}
+    stopped: dict[int, NodeError] = {}
+    facts: dict[int, NodeFacts] = {}
+    torch_versions: list[tuple[str, str]] = []
+    warnings = []
+    for index, host, python, connection, result in zip(
+        chosen, hosts, pythons, connections, results, strict=True
+    ):
+        if result.state == "lost" and MISSING_PYTHON_WORDS in result.detail:
+            errors[index] = NodeError(
+                host.name,
+                f"cannot run python {python!r}: {MISSING_PYTHON_WORDS}; {SET_PYTHON}",
+                exit_code=2,
+            )
+            continue
+        if result.state == "stopped" and "time limit" in result.detail:
+            errors[index] = NodeError(
+                host.name,
+                f"preflight probe did not finish within {limit:g} s "
+                "(the node, or this machine, too busy; or the probe hangs there: try "
+                "`orchestrator check`, or skip the probe with --no-preflight)",
+            )
+            continue
+        if result.state == "stopped":  # because another node failed, which is named
+            stopped[index] = NodeError(host.name, "preflight probe stopped")
+            continue
+        if not result.ok:
+            errors[index] = NodeError(
+                host.name,
+                f"preflight probe failed ({result.describe()})" + _last_line(result.output),
+            )
+            continue
+        values = parse_probe_output(result.output)
+        problem = _problem(host.name, python, values, index == 0, spec, host.ifname or spec.ifname)
+        if problem is not None:
+            errors[index] = problem
+            continue
+        torch_versions.append((host.name, values["torch_version"]))
+        if values.get("disk_free_kb", "").isdigit():
+            free = int(values["disk_free_kb"]) * 1024
+            if free < min_free_disk:
+                warnings.append(
+                    f"{host.name}: only {human_bytes(free)} free in {values.get('disk_path')}, "
+                    "where the node keeps this run's output; a rank whose output does not "
+                    f"fit fails (--min-free-disk {format_size(min_free_disk)})"
+                )
+        facts[index] = NodeFacts(
+            address=connection.address if not host.is_local else None,
+            ifname=values.get("ifname") or None,
+            route_source=values.get("route_source") or None,
+            python_version=values.get("python_version"),
+            torch_version=values.get("torch_version"),
+            free_port=int(values["free_port"]) if values.get("free_port") else None,
+            port_checked=values.get("port_free") == "yes",
+            topology=(
+                Topology.decode(values["cores_topology"]) if values.get("cores_topology") else None
+            ),
+        )
+    failed = errors or stopped
+    if failed and raise_errors:
+        raise NodeErrors(list(failed.values()), "preflight")
+    if len({version for _, version in torch_versions}) > 1:
+        by_version: dict[str, list[str]] = {}
+        for host, version in torch_versions:
+            by_version.setdefault(version, []).append(host)
+        listing = ", ".join(f"{compress_hosts(h)}={v}" for v, h in by_version.items())
+        warnings.append(
+            f"torch versions differ between nodes ({listing}); ranks may fail to talk to each other"
+        )
+    return ProbeResult(facts, tuple(warnings), failed)
+
+
+def probe_time_limit(nodes: int) -> float:
+    """How long the preflight of `nodes` nodes may take in all."""
+    return max(PROBE_TIME_LIMIT_S, PROBE_S_PER_NODE * nodes)
+
+
+def _problem(
+    host: str,
+    python: str,
+    values: dict[str, str],
+    is_master: bool,
+    spec: JobSpec,
+    ifname: str | None,
+) -> NodeError | None:
+    if "python_error" in values:
+        return NodeError(
+            host,
+            f"cannot run python {python!r}: {values['python_error']}; {SET_PYTHON}",
+            exit_code=2,
+        )
+    if values.get("torch_version", "none") == "none":
+        return NodeError(
+            host,
+            f"torch is not installed for {python} "
+            f"(python {values.get('python_version', '?')}); install it there, "
+            "or point --python at an interpreter that has it",
+            exit_code=2,
+        )
+    if ifname and values.get("ifname_exists") == "no":
+        return NodeError(
+            host,
+            f"network interface {ifname!r} does not exist on this node; "
+            "check --ifname / the hostfile's ifname (`ip -br link` lists them)",
+            exit_code=2,
+        )
+    if is_master and spec.master_port is not None and values.get("port_free") == "no":
+        return NodeError(
+            host,
+            f"MASTER_PORT {spec.master_port} is already in use on the "
+            "master node; pick another --master-port or use --master-port auto",
+            exit_code=2,
+        )
+    return None
+
+
+def _last_line(output: str) -> str:
+    lines = [line for line in output.splitlines() if line.strip()]
+    return f": {lines[-1]}" if lines else ""

@@ -1,0 +1,299 @@
+"""The SLURM backend: sbatch / squeue / scontrol / sacct / scancel, here or on a login node.
+
+`SlurmCommands` runs SLURM's client commands on this machine, or with `login` on a login
+node over SSH (orchestrator.backends.ssh). What SLURM prints is read by the small `parse_*`
+functions of orchestrator.slurm.parse (tested on captured outputs); everything here works on
+their results.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import time
+
+from orchestrator.errors import ConfigError, OrchestratorError
+from orchestrator.record.runs import FINAL_STATES, RunRecord, controller_alive, now_iso
+from orchestrator.slurm.parse import (
+    JobInfo,
+    parse_job_id,
+    parse_sacct,
+    parse_scontrol_job,
+    parse_squeue,
+)
+
+COMMAND_TIMEOUT_S = 120.0
+_UNREACHABLE = re.compile(
+    r"Unable to contact slurm controller|Socket timed out|"
+    r"Connection refused|Zero Bytes were transmitted",
+    re.IGNORECASE,
+)
+
+
+# --- running the commands ----------------------------------------------------------------
+
+
+class SlurmCommands:
+    """SLURM's client commands, run here or (login) on a login node over SSH."""
+
+    def __init__(self, login: str | None = None, ssh_options: object | None = None) -> None:
+        self.login = login
+        self.where = f"on {login}" if login else "on this machine"
+        self._connection = None
+        if login:
+            from orchestrator.backends.ssh import SshSession
+            from orchestrator.hosts.hostfile import Host
+
+            session = SshSession(ssh_options)  # type: ignore[arg-type]
+            self._connection = session.connect(Host(name=login))
+            session.report()
+
+    def run(
+        self, argv: list[str], env: dict[str, str] | None = None, timeout: float = COMMAND_TIMEOUT_S
+    ) -> tuple[int, str, str]:
+        """(exit status, stdout, stderr); a missing command is a ConfigError. `env` is
+        added to the command's environment (over SSH: sent on stdin, never in argv)."""
+        if self._connection is None:
+            try:
+                done = subprocess.run(
+                    argv,
+                    stdin=subprocess.DEVNULL,
+                    capture_output=True,
+                    timeout=timeout,
+                    env={**os.environ, **(env or {})},
+                )
+            except FileNotFoundError:
+                raise self._missing(argv[0]) from None
+            except subprocess.TimeoutExpired:
+                raise OrchestratorError(
+                    f"{argv[0]} did not answer within {timeout:g} s "
+                    f"{self.where}; is the SLURM controller up?"
+                ) from None
+            rc, out, err = done.returncode, done.stdout, done.stderr
+        else:
+            rc, out, err = self._run_remote(argv, env or {}, timeout)
+            if rc == 127 and not out:
+                raise self._missing(argv[0])
+        return rc, out.decode(errors="replace"), err.decode(errors="replace")
+
+    def _run_remote(
+        self, argv: list[str], env: dict[str, str], timeout: float
+    ) -> tuple[int, bytes, bytes]:
+        import paramiko
+
+        # This shell's SLURM_CONF (a non-default cluster config) applies there too. Values
+        # travel on stdin (sourced), never on a command line other users can see.
+        settings = {
+            **({"SLURM_CONF": os.environ["SLURM_CONF"]} if "SLURM_CONF" in os.environ else {}),
+            **env,
+        }
+        command, stdin = shlex.join(argv), b""
+        if settings:
+            stdin = "".join(f"{k}={shlex.quote(v)}\n" for k, v in settings.items()).encode()
+            command = f"set -a && . /dev/stdin && set +a && exec {command}"
+        try:
+            channel = self._connection.client.get_transport().open_session(timeout=timeout)
+            channel.settimeout(timeout)
+            channel.exec_command(command)
+            channel.sendall(stdin)
+            channel.shutdown_write()
+            out, err = bytearray(), bytearray()
+            deadline = time.monotonic() + timeout
+            while True:  # both streams, so that neither fills up while the other is read
+                if channel.recv_ready():
+                    out += channel.recv(65536)
+                elif channel.recv_stderr_ready():
+                    err += channel.recv_stderr(65536)
+                elif channel.exit_status_ready():  # sent after all output
+                    break
+                elif time.monotonic() > deadline:
+                    raise OSError(f"no answer within {timeout:g} s")
+                else:
+                    time.sleep(0.005)
+            rc = channel.recv_exit_status()
+            channel.close()
+        except (OSError, EOFError, paramiko.SSHException) as exc:
+            raise OrchestratorError(f"running {argv[0]} on {self.login} failed: {exc}") from None
+        return rc, bytes(out), bytes(err)
+
+    def _missing(self, name: str) -> ConfigError:
+        if self.login:
+            return ConfigError(
+                f"{name}: command not found on {self.login}; is it a login node "
+                "of a SLURM cluster (with sbatch, squeue and scancel on PATH)?"
+            )
+        return ConfigError(
+            f"{name}: command not found: SLURM's client commands (sbatch, squeue, "
+            "scancel) are not installed here or not on PATH; run from a login "
+            "node of the cluster, or pass --login HOST to submit there over SSH"
+        )
+
+    def check(self, argv: list[str]) -> str:
+        """Run a query; an unreachable controller or another failure is an error."""
+        rc, out, err = self.run(argv)
+        if rc != 0:
+            raise unreachable_or(err, argv, self.where)
+        return out
+
+    def close(self) -> None:
+        if self._connection is not None:
+            self._connection.close()
+            self._connection = None
+
+
+def unreachable_or(stderr: str, argv: list[str], where: str) -> OrchestratorError:
+    text = stderr.strip() or "(no message)"
+    if _UNREACHABLE.search(text):
+        return OrchestratorError(
+            f"cannot reach the SLURM controller {where} ({argv[0]}: "
+            f"{text}); is slurmctld up, and does SLURM_CONF (or "
+            "/etc/slurm/slurm.conf) point at it? `sinfo` shows the same"
+        )
+    return OrchestratorError(f"{shlex.join(argv)} failed {where}: {text}")
+
+
+# --- the operations ----------------------------------------------------------------------
+
+
+def submit(commands: SlurmCommands, script_path: str, secrets: dict[str, str]) -> int:
+    """sbatch the script; its job id. sbatch's refusal is a ConfigError naming the script."""
+    rc, out, err = commands.run(["sbatch", "--parsable", script_path], env=secrets)
+    if rc != 0:
+        message = err.strip() or out.strip() or f"exit status {rc}"
+        if _UNREACHABLE.search(message):
+            raise unreachable_or(message, ["sbatch"], commands.where)
+        raise ConfigError(f"sbatch rejected {script_path}:\n  " + "\n  ".join(message.splitlines()))
+    return parse_job_id(out)
+
+
+def query(commands: SlurmCommands, job_id: int) -> JobInfo:
+    """The job's state: squeue while it is queued or running, then scontrol, then sacct."""
+    rc, out, err = commands.run(["squeue", "-h", "-j", str(job_id), "-o", "%T|%r|%N"])
+    if rc == 0:
+        info = parse_squeue(out)
+        if info is not None and not info.ended:
+            return info
+    elif "Invalid job id" not in err:
+        raise unreachable_or(err, ["squeue"], commands.where)
+    return job_details(commands, job_id)
+
+
+def job_details(commands: SlurmCommands, job_id: int) -> JobInfo:
+    """scontrol's record of the job (exit code, restarts), or sacct's once it is purged."""
+    rc, out, _ = commands.run(["scontrol", "-o", "show", "job", str(job_id)])
+    info = parse_scontrol_job(out) if rc == 0 else None
+    if info is not None:
+        return info
+    rc, out, _ = commands.run(
+        ["sacct", "-n", "-P", "-X", "-j", str(job_id), "-o", "State,ExitCode,NodeList"]
+    )
+    info = parse_sacct(out) if rc == 0 else None
+    return info or JobInfo(
+        state="UNKNOWN", reason="no longer known to squeue, scontrol or sacct", source="none"
+    )
+
+
+def expand_nodelist(commands: SlurmCommands, nodelist: str) -> list[str]:
+    """node[1-3],x -> [node1, node2, node3, x], as SLURM numbers SLURM_NODEID."""
+    if not nodelist:
+        return []
+    return commands.check(["scontrol", "show", "hostnames", nodelist]).split()
+
+
+def cancel(commands: SlurmCommands, job_id: int, kill: bool = False) -> None:
+    """scancel the job (SIGTERM, then SIGKILL after SLURM's KillWait); `kill`: SIGKILL now."""
+    if kill:
+        commands.run(["scancel", "--signal=KILL", "--full", str(job_id)])
+    rc, _, err = commands.run(["scancel", str(job_id)])
+    if rc != 0 and "already completing or completed" not in err and "Invalid job id" not in err:
+        raise unreachable_or(err, ["scancel"], commands.where)
+
+
+def wait_gone(commands: SlurmCommands, job_id: int, timeout: float) -> JobInfo | None:
+    """Wait until squeue no longer lists the job (every process ended); its final info."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        info = query(commands, job_id)
+        if info.ended:
+            return info
+        time.sleep(0.3)
+    return None
+
+
+# --- acting on a recorded run (stop, status) ---------------------------------------------
+
+
+def cancel_run(record: RunRecord, status: dict, say=print, wait_s: float = 120.0) -> int:
+    """`orchestrator stop RUN` for a SLURM run: scancel its job and wait until it is gone."""
+    job_id = status.get("slurm_job_id")
+    if job_id is None:
+        say(f"run {record.run_id}: no SLURM job was submitted")
+        return 1
+    commands = SlurmCommands(status.get("slurm_login"))
+    try:
+        cancel(commands, int(job_id))
+        say(f"run {record.run_id}: cancelled SLURM job {job_id} (scancel)")
+        info = wait_gone(commands, int(job_id), wait_s)
+    finally:
+        commands.close()
+    if info is None:
+        say(f"run {record.run_id}: SLURM job {job_id} still listed by squeue after {wait_s:g} s")
+        return 1
+    deadline = time.monotonic() + 15
+    while (
+        controller_alive(status)
+        and status.get("state") not in FINAL_STATES
+        and time.monotonic() < deadline
+    ):  # the launcher following it records the end
+        time.sleep(0.2)
+        status = record.read_status()
+    if status.get("state") not in FINAL_STATES:
+        record.write_status(final_status(status, info))
+    say(
+        f"run {record.run_id}: {record.read_status().get('state')} (SLURM job {job_id} "
+        f"{info.state})"
+    )
+    return 0
+
+
+def final_status(status: dict, info: JobInfo) -> dict:
+    """The status of a run whose job ended while nobody followed it."""
+    state = {"COMPLETED": "succeeded", "CANCELLED": "stopped"}.get(info.state, "failed")
+    code = 0 if state == "succeeded" else (info.exit_code or 1)
+    return {
+        **status,
+        "state": state,
+        "slurm_state": info.state,
+        "exit_code": code,
+        "ended_at": status.get("ended_at") or now_iso(),
+        "summary": status.get("summary")
+        or (
+            None
+            if state == "succeeded"
+            else f"SLURM job {status.get('slurm_job_id')} ended {info.state}"
+        ),
+    }
+
+
+def refresh_status(record: RunRecord, status: dict) -> dict:
+    """For `status RUN`: SLURM's word on an unfinished run; recorded once its job ended
+    and no launcher follows it any more."""
+    job_id = status.get("slurm_job_id")
+    if job_id is None or status.get("state") in FINAL_STATES:
+        return status
+    commands = SlurmCommands(status.get("slurm_login"))
+    try:
+        info = query(commands, int(job_id))
+    finally:
+        commands.close()
+    status = {
+        **status,
+        "slurm_state": info.state
+        + (f" ({info.reason})" if info.reason and info.reason != "None" else ""),
+    }
+    if info.ended and not controller_alive(status):
+        status = final_status(status, info)
+        record.write_status(status)
+    return status
