@@ -15,14 +15,8 @@ from pathlib import Path
 import pytest
 
 from orchestrator.hostlist import expand_range
-from orchestrator.nodes.copies import (
-    CLEAN_NODE,
-    RunCopy,
-    by_reason,
-    clean_table,
-    copy_path,
-    parse_age,
-)
+from orchestrator.nodes.clean import CLEAN_NODE, RunCopy, clean_table, parse_age
+from orchestrator.nodes.copies import by_reason, copy_path
 from orchestrator.plan.launch_plan import NODE_RUNS_DIR, node_dir
 
 

@@ -10,7 +10,8 @@ import re
 from pathlib import Path
 
 from orchestrator.console.fold import LONGEST_S, QUIET_S, WINDOW_S, Folder
-from orchestrator.console.sink import LogSink, fold_lines
+from orchestrator.console.reading import fold_lines
+from orchestrator.console.sink import LogSink
 from orchestrator.hostlist import expand_range
 
 

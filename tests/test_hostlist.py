@@ -64,7 +64,7 @@ def test_sync_says_one_line_per_file_count_and_counts_nodes_on_the_progress_line
     from orchestrator.console.progress import Progress
     from orchestrator.errors import NodeErrors
     from orchestrator.hosts.hostfile import parse_hostfile
-    from orchestrator.launch.preflight import sync_code
+    from orchestrator.launch.sync import sync_code
     from orchestrator.plan.launch_plan import make_plan
     from orchestrator.plan.spec import JobSpec, Program
 

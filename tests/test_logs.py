@@ -12,15 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchestrator.console.sink import (
-    TAIL_LINES,
-    LogSink,
-    follow,
-    last_lines_of,
-    line_filter,
-    prefix_lines,
-    use_color,
-)
+from orchestrator.console.reading import follow, last_lines_of, line_filter
+from orchestrator.console.sink import TAIL_LINES, LogSink, prefix_lines, use_color
 
 LINES = st.lists(st.binary(max_size=20).map(lambda b: b.replace(b"\n", b"")), max_size=30)
 

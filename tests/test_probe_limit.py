@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.nodes import probe
 from orchestrator.errors import NodeErrors
 from orchestrator.hosts.hostfile import parse_hostfile
+from orchestrator.nodes import probe
 from orchestrator.nodes.execute import NodeResult
 from orchestrator.plan.spec import JobSpec, Program
 

@@ -13,7 +13,7 @@ import pytest
 from orchestrator.errors import ConfigError, NodeError, NodeErrors, SourceError
 from orchestrator.hosts.hostfile import parse_hostfile
 from orchestrator.hosts.selection import hold_spares
-from orchestrator.launch.recovery import NodePool
+from orchestrator.launch.pool import NodePool
 from orchestrator.nodes.probe import ProbeResult
 from orchestrator.plan.launch_plan import NodeFacts, make_plan, node_dir
 from orchestrator.plan.scripts import plan_yaml

@@ -39,30 +39,6 @@ class Interrupted(OrchestratorError):
 # --- step 0: connections ----------------------------------------------------------------
 
 
-def connect_each(cluster: Cluster, ssh: object | None) -> list[NodeConnection | NodeError]:
-    """A connection to every node, in parallel; a node that fails gets its NodeError."""
-    from orchestrator.backends.local import LocalConnection
-
-    if cluster.is_local:
-        return [LocalConnection(host.name) for host in cluster.hosts]
-    from orchestrator.backends.ssh import SshSession
-
-    session = SshSession(ssh)  # type: ignore[arg-type]
-
-    def one(host) -> NodeConnection | NodeError:
-        try:
-            return LocalConnection(host.name) if host.is_local else session.connect(host)
-        except NodeError as exc:
-            return exc
-        except Exception as exc:  # still name the host
-            return NodeError(host.name, f"cannot connect: {exc!r}")
-
-    with ThreadPoolExecutor(max_workers=min(64, len(cluster.hosts))) as pool:
-        found = list(pool.map(one, cluster.hosts))
-    session.report()
-    return found
-
-
 def ssh_rtts(connections: Sequence[NodeConnection]) -> dict[int, float]:
     """Median of RTT_SAMPLES SSH keepalive round trips per SSH connection, in ms (by id)."""
 

@@ -24,13 +24,12 @@ from dataclasses import dataclass, field, replace
 from typing import TextIO
 
 from orchestrator import sizes
-from orchestrator.backends import close_all
+from orchestrator.backends import close_all, connect_each
 from orchestrator.check import measure
 from orchestrator.check.diagnose import node_problems
 from orchestrator.check.facts import Master, NodeReport, choose_backend
 from orchestrator.check.gather import (
     REACH_TIMEOUT_S,
-    connect_each,
     probe_facts,
     reach_master,
     ssh_rtts,
@@ -102,7 +101,8 @@ def run_check(cluster: Cluster, options: CheckOptions, out: TextIO | None = None
         f"[check] {len(cluster.hosts)} node(s), {layout.world_size} rank(s) from "
         f"{cluster.path}{chosen}"
     )
-    connections = connect_each(cluster, options.ssh)
+    reached, errors = connect_each(cluster, options.ssh)
+    connections = [errors.get(index, c) for index, c in enumerate(reached)]
     try:
         return _check(cluster, options, spec, slots, connections, started, say)
     finally:
@@ -283,7 +283,8 @@ def run_collectives(
 ) -> JobResult:
     """Step 3: launch orchestrator.check.collectives on every slot; read its reports back."""
     from orchestrator.launch.launcher import run_plan
-    from orchestrator.launch.preflight import LaunchOptions, prepare
+    from orchestrator.launch.preflight import prepare
+    from orchestrator.launch.settings import LaunchOptions
     from orchestrator.plan.scripts import write_rendered
     from orchestrator.record.runs import RunRecord
 

@@ -1,5 +1,6 @@
 """The command line: the click group `cli`, its commands registered from the modules that
-define them (jobs.py, records.py, readiness.py, top.py, plotting.py), and `main`.
+define them (jobs.py, cleaning.py, records.py, readiness.py, top.py, plotting.py), and
+`main`.
 
 Every foreseeable error is an `OrchestratorError`, caught once in `main`: its message is
 printed without a traceback and its exit code used (2 for bad input, 1 for a runtime
@@ -14,8 +15,9 @@ import sys
 import click
 
 from orchestrator import __version__
+from orchestrator.cli.cleaning import clean
 from orchestrator.cli.context import CONTEXT
-from orchestrator.cli.jobs import clean, exec_command, launch, render
+from orchestrator.cli.jobs import exec_command, launch, render
 from orchestrator.cli.plotting import plot
 from orchestrator.cli.readiness import check
 from orchestrator.cli.records import logs, runs, status, stop

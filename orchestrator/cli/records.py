@@ -42,8 +42,8 @@ def logs(run_id, run_dir, follow, rank, node, grep, tail, fetch, fold):
     import re
     import time
 
-    from orchestrator.console.sink import fold_lines, last_lines_of, line_filter
-    from orchestrator.console.sink import follow as follow_file
+    from orchestrator.console.reading import fold_lines, last_lines_of, line_filter
+    from orchestrator.console.reading import follow as follow_file
     from orchestrator.record.runs import FINAL_STATES, RunRecord, controller_alive
 
     record = RunRecord.open(run_dir, run_id)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import queue
-import socket
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -23,50 +22,23 @@ from orchestrator.console.sink import LogSink, use_color
 from orchestrator.errors import ConfigError, Interrupted, OrchestratorError
 from orchestrator.hosts.hostfile import Cluster
 from orchestrator.launch.detach import run_detached
-from orchestrator.launch.preflight import (
-    LaunchOptions,
-    check_script_exists,
-    dry_run_text,
-    preflight_probe,
-    prepare,
-    sync_code,
-)
-from orchestrator.launch.recovery import NodePool
+from orchestrator.launch.pool import NodePool
+from orchestrator.launch.preflight import check_script_exists, preflight_probe, prepare
+from orchestrator.launch.settings import LaunchOptions
+from orchestrator.launch.sync import sync_code
 from orchestrator.nodes.copies import node_copies
 from orchestrator.nodes.refill import complete_rank_files
 from orchestrator.plan.launch_plan import LaunchPlan, make_plan
 from orchestrator.plan.scripts import (
     command_line,
+    dry_run_text,
     render_node_scripts,
     script_name,
     write_rendered,
 )
 from orchestrator.plan.spec import JobSpec, inherited_secrets
-from orchestrator.record.runs import RunRecord, now_iso, process_start_time
+from orchestrator.record.runs import RunRecord, new_status, now_iso
 from orchestrator.supervise import NodeState, Outcome, RankState, Supervisor, signals_to
-
-
-def base_status(plan: LaunchPlan, options: LaunchOptions, backend: str) -> dict:
-    pid = os.getpid()
-    return {
-        "run_id": plan.run_id,
-        "backend": backend,
-        "state": "starting",
-        "command": command_line(options.argv, plan.secret_names),
-        "program": plan.program.describe(),
-        "nnodes": plan.nnodes,
-        "world_size": plan.world_size,
-        "master": f"{plan.master_addr}:{plan.master_port}",
-        "started_at": now_iso(),
-        "ended_at": None,
-        "exit_code": None,
-        "summary": None,
-        "controller": {
-            "pid": pid,
-            "start_time": process_start_time(pid),
-            "host": socket.gethostname(),
-        },
-    }
 
 
 def run_plan(
@@ -114,7 +86,15 @@ def run_plan(
         footer=Footer.on(console) if options.footer else None,
     )
     backend = "local" if plan.is_local else "ssh"
-    base = base_status(plan, options, backend)
+    base = new_status(
+        plan.run_id,
+        backend,
+        command_line(options.argv, plan.secret_names),
+        plan.program.describe(),
+        plan.nnodes,
+        plan.world_size,
+        f"{plan.master_addr}:{plan.master_port}",
+    )
     if pool is not None:
         base["started_at"] = now_iso(pool.started_wall)
 

@@ -1,5 +1,5 @@
-"""Node recovery (--spares N): the hosts a run uses, the spares held back, and what a node
-fault does to them.
+"""The node pool of every launch: the hosts a run uses in node-rank order, the spares held
+back (--spares N), and what a node fault does to them.
 
 A node fault (the node lost, its disk failing, a process there killed by SIGKILL or SIGBUS,
 a preflight probe that fails on it) takes the node out: it goes on the bad-node list
@@ -20,7 +20,7 @@ from orchestrator.hosts.hostfile import Cluster, Host
 from orchestrator.nodes.probe import ProbeResult
 from orchestrator.plan.launch_plan import NodeFacts
 from orchestrator.record.bad_nodes import add_bad_node
-from orchestrator.record.runs import now_iso
+from orchestrator.record.recoveries import Recovery
 from orchestrator.supervise.state import NodeFault, Outcome
 
 Probe = Callable[[Cluster, Sequence[NodeConnection], Sequence[int]], ProbeResult]
@@ -32,46 +32,6 @@ class Member:
     connection: NodeConnection  # None for a host that could not be reached (replace_unreachable)
     facts: NodeFacts | None = None
     probed: tuple[float, float] | None = None  # its last probe: began, ended (wall clock)
-
-
-@dataclass
-class Recovery:
-    """One node replaced by a spare."""
-
-    attempt: int  # the attempt the replacement started
-    node_rank: int
-    node: str
-    why: str
-    spare: str
-    noticed_at: float  # the controller's clock
-    running_at: float | None = None  # when every node ran again
-
-    def to_dict(self) -> dict:
-        return {
-            "attempt": self.attempt,
-            "node_rank": self.node_rank,
-            "node": self.node,
-            "why": self.why,
-            "spare": self.spare,
-            "noticed_at": now_iso(self.noticed_at),
-            "running_again_at": now_iso(self.running_at) if self.running_at else None,
-            "seconds_to_running": (
-                round(self.running_at - self.noticed_at, 1) if self.running_at else None
-            ),
-        }
-
-    def describe(self) -> str:
-        return describe_recovery(self.to_dict())
-
-
-def describe_recovery(entry: dict) -> str:
-    """One recovery as status.json holds it, in words."""
-    seconds = entry.get("seconds_to_running")
-    again = f"; running again {seconds:.1f} s later" if seconds is not None else ""
-    return (
-        f"{entry['node']} ({entry['why']}) replaced by {entry['spare']} as node "
-        f"{entry['node_rank']}{again}"
-    )
 
 
 class NodePool:

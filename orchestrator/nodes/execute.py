@@ -178,3 +178,8 @@ def exec_on_cluster(
     out.write(("\n".join(lines) + "\n").encode())
     out.flush()
     return 0 if not failed else 1
+
+
+def last_line(result: NodeResult) -> str:
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    return f": {lines[-1]}" if lines else ""

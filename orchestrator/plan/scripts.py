@@ -121,3 +121,13 @@ def command_line(argv: Iterable[str], secret_names: Iterable[str] = ()) -> str:
         name, sep, _ = arg[len(prefix) :].partition("=")
         shown.append(f"{prefix}{name}=***" if sep and name in secrets else arg)
     return shlex.join(shown)
+
+
+def dry_run_text(plan: LaunchPlan, scripts: dict[str, str]) -> str:
+    parts = ["# plan.yaml", plan_yaml(plan)]
+    for node in plan.nodes:
+        parts += [
+            f"# ---- {script_name(node)} (runs on {node.name}) ----",
+            scripts[script_name(node)],
+        ]
+    return "\n".join(parts)

@@ -13,6 +13,7 @@ import json
 import os
 import re
 import secrets
+import socket
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -29,6 +30,38 @@ FINAL_STATES = frozenset({"succeeded", "failed", "stopped", "lost"})
 def now_iso(when: float | None = None) -> str:
     stamp = datetime.fromtimestamp(time.time() if when is None else when, tz=timezone.utc)
     return stamp.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def new_status(
+    run_id: str,
+    backend: str,
+    command: str,
+    program: str,
+    nnodes: int,
+    world_size: int,
+    master: str,
+) -> dict:
+    """status.json as a run starts: what it runs, where, and which controller watches it."""
+    pid = os.getpid()
+    return {
+        "run_id": run_id,
+        "backend": backend,
+        "state": "starting",
+        "command": command,
+        "program": program,
+        "nnodes": nnodes,
+        "world_size": world_size,
+        "master": master,
+        "started_at": now_iso(),
+        "ended_at": None,
+        "exit_code": None,
+        "summary": None,
+        "controller": {
+            "pid": pid,
+            "start_time": process_start_time(pid),
+            "host": socket.gethostname(),
+        },
+    }
 
 
 def new_run_id() -> str:

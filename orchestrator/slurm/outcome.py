@@ -11,7 +11,7 @@ import signal
 import time
 from pathlib import Path
 
-from orchestrator.console.sink import last_lines_of
+from orchestrator.console.reading import last_lines_of
 from orchestrator.slurm.parse import JobInfo
 from orchestrator.supervise import Outcome, Supervisor, describe_exit
 

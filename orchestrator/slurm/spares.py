@@ -23,8 +23,8 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from orchestrator.errors import ConfigError
-from orchestrator.launch.recovery import Recovery
 from orchestrator.record.bad_nodes import add_bad_node
+from orchestrator.record.recoveries import Recovery
 from orchestrator.slurm.client import SlurmCommands
 from orchestrator.slurm.parse import JobInfo
 from orchestrator.slurm.sbatch import SlurmJob

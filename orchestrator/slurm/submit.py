@@ -6,7 +6,6 @@ it into the run record, submit it (here, or on a login node over SSH), then foll
 from __future__ import annotations
 
 import os
-import socket
 import sys
 from pathlib import Path
 from typing import BinaryIO
@@ -15,10 +14,10 @@ from orchestrator.console.sink import use_color
 from orchestrator.errors import ConfigError, OrchestratorError
 from orchestrator.hosts.hostfile import Cluster
 from orchestrator.launch.detach import run_detached
-from orchestrator.launch.preflight import LaunchOptions
+from orchestrator.launch.settings import LaunchOptions
 from orchestrator.plan.scripts import command_line, make_output_dir, plan_yaml
 from orchestrator.plan.spec import JobSpec
-from orchestrator.record.runs import RunRecord, now_iso, process_start_time
+from orchestrator.record.runs import RunRecord, new_status, now_iso
 from orchestrator.slurm import client as slurm
 from orchestrator.slurm.client import SlurmCommands
 from orchestrator.slurm.follow import Follower
@@ -156,31 +155,22 @@ def _submit_and_follow(
     script_path = record.path / SCRIPT_NAME
     script_path.write_text(script, encoding="utf-8")
     (record.path / "plan.yaml").write_text(plan_yaml(job), encoding="utf-8")
-    pid = os.getpid()
-    base = {
-        "run_id": job.run_id,
-        "backend": "slurm",
-        "state": "starting",
-        "command": command_line(options.argv, job.secret_names),
-        "program": job.program.describe(),
-        "nnodes": job.nnodes,
-        "world_size": job.world_size,
-        "master": f"{job.master_addr or '(first node)'}:{job.master_port or '(from job id)'}",
-        "started_at": now_iso(),
-        "ended_at": None,
-        "exit_code": None,
-        "summary": None,
-        "script": str(script_path),
-        "slurm_job_id": None,
-        "slurm_state": None,
-        "slurm_login": slurm_options.login,
-        "attempt": 0,
-        "controller": {
-            "pid": pid,
-            "start_time": process_start_time(pid),
-            "host": socket.gethostname(),
-        },
-    }
+    base = new_status(
+        job.run_id,
+        "slurm",
+        command_line(options.argv, job.secret_names),
+        job.program.describe(),
+        job.nnodes,
+        job.world_size,
+        f"{job.master_addr or '(first node)'}:{job.master_port or '(from job id)'}",
+    )
+    base.update(
+        script=str(script_path),
+        slurm_job_id=None,
+        slurm_state=None,
+        slurm_login=slurm_options.login,
+        attempt=0,
+    )
     record.write_status(base)
     commands = None
     try:

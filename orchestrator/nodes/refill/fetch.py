@@ -13,8 +13,7 @@ from pathlib import Path
 
 from orchestrator.backends.base import NodeConnection
 from orchestrator.errors import Interrupted, OrchestratorError
-from orchestrator.nodes.copies import last_line
-from orchestrator.nodes.execute import CaptureSink, run_on_nodes
+from orchestrator.nodes.execute import CaptureSink, last_line, run_on_nodes
 from orchestrator.nodes.refill.gaps import Gap
 
 COPY_BLOCK = 1 << 20
