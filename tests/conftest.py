@@ -1,15 +1,33 @@
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
 import pytest
 
 pytest_plugins = ["tests.lab.fixtures"]
 
+TESTS = Path(__file__).resolve().parent
+# A test's tier is the folder it lives in, and the folder is its marker: `-m unit`,
+# `-m "not cluster"`. Explicit markers stay (the SLURM files are `slurm` too).
+TIERS = ("unit", "local", "cluster")
 
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects: it must see the tier markers
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    _mark_the_tier_of_each_folder(items)
     _skip_openssh_without_its_tools(items)
     _skip_cuda_without_a_gpu(items)
+
+
+def _mark_the_tier_of_each_folder(items: list[pytest.Item]) -> None:
+    """tests/unit/... is marked `unit`, tests/local/... `local`, tests/cluster/... `cluster`
+    (which the lab's plugin gates: skipped where the lab cannot run, an error under CI=true)."""
+    for item in items:
+        path = Path(item.path).resolve()
+        for tier in TIERS:
+            if path.is_relative_to(TESTS / tier):
+                item.add_marker(tier)
 
 
 def _skip_openssh_without_its_tools(items: list[pytest.Item]) -> None:

@@ -1,4 +1,4 @@
-"""The ssh setups tests/test_ssh_fidelity.py runs both OpenSSH and the orchestrator against.
+"""The ssh setups tests/cluster/test_ssh_fidelity.py runs both OpenSSH and the orchestrator against.
 
 Each scenario writes a HOME (ssh config, known_hosts files) for a 3-node lab cluster whose
 sshd also listens on port 2222 and presents host certificates signed by the fleet's CA:

@@ -7,6 +7,9 @@ ranks.py      each rank's output file as whole lines, then its exit
 disk.py       whether the node directory can still be written, and if not, why
 controller.py whether the controller's host still answers, when the controller is silent
 wakeup.py     what wakes a quiet agent: writes in the node directory, signals, a child's end
+stacks.py     every rank's Python stacks, by py-spy or the ranks' own hook (stack_hook/)
+route.py      which interface reaches an address (run inside node scripts, like cores.py)
+cores.py      --bind-cores: disjoint core sets per local rank
 main.py       the agent: one loop tying them together, step after step
 loader.py     runs first on a node: makes the modules above importable (bytecode or source)
 bootstrap.py  controller side: the agent's command line and what it is sent first

@@ -10,6 +10,7 @@ and the node needs nothing but a Python interpreter.
 from __future__ import annotations
 
 import marshal
+from functools import cache
 from importlib import resources
 from importlib.util import MAGIC_NUMBER
 
@@ -39,6 +40,7 @@ NODE_MODULES = (
     "processes",
     "controller",
     "sampling",
+    "stacks",
     "wakeup",
     "main",
 )
@@ -82,3 +84,10 @@ def agent_start() -> bytes:
             )
         )
     return _AGENT_START
+
+
+@cache
+def stack_hook_source() -> str:
+    """The ranks' stack hook (stack_hook/sitecustomize.py), sent in a job's step config: the
+    agent writes it into the node directory and puts it first on the ranks' PYTHONPATH."""
+    return resources.files(__package__).joinpath("stack_hook", "sitecustomize.py").read_text()

@@ -25,6 +25,7 @@ from __future__ import annotations
 import os
 import select
 import signal
+import sys
 import threading
 import time
 
@@ -63,6 +64,8 @@ POLL_S = 0.02  # while ranks print or the run stops: how often their files are r
 # wakeup.QUIET_S where the kernel does); a command, the script's output or a signal wakes it.
 IDLE_POLL_S = 0.1
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+STACKS_FOLDER = "stacks"  # in the node directory: where the ranks' hooks write their stacks
+STACK_TIMEOUT_S = 5.0  # for each way of taking a rank's stack
 
 
 class Agent:
@@ -99,7 +102,11 @@ class Agent:
     def start(self) -> None:
         if self.node_dir:
             self.lock = claim_node_dir(self.node_dir)
-        proc = self.processes.start(*script_command(self.config, self.node_dir))
+        argv, cwd, env = script_command(self.config, self.node_dir)
+        hook = self.config.get("stack_hook")
+        if hook and self.node_dir:  # the ranks' own way to write their stacks (stacks.py)
+            env = install_hook(hook, self.node_dir, env)
+        proc = self.processes.start(argv, cwd, env)
         self.script_out = PipeLines(proc.stdout)
         self.outbox.send(frame("S", proc.pid, f"{time.time():.6f}"))
 
@@ -296,8 +303,50 @@ class Agent:
         if self.controller_silent:
             self.controller_silent = False
             self.controller_host.forget()
-        for command, grace in self.commands.feed(chunk):
-            self.stop(f"{command} requested", grace)
+        for command, argument in self.commands.feed(chunk):
+            if command == "stacks":
+                threading.Thread(
+                    target=self.ship_stacks, args=str(argument).split(), daemon=True
+                ).start()
+            else:
+                self.stop(f"{command} requested", argument)  # type: ignore[arg-type]
+
+    def ship_stacks(self, seq: str, method: str) -> None:
+        """`stacks SEQ METHOD`: every rank's stacks (stacks.py), as one K frame. In a thread
+        of its own: a rank's dump may take a second, and the loop goes on meanwhile."""
+        import json  # here, not at the top: only a run asked for its stacks needs it
+
+        from orchestrator.agent.stacks import rank_pids, take_stacks
+
+        hook_dir = os.path.join(self.node_dir, STACKS_FOLDER) if self.node_dir else ""
+        py_spy = None if method == "signal" else find_py_spy()
+        records = take_stacks(rank_pids(os.getpid()), hook_dir, py_spy, STACK_TIMEOUT_S)
+        data = json.dumps(list(records.values()), separators=(",", ":")).encode()
+        self.outbox.send(frame("K", seq, payload=data))
+        self.outbox.write_some()
+
+
+def find_py_spy() -> str | None:
+    """py-spy of the job's environment (beside the node's interpreter), else on PATH."""
+    beside = os.path.join(os.path.dirname(sys.executable), "py-spy")
+    if os.access(beside, os.X_OK):
+        return beside
+    import shutil
+
+    return shutil.which("py-spy")
+
+
+def install_hook(source: str, node_dir: str, env: dict[str, str]) -> dict[str, str]:
+    """The stack hook written into the node directory, and the script's environment that
+    puts it first on the ranks' PYTHONPATH."""
+    from orchestrator.agent.stacks import HOOK_FOLDER, hook_environment
+
+    folder = os.path.join(node_dir, HOOK_FOLDER)
+    os.makedirs(folder, exist_ok=True)
+    os.makedirs(os.path.join(node_dir, STACKS_FOLDER), exist_ok=True)
+    with open(os.path.join(folder, "sitecustomize.py"), "w", encoding="utf-8") as handle:
+        handle.write(source)
+    return hook_environment(env, folder, os.path.join(node_dir, STACKS_FOLDER))
 
 
 def main() -> int:

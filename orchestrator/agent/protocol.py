@@ -9,13 +9,15 @@ types with a length field, by exactly that many payload bytes:
   W ERRNO t n + dir  the node directory cannot be written (ENOSPC, EDQUOT, EIO, EROFS)
   Q rank n + data   the rank's metrics channel (whole JSON lines it wrote)
   P n + data        a node sample, one JSON object (agent/sampling.py)
+  K seq n + data    the ranks' stacks asked for by `stacks SEQ`, one JSON list (stacks.py)
 Every t is the node's wall clock. H echoes the controller's last `hb T1` (t1) with the time
 the agent read it (t2), `-` before any: one NTP round trip (orchestrator.supervise.clocks).
 E's s says whether the rank ended after the agent began stopping the step, both times in the
 node's clock, so a stopped rank is told from a failed one whatever the clocks say. N's q is 1
 for the script's output read after the stop began: torchrun's shutdown, quiet on the console.
 W comes before the E or X it explains (agent/disk.py).
-Commands from the controller (stdin lines): `hb T1`, `stop GRACE`, `kill`. A step's config
+Commands from the controller (stdin lines): `hb T1`, `stop GRACE`, `kill`, and `stacks SEQ
+METHOD` (every rank's stacks, answered by K with the same SEQ). A step's config
 (JSON's types only) is marshal data, version 4, which every Python 3 since 3.4 reads with
 a built-in module (json would cost each node's start-up 10 ms of imports and regular
 expressions), with an 8-digit length prefix; after X, a `next` line announces the next.
@@ -41,7 +43,7 @@ import time
 # quiet node's P sample, which stands in for a third). A steady H waits while the agent
 # writes other frames (any bytes say it is there), up to BEATS_DEFERRED beats in a row: one
 # still goes out every 4 beats, so the clocks go on being compared while ranks print.
-WITH_PAYLOAD = frozenset("ONFMWQP")  # frame types whose last header field is a length
+WITH_PAYLOAD = frozenset("ONFMWQPK")  # frame types whose last header field is a length
 FIRST_BEATS = 5
 FIRST_BEAT_S = 1.0
 FASTEST_BEAT_S = 0.5
@@ -106,15 +108,16 @@ class CommandReader:
         self.partial = b""
         self.ping = ("-", "-")  # the last `hb T1`: (T1, when this node read it)
 
-    def feed(self, chunk: bytes) -> list[tuple[str, float | None]]:
-        """(command, grace) for each whole line: ("stop", GRACE or None), ("kill", 0.0).
+    def feed(self, chunk: bytes) -> list[tuple[str, float | str | None]]:
+        """(command, argument) for each whole line: ("stop", GRACE or None), ("kill", 0.0),
+        ("stacks", "SEQ METHOD").
 
         `hb T1` proves the controller is there (the caller notes any input as that) and
         is kept for the next heartbeat to echo.
         """
         now = time.time()
         *lines, self.partial = (self.partial + chunk).split(b"\n")
-        commands: list[tuple[str, float | None]] = []
+        commands: list[tuple[str, float | str | None]] = []
         for line in lines:
             words = line.decode(errors="replace").split()
             if not words:
@@ -127,6 +130,8 @@ class CommandReader:
                 commands.append(("stop", float(words[1]) if len(words) > 1 else None))
             elif words[0] == "kill":
                 commands.append(("kill", 0.0))
+            elif words[0] == "stacks" and len(words) == 3:
+                commands.append(("stacks", f"{words[1]} {words[2]}"))
         return commands
 
 

@@ -20,7 +20,7 @@ from orchestrator.cli.context import CONTEXT
 from orchestrator.cli.jobs import exec_command, launch, render
 from orchestrator.cli.plotting import plot
 from orchestrator.cli.readiness import check
-from orchestrator.cli.records import logs, runs, status, stop
+from orchestrator.cli.records import logs, runs, stacks, status, stop
 from orchestrator.cli.top import top
 from orchestrator.errors import OrchestratorError
 
@@ -56,6 +56,7 @@ for command in (
     logs,
     status,
     top,
+    stacks,
     stop,
     runs,
     check,

@@ -32,6 +32,7 @@ from orchestrator.cli.selecting import select, selection_options, spares_option,
 from orchestrator.errors import ConfigError
 from orchestrator.hosts.selection import hold_spares
 from orchestrator.sizes import parse_size
+from orchestrator.supervise.hangs import DEFAULT_HANG_TIMEOUT_S
 
 
 def slurm_nodes(hostfile, selection, nproc_per_node, spares: int):
@@ -125,6 +126,18 @@ def size_value(param: click.Parameter, value: str) -> int:
     "a silent orchestrator whose host still answers).",
 )
 @click.option(
+    "--hang-timeout",
+    type=click.FloatRange(min=0),
+    default=DEFAULT_HANG_TIMEOUT_S,
+    show_default=True,
+    metavar="SECONDS",
+    help="When no rank has printed a line or written a metric this long, every rank's "
+    "stack is taken twice, 5 s apart: if none moved, the run hangs: the console names the "
+    "odd ranks out and where they wait, the stacks go to runs/RUN/stacks/, and the run ends "
+    "`hung` (exit 1) before anything is killed. If any moved, it works silently and goes "
+    "on. 0: never check.",
+)
+@click.option(
     "--min-free-disk",
     default="1G",
     show_default=True,
@@ -161,6 +174,7 @@ def launch(
     grace,
     heartbeat_timeout,
     stall_timeout,
+    hang_timeout,
     min_free_disk,
     keep_node_logs,
     color,
@@ -207,6 +221,7 @@ def launch(
         grace=grace,
         heartbeat_timeout=heartbeat_timeout,
         stall_timeout=stall_timeout,
+        hang_timeout=hang_timeout,
         min_free_disk=min_free_disk,
         keep_node_logs=keep_node_logs,
         bad_nodes=selection.bad_nodes,

@@ -1,4 +1,5 @@
-"""The commands over the run records in --run-dir: `logs`, `status`, `stop` and `runs`."""
+"""The commands over the run records in --run-dir: `logs`, `status`, `stop`, `stacks` and
+`runs`."""
 
 from __future__ import annotations
 
@@ -26,14 +27,23 @@ from orchestrator.errors import ConfigError
     help="Start with the last N lines instead of the whole log.",
 )
 @click.option(
+    "--torchrun-reports",
+    is_flag=True,
+    help="Also print torchrun's own reports of a failure it did not cause (its "
+    "ChildFailedError block) and of its shutdown after a stop (its traceback), which the "
+    "console leaves to the node logs; combined.log keeps them.",
+)
+@click.option(
     "--fetch",
     is_flag=True,
     help="Complete the rank files that the run record could not take whole (its disk "
     "was full) from the nodes' copies, then exit.",
 )
 @fold_option
-def logs(run_id, run_dir, follow, rank, node, grep, tail, fetch, fold):
-    """Print a run's combined log (or one rank's), or follow it while it runs.
+def logs(run_id, run_dir, follow, rank, node, grep, tail, torchrun_reports, fetch, fold):
+    """Print a run's combined log (or one rank's), or follow it while it runs: the run's
+    console, as the launch showed it (torchrun's own failure and shutdown reports left out,
+    see --torchrun-reports).
 
     With --fetch: complete the rank files that status.json lists as incomplete, from
     the nodes' copies (reached as the launch reached them), one line per file completed.
@@ -42,7 +52,7 @@ def logs(run_id, run_dir, follow, rank, node, grep, tail, fetch, fold):
     import re
     import time
 
-    from orchestrator.console.reading import fold_lines, last_lines_of, line_filter
+    from orchestrator.console.reading import NodeReports, fold_lines, last_lines_of, line_filter
     from orchestrator.console.reading import follow as follow_file
     from orchestrator.record.runs import FINAL_STATES, RunRecord, controller_alive
 
@@ -74,14 +84,20 @@ def logs(run_id, run_dir, follow, rank, node, grep, tail, fetch, fold):
         current = record.read_status()
         return current.get("state") in FINAL_STATES or not controller_alive(current)
 
+    reports = NodeReports() if rank is None and not torchrun_reports else None
+    chosen = keep if grep or node else None
     if tail is not None:
         end = path.stat().st_size if path.exists() else 0  # the tail, then follow from here
-        head = last_lines_of(path, tail, end=end, keep=keep if grep or node else None)
+        if reports is None:
+            head = last_lines_of(path, tail, end=end, keep=chosen)
+        else:
+            head = reports.tail(path, tail, end, chosen)
         rest = follow_file(path, done, offset=end, idle=True) if follow else iter(())
-        lines = itertools.chain(head, rest)
     else:
-        lines = follow_file(path, done if follow else (lambda: True), idle=True)
-    lines = (line for line in lines if not line or keep(line))
+        head, rest = [], follow_file(path, done if follow else (lambda: True), idle=True)
+    if reports is not None:
+        rest = reports.lines(rest)
+    lines = (line for line in itertools.chain(head, rest) if not line or keep(line))
     if fold and rank is None:
         lines = fold_lines(lines, time.monotonic if follow else None)
     try:
@@ -135,6 +151,44 @@ def stop(run_id, run_dir, wait):
     from orchestrator.record.runs import RunRecord
 
     return stop_run(RunRecord.open(run_dir, run_id), wait, say=click.echo)
+
+
+@click.command(context_settings=CONTEXT)
+@click.argument("run_id", metavar="RUN")
+@run_dir_option
+@click.option("--rank", type=int, default=None, help="Only this global rank's stack.")
+@click.option("--node", metavar="HOST", help="Only the stacks of this node's ranks.")
+@click.option(
+    "--method",
+    type=click.Choice(["auto", "py-spy", "signal"]),
+    default="auto",
+    show_default=True,
+    help="How each rank's stack is read: py-spy from outside (stops the rank for about a "
+    "millisecond; needs ptrace), or the rank's own interpreter on a signal (through the "
+    "hook every launch installs); auto: py-spy where it works, else the signal.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the whole answer as JSON.")
+def stacks(run_id, run_dir, rank, node, method, as_json):
+    """Show every rank's Python stack (all threads), taken now, folded.
+
+    Every node's agent reads its ranks at the same moment, without stopping the job.
+    Ranks whose stacks are the same are one group, the smallest group first: in a hung
+    job the odd rank out, and where it waits, is the first line. Each stack is also kept
+    whole in runs/RUN/stacks/TIME/ (rank-N.txt and stacks.json). For SSH and local runs,
+    attached or detached.
+    """
+    import json
+
+    from orchestrator.api.rank_stacks import stack_lines, take_stacks
+    from orchestrator.record.runs import RunRecord
+
+    answer = take_stacks(RunRecord.open(run_dir, run_id), method)
+    if as_json:
+        click.echo(json.dumps(answer, indent=1))
+    else:
+        for line in stack_lines(answer, rank, node):
+            click.echo(line)
+    return 0
 
 
 @click.command(context_settings=CONTEXT)

@@ -52,6 +52,12 @@ def top(run_id, run_dir, once, interval):
     """Show every rank of a run, live: state, step, loss, samples/s, step time, its own
     work per step (outside collectives), seconds since its last line, CPU, memory, GPU.
 
+    LOSS, SAMPLES/S, STEP MS and WORK MS cover the rank's latest window, not the whole
+    run: with the bundled trainer, the steps of its last progress line (where lines come
+    at least once a second; else about the last second), each rank's own samples and
+    loss. The header's loss is the ranks' mean and its samples/s their sum, the
+    figures of the console's last line.
+
     Outliers come first (a failed rank, a named straggler, one silent or slower than the
     others); when the ranks do not fit the terminal, the others fold by node and nodes
     alike fold together. Works for attached and detached runs, SSH and SLURM, and a run

@@ -4,7 +4,9 @@ The record is all it reads (status.json, metrics.jsonl, the rank logs' times), s
 attached to another terminal, a detached one, a SLURM job followed by its controller and a
 run that has ended all look the same. Each row is a rank: its state, its last metrics
 (step, loss, samples/s, step time, own work), how long since it last said anything, and
-what its processes use (CPU, memory, GPU) from its node's last sample.
+what its processes use (CPU, memory, GPU) from its node's last sample. A rank's metrics
+are its latest record, over the window of the bundled trainer's progress lines
+(orchestrator/trainer/channel.py): what the console's last line says, for that rank.
 
 Outliers come first: a failed rank, a named straggler, a rank whose state differs from the
 others', one silent much longer than the others, one whose work is well above the median.
@@ -180,19 +182,23 @@ class RunView:
 
 def summary(status: dict, metrics: dict[int, tuple[float, dict]]) -> str:
     """A run in one line, from its status (as status.json has it) and each rank's latest
-    metrics: `running, 16 rank(s) on 4 node(s) (16 running), step 1204, 2,421 samples/s,
-    1 straggler(s) (rank 6)`. top's header, and launch's footer."""
+    metrics: `running, 16 rank(s) on 4 node(s) (16 running), step 1204, loss 0.4127, 2,421
+    samples/s, 1 straggler(s) (rank 6)`. top's header, and launch's footer. The loss is the
+    ranks' mean and samples/s their sum: over the same window, the figures of the
+    trainer's progress line."""
     ranks = status.get("ranks") or []
     states = Counter(str(r.get("state")) for r in ranks)
     hosts = {r.get("host") for r in ranks}
     latest = [m for _, m in metrics.values()]
     steps = [step for m in latest if (step := _int(m.get("step"))) is not None]
+    losses = [loss for m in latest if (loss := _num(m.get("loss"))) is not None]
     rate = sum(_num(m.get("samples_per_s")) or 0.0 for m in latest)
     named = [str(s.get("rank")) for s in status.get("stragglers") or []]
     return (
         f"{status.get('state', '?')}, {len(ranks)} rank(s) on {len(hosts)} node(s) "
         f"({', '.join(f'{n} {k}' for k, n in sorted(states.items()))})"
         + (f", step {min(steps)}" if steps else "")
+        + (f", loss {statistics.fmean(losses):.4f}" if losses else "")
         + (f", {rate:,.0f} samples/s" if rate else "")
         + (f", {len(named)} straggler(s) (rank {', '.join(named[:5])})" if named else "")
     )

@@ -1,6 +1,6 @@
 """Reading logs back, for `orchestrator logs` and a run's summary: the last lines of a file,
-a growing file followed line by line, the combined log folded as the console folds it, and
-the --grep/--node filter."""
+a growing file followed line by line, the combined log as a console shows it (folded, and
+without torchrun's own reports: torchrun_reports.py), and the --grep/--node filter."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from orchestrator.console.fold import ORCHESTRATOR, Folder, split_prefix
+from orchestrator.console.torchrun_reports import ReportFilter
 
 
 def last_lines_of(
@@ -117,6 +118,45 @@ def fold_lines(lines: Iterable[bytes], clock: Callable[[], float] | None = None)
         shown.clear()
     folder.drain()
     yield from shown
+
+
+NODE_LINE = re.compile(rb"\[[^\]\s]+\] ")  # `[ceon3] `; a rank's is `[ceon3 r12] `
+REPORT_MARGIN = 200  # lines read before a --tail's, so a report it cuts is still told
+
+
+class NodeReports:
+    """Combined-log lines in, in order; those a console shows out: each node's torchrun
+    reports left out, as the attached console leaves them (orchestrator.console.sink).
+    Ranks' and the orchestrator's lines, and b"" (a tick of a followed log), pass."""
+
+    def __init__(self) -> None:
+        self.nodes: dict[bytes, ReportFilter[bytes]] = {}
+
+    def feed(self, line: bytes) -> list[bytes]:
+        prefix = NODE_LINE.match(line)
+        if prefix is None or line.startswith(ORCHESTRATOR):
+            return [line]
+        reports = self.nodes.setdefault(prefix.group(), ReportFilter())
+        return reports.feed(line[prefix.end() :], line)
+
+    def lines(self, lines: Iterable[bytes]) -> Iterator[bytes]:
+        """`lines` as a console shows them; what waits at their end is shown then."""
+        for line in lines:
+            yield from self.feed(line)
+        for reports in self.nodes.values():
+            yield from reports.drain()
+
+    def tail(
+        self, path: Path, count: int, end: int, keep: Callable[[bytes], bool] | None
+    ) -> list[bytes]:
+        """The last `count` lines a console shows of the combined log before byte `end`
+        that `keep` accepts; what follows is to be fed on from `end`."""
+        if keep is None:  # only the end is read: enough before it to tell a report cut there
+            window = last_lines_of(path, count + REPORT_MARGIN, end=end)
+        else:  # every line up to `end` (no more than end + 1 of them)
+            window = last_lines_of(path, end + 1, end=end, keep=lambda line: True)
+        shown = (line for found in window for line in self.feed(found))
+        return list(deque((line for line in shown if keep is None or keep(line)), count))
 
 
 def line_filter(grep: str | None, node: str | None) -> Callable[[bytes], bool]:

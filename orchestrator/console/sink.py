@@ -4,6 +4,10 @@ combined file. The readers behind `orchestrator logs` are in reading.py.
 Lines arrive whole (the node agent cuts them), so writing each chunk in one piece keeps
 every line intact: two ranks' lines are never spliced. A file that cannot be written (its
 file system is full) never stops the run or the console (orchestrator.record.logfile).
+
+The files keep every line. torchrun's own reports of a failure it did not cause (its
+ChildFailedError block, its shutdown after a signal: torchrun_reports.py) stay off the
+console and out of a node's last lines, which the run's summary quotes.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from typing import BinaryIO
 
 from orchestrator.console.fold import ORCHESTRATOR, Folder
 from orchestrator.console.footer import Footer
+from orchestrator.console.torchrun_reports import ReportFilter
 from orchestrator.record.logfile import LogFile, open_append
 
 COLORS = (36, 33, 32, 35, 34, 31, 96, 93, 92, 95, 94, 91)  # ANSI foreground codes
@@ -65,6 +70,8 @@ class LogSink:
         self.node_prefix = {n: f"[{label}] ".encode() for n, label in node_labels.items()}
         self.rank_tails: dict[int, deque[bytes]] = {}
         self.node_tails: dict[int, deque[bytes]] = {}
+        # each node's lines, (line, whether the console shows it), as torchrun's reports leave
+        self.node_reports: dict[int, ReportFilter[tuple[bytes, bool]]] = {}
         self.color_prefix: dict[bytes, bytes] = {}
         if color:
             for index, (_, prefix) in enumerate(sorted(self.rank_prefix.items())):
@@ -148,33 +155,47 @@ class LogSink:
         except (BrokenPipeError, ValueError, OSError):
             self.console = None  # the reader went away (e.g. `| head`); the files go on
 
-    def _emit(
-        self,
-        own_file: str,
-        prefix: bytes,
-        data: bytes,
-        tail: deque[bytes],
-        console: bool = True,
-        rank: int | None = None,
-    ) -> None:
-        data = self.mask(data)
-        self._write(own_file, data, rank)
-        prefixed = prefix_lines(data, prefix)
-        self._write("combined.log", prefixed)
-        if console:
-            self._to_console(prefix, data, prefixed)
-        tail.extend(data.rsplit(b"\n", TAIL_LINES + 1)[-TAIL_LINES - 1 : -1])
-
     def rank_output(self, rank: int, data: bytes) -> None:
         """Whole lines printed by a rank."""
+        data = self.mask(data)
+        self._write(f"rank-{rank}.log", data, rank)
+        prefix = self.rank_prefix[rank]
+        prefixed = prefix_lines(data, prefix)
+        self._write("combined.log", prefixed)
+        self._to_console(prefix, data, prefixed)
         tail = self.rank_tails.setdefault(rank, deque(maxlen=TAIL_LINES))
-        self._emit(f"rank-{rank}.log", self.rank_prefix[rank], data, tail, rank=rank)
+        tail.extend(data.rsplit(b"\n", TAIL_LINES + 1)[-TAIL_LINES - 1 : -1])
 
     def node_output(self, node: int, data: bytes, console: bool = True) -> None:
         """Whole lines printed by a node's script or torchrun itself (not by a rank);
-        `console=False`: into the files only (torchrun's shutdown after our own stop)."""
-        tail = self.node_tails.setdefault(node, deque(maxlen=TAIL_LINES))
-        self._emit(f"node-{node}.log", self.node_prefix[node], data, tail, console)
+        `console=False`: into the files only (torchrun's shutdown after our own stop).
+        torchrun's reports go into the files only, too (torchrun_reports.py)."""
+        data = self.mask(data)
+        self._write(f"node-{node}.log", data)
+        self._write("combined.log", prefix_lines(data, self.node_prefix[node]))
+        reports = self.node_reports.setdefault(node, ReportFilter())
+        shown = []
+        for line in data.splitlines(keepends=True):
+            shown += reports.feed(line, (line, console))
+        self._show_node(node, shown)
+
+    def _show_node(self, node: int, lines: list[tuple[bytes, bool]]) -> None:
+        """A node's lines that are not torchrun's reports: into its last lines, and those
+        for the console onto it."""
+        if not lines:
+            return
+        self.node_tails.setdefault(node, deque(maxlen=TAIL_LINES)).extend(
+            line.rstrip(b"\n") for line, _ in lines
+        )
+        data = b"".join(line for line, console in lines if console)
+        if data:
+            prefix = self.node_prefix[node]
+            self._to_console(prefix, data, prefix_lines(data, prefix))
+
+    def _release_nodes(self) -> None:
+        """Show what waits to be told from torchrun's reports: the stream is over."""
+        for node, reports in self.node_reports.items():
+            self._show_node(node, reports.drain())
 
     def note(self, text: str) -> None:
         """A line from the orchestrator itself, into the combined log and the console."""
@@ -199,11 +220,19 @@ class LogSink:
             self._to_console(ORCHESTRATOR, data, ORCHESTRATOR + data)
 
     def last_lines(self, rank: int | None = None, node: int | None = None) -> list[str]:
-        tails = self.rank_tails.get(rank) if rank is not None else self.node_tails.get(node)
-        return [line.decode(errors="replace") for line in (tails or ())]
+        """A rank's or node's last TAIL_LINES lines, as the console has them."""
+        if rank is not None:
+            tails = list(self.rank_tails.get(rank) or ())
+        else:
+            tails = list(self.node_tails.get(node) or ())
+            waiting = self.node_reports.get(node)  # lines held until their end is known
+            tails += [line.rstrip(b"\n") for line, _ in waiting.pending()] if waiting else []
+        return [line.decode(errors="replace") for line in tails[-TAIL_LINES:]]
 
     def flush(self, drain: bool = False) -> None:
         """Write what waits; the folder shows the lines whose wait is over (all: `drain`)."""
+        if drain:
+            self._release_nodes()
         if self.folder is not None:
             if drain:
                 self.folder.drain()

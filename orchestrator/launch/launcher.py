@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import BinaryIO
 
+from orchestrator.agent.bootstrap import stack_hook_source
 from orchestrator.backends import close_all, connect_cluster, connect_each
 from orchestrator.backends.base import NodeConnection
 from orchestrator.backends.sessions import Event, NodeSession, start_sessions
@@ -140,6 +141,8 @@ def run_plan(
         metrics_path=record.metrics_path,
         probes=pool.new_probes() if pool is not None else None,
         stragglers=options.stragglers,
+        hang_timeout=options.hang_timeout,
+        record_dir=record.path,
     )
     started = time.monotonic()
     record.write_status({**base, **recovery_status()})
@@ -162,6 +165,7 @@ def run_plan(
                         "grace": options.grace,
                         "heartbeat_timeout": options.heartbeat_timeout,
                         "stall_timeout": options.stall_timeout,
+                        "stack_hook": stack_hook_source(),
                     },
                 )
                 for node, connection in zip(plan.nodes, connections, strict=True)

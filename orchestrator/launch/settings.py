@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from orchestrator.backends.base import SshOptions
 from orchestrator.nodes.probe import MIN_FREE_DISK
+from orchestrator.supervise.hangs import DEFAULT_HANG_TIMEOUT_S
 from orchestrator.supervise.stragglers import RATIO, WINDOW_S
 
 
@@ -18,6 +19,7 @@ class LaunchOptions:
     grace: float = 10.0
     heartbeat_timeout: float = 30.0
     stall_timeout: float = 600.0
+    hang_timeout: float = DEFAULT_HANG_TIMEOUT_S  # 0: no hang checks (supervise/hangs.py)
     min_free_disk: int = MIN_FREE_DISK
     keep_node_logs: bool = False
     bad_nodes: str | None = None  # --bad-nodes FILE: where node faults write the hosts out

@@ -24,7 +24,7 @@ from orchestrator.errors import ConfigError
 DEFAULT_RUN_DIR = "runs"
 RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 ACTIVE_STATES = frozenset({"starting", "queued", "running", "stopping"})  # queued: SLURM
-FINAL_STATES = frozenset({"succeeded", "failed", "stopped", "lost"})
+FINAL_STATES = frozenset({"succeeded", "failed", "stopped", "lost", "hung"})
 
 
 def now_iso(when: float | None = None) -> str:

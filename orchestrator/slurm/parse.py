@@ -1,6 +1,6 @@
 """What SLURM prints, read: sbatch's job id, squeue / scontrol / sacct job records, exit codes.
 
-Pure functions on captured text (tests/test_slurm_parse.py feeds them SLURM's real outputs);
+Pure functions on captured text (tests/unit/test_slurm_parse.py feeds them SLURM's real outputs);
 orchestrator.slurm.client runs the commands and hands their output here.
 """
 

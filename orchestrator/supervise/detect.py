@@ -68,6 +68,7 @@ class Detector:
         self.rounds = Rounds.empty()
         self.restarts_noted: set[int] = set()
         self.gave_up = False
+        self.hang_summary: str | None = None
 
     # --- reports (every time in the controller's clock) -------------------------------
 
@@ -174,6 +175,13 @@ class Detector:
         self.sink.note(f"{node.host}: {what}; stopping the run on every node")
         return f"{node.host}: {what}"
 
+    def hung(self, summary: str) -> str | None:
+        """No rank moved for the hang timeout (supervise/hangs.py): the run ends `hung`."""
+        if self.stopper.stopping or self.hang_summary is not None:
+            return None
+        self.hang_summary = summary
+        return "the run hangs: no rank moved" if self.stop_on_failure else None
+
     # --- the end ------------------------------------------------------------------------
 
     def faults(self) -> list[Fault]:
@@ -263,6 +271,7 @@ class Detector:
             timed_out=timed_out,
             any_lost=any(n.state == "lost" for n in self.nodes),
             world_succeeded=world,
+            hung=self.hang_summary is not None,
         )
         return facts, first
 
@@ -271,6 +280,8 @@ class Detector:
         state, code, _ = verdict(facts)
         if facts.interrupted_by is not None:
             summary = f"stopped by {signal.Signals(facts.interrupted_by).name}"
+        elif facts.hung:
+            summary = self.hang_summary or ""
         elif first is not None and first.kind == "rank":
             summary = self.rank_summary(first.subject)  # type: ignore[arg-type]
         elif first is not None:
@@ -290,7 +301,7 @@ class Detector:
         """The node to blame when the first fault was the node's, not the job's: it was
         lost, its disk failed, or a process there was killed by SIGKILL or SIGBUS. A rank
         that exits non-zero by itself (an exception, exit 3) is the job's own error."""
-        if facts.interrupted_by is not None or first is None:
+        if facts.interrupted_by is not None or facts.hung or first is None:
             return None
         node = self.nodes[self.node_of(first)]
         if first.kind == "lost":

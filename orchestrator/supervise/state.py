@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import signal
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from orchestrator.record.runs import now_iso
 from orchestrator.supervise.clocks import NodeClock
 
 
@@ -100,3 +102,38 @@ def describe_exit(code: int | None) -> str:
         except ValueError:
             pass
     return f"exit code {code}"
+
+
+def nodes_and_ranks(nodes: Iterable[NodeState], ranks: Iterable[RankState]) -> dict:
+    """status.json's `nodes` and `ranks`: every node's and rank's state, as the run goes."""
+
+    def when(t: float | None) -> str | None:
+        return now_iso(t) if t is not None else None
+
+    return {
+        "nodes": [
+            {
+                "node_rank": n.index,
+                "host": n.host,
+                "state": n.state,
+                "exit_code": n.exit_code,
+                "pid": n.pid,
+                "started_at": when(n.started_at),
+                "ended_at": when(n.ended_at),
+                "detail": n.detail or None,
+            }
+            for n in nodes
+        ],
+        "ranks": [
+            {
+                "rank": r.rank,
+                "node_rank": r.node,
+                "local_rank": r.local_rank,
+                "host": r.host,
+                "state": r.state,
+                "exit_code": r.exit_code,
+                "ended_at": when(r.ended_at),
+            }
+            for r in sorted(ranks, key=lambda r: r.rank)
+        ],
+    }

@@ -22,11 +22,18 @@ from orchestrator.agent.protocol import CONTROLLER_BEATS, beat_intervals
 from orchestrator.backends.sessions import Event, NodeSession
 from orchestrator.console.rank_table import summary
 from orchestrator.console.sink import LogSink
-from orchestrator.record.runs import now_iso
 from orchestrator.supervise.detect import Detector
+from orchestrator.supervise.hangs import Hang, HangWatch
 from orchestrator.supervise.liveness import Liveness
 from orchestrator.supervise.metrics import RunMetrics
-from orchestrator.supervise.state import NodeState, Outcome, RankState, describe_exit
+from orchestrator.supervise.stack_rounds import StackRounds
+from orchestrator.supervise.state import (
+    NodeState,
+    Outcome,
+    RankState,
+    describe_exit,
+    nodes_and_ranks,
+)
 from orchestrator.supervise.stopping import Stopper
 from orchestrator.supervise.stragglers import RATIO, WINDOW_S, Stragglers
 
@@ -63,6 +70,8 @@ class Supervisor:
         metrics_path: Path | None = None,
         probes: dict[int, tuple[float, float]] | None = None,
         stragglers: tuple[float, float] = (RATIO, WINDOW_S),  # --stragglers RATIO,SECONDS
+        hang_timeout: float = 0.0,  # --hang-timeout; 0: no hang checks
+        record_dir: Path | None = None,  # where stacks are kept and requested (stack_rounds)
     ) -> None:
         self.events = events
         self.sink = sink
@@ -96,6 +105,10 @@ class Supervisor:
         self.metrics = RunMetrics(
             metrics_path, hosts, sink.note, Stragglers(hosts, ratio=ratio, window_s=window_s)
         )
+        node_hosts = {node.index: node.host for node in self.nodes}
+        self.stacks = StackRounds(sessions, hosts, node_hosts, record_dir, sink.note)
+        self.hangs = HangWatch(self.stacks, hang_timeout, sink.note, time.monotonic())
+        self.hang: Hang | None = None
         by_index = {node.index: node for node in self.nodes}
         for index, (began, ended) in sorted((probes or {}).items()):  # the preflight's
             if index in by_index:
@@ -215,6 +228,7 @@ class Supervisor:
             self.stopper.handle_signals()
             for node, why, gone in self.liveness.check(self.overdue_by):
                 self.node_lost(node, why, gone)
+            self.watch_stacks(time.monotonic())
             if (
                 self.time_limit is not None
                 and not self.timed_out
@@ -229,11 +243,13 @@ class Supervisor:
         kind, fields = event.kind, event.fields
         if kind == "O":
             rank = int(fields[0])
+            self.hangs.heard(time.monotonic())
             self.sink.rank_output(rank, event.data)
             self.metrics.heard_from(rank, node.heard_wall)
             if rank in self.ranks and self.ranks[rank].state == "restarting":
                 self.rank_restarted(self.ranks[rank])
         elif kind == "Q":  # the rank's metrics channel
+            self.hangs.heard(time.monotonic())
             self.metrics.rank_lines(node, int(fields[0]), event.data, node.heard_wall)
         elif kind == "P":  # a sample of the node
             self.metrics.node_sample(node, event.data, node.heard_wall)
@@ -243,6 +259,8 @@ class Supervisor:
             if len(fields) == 3 and fields[1] != "-":  # t3 t1 t2: one round trip
                 t3, t1, t2 = (float(f) for f in fields)
                 node.clock.exchange(t1, t2, t3, event.at or node.heard_wall)
+        elif kind == "K":  # the stacks a round asked for
+            self.stacks.received(node.index, fields[0], event.data)
         elif kind == "M":
             self.sink.node_note(node.host, event.data.decode(errors="replace").strip())
         elif kind == "S":
@@ -275,6 +293,23 @@ class Supervisor:
                 "its agent ended without reporting"
                 + (f": {detail.splitlines()[-1]}" if detail else ""),
             )
+
+    def watch_stacks(self, now: float) -> None:
+        """Rounds of stacks: `orchestrator stacks` requests, rounds that ended, hang checks."""
+        running = {n.index for n in self.nodes if n.state == "running" and not n.done}
+        for request, method in self.stacks.requests():
+            self.stacks.begin("asked by orchestrator stacks", running, method, request)
+        for round_ in self.stacks.tick(now, {n.index for n in self.nodes if n.done}):
+            hang = self.hangs.round_ended(round_, now)
+            if hang is not None and not self.stopping:
+                self.hang = hang
+                for line in hang.console_lines():
+                    self.sink.note(line)
+                self._stop_if(self.detector.hung(hang.summary()))
+        limit = self.heartbeat_timeout if self.heartbeat_timeout > 0 else float("inf")
+        answering = all(time.time() - n.heard_wall < limit for n in self.nodes)
+        everyone = len(running) == len(self.nodes) and answering and not self.stopping
+        self.hangs.tick(now, running, everyone)
 
     def take_aside(self) -> None:
         """The frames the nodes' readers set aside since the last pass (nodes.ASIDE), each
@@ -341,41 +376,14 @@ class Supervisor:
 
     def status(self) -> dict:
         """The supervision part of status.json."""
-
-        def when(t: float | None) -> str | None:
-            return now_iso(t) if t is not None else None
-
         return {
             **self.metrics.status(),
             "stopping": self.stopping,
             "stop_reason": self.stop_reason or None,
             "restarts": len(self.detector.rounds.restarts(self.detector.gave_up)),
             "restart_causes": self.detector.restart_lines(),
-            "nodes": [
-                {
-                    "node_rank": n.index,
-                    "host": n.host,
-                    "state": n.state,
-                    "exit_code": n.exit_code,
-                    "pid": n.pid,
-                    "started_at": when(n.started_at),
-                    "ended_at": when(n.ended_at),
-                    "detail": n.detail or None,
-                }
-                for n in self.nodes
-            ],
-            "ranks": [
-                {
-                    "rank": r.rank,
-                    "node_rank": r.node,
-                    "local_rank": r.local_rank,
-                    "host": r.host,
-                    "state": r.state,
-                    "exit_code": r.exit_code,
-                    "ended_at": when(r.ended_at),
-                }
-                for r in sorted(self.ranks.values(), key=lambda r: r.rank)
-            ],
+            **nodes_and_ranks(self.nodes, self.ranks.values()),
+            **({"hang": self.hang.status()} if self.hang is not None else {}),
         }
 
 

@@ -1,6 +1,7 @@
 """How a run ended, as one table: from what was recorded to a state and an exit code.
 
-The facts are few and plain: was the controller interrupted, what kind of fault came first
+The facts are few and plain: was the controller interrupted, did the run hang (no rank
+moved for the hang timeout: supervise/hangs.py), what kind of fault came first
 (before any stop, in the controller's clock), did the time limit stop the run, was any node
 lost, and did the whole world (every rank and every node script) end with exit 0. The first
 row that matches decides; a run is `succeeded` only by the last row, so a killed, unknown or
@@ -24,6 +25,7 @@ class Facts:
     timed_out: bool = False
     any_lost: bool = False  # a node lost at any time, also during the stop
     world_succeeded: bool = False  # every rank and node script ended with exit 0
+    hung: bool = False  # no rank moved for the hang timeout (hangs.py): stopped for that
 
 
 def failure_code(code: int | None) -> int:
@@ -52,6 +54,7 @@ def _one(facts: Facts) -> int:
 TABLE: tuple[tuple[str, Callable[[Facts], bool], str, Callable[[Facts], int]], ...] = (
     ("the controller was interrupted", lambda f: f.interrupted_by is not None, "stopped",
      _interrupted),
+    ("no rank moved for the hang timeout", lambda f: f.hung, "hung", _one),
     ("a rank failed first", lambda f: f.first_fault == "rank", "failed", _fault),
     ("a node's disk failed first", lambda f: f.first_fault == "disk", "failed", _one),
     ("a node was lost first", lambda f: f.first_fault == "lost", "lost", _one),

@@ -11,14 +11,25 @@ up), and one after the last step, whether the run finishes or a stop signal ends
      "time": 1717171717.5}
 
 Everything but ``step`` (optimizer steps completed) and ``time`` (Unix seconds) covers
-the ``steps`` steps since the rank's previous record, and only this rank's share: loss is
-the mean over its own micro-batches, samples_per_s counts its own samples, and the
-``_s`` keys are wall seconds per step. ``step_s`` = ``work_s`` + ``sync_s``, where
-``sync_s`` is the time spent waiting in collectives (DDP's gradient all-reduce, the stop
-check, the progress line's loss sum, a checkpoint's RNG gather; 0 without other ranks)
-and ``work_s`` everything else (batches, forward, backward, optimizer, saving). In
-synchronous data parallelism every rank's step_s is the same; the slow rank is the one
-with the largest work_s, and the others show it as sync_s.
+the ``steps`` steps of the record's window, and only this rank's share: loss is the mean
+over its own micro-batches, samples_per_s counts its own samples, and the ``_s`` keys
+are wall seconds per step.
+
+The window is the one the trainer's progress lines average over, so a record means what
+the console's last line means (and `orchestrator top` shows it): it begins at the later
+of the rank's previous record and the previous progress line. Where the lines come at
+least once every INTERVAL_S (at the window's pace), a record that falls due waits for the
+next line, so each record covers one line's steps exactly; where they come less often, a
+record covers the second since the previous one (or less, after a line). The last record
+of a run covers the last line's steps (or the part after a record). The steps of a window
+that ends in a progress line without a record are in no record.
+
+``step_s`` = ``work_s`` + ``sync_s``, where ``sync_s`` is the time spent waiting in
+collectives (DDP's gradient all-reduce, the stop check, the progress line's loss sum, a
+checkpoint's RNG gather; 0 without other ranks) and ``work_s`` everything else (batches,
+forward, backward, optimizer, saving). In synchronous data parallelism every rank's
+step_s is the same; the slow rank is the one with the largest work_s, and the others
+show it as sync_s.
 
 Times are host times: on CUDA the host runs ahead of the GPU, so waits show up wherever
 the host next waits for the device. Without the variable nothing is opened or measured.
@@ -37,7 +48,7 @@ import torch
 from torch import nn
 from torch.autograd import Variable
 
-from orchestrator.trainer.reporting import emit
+from orchestrator.trainer.reporting import emit, reported_at
 
 ENV = "ORCHESTRATOR_METRICS_FILE"
 INTERVAL_S = 1.0
@@ -69,6 +80,37 @@ class MetricsChannel:
         self._since, self._step, self._data_s = now, step, data_s
         self.due = now + INTERVAL_S
 
+    def after_step(
+        self,
+        step: int,
+        data_s: float,
+        *,
+        log_every: int,
+        total_steps: int,
+        stopped: bool = False,
+        now: float | None = None,
+    ) -> None:
+        """After each optimizer step (``step`` completed, ``data_s`` the running total of
+        data waits): write a record when one is due, else begin a new window if a
+        progress line was printed after this step (see the module's docstring). The last
+        step of a run, finished or ``stopped``, is recorded whatever is due.
+        """
+        now = time.perf_counter() if now is None else now
+        reported = reported_at(step, log_every, total_steps, stopped)
+        last = stopped or step >= total_steps
+        if last or (now >= self.due and (reported or self._lines_far_apart(step, log_every, now))):
+            self.record(step, data_s, now)
+        elif reported:
+            self.losses.clear()
+            self.sync_s = 0.0
+            self._since, self._step, self._data_s = now, step, data_s
+
+    def _lines_far_apart(self, step: int, log_every: int, now: float) -> bool:
+        """Whether progress lines come less often than every INTERVAL_S, at the pace of
+        the steps since the window began."""
+        steps = step - self._step
+        return steps <= 0 or log_every * (now - self._since) / steps > INTERVAL_S
+
     def watch_gradients(self, model: nn.Module) -> None:
         """Note when backward's computation ends, so a step can tell it from the all-reduce.
 
@@ -99,9 +141,9 @@ class MetricsChannel:
         self.sync_s += now - since
         return now
 
-    def record(self, step: int, data_s: float) -> None:
+    def record(self, step: int, data_s: float, now: float | None = None) -> None:
         """Append the record for the steps up to ``step``; ``data_s`` is a running total."""
-        now = time.perf_counter()
+        now = time.perf_counter() if now is None else now
         steps = step - self._step
         if steps <= 0:
             return

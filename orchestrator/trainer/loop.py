@@ -34,7 +34,13 @@ from orchestrator.trainer.distributed import Runtime, is_peer_failure, start_run
 from orchestrator.trainer.exits import EXIT_OK, TrainerRuntimeError
 from orchestrator.trainer.graphs import applies, graph_module
 from orchestrator.trainer.models import parameter_count
-from orchestrator.trainer.reporting import WindowStats, emit, progress_line, summary_line
+from orchestrator.trainer.reporting import (
+    WindowStats,
+    emit,
+    progress_line,
+    reported_at,
+    summary_line,
+)
 from orchestrator.trainer.setup import Session, build_session
 from orchestrator.trainer.signals import StopAgreement, StopRequest, signal_name
 
@@ -223,16 +229,20 @@ class Trainer:
             signum = agreement.poll(completed)
             if meter is not None:
                 meter.waited(waiting)
-            if signum or completed % log_every == 0 or completed == s.total_steps:
+            if reported_at(completed, log_every, s.total_steps, bool(signum)):
                 self._report(completed, window, torch.stack(losses).sum())
                 data_total += window.data_s
                 losses.clear()
                 window = Window()
             # Each rank on its own clock: a record must never line the ranks up.
-            if channel is not None and (
-                signum or completed == s.total_steps or time.perf_counter() >= channel.due
-            ):
-                channel.record(completed, data_total + window.data_s)
+            if channel is not None:
+                channel.after_step(
+                    completed,
+                    data_total + window.data_s,
+                    log_every=log_every,
+                    total_steps=s.total_steps,
+                    stopped=bool(signum),
+                )
             if signum:
                 return self._stopped(completed, signum)
             if cfg.checkpoint_every and completed % cfg.checkpoint_every == 0:

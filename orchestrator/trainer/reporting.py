@@ -18,8 +18,9 @@ mean), rank_loss (this rank's own samples), samples_per_s, step_time_s, data_wai
 (per step), data_wait_share, lr, time (Unix seconds).
 
 The orchestrator's channel (``ORCHESTRATOR_METRICS_FILE``, set per rank by its node
-script) is separate: every rank writes its own values about once a second, with no
-collective, and splits step time into its own work and its wait for the others (keys
+script) is separate: every rank writes its own values at most once a second, with no
+collective, over the window of the progress lines (its last record covers the last
+line's steps), and splits step time into its own work and its wait for the others (keys
 step, loss, samples_per_s, step_s, data_wait_s, work_s, sync_s, steps, time); see
 channel.py.
 """
@@ -44,6 +45,12 @@ def emit(line: str, stream: TextIO | None = None) -> None:
     out = stream if stream is not None else sys.stdout
     out.write(line + "\n")
     out.flush()
+
+
+def reported_at(step: int, log_every: int, total_steps: int, stopped: bool = False) -> bool:
+    """Whether a progress line follows ``step``: every ``log_every`` steps, after the last
+    step, and after the step a stop ended at."""
+    return stopped or step >= total_steps or step % log_every == 0
 
 
 @dataclass(frozen=True)

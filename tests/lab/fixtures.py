@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
 
 import pytest
 
-from tests.lab import state
+from tests.lab import leftovers, state
 from tests.lab.cluster import Cluster
 from tests.lab.packages import (
     PACKAGES,
@@ -35,6 +36,7 @@ SLURM_NODES = 3
 
 _verdicts: dict[tuple[str, ...], str | None] = {}
 _stale_removed = False
+_session_start = time.time()  # the plugin loads as the session starts
 
 
 def under_ci(environ: Mapping[str, str] | None = None) -> bool:
@@ -104,6 +106,10 @@ def _teardown(cluster: Cluster) -> None:
             f"lab {cluster.name} teardown killed processes left on its nodes: {strays}",
             stacklevel=2,
         )
+    # The nodes' copies of the session's runs on it, in root's real home (leftovers.py).
+    removed = leftovers.remove_runs_of(cluster.name, cluster.subnet, _session_start)
+    if removed:
+        log.info("removed the nodes' copies of %s runs: %s", cluster.name, ", ".join(removed))
 
 
 @pytest.fixture(scope="session")

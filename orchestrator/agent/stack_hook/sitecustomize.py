@@ -1,0 +1,129 @@
+"""In every Python process of a rank: write all threads' stacks on a signal, for the agent.
+
+The node script puts this folder first on PYTHONPATH, so each interpreter of the job imports
+this file at start-up (site.py's `import sitecustomize`). Where ORCHESTRATOR_STACKS_DIR is set,
+it registers faulthandler on STACKS_SIGNAL and announces itself in `<dir>/<pid>.ready`; the
+agent (orchestrator.agent.stacks) then signals it when py-spy cannot read the process.
+
+faulthandler writes from its C signal handler, without the GIL and without the main thread's
+help, so the dump comes even while the main thread is blocked inside C++ (a gloo or NCCL
+collective, a lock, a recv): a Python-level handler would only run once that call returned.
+
+The signal: SIGRTMIN + 5. Real-time signals mean nothing by convention, Python never installs
+a handler for one and torch does not either, so registering it takes nothing from the
+program; they queue, so two requests give two dumps. Their default action ends the process,
+so the agent signals only a process that announced itself here, started at the time the
+ready file names (not a reused pid), and whose /proc/PID/status shows the signal caught
+(SigCgt) at that moment: never one this hook is not in. The number itself is written to the
+ready file, as libcs place SIGRTMIN differently.
+
+chain=False: chaining would re-raise the signal to its previous disposition, the default,
+which ends the process; chain=True also drops SA_RESTART, so blocking calls in the program
+would see EINTR.
+
+Successive dumps: the file is opened once, O_APPEND, and faulthandler appends each dump; the
+agent (one per node) notes the size before it signals and reads what was added (see
+orchestrator.agent.stacks). A file per dump would need a new file for each signal, which a
+C-level handler we cannot write in Python would have to open.
+
+It must not disturb the program: it changes no signal the program set (it skips a signal
+whose disposition is not the default), adds no thread, raises nothing of its own (a failure
+only leaves the process without the hook), and imports the user's own sitecustomize, if any
+further down sys.path, as Python would have without us. Standard library only; it runs on
+whatever interpreter the job uses.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+DIR_ENV = "ORCHESTRATOR_STACKS_DIR"
+HIGH_FD = 500  # the dump's descriptor is moved up here, away from the numbers a program reuses
+
+
+def install(folder: str) -> None:
+    """Register the dump on the signal and write the ready file (see the module docstring)."""
+    import _signal  # signal's C half: the module signal.py costs every start its enums
+    import faulthandler
+    import fcntl
+
+    signum = _signal.SIGRTMIN + 5
+    if _signal.getsignal(signum) != _signal.SIG_DFL:
+        return  # someone else's signal (or ignored, inherited): leave it alone
+    pid = os.getpid()
+    os.makedirs(folder, mode=0o700, exist_ok=True)
+    stacks = os.path.join(folder, f"{pid}.stacks")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND | os.O_CLOEXEC
+    fd = os.open(stacks, flags, 0o600)
+    try:
+        high = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, HIGH_FD)
+    except OSError:
+        high = fd  # a low limit on descriptors: keep the first one
+    else:
+        os.close(fd)
+    faulthandler.register(signum, file=high, all_threads=True, chain=False)
+    with open(f"/proc/{pid}/stat", "rb") as handle:
+        stat = handle.read()
+    start = stat[stat.rfind(b")") + 2 :].split()[19].decode()  # field 22: start time, ticks
+    main = main_thread_ident()
+    ready = os.path.join(folder, f"{pid}.ready")
+    partial = os.path.join(folder, f".{pid}.ready.tmp")
+    with open(partial, "w", encoding="utf-8") as handle:
+        handle.write(f"signal {signum}\nstart {start}\nmain_thread {main}\nstacks {stacks}\n")
+    os.replace(partial, ready)  # whole or absent: the agent never reads half a file
+
+    import atexit
+
+    atexit.register(forget, pid, (ready, stacks))
+
+
+def main_thread_ident() -> int:
+    """This (the main) thread's id as faulthandler prints it, without importing threading."""
+    import _thread
+
+    return _thread.get_ident()
+
+
+def forget(pid: int, paths: tuple[str, ...]) -> None:
+    """At a normal exit, remove our files (not in a forked child, which shares the handler)."""
+    if os.getpid() != pid:
+        return
+    for path in paths:
+        try:
+            os.remove(path)
+        except OSError:
+            pass
+
+
+def chain_user_sitecustomize() -> None:
+    """Import the sitecustomize this folder hides, if there is one further down sys.path.
+
+    Our folder is left out of sys.path for the search and put back after, at its place,
+    keeping what the user's module changed there. An error in the user's module propagates:
+    site.py then reports it as it would have without us.
+    """
+    own = os.path.dirname(os.path.abspath(__file__))
+    hidden = [(i, p) for i, p in enumerate(sys.path) if os.path.abspath(p or os.curdir) == own]
+    for index, _path in reversed(hidden):
+        del sys.path[index]
+    ours = sys.modules.pop("sitecustomize", None)
+    try:
+        __import__("sitecustomize")  # the user's, found without our folder
+    except ImportError as error:
+        if error.name != "sitecustomize":
+            raise
+        if ours is not None:
+            sys.modules["sitecustomize"] = ours  # none of theirs: we stay the one imported
+    finally:
+        for index, path in hidden:
+            sys.path.insert(index, path)
+
+
+_folder = os.environ.get(DIR_ENV)
+if _folder:
+    try:
+        install(_folder)
+    except Exception:
+        pass  # no hook in this process; the agent reports that it found none
+chain_user_sitecustomize()

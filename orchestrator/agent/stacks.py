@@ -1,0 +1,398 @@
+"""Every rank's Python stacks (all threads), taken on the node at about the same moment.
+
+`take_stacks` reads each rank in a thread of its own, so the ranks of a node are read
+within milliseconds of each other. One record per rank (the format `orchestrator stacks`
+and the controller's hang check read, see orchestrator.supervise.stack_groups):
+
+    {"rank": 3, "pid": 1234, "method": "py-spy" | "signal" | None,
+     "threads": [{"name": "MainThread" | None, "id": 139692972841856 | None,
+                  "idle": True | False | None,
+                  "frames": [{"function": "step", "file": "/w/train.py", "line": 30}, ...]}],
+     "taken_at": 1764312345.6, "pause_s": 0.012 | None, "cpu_ticks": 4567 | None,
+     "cpu_wanted_ns": 45670000000 | None, "error": None | "py-spy: ...; stack hook: ..."}
+
+Frames are innermost first. A thread's "id" is Python's thread ident (pthread_t), which both
+ways report; "name" is known for every thread with py-spy, for the main thread only with the
+signal. "cpu_ticks" (utime + stime from /proc/PID/stat, read just before the stack) lets two
+records taken some seconds apart tell a rank that burns CPU from one that waits;
+"cpu_wanted_ns" (its live threads' time on a core plus time waiting for one, from
+/proc/PID/task/TID/schedstat; None where the kernel keeps no such file) tells the same on a
+node so loaded that a busy rank gets little of a core: it wanted the core all the same.
+"method" is None, and "threads" empty, when neither way worked; "error" says why.
+
+Two ways, the first that works:
+
+py-spy (`py-spy dump --pid PID --json`) reads the interpreter's memory from outside: nothing
+is needed in the rank, but ptrace must be allowed (kernel.yama.ptrace_scope, CAP_SYS_PTRACE in
+a container). We let it stop the process while it reads (no --nonblocking): the stop costs a
+rank about 1 ms (0.7 ms with --nonblocking, the reading itself), and --nonblocking reads a
+running thread's frames as they change: a torn stack reads as a rank that moved, or splits
+ranks that are alike. "pause_s" is the py-spy call's wall time, an upper bound of the stop
+(py-spy's own start is most of its 10-30 ms).
+
+The signal: where py-spy is missing or fails, a rank started with our hook on its PYTHONPATH
+(orchestrator/agent/stack_hook/sitecustomize.py) writes its own stacks on a signal, from
+faulthandler's C handler, so also while its main thread is blocked in C++. Only a process
+whose hook announced itself (`<hook_dir>/<pid>.ready`, with the process's start time, so a
+reused pid is not taken for it) and which catches the signal now (SigCgt in /proc/PID/status)
+is signalled: the signal's default action would end any other. The dump is appended to
+`<hook_dir>/<pid>.stacks`; we read what was added after the size noted before the signal,
+once the signal is handled: no longer pending, and not blocked by any thread that did not
+block it before (a handler blocks its own signal while it runs), seen twice in a row.
+"pause_s" is None there: nothing is stopped; one thread runs the handler for the
+microseconds the dump takes.
+
+Standard library only: this module runs on the nodes too (see orchestrator.agent.bootstrap).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import threading
+import time
+
+from orchestrator.agent.processes import children_of, stat_fields
+from orchestrator.agent.sampling import cpu_and_rss, rank_in_environ
+
+STACKS_DIR_ENV = "ORCHESTRATOR_STACKS_DIR"  # read by the hook: where it announces itself
+HOOK_FOLDER = "stack_hook"  # orchestrator/agent/<this>/sitecustomize.py: the hook's folder
+POLL_S = 0.005  # how often a signalled rank is checked for its dump being written
+NO_HOOK = (
+    "no stack hook in this process (started before the hook, not Python, or Python run "
+    "with -I or -S)"
+)
+
+_locks: dict[int, threading.Lock] = {}  # one dump at a time per process: they share a file
+_locks_guard = threading.Lock()
+
+
+class StackError(Exception):
+    """Why one way of taking a stack did not work, in words for the user."""
+
+
+def take_stacks(
+    ranks: dict[int, int], hook_dir: str, py_spy: str | None, timeout: float
+) -> dict[int, dict]:
+    """rank -> its record (see the module docstring), every rank read in parallel.
+
+    Each way gets up to `timeout` seconds, so a rank's record comes within twice that.
+    """
+    records: dict[int, dict] = {}
+
+    def take(rank: int, pid: int) -> None:
+        try:
+            records[rank] = take_one(rank, pid, hook_dir, py_spy, timeout)
+        except Exception as error:  # a record for every rank, whatever went wrong
+            records[rank] = {**empty_record(rank, pid, None), "error": f"failed: {error!r}"}
+
+    workers = [threading.Thread(target=take, args=item, daemon=True) for item in ranks.items()]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    return {rank: records[rank] for rank in sorted(records)}
+
+
+def take_one(rank: int, pid: int, hook_dir: str, py_spy: str | None, timeout: float) -> dict:
+    """One rank's record: py-spy first, then the signal hook."""
+    used = cpu_and_rss(pid)
+    record = empty_record(rank, pid, used[0] if used else None)
+    record["cpu_wanted_ns"] = cpu_wanted_ns(pid)
+    if used is None:
+        record["error"] = f"process {pid} has ended"
+        return record
+    reasons = []
+    if py_spy:
+        try:
+            record["threads"], record["pause_s"] = dump_with_py_spy(py_spy, pid, timeout)
+            record["method"] = "py-spy"
+            return record
+        except StackError as error:
+            reasons.append(f"py-spy: {error}")
+    else:
+        reasons.append("py-spy: not found on this node")
+    try:
+        record["threads"] = dump_with_hook(pid, hook_dir, timeout)
+        record["method"] = "signal"
+        return record
+    except StackError as error:
+        reasons.append(f"stack hook: {error}")
+    record["error"] = "; ".join(reasons)
+    return record
+
+
+def empty_record(rank: int, pid: int, cpu_ticks: int | None) -> dict:
+    """A record before its stack is taken (taken_at: now)."""
+    return {
+        "rank": rank,
+        "pid": pid,
+        "method": None,
+        "threads": [],
+        "taken_at": time.time(),
+        "pause_s": None,
+        "cpu_ticks": cpu_ticks,
+        "cpu_wanted_ns": None,
+        "error": None,
+    }
+
+
+def cpu_wanted_ns(pid: int) -> int | None:
+    """Nanoseconds the process's live threads ran or waited to run (schedstat's first two
+    fields); None where there is no schedstat."""
+    total, seen = 0, False
+    for tid in thread_ids(pid):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat", "rb") as handle:
+                fields = handle.read().split()
+            total += int(fields[0]) + int(fields[1])
+            seen = True
+        except (OSError, ValueError, IndexError):
+            continue
+    return total if seen else None
+
+
+def dump_with_py_spy(py_spy: str, pid: int, timeout: float) -> tuple[list[dict], float]:
+    """(threads, seconds the call took) from `py-spy dump --pid PID --json`."""
+    import json  # here: only a stack request needs it, not every agent's start
+
+    argv = [py_spy, "dump", "--pid", str(pid), "--json"]
+    env = dict(os.environ, RUST_BACKTRACE="0")  # its error without a Rust backtrace
+    start = time.monotonic()
+    try:
+        result = subprocess.run(argv, capture_output=True, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired:
+        raise StackError(f"no answer within {timeout:g} s") from None
+    except OSError as error:
+        raise StackError(f"cannot run {py_spy}: {error.strerror or error}") from None
+    took = time.monotonic() - start
+    if result.returncode != 0:
+        raise StackError(py_spy_failure(result.stderr.decode(errors="replace")))
+    try:
+        threads = [py_spy_thread(entry) for entry in json.loads(result.stdout)]
+    except (ValueError, TypeError, KeyError, AttributeError) as error:
+        raise StackError(f"unreadable output ({error})") from None
+    return threads, took
+
+
+def py_spy_thread(entry: dict) -> dict:
+    """One thread of py-spy's JSON as a record's thread."""
+    active = entry.get("active")
+    return {
+        "name": entry.get("thread_name"),
+        "id": entry.get("thread_id"),
+        "idle": None if active is None else not active,
+        "frames": [
+            {"function": f["name"], "file": f["filename"], "line": f.get("line")}
+            for f in entry["frames"]
+        ],
+    }
+
+
+def py_spy_failure(stderr: str) -> str:
+    """py-spy's error in one line; a refused ptrace named as such, with the setting."""
+    if "Permission Denied" in stderr or "Operation not permitted" in stderr:
+        try:
+            with open("/proc/sys/kernel/yama/ptrace_scope") as handle:
+                scope = f"kernel.yama.ptrace_scope={handle.read().strip()}"
+        except OSError:
+            scope = "kernel.yama.ptrace_scope"
+        return f"Permission denied (ptrace not allowed: {scope}, or no CAP_SYS_PTRACE)"
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    first = next((line for line in lines if line.startswith("Error:")), lines[0] if lines else "")
+    why = first.removeprefix("Error:").strip() or "failed"
+    causes = [line for line in lines if line[:1].isdigit() and ": " in line]
+    if causes:  # anyhow's "Caused by:" list: "0: No such file or directory (os error 2)"
+        why += f" ({causes[0].partition(': ')[2]})"
+    return why
+
+
+def dump_with_hook(pid: int, hook_dir: str, timeout: float) -> list[dict]:
+    """The threads the process's hook writes on its signal (see the module docstring)."""
+    ready = read_ready(hook_dir, pid)
+    fields = stat_fields(pid)
+    if fields is None:
+        raise StackError(f"process {pid} has ended")
+    if ready.get("start") != fields[19].decode():  # field 22: when the process started
+        raise StackError(NO_HOOK + f" (the ready file is an earlier process's with pid {pid})")
+    signum = int(ready["signal"])
+    stacks = ready.get("stacks") or os.path.join(hook_dir, f"{pid}.stacks")
+    if not catches(pid, signum):
+        raise StackError(f"the process no longer catches signal {signum} (its own handler?)")
+    with lock_for(pid):
+        try:
+            offset = os.path.getsize(stacks)
+        except OSError as error:
+            raise StackError(f"cannot read {stacks}: {error.strerror}") from None
+        before = blocking_threads(pid, signum)
+        try:
+            os.kill(pid, signum)
+        except ProcessLookupError:
+            raise StackError(f"process {pid} has ended") from None
+        except OSError as error:
+            raise StackError(f"cannot signal process {pid}: {error.strerror}") from None
+        wait_handled(pid, signum, before, time.monotonic() + timeout, timeout)
+        with open(stacks, "rb") as handle:
+            handle.seek(offset)
+            text = handle.read().decode(errors="replace")
+    threads = parse_faulthandler(text, int(ready.get("main_thread") or 0) or None)
+    if not threads:
+        raise StackError(f"the dump in {stacks} holds no thread")
+    return threads
+
+
+def read_ready(hook_dir: str, pid: int) -> dict[str, str]:
+    """The hook's ready file as {key: value}; StackError where there is none."""
+    try:
+        with open(os.path.join(hook_dir, f"{pid}.ready"), encoding="utf-8") as handle:
+            text = handle.read()
+    except OSError:
+        raise StackError(NO_HOOK) from None
+    ready = dict(line.split(" ", 1) for line in text.splitlines() if " " in line)
+    if not ready.get("signal", "").isdigit():
+        raise StackError(f"{NO_HOOK} (a ready file without its signal)")
+    return ready
+
+
+def lock_for(pid: int) -> threading.Lock:
+    with _locks_guard:
+        return _locks.setdefault(pid, threading.Lock())
+
+
+def signal_masks(pid: int, tid: int | str, *names: str) -> list[int] | None:
+    """The masks `names` (SigPnd, SigBlk, ShdPnd, SigCgt) of one thread; None if gone."""
+    found: dict[str, int] = {}
+    try:
+        with open(f"/proc/{pid}/task/{tid}/status", encoding="ascii", errors="replace") as handle:
+            for line in handle:
+                key, _, value = line.partition(":")
+                if key in names:
+                    found[key] = int(value.strip(), 16)
+    except (OSError, ValueError):
+        return None
+    return [found.get(name, 0) for name in names]
+
+
+def thread_ids(pid: int) -> list[str]:
+    try:
+        return os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return []
+
+
+def catches(pid: int, signum: int) -> bool:
+    """Whether the process has a handler for `signum` (its SigCgt bit)."""
+    masks = signal_masks(pid, pid, "SigCgt")
+    return masks is not None and bool(masks[0] >> (signum - 1) & 1)
+
+
+def blocking_threads(pid: int, signum: int) -> set[str]:
+    """The threads that block `signum` now (before it is sent)."""
+    bit = 1 << (signum - 1)
+    return {
+        tid
+        for tid in thread_ids(pid)
+        if (masks := signal_masks(pid, tid, "SigBlk")) is not None and masks[0] & bit
+    }
+
+
+def handled(pid: int, signum: int, before: set[str]) -> bool:
+    """Whether `signum` is neither pending nor in a handler (which blocks it) anywhere."""
+    bit = 1 << (signum - 1)
+    for tid in thread_ids(pid):
+        masks = signal_masks(pid, tid, "SigPnd", "ShdPnd", "SigBlk")
+        if masks is None:
+            continue  # the thread has ended
+        pending, shared, blocked = masks
+        if (pending | shared) & bit or (tid not in before and blocked & bit):
+            return False
+    return True
+
+
+def wait_handled(pid: int, signum: int, before: set[str], deadline: float, timeout: float) -> None:
+    """Until the signal has been handled, seen twice POLL_S apart: the kernel takes it off
+    the pending set a moment before it blocks it for the handler, and one look could fall
+    in between; two cannot, for one signal."""
+    seen = False
+    while True:
+        if stat_fields(pid) is None:
+            raise StackError(f"process {pid} ended while writing its stacks")
+        done = handled(pid, signum, before)
+        if done and seen:
+            return
+        seen = done
+        if time.monotonic() >= deadline:
+            bit = 1 << (signum - 1)
+            masks = signal_masks(pid, pid, "ShdPnd") or [0]
+            why = "is still pending (the process is stopped?)" if masks[0] & bit else "is running"
+            raise StackError(f"no dump within {timeout:g} s: the signal {why}")
+        time.sleep(POLL_S)
+
+
+def parse_faulthandler(text: str, main_thread: int | None) -> list[dict]:
+    """faulthandler's dump of all threads (`Thread 0x00007f0cc4e1f6c0 (most recent call
+    first):` or `Current thread ...`, then `  File "/w/train.py", line 12 in step` lines) as
+    a record's threads, innermost frame first."""
+    threads: list[dict] = []
+    for line in text.splitlines():
+        if line.endswith("(most recent call first):"):
+            words = line.split()
+            ident = next((int(w, 16) for w in words if w.startswith("0x")), None)
+            name = "MainThread" if ident is not None and ident == main_thread else None
+            threads.append({"name": name, "id": ident, "idle": None, "frames": []})
+        elif line.startswith('  File "') and threads:
+            path, _, rest = line[len('  File "') :].rpartition('", line ')
+            number, _, function = rest.partition(" in ")
+            threads[-1]["frames"].append(
+                {
+                    "function": function,
+                    "file": path,
+                    "line": int(number) if number.isdigit() else None,
+                }
+            )
+    return threads
+
+
+def rank_pids(root_pid: int) -> dict[int, int]:
+    """rank -> the pid of that rank's process, among the descendants of `root_pid`.
+
+    A rank's process is the topmost Python process whose environment holds RANK, searched
+    breadth first: under ours that is torchrun's worker (agent -> bash node script ->
+    torchrun -> bash run_rank (RANK, not Python) -> python train.py), and not what the
+    worker starts with the same RANK (DataLoader workers, compile workers), which sit below
+    it. Where no Python process holds a RANK, the topmost process holding it counts, so the
+    rank still gets a record (saying it is not Python).
+    """
+    found: dict[int, int] = {}
+    other: dict[int, int] = {}
+    level = [root_pid]
+    while level:
+        below: list[int] = []
+        for pid in level:
+            rank = rank_in_environ(pid)
+            if rank is not None and rank not in found:
+                if is_python(pid):
+                    found[rank] = pid
+                else:
+                    other.setdefault(rank, pid)
+            below.extend(children_of(pid))
+        level = below
+    return dict(sorted({**other, **found}.items()))
+
+
+def is_python(pid: int) -> bool:
+    """Whether the process runs a Python interpreter (python, python3, python3.11, ...)."""
+    try:
+        return os.path.basename(os.readlink(f"/proc/{pid}/exe")).startswith("python")
+    except OSError:
+        return False
+
+
+def hook_environment(env: dict[str, str], hook_folder: str, hook_dir: str) -> dict[str, str]:
+    """`env` for the node script: the hook's folder first on PYTHONPATH, `hook_dir` named."""
+    path = env.get("PYTHONPATH")
+    return {
+        **env,
+        "PYTHONPATH": f"{hook_folder}{os.pathsep}{path}" if path else hook_folder,
+        STACKS_DIR_ENV: hook_dir,
+    }

@@ -1,0 +1,163 @@
+"""Hangs: a run whose ranks all fell silent is told stuck from working by their stacks.
+
+When no rank has printed a line or written a metric (its step included) for the hang
+timeout, while every node still runs and answers, the stacks of every rank are taken twice,
+SAMPLE_GAP_S apart (stack_rounds.py). If any rank moved between the two (stack_groups.moved:
+its stack changed, or it burned CPU in its own code), the job works silently: that is said
+once, and the next check comes after another timeout of silence. If no rank moved, the run
+hangs: `Hang` names the ranks and where they wait, the odd group first, and the supervisor
+ends the run through the verdict table (state `hung`) before anything is killed. A line from
+any rank meanwhile ends the check: a rank that prints does not hang.
+
+The default timeout, 300 s: half of NCCL's own collective timeout (600 s), so a hang is
+named, with its stacks, well before torch's watchdog kills the job and names whichever rank
+timed out first; and longer than what real jobs spend silent on purpose and still look
+stuck (a checkpoint written to a slow file system, an evaluation pass without output),
+which the second sample usually tells apart anyway. A check costs each rank one stack
+(about a millisecond stopped with py-spy) twice.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from orchestrator.hostlist import compress_hosts
+from orchestrator.record.runs import now_iso
+from orchestrator.supervise.stack_groups import moved
+from orchestrator.supervise.stack_rounds import StackRound, StackRounds
+
+DEFAULT_HANG_TIMEOUT_S = 300.0
+SAMPLE_GAP_S = 5.0  # between the two samples of a check
+CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+@dataclass(frozen=True)
+class Hang:
+    """A run found stuck: for how long nothing came, and its second round of stacks."""
+
+    quiet_s: float
+    stacks: StackRound
+
+    def status(self) -> dict:
+        """status.json's `hang`: when it was found, the groups as shown, where the stacks are."""
+        return {
+            "found_at": now_iso(self.stacks.began_wall),
+            "quiet_s": round(self.quiet_s, 1),
+            "groups": self.stacks.lines,
+            "stacks": str(self.stacks.folder) if self.stacks.folder else None,
+        }
+
+    def console_lines(self) -> list[str]:
+        where = f"; stacks of every rank in {self.stacks.folder}" if self.stacks.folder else ""
+        head = f"hung: no rank printed, wrote a metric or moved for {self.quiet_s:.0f} s{where}"
+        return [head, *self.stacks.lines]
+
+    def summary(self) -> str:
+        groups = self.stacks.lines
+        first = groups[0] if groups else "no stacks"
+        lines = [f"job hung: no rank moved for {self.quiet_s:.0f} s; {first}"]
+        lines += [f"  {line}" for line in groups[1:]]
+        if self.stacks.folder:
+            lines.append(f"stacks of every rank: {self.stacks.folder}")
+        return "\n".join(lines)
+
+
+class HangWatch:
+    """Watches the silence of a run's ranks, and checks it with two rounds of stacks."""
+
+    def __init__(
+        self,
+        rounds: StackRounds,
+        timeout: float,
+        note: Callable[[str], None],
+        now: float,
+    ) -> None:
+        self.rounds = rounds
+        self.timeout = timeout  # 0: never checked
+        self.note = note
+        self.quiet_since = now  # monotonic: the last line or metric from any rank
+        self.next_check = now + timeout
+        self.first: StackRound | None = None  # the check's first sample, once ended
+        self.asked: int | None = None  # the seq of the check's round under way
+        self.second_due: float | None = None
+        self.working_said = False
+        self.unknown_said = False
+
+    def heard(self, now: float) -> None:
+        """A rank printed or wrote a metric: not hung; any check under way is moot."""
+        self.quiet_since = now
+        self.next_check = now + self.timeout
+        self.first, self.asked, self.second_due = None, None, None
+
+    def tick(self, now: float, running: set[int], all_running: bool) -> None:
+        """Begin a check, or its second sample, when due. `all_running`: every node runs
+        its part and answers (a check while nodes start, end or go silent means nothing)."""
+        if self.timeout <= 0 or self.asked is not None:
+            return
+        if not all_running:
+            self.first, self.second_due = None, None
+            return
+        if self.first is None and now >= self.next_check:
+            self.ask("hang check: first sample", running)
+        elif self.second_due is not None and now >= self.second_due:
+            self.second_due = None
+            self.ask("hang check: second sample", running)
+
+    def ask(self, why: str, running: set[int]) -> None:
+        round_ = self.rounds.begin(why, running)
+        self.asked = round_.seq if round_ is not None else None
+
+    def round_ended(self, round_: StackRound, now: float) -> Hang | None:
+        """A round of stacks ended: the check goes on, or is judged (a Hang, or None)."""
+        if round_.seq != self.asked:
+            return None
+        self.asked = None
+        if self.first is None:
+            self.first, self.second_due = round_, now + SAMPLE_GAP_S
+            return None
+        first, self.first = self.first, None
+        self.next_check = now + self.timeout
+        return self.judge(first, round_, now)
+
+    def judge(self, first: StackRound, second: StackRound, now: float) -> Hang | None:
+        before = {r.get("rank"): r for r in first.records}
+        after = {r.get("rank"): r for r in second.records}
+        interval = second.began_wall - first.began_wall
+        went = sorted(
+            rank
+            for rank, record in after.items()
+            if rank in before and moved(before[rank], record, interval, CLK_TCK)
+        )
+        quiet = now - self.quiet_since
+        if went:
+            if not self.working_said:
+                self.working_said = True
+                self.note(
+                    f"no rank printed or wrote a metric for {quiet:.0f} s, but "
+                    f"{describe_ranks(went)} moved between two samples "
+                    f"{interval:.0f} s apart: working silently"
+                )
+            return None
+        expected = set(self.rounds.hosts)
+        if not expected <= before.keys() or not expected <= after.keys():
+            return None  # ranks not started yet (or between torchrun's restarts): not a hang
+        failed = [r for r in (*before.values(), *after.values()) if r.get("error")]
+        if failed or first.missing or second.missing:
+            if not self.unknown_said:
+                self.unknown_said = True
+                self.note(
+                    f"no rank printed or wrote a metric for {quiet:.0f} s; whether the run "
+                    "hangs cannot be told: the stacks of some ranks could not be taken "
+                    f"(see {second.folder or 'the stacks'})"
+                )
+            return None
+        return Hang(quiet, second)
+
+
+def describe_ranks(ranks: list[int]) -> str:
+    """`rank 3` or `ranks r[0-2,5]`, for a note."""
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    return f"{len(ranks)} ranks ({compress_hosts(f'r{r}' for r in ranks)})"

@@ -1,0 +1,224 @@
+"""Many ranks' stacks read like a folded console: alike ones are one group, the odd one first.
+
+The records come from the nodes (orchestrator.agent.stacks: one per rank, every thread's
+frames innermost first). Ranks whose stacks are the same (`stack_key`: the same functions,
+files and lines in every thread; thread ids, names and addresses aside) are one `Group`;
+groups are shown smallest first, so the rank that is not where all the others are comes
+first, with its innermost frames of the user's own code (LLNL's STAT merges stacks the same
+way):
+
+    [node3 r5] 1 rank: main thread in stuck_here (train.py:41) <- main (train.py:60)
+    [node[1-4] r[0-4,6-7]] 7 ranks: main thread in all_reduce (torch/distributed/dist...
+
+A rank whose stack could not be taken is a group of its own, named by why.
+
+Two records of a rank taken some seconds apart tell a hang from silent work (`moved`).
+
+Pure: records in, groups and lines out.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from orchestrator.hostlist import compress_hosts
+
+BUSY_SHARE = 0.5  # of one core over the interval: a rank burning this much CPU is busy
+USER_FRAMES = 3  # frames of the user's code shown per thread
+THREADS_SHOWN = 3  # threads shown per group (the main thread first); the rest are counted
+# Where code is not the user's: installed packages (torch and the rest), the interpreter's
+# standard library (threading, queue, selectors, ...), and our own stack hook.
+_INSTALLED = re.compile(r"/(?:site|dist)-packages/")
+_STDLIB = re.compile(r"/lib/python\d+(?:\.\d+)?t?/|/python\d+\.zip/")
+_HOOK = "/stack_hook/sitecustomize.py"
+
+
+@dataclass(frozen=True)
+class Group:
+    """Ranks with the same stack (or the same reason none was taken)."""
+
+    ranks: tuple[int, ...]  # ascending
+    hosts: tuple[str, ...]  # their hosts, each once, in rank order
+    record: dict  # the lowest rank's record: the stack shown for all
+
+    @property
+    def error(self) -> str | None:
+        return self.record.get("error")
+
+    @property
+    def label(self) -> str:
+        """`node[1-4] r[0-4,6-7]`, as the folded console names ranks."""
+        ranks = compress_hosts(f"r{rank}" for rank in self.ranks)
+        return f"{compress_hosts(self.hosts)} {ranks}"
+
+
+def frame_key(frame: dict) -> tuple[str, str, int]:
+    """A frame as compared: py-spy names a method `Event.wait`, faulthandler `wait`, so only
+    the last part of the name counts, and ranks read either way still compare."""
+    line = frame.get("line")
+    return (
+        str(frame.get("function") or "").rpartition(".")[2],
+        str(frame.get("file") or ""),
+        line if isinstance(line, int) else -1,
+    )
+
+
+def thread_key(thread: dict) -> tuple[tuple[str, str, int], ...]:
+    return tuple(frame_key(frame) for frame in thread.get("frames") or ())
+
+
+def stack_key(record: dict) -> tuple:
+    """What two ranks share when their stacks are the same: every thread's frames, the
+    threads in sorted order (their order, ids and names aside); threads without a Python
+    frame say nothing and are left out. A record without a stack: ("error", why)."""
+    if record.get("error"):
+        return ("error", record["error"])
+    return tuple(sorted(key for key in map(thread_key, record.get("threads") or ()) if key))
+
+
+def fold(records: list[dict], hosts: dict[int, str]) -> list[Group]:
+    """Groups of ranks with equal stack keys: smallest first, then by lowest rank."""
+    by_key: dict[tuple, list[dict]] = {}
+    for record in sorted(records, key=lambda r: r["rank"]):
+        by_key.setdefault(stack_key(record), []).append(record)
+    groups = [
+        Group(
+            ranks=tuple(r["rank"] for r in members),
+            hosts=tuple(dict.fromkeys(hosts.get(r["rank"], "?") for r in members)),
+            record=members[0],
+        )
+        for members in by_key.values()
+    ]
+    return sorted(groups, key=lambda g: (len(g.ranks), g.ranks[0]))
+
+
+def is_user_frame(frame: dict) -> bool:
+    """Whether a frame is the user's code: not an installed package, not the standard
+    library, not our hook, not frozen start-up code."""
+    path = str(frame.get("file") or "")
+    if path.startswith("<frozen"):
+        return False
+    return not (_INSTALLED.search(path) or _STDLIB.search(path) or path.endswith(_HOOK))
+
+
+def innermost_user_frames(frames: list[dict], n: int = USER_FRAMES) -> list[dict]:
+    """The `n` innermost frames of the user's code in a thread's frames (innermost first);
+    where there are none, the `n` innermost frames."""
+    return [frame for frame in frames if is_user_frame(frame)][:n] or frames[:n]
+
+
+def short_file(path: str) -> str:
+    """A frame's file as shown: within its package or the standard library
+    (`torch/distributed/distributed_c10d.py`, `threading.py`), else the file's name
+    (`train.py`; `model/__init__.py` for a package's)."""
+    for pattern in (_INSTALLED, _STDLIB):
+        ends = [found.end() for found in pattern.finditer(path)]
+        if ends:
+            return path[ends[-1] :]
+    parts = path.rsplit("/", 2)
+    if parts[-1] == "__init__.py" and len(parts) > 1:
+        return "/".join(parts[-2:])
+    return parts[-1]
+
+
+def frame_text(frame: dict) -> str:
+    line = frame.get("line")
+    where = short_file(str(frame.get("file") or "?"))
+    return f"{frame.get('function') or '?'} ({where}:{line if line is not None else '?'})"
+
+
+def thread_text(frames: list[dict]) -> str:
+    """Where a thread is: its innermost frame where that is not the user's (the call it
+    waits in), then the innermost frames of the user's code, outward."""
+    if not frames:
+        return "no Python frame"
+    shown = innermost_user_frames(frames)
+    if frames[0] is not shown[0]:
+        shown = [frames[0], *shown]
+    return " <- ".join(frame_text(frame) for frame in shown)
+
+
+def threads_to_show(record: dict) -> tuple[list[dict], int]:
+    """(the threads a group shows, how many more it has): the main thread, then those with
+    the user's code in them, up to THREADS_SHOWN; a thread of library code alone (a
+    pin-memory loop, a watchdog) is only counted, unless there is nothing else."""
+    threads = [t for t in record.get("threads") or () if t.get("frames")]
+    main = [t for t in threads if t.get("name") == "MainThread"]
+    users = [t for t in threads if t not in main and any(map(is_user_frame, t["frames"]))]
+    shown = (main + users)[:THREADS_SHOWN] or threads[:1]
+    return shown, len(threads) - len(shown)
+
+
+def render_groups(groups: list[Group]) -> list[str]:
+    """A few console lines per group, the odd group first (the order of `groups`)."""
+    lines = []
+    for group in groups:
+        count = len(group.ranks)
+        head = f"[{group.label}] {count} rank{'s' if count != 1 else ''}: "
+        if group.error:
+            lines.append(f"{head}no stack: {group.error}")
+            continue
+        shown, others = threads_to_show(group.record)
+        if not shown:
+            lines.append(f"{head}no Python thread")
+            continue
+        for index, thread in enumerate(shown):
+            name = thread.get("name")
+            who = "main thread" if name == "MainThread" else f"thread {name or '(no name)'}"
+            text = f"{who} in {thread_text(thread['frames'])}"
+            lines.append(head + text if index == 0 else f"    {text}")
+        if others:
+            lines.append(f"    and {others} other thread{'s' if others != 1 else ''}")
+    return lines
+
+
+def moved(first: dict, second: dict, interval_s: float, clk_tck: int) -> bool:
+    """Whether a rank moved between two records taken `interval_s` apart, as a user would
+    judge: it did where
+
+    - the stacks of its threads that run the user's code differ (a thread of library code
+      alone, a pin-memory loop or a watchdog, moves while the rank is stuck, so those count
+      only where no thread holds the user's code), or
+    - the stacks are the same but the process wanted at least BUSY_SHARE of a core between
+      the two and a thread not seen idle has its innermost frame in the user's code: a tight
+      loop of the user's. Wanted: the time its threads ran or waited for a core
+      (cpu_wanted_ns), so a loop on a node too loaded to give it half a core still counts;
+      where a record lacks it, the CPU it burned (cpu_ticks, in 1/clk_tck seconds).
+
+    A rank waiting in a collective, a lock, a queue or a sleep has not moved, even where the
+    wait spins a core (its innermost frame is then in torch or the standard library; a sleep
+    of the user's burns nothing). Not told apart: a call into C made straight from the
+    user's code that spins while it waits (`loss.item()` on a GPU that waits for a
+    collective) reads as working; the other ranks' stacks still show where they wait.
+    A record without a stack has not moved (there is nothing to compare).
+    """
+    if first.get("error") or second.get("error"):
+        return False
+    if user_key(first) != user_key(second):
+        return True
+    busy = busy_seconds(first, second, clk_tck)
+    if busy is None or interval_s <= 0 or busy < BUSY_SHARE * interval_s:
+        return False
+    return any(
+        thread.get("frames") and is_user_frame(thread["frames"][0]) and not thread.get("idle")
+        for thread in second.get("threads") or ()
+    )
+
+
+def busy_seconds(first: dict, second: dict, clk_tck: int) -> float | None:
+    """Seconds of a core the process wanted between two records (see `moved`)."""
+    before, after = first.get("cpu_wanted_ns"), second.get("cpu_wanted_ns")
+    if before is not None and after is not None:
+        return (after - before) / 1e9
+    before, after = first.get("cpu_ticks"), second.get("cpu_ticks")
+    if before is None or after is None or clk_tck <= 0:
+        return None
+    return (after - before) / clk_tck
+
+
+def user_key(record: dict) -> tuple:
+    """The stack key of the threads that hold the user's code (all threads where none do)."""
+    threads = record.get("threads") or ()
+    users = [t for t in threads if any(map(is_user_frame, t.get("frames") or ()))]
+    return stack_key({"threads": users or threads})

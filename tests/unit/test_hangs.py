@@ -1,0 +1,168 @@
+"""Hang checks, pure: when a check begins, how its two samples are judged, and the round of
+stacks a request gets, through the run record. (The same end to end, with real ranks, real
+agents and real torchrun: tests/cluster/test_hangs_cluster.py and
+tests/local/test_hangs_local.py.)"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from orchestrator.supervise.hangs import HangWatch
+from orchestrator.supervise.stack_rounds import StackRounds, answer_to, ask_for_stacks
+
+HOSTS = {0: "a", 1: "a", 2: "b", 3: "b"}
+
+
+class Session:
+    """A node's session as a round sees it: an index, and the lines sent to it."""
+
+    def __init__(self, index: int) -> None:
+        self.index, self.sent = index, []
+
+    def send(self, line: str, may_skip: bool = False) -> None:
+        self.sent.append(line)
+
+
+def record(rank: int, function: str, line: int, ticks: int = 0) -> dict:
+    frames = [{"function": function, "file": "/job/train.py", "line": line}]
+    frames.append({"function": "<module>", "file": "/job/train.py", "line": 90})
+    return {
+        "rank": rank,
+        "pid": 100 + rank,
+        "method": "py-spy",
+        "threads": [{"name": "MainThread", "id": 1, "idle": True, "frames": frames}],
+        "taken_at": 0.0,
+        "pause_s": 0.001,
+        "cpu_ticks": ticks,
+        "error": None,
+    }
+
+
+def stuck_world(ticks: int = 0) -> dict[int, list[dict]]:
+    """Rank 3 waits in a function of its own; the others in the same line of train.py."""
+    return {
+        0: [record(0, "step", 30, ticks), record(1, "step", 30, ticks)],
+        1: [record(2, "step", 30, ticks), record(3, "wait_for_data", 12, ticks)],
+    }
+
+
+def answer(rounds: StackRounds, sessions: list[Session], world: dict[int, list[dict]]) -> None:
+    for session in sessions:
+        seq = session.sent[-1].split()[1]
+        rounds.received(session.index, seq, json.dumps(world[session.index]).encode())
+
+
+def make(tmp_path: Path, notes: list[str]) -> tuple[StackRounds, HangWatch, list[Session]]:
+    sessions = [Session(0), Session(1)]
+    rounds = StackRounds(sessions, HOSTS, {0: "a", 1: "b"}, tmp_path, notes.append)
+    return rounds, HangWatch(rounds, 60.0, notes.append, now=0.0), sessions
+
+
+def check(rounds, watch, sessions, now, first, second):
+    """One whole check from `now`: two samples answered with `first` and `second`."""
+    watch.tick(now, {0, 1}, True)
+    answer(rounds, sessions, first)
+    (ended,) = rounds.tick(now + 1)
+    assert watch.round_ended(ended, now + 1) is None
+    watch.tick(now + 6, {0, 1}, True)
+    answer(rounds, sessions, second)
+    (ended,) = rounds.tick(now + 7)
+    return watch.round_ended(ended, now + 7)
+
+
+def test_no_check_before_the_timeout_nor_while_a_node_is_not_running(tmp_path):
+    rounds, watch, sessions = make(tmp_path, [])
+    watch.tick(59.0, {0, 1}, True)
+    watch.tick(61.0, {0}, False)
+    assert [s.sent for s in sessions] == [[], []]
+    watch.tick(61.0, {0, 1}, True)
+    assert [s.sent for s in sessions] == [["stacks 1 auto"], ["stacks 1 auto"]]
+
+
+def test_a_run_where_nothing_moved_hangs_and_names_the_odd_rank_first(tmp_path):
+    notes: list[str] = []
+    rounds, watch, sessions = make(tmp_path, notes)
+    hang = check(rounds, watch, sessions, 60.0, stuck_world(), stuck_world())
+    assert hang is not None and notes == []
+    lines = hang.console_lines()
+    assert lines[0].startswith("hung: no rank printed, wrote a metric or moved for 67 s")
+    assert (
+        lines[1]
+        == "[b r3] 1 rank: main thread in wait_for_data (train.py:12) <- <module> (train.py:90)"
+    )
+    assert lines[2].startswith("[a,b r[0-2]] 3 ranks: main thread in step (train.py:30)")
+    assert hang.summary().splitlines()[0].startswith("job hung: no rank moved for 67 s; [b r3]")
+    kept = json.loads((hang.stacks.folder / "stacks.json").read_text())
+    assert kept["groups"] == lines[1:] and len(kept["ranks"]) == 4
+    assert "wait_for_data" in (hang.stacks.folder / "rank-3.txt").read_text()
+
+
+def test_a_stack_that_changed_is_work_said_once_and_checked_again_later(tmp_path):
+    notes: list[str] = []
+    rounds, watch, sessions = make(tmp_path, notes)
+    later = stuck_world()
+    later[1][1] = record(3, "wait_for_data", 13)
+    assert check(rounds, watch, sessions, 60.0, stuck_world(), later) is None
+    assert len(notes) == 1 and "rank 3 moved between two samples" in notes[0], notes
+    watch.tick(100.0, {0, 1}, True)  # the next check waits for another timeout of silence
+    assert sessions[0].sent == ["stacks 1 auto", "stacks 2 auto"]
+    assert check(rounds, watch, sessions, 127.0, stuck_world(), later) is None
+    assert len(notes) == 1  # said once
+
+
+def test_a_tight_loop_in_the_users_code_is_work(tmp_path):
+    notes: list[str] = []
+    rounds, watch, sessions = make(tmp_path, notes)
+    busy = stuck_world(ticks=10_000)  # 100 s of CPU at 100 ticks/s between the samples
+    for records in busy.values():
+        for each in records:
+            each["threads"][0]["idle"] = False
+    assert check(rounds, watch, sessions, 60.0, stuck_world(), busy) is None
+    assert "working silently" in notes[0]
+
+
+def test_a_line_from_any_rank_ends_the_check(tmp_path):
+    rounds, watch, sessions = make(tmp_path, [])
+    watch.tick(60.0, {0, 1}, True)
+    answer(rounds, sessions, stuck_world())
+    watch.heard(60.5)
+    (ended,) = rounds.tick(61.0)
+    assert watch.round_ended(ended, 61.0) is None
+    watch.tick(70.0, {0, 1}, True)
+    assert len(sessions[0].sent) == 1  # no second sample; the next check at 120.5
+    watch.tick(121.0, {0, 1}, True)
+    assert len(sessions[0].sent) == 2
+
+
+def test_ranks_not_started_yet_are_no_hang_and_no_note(tmp_path):
+    notes: list[str] = []
+    rounds, watch, sessions = make(tmp_path, notes)
+    early = {0: [], 1: []}
+    assert check(rounds, watch, sessions, 60.0, early, stuck_world()) is None
+    assert notes == []
+
+
+def test_a_request_through_the_record_is_answered_by_a_round(tmp_path):
+    rounds, _, sessions = make(tmp_path, [])
+    assert rounds.requests() == []
+    ask_for_stacks(tmp_path, "abc123", "signal")
+    assert rounds.requests() == [("abc123", "signal")]
+    assert rounds.requests() == []  # taken once
+    asked = rounds.begin("asked", {0, 1}, "signal", "abc123")
+    assert sessions[1].sent == [f"stacks {asked.seq} signal"]
+    answer(rounds, sessions, stuck_world())
+    assert answer_to(tmp_path, "abc123") is None
+    (ended,) = rounds.tick(1.0)
+    got = answer_to(tmp_path, "abc123")
+    assert got["folder"] == str(ended.folder) and got["groups"][0].startswith("[b r3]")
+    assert {r["host"] for r in got["ranks"]} == {"a", "b"}
+
+
+def test_a_node_that_does_not_answer_is_named_when_the_round_times_out(tmp_path):
+    rounds, _, sessions = make(tmp_path, [])
+    rounds.begin("asked", {0, 1}, "auto", "r1")
+    rounds.received(0, sessions[0].sent[-1].split()[1], json.dumps(stuck_world()[0]).encode())
+    assert rounds.tick(5.0) == []
+    (ended,) = rounds.tick(1e9)
+    assert ended.lines[-1] == "[b] no answer within 12 s"

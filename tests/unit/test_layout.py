@@ -1,0 +1,196 @@
+"""The package's shape, as the README's "How it is built" tree states it: layers that import
+only downward, no import cycles, modules that fit on a few screens, folders instead of name
+prefixes, node-side code on the standard library alone, and every package shipped."""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "orchestrator"
+MAX_LINES = 400
+
+# Low to high, one stage a layer: a module may import its own layer and the ones before it,
+# never a later one. The package's own modules (errors, hostlist, sizes) are the words every
+# stage shares.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("orchestrator", "orchestrator.errors", "orchestrator.hostlist", "orchestrator.sizes"),
+    ("orchestrator.agent",),  # shipped to the nodes as source: the standard library only
+    ("orchestrator.hosts",),
+    ("orchestrator.plan",),
+    ("orchestrator.backends",),
+    ("orchestrator.record",),
+    ("orchestrator.console",),
+    ("orchestrator.supervise",),
+    ("orchestrator.nodes",),
+    ("orchestrator.launch",),
+    ("orchestrator.slurm",),
+    ("orchestrator.check",),
+    ("orchestrator.api",),
+    ("orchestrator.cli", "orchestrator.__main__"),
+)
+# The trainer stands alone: what ranks run imports nothing of the controller.
+TRAINER = "orchestrator.trainer"
+# Run on the nodes by an interpreter that may have nothing but the standard library.
+NODE_SIDE = ("orchestrator.agent", "orchestrator.check.reach")
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def within(name: str, prefix: str) -> bool:
+    return name == prefix or name.startswith(prefix + ".")
+
+
+def layer_of(name: str) -> int:
+    best, found = -1, None
+    for index, prefixes in enumerate(LAYERS):
+        for prefix in prefixes:
+            if within(name, prefix) and len(prefix) > best:
+                best, found = len(prefix), index
+    if found is None:
+        raise AssertionError(f"{name} is in no layer of tests/unit/test_layout.py: place it")
+    return found
+
+
+def imports_of(name: str) -> set[str]:
+    """The package modules `name` imports, at module level or inside functions."""
+    found = set()
+    for node in ast.walk(ast.parse(MODULES[name].read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            targets = [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
+        elif isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        else:
+            continue
+        found |= {t for t in targets if t in MODULES and t != name}
+    return found
+
+
+GRAPH = {name: imports_of(name) for name in MODULES}
+
+
+def test_every_module_is_placed_and_imports_only_downward() -> None:
+    upward = []
+    for name, targets in GRAPH.items():
+        if within(name, TRAINER):
+            outside = sorted(t for t in targets if not within(t, TRAINER))
+            assert not outside, f"{name} imports {outside}: the trainer stands alone"
+            continue
+        for target in targets:
+            assert not within(target, TRAINER), f"{name} imports the trainer ({target})"
+            if layer_of(target) > layer_of(name):
+                upward.append(f"{name} -> {target}")
+    assert not upward, f"imports from a lower layer into a higher one: {upward}"
+
+
+def test_no_import_cycles() -> None:
+    # A package importing its own submodules (re-exports) is not a cycle.
+    edges = {n: {t for t in ts if not within(t, n)} for n, ts in GRAPH.items()}
+    state: dict[str, int] = {}
+
+    def visit(name: str, path: list[str]) -> None:
+        state[name] = 1
+        for target in sorted(edges[name]):
+            if state.get(target) == 1:
+                cycle = path[path.index(target) :] + [target]
+                pytest.fail(f"import cycle: {' -> '.join(cycle)}")
+            if target not in state:
+                visit(target, [*path, target])
+        state[name] = 2
+
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), 10 * len(edges)))
+    for name in sorted(edges):
+        if name not in state:
+            visit(name, [name])
+
+
+def test_node_side_code_needs_the_standard_library_alone() -> None:
+    for name, path in MODULES.items():
+        if not any(within(name, prefix) for prefix in NODE_SIDE):
+            continue
+        own = next(prefix for prefix in NODE_SIDE if within(name, prefix))
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.level == 0:
+                roots = [node.module or ""]
+            elif isinstance(node, ast.Import):
+                roots = [alias.name for alias in node.names]
+            else:
+                continue
+            for root in roots:
+                if within(root, own):
+                    continue
+                top = root.split(".")[0]
+                assert top in sys.stdlib_module_names or top == "__future__", (
+                    f"{path.relative_to(ROOT)}:{node.lineno} imports {root}: it runs on nodes "
+                    f"that have the standard library alone"
+                )
+
+
+def test_no_module_is_longer_than_a_few_screens() -> None:
+    long = {
+        str(p.relative_to(ROOT)): n
+        for p in MODULES.values()
+        if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES
+    }
+    assert not long, f"modules over {MAX_LINES} lines: {long}"
+
+
+def test_a_name_prefix_is_a_folder() -> None:
+    """No `check.py` beside `check_run.py`: a shared prefix asks for a folder `check/`."""
+    for folder in [PACKAGE, *(p for p in PACKAGE.rglob("*") if p.is_dir())]:
+        names = {
+            p.stem
+            for p in folder.iterdir()
+            if (p.suffix == ".py" or (p / "__init__.py").exists()) and not p.stem.startswith("_")
+        }
+        clashes = sorted(
+            f"{a} / {b}" for a in names for b in names if a != b and b.startswith(a + "_")
+        )
+        assert not clashes, f"{folder.relative_to(ROOT)}: prefixed siblings {clashes}"
+
+
+def test_no_two_modules_share_a_name() -> None:
+    """`render.py` in two folders makes every traceback, grep and import read ambiguously."""
+    seen: dict[str, list[str]] = {}
+    for name, path in MODULES.items():
+        stem = name.rsplit(".", 1)[-1]
+        if path.stem not in ("__init__", "__main__") or path.name == "__init__.py":
+            seen.setdefault(stem, []).append(str(path.relative_to(ROOT)))
+    twice = {stem: paths for stem, paths in seen.items() if len(paths) > 1}
+    assert not twice, f"module or folder names used twice: {twice}"
+
+
+def test_every_package_is_shipped() -> None:
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    with open(ROOT / "pyproject.toml", "rb") as file:
+        listed = set(tomllib.load(file)["tool"]["setuptools"]["packages"])
+    on_disk = {name for name, path in MODULES.items() if path.name == "__init__.py"}
+    assert listed - {"orchestrator.templates"} == on_disk, (
+        "pyproject.toml's [tool.setuptools] packages must list every package folder"
+    )
+
+
+def test_no_stdlib_name_is_shadowed() -> None:
+    """A module named like a standard one (select.py) shadows it for a script run from its
+    folder, and the node-side scripts are run that way."""
+    clash = sorted(
+        str(p.relative_to(ROOT))
+        for name, p in MODULES.items()
+        if p.stem in sys.stdlib_module_names and p.stem not in ("__init__", "__main__")
+    )
+    assert not clash, f"modules named like standard library ones: {clash}"
+
+
+def test_layers_name_only_real_modules() -> None:
+    dead = [p for layer in LAYERS for p in layer if p not in MODULES]
+    assert not dead, f"tests/unit/test_layout.py names modules that do not exist: {dead}"

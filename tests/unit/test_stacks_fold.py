@@ -1,0 +1,214 @@
+"""Folding ranks' stacks (orchestrator.supervise.stack_groups): alike stacks are one group
+whatever the thread ids, names, order or the way they were taken; the odd group comes first
+with the user's innermost frames; a rank without a stack is a group naming why; and two
+samples tell a rank that moved or works from one that waits."""
+
+from __future__ import annotations
+
+from orchestrator.supervise.stack_groups import (
+    fold,
+    innermost_user_frames,
+    is_user_frame,
+    moved,
+    render_groups,
+    short_file,
+    stack_key,
+)
+
+SITE = "/venv/lib/python3.11/site-packages"
+STDLIB = "/usr/lib/python3.11"
+TRAIN = "/home/u/job/train.py"
+
+
+def frame(function: str, file: str, line: int | None) -> dict:
+    return {"function": function, "file": file, "line": line}
+
+
+def all_reduce_frames() -> list[dict]:
+    return [
+        frame("all_reduce", f"{SITE}/torch/distributed/distributed_c10d.py", 2931),
+        frame("_exception_logger.<locals>.wrapper", f"{SITE}/torch/distributed/c10d_logger.py", 83),
+        frame("step", TRAIN, 30),
+        frame("main", TRAIN, 60),
+        frame("<module>", TRAIN, 64),
+    ]
+
+
+def stuck_frames() -> list[dict]:
+    return [frame("stuck_here", TRAIN, 41), frame("main", TRAIN, 60), frame("<module>", TRAIN, 64)]
+
+
+def pin_memory_thread(ident: int) -> dict:
+    frames = [
+        frame("wait", f"{STDLIB}/threading.py", 331),
+        frame("get", f"{STDLIB}/queue.py", 180),
+        frame("_pin_memory_loop", f"{SITE}/torch/utils/data/_utils/pin_memory.py", 52),
+        frame("run", f"{STDLIB}/threading.py", 982),
+    ]
+    return {"name": None, "id": ident, "idle": True, "frames": frames}
+
+
+def record(rank: int, frames: list[dict], *, ident: int = 0, ticks: int = 0, **more) -> dict:
+    threads = [{"name": "MainThread", "id": 1000 + rank + ident, "idle": None, "frames": frames}]
+    return {
+        "rank": rank,
+        "pid": 100 + rank,
+        "method": "signal",
+        "threads": threads + more.pop("threads", []),
+        "taken_at": 0.0,
+        "pause_s": None,
+        "cpu_ticks": ticks,
+        "error": None,
+        **more,
+    }
+
+
+HOSTS = {rank: f"node{rank // 2 + 1}" for rank in range(8)}
+
+
+def test_the_odd_rank_is_a_group_of_its_own_shown_first_with_its_user_frames() -> None:
+    records = [record(r, all_reduce_frames()) for r in range(8) if r != 5]
+    records.append(record(5, stuck_frames()))
+    groups = fold(records, HOSTS)
+    assert [g.ranks for g in groups] == [(5,), (0, 1, 2, 3, 4, 6, 7)]
+    assert [g.label for g in groups] == ["node3 r5", "node[1-4] r[0-4,6-7]"]
+    assert render_groups(groups) == [
+        "[node3 r5] 1 rank: main thread in stuck_here (train.py:41) <- main (train.py:60)"
+        " <- <module> (train.py:64)",
+        "[node[1-4] r[0-4,6-7]] 7 ranks: main thread in all_reduce"
+        " (torch/distributed/distributed_c10d.py:2931) <- step (train.py:30)"
+        " <- main (train.py:60) <- <module> (train.py:64)",
+    ]
+
+
+def test_thread_ids_names_order_and_the_way_taken_do_not_split_a_group() -> None:
+    spy = record(0, all_reduce_frames(), threads=[pin_memory_thread(7)])
+    spy["method"] = "py-spy"
+    hooked = record(1, all_reduce_frames(), ident=55, threads=[pin_memory_thread(9)])
+    hooked["threads"].reverse()  # another order
+    for thread in hooked["threads"]:  # faulthandler names functions without their class
+        for f in thread["frames"]:
+            f["function"] = f["function"].rpartition(".")[2]
+        thread["name"] = None
+    assert stack_key(spy) == stack_key(hooked)
+    assert [g.ranks for g in fold([spy, hooked], HOSTS)] == [(0, 1)]
+
+
+def test_a_different_line_is_a_different_stack() -> None:
+    moved_on = all_reduce_frames()
+    moved_on[2] = frame("step", TRAIN, 31)
+    groups = fold([record(0, all_reduce_frames()), record(1, moved_on)], HOSTS)
+    assert [g.ranks for g in groups] == [(0,), (1,)]  # a tie in size: the lowest rank first
+
+
+def test_ranks_without_a_stack_are_a_group_naming_why() -> None:
+    why = "py-spy: not found on this node; stack hook: no stack hook in this process"
+    failed = record(6, [], error=why, method=None)
+    failed["threads"] = []
+    ended = record(7, [], error="process 107 has ended", method=None)
+    records = [record(r, all_reduce_frames()) for r in range(6)] + [failed, ended]
+    lines = render_groups(fold(records, HOSTS))
+    assert lines[:2] == [
+        f"[node4 r6] 1 rank: no stack: {why}",
+        "[node4 r7] 1 rank: no stack: process 107 has ended",
+    ]
+    assert lines[2].startswith("[node[1-3] r[0-5]] 6 ranks: main thread in all_reduce")
+
+
+def test_a_group_shows_the_main_thread_then_user_threads_and_counts_library_threads() -> None:
+    saver = {
+        "name": "saver",
+        "id": 3,
+        "idle": False,
+        "frames": [frame("write", f"{STDLIB}/shutil.py", 200), frame("save_loop", TRAIN, 12)],
+    }
+    rec = record(0, stuck_frames(), threads=[pin_memory_thread(2), saver])
+    assert render_groups(fold([rec], HOSTS)) == [
+        "[node1 r0] 1 rank: main thread in stuck_here (train.py:41) <- main (train.py:60)"
+        " <- <module> (train.py:64)",
+        "    thread saver in write (shutil.py:200) <- save_loop (train.py:12)",
+        "    and 1 other thread",
+    ]
+
+
+def test_user_frames_skip_the_standard_library_packages_and_our_hook() -> None:
+    frames = [
+        frame("wait", f"{STDLIB}/threading.py", 327),
+        frame("select", "/opt/conda/lib/python3.10/selectors.py", 469),
+        frame("hook", "/n/stacks/stack_hook/sitecustomize.py", 3),
+        frame("_call_with_frames_removed", "<frozen importlib._bootstrap>", 241),
+        frame("forward", "/usr/lib/python3/dist-packages/mylib/layer.py", 9),
+        frame("loop", TRAIN, 20),
+        frame("main", TRAIN, 60),
+    ]
+    assert [f["function"] for f in innermost_user_frames(frames, n=1)] == ["loop"]
+    assert not any(map(is_user_frame, frames[:5]))
+    library_only = frames[:2]
+    assert innermost_user_frames(library_only) == library_only  # none: the innermost frames
+
+
+def test_files_are_shown_within_their_package_or_by_name() -> None:
+    assert short_file(f"{SITE}/torch/cuda/__init__.py") == "torch/cuda/__init__.py"
+    assert short_file("/root/.pyenv/versions/3.11.7/lib/python3.11/threading.py") == "threading.py"
+    assert short_file(TRAIN) == "train.py"
+    assert short_file("/home/u/job/model/__init__.py") == "model/__init__.py"
+    assert short_file("<string>") == "<string>"
+
+
+CLK_TCK = 100
+
+
+def test_a_rank_moved_when_its_stack_changed() -> None:
+    later = all_reduce_frames()
+    later[2] = frame("step", TRAIN, 33)
+    assert moved(record(0, all_reduce_frames()), record(0, later), 5.0, CLK_TCK)
+
+
+def test_a_tight_loop_of_the_user_s_code_works_without_moving() -> None:
+    loop = [frame("spin", TRAIN, 3), frame("<module>", TRAIN, 9)]
+    first, second = record(0, loop, ticks=1000), record(0, loop, ticks=1000 + 450)
+    assert moved(first, second, 5.0, CLK_TCK)  # 90% of a core
+    idle = record(0, loop, ticks=1000 + 100)  # 20%: not a loop that works
+    assert not moved(first, idle, 5.0, CLK_TCK)
+
+
+def test_a_loop_on_a_loaded_node_works_by_the_core_time_it_wanted() -> None:
+    """Given a tenth of a core, a loop still wanted all of it (ran or waited to run)."""
+    loop = [frame("spin", TRAIN, 3), frame("<module>", TRAIN, 9)]
+    first = record(0, loop, ticks=1000, cpu_wanted_ns=10**9)
+    second = record(0, loop, ticks=1000 + 50, cpu_wanted_ns=10**9 + 49 * 10**8)
+    assert moved(first, second, 5.0, CLK_TCK)
+    nap = [frame("nap", TRAIN, 5)]
+    asleep = record(0, nap, ticks=0, cpu_wanted_ns=10**9), record(0, nap, cpu_wanted_ns=10**9 + 1)
+    assert not moved(*asleep, 5.0, CLK_TCK)
+
+
+def test_a_wait_that_spins_a_core_has_not_moved() -> None:
+    """A collective or a CUDA synchronize may spin: innermost in torch, it is waiting."""
+    first = record(0, all_reduce_frames(), ticks=0)
+    second = record(0, all_reduce_frames(), ticks=500)
+    assert not moved(first, second, 5.0, CLK_TCK)
+    waits = [frame("wait", f"{STDLIB}/threading.py", 327), frame("main", TRAIN, 5)]
+    assert not moved(record(0, waits, ticks=0), record(0, waits, ticks=500), 5.0, CLK_TCK)
+
+
+def test_a_thread_seen_idle_does_not_make_a_busy_process_work() -> None:
+    nap = [frame("nap", TRAIN, 5)]  # time.sleep has no Python frame: the user's is innermost
+    first, second = record(0, nap, ticks=0), record(0, nap, ticks=500)
+    second["threads"][0]["idle"] = True  # py-spy saw it idle; the CPU was another thread's
+    assert not moved(first, second, 5.0, CLK_TCK)
+
+
+def test_only_threads_with_user_code_count_as_moving() -> None:
+    """A pin-memory loop's stack changes while the rank is stuck in an all_reduce."""
+    other = pin_memory_thread(2)
+    other["frames"][0] = frame("get", f"{STDLIB}/queue.py", 171)
+    first = record(0, all_reduce_frames(), threads=[pin_memory_thread(2)])
+    second = record(0, all_reduce_frames(), threads=[other])
+    assert not moved(first, second, 5.0, CLK_TCK)
+    assert stack_key(first) != stack_key(second)  # yet the two are not folded together
+
+
+def test_a_record_without_a_stack_has_not_moved() -> None:
+    failed = record(0, [], error="process 100 has ended")
+    assert not moved(record(0, stuck_frames()), failed, 5.0, CLK_TCK)
