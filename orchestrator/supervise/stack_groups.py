@@ -78,7 +78,9 @@ def stack_key(record: dict) -> tuple:
 
 
 def fold(records: list[dict], hosts: dict[int, str]) -> list[Group]:
-    """Groups of ranks with equal stack keys: smallest first, then by lowest rank."""
+    """Groups of ranks with equal stack keys: smallest first; among groups of one size,
+    those whose main thread is in the user's own code before those waiting in a library (a
+    collective), so in a 2-rank job the stuck rank still comes first; then by lowest rank."""
     by_key: dict[tuple, list[dict]] = {}
     for record in sorted(records, key=lambda r: r["rank"]):
         by_key.setdefault(stack_key(record), []).append(record)
@@ -90,7 +92,16 @@ def fold(records: list[dict], hosts: dict[int, str]) -> list[Group]:
         )
         for members in by_key.values()
     ]
-    return sorted(groups, key=lambda g: (len(g.ranks), g.ranks[0]))
+    return sorted(groups, key=lambda g: (len(g.ranks), not in_own_code(g.record), g.ranks[0]))
+
+
+def in_own_code(record: dict) -> bool:
+    """Whether the record's main thread (else its first) has its innermost frame in the
+    user's code."""
+    threads = record.get("threads") or ()
+    main = next((t for t in threads if t.get("name") == "MainThread"), None)
+    frames = (main or (threads[0] if threads else {})).get("frames") or ()
+    return bool(frames) and is_user_frame(frames[0])
 
 
 def is_user_frame(frame: dict) -> bool:

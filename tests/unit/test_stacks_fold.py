@@ -81,6 +81,13 @@ def test_the_odd_rank_is_a_group_of_its_own_shown_first_with_its_user_frames() -
     ]
 
 
+def test_among_groups_of_one_size_the_rank_in_its_own_code_comes_first() -> None:
+    """Two ranks: rank 0 waits in the all_reduce, rank 1 is stuck in its own function; the
+    stuck one is named first, though its rank is higher."""
+    groups = fold([record(0, all_reduce_frames()), record(1, stuck_frames())], HOSTS)
+    assert [g.ranks for g in groups] == [(1,), (0,)]
+
+
 def test_thread_ids_names_order_and_the_way_taken_do_not_split_a_group() -> None:
     spy = record(0, all_reduce_frames(), threads=[pin_memory_thread(7)])
     spy["method"] = "py-spy"
