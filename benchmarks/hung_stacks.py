@@ -43,9 +43,17 @@ MOST_SECONDS, MOST_LINES = 5.0, 15
 def py_spy_by_hand(cluster, work: Path) -> list[str]:
     """pdsh -f N: py-spy dump of every process of the job on every node (as by hand)."""
     py_spy = str(Path(PYTHON).parent / "py-spy")
-    loop = f"for p in $(pgrep -f hang_job.py); do {shlex.quote(py_spy)} dump --pid $p; done"
+    dump = f"{shlex.quote(py_spy)} dump --pid $p"
+    # every Python process of the job on the node, as by hand: the ranks, and torchrun (its
+    # command line names the script too); not the shells that wrap them. The lab's nodes
+    # share one pid namespace, so "on the node" is "in the node's network namespace".
+    here = '[ "$(readlink /proc/$p/ns/net)" = "$(readlink /proc/self/ns/net)" ]'
+    loop = (
+        f"for p in $(pgrep -f hang_job.py); do {here} || continue; "
+        f"case $(readlink /proc/$p/exe) in *python*) {dump};; esac; done"
+    )
     hosts = ",".join(node.address for node in cluster.nodes)
-    argv = ["pdsh", "-f", str(len(cluster.nodes)), "-w", hosts, loop]
+    argv = ["pdsh", "-R", "ssh", "-S", "-f", str(len(cluster.nodes)), "-w", hosts, loop]
     done = subprocess.run(
         argv, cwd=work, env=pdsh_environ(cluster), capture_output=True, text=True, timeout=600
     )
@@ -98,6 +106,10 @@ def measure(n: int, per_node: int, repeat: int) -> bool:
                 env=env, capture_output=True, timeout=300,
             )  # fmt: skip
     say("  `orchestrator stacks`, as shown:\n    " + "\n    ".join(shown))
+    say(
+        f"  pdsh + py-spy dump, its first lines of {len(by_hand)}:\n    "
+        + "\n    ".join(by_hand[:12])
+    )
     pauses.sort()
     rows = [
         ["orchestrator stacks", f"{median(ours):.1f}", len(shown)],
