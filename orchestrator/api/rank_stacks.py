@@ -40,10 +40,12 @@ def take_stacks(record: RunRecord, method: str = "auto", timeout: float = ANSWER
             "and with it the way to the nodes"
         )
     request = secrets.token_hex(4)
+    # whole seconds: a file system's mtime may be coarser than time.time()
+    asked_at = float(int(time.time()))
     ask_for_stacks(record.path, request, method)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        answer = answer_to(record.path, request)
+        answer = answer_to(record.path, request, since=asked_at)
         if answer is not None:
             return answer
         if not controller_alive(record.read_status()):

@@ -91,6 +91,13 @@ class HangWatch:
         self.next_check = now + self.timeout
         self.first, self.asked, self.second_due = None, None, None
 
+    def waiting(self, now: float) -> bool:
+        """Whether `tick` has anything to do: a check is due or under way, no round of it
+        is out. Otherwise `tick` changes nothing, and its caller need not read the nodes."""
+        if self.timeout <= 0 or self.asked is not None:
+            return False
+        return self.first is not None or self.second_due is not None or now >= self.next_check
+
     def tick(self, now: float, running: set[int], all_running: bool) -> None:
         """Begin a check, or its second sample, when due. `all_running`: every node runs
         its part and answers (a check while nodes start, end or go silent means nothing)."""

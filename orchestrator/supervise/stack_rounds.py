@@ -217,10 +217,14 @@ def ask_for_stacks(record_dir: Path, request: str, method: str) -> None:
         os.utime(folder)
 
 
-def answer_to(record_dir: Path, request: str) -> dict | None:
-    """The stacks.json of the round that answered `request`, once written."""
+def answer_to(record_dir: Path, request: str, since: float = 0.0) -> dict | None:
+    """The stacks.json of the round that answered `request`, once written; only those
+    written at `since` (time.time()) or later are read, so a waiting reader does not parse
+    every earlier round again at each look."""
     for path in sorted((record_dir / STACKS).glob("*/stacks.json"), reverse=True):
         try:
+            if path.stat().st_mtime < since:
+                continue
             document = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             continue

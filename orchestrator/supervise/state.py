@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import os
 import signal
 import time
 from collections.abc import Iterable
@@ -73,6 +75,12 @@ class Outcome:
             f"run {run_id} {self.state} (exit code {self.exit_code}) after "
             f"{elapsed:.1f} s; logs in {logs_dir}",
         ]
+
+
+def disk_error(name: str) -> str:
+    """An errno name from a node (ENOSPC) in words: "no space left on device"."""
+    code = getattr(errno, name, None)
+    return os.strerror(code).lower() if isinstance(code, int) else name
 
 
 KILLED_FROM_OUTSIDE = (signal.SIGKILL, signal.SIGBUS)  # the OOM killer, a dying node, bad memory

@@ -10,8 +10,6 @@ stop, into a stop by the `Stopper`.
 from __future__ import annotations
 
 import contextlib
-import errno
-import os
 import queue
 import threading
 import time
@@ -32,6 +30,7 @@ from orchestrator.supervise.state import (
     Outcome,
     RankState,
     describe_exit,
+    disk_error,
     nodes_and_ranks,
 )
 from orchestrator.supervise.stopping import Stopper
@@ -295,21 +294,34 @@ class Supervisor:
             )
 
     def watch_stacks(self, now: float) -> None:
-        """Rounds of stacks: `orchestrator stacks` requests, rounds that ended, hang checks."""
-        running = {n.index for n in self.nodes if n.state == "running" and not n.done}
+        """Rounds of stacks: `orchestrator stacks` requests, rounds that ended, hang checks.
+        Every pass of the loop comes here: on a quiet run it costs one stat (requests) and
+        reads the nodes only while a round or a check is under way."""
         for request, method in self.stacks.requests():
-            self.stacks.begin("asked by orchestrator stacks", running, method, request)
-        for round_ in self.stacks.tick(now, {n.index for n in self.nodes if n.done}):
+            self.stacks.begin("asked by orchestrator stacks", self.running_nodes(), method, request)
+        ended = (
+            self.stacks.tick(now, {n.index for n in self.nodes if n.done})
+            if self.stacks.open
+            else []
+        )
+        for round_ in ended:
             hang = self.hangs.round_ended(round_, now)
             if hang is not None and not self.stopping:
                 self.hang = hang
                 for line in hang.console_lines():
                     self.sink.note(line)
                 self._stop_if(self.detector.hung(hang.summary()))
+        if not self.hangs.waiting(now):
+            return
+        running = self.running_nodes()
         limit = self.heartbeat_timeout if self.heartbeat_timeout > 0 else float("inf")
         answering = all(time.time() - n.heard_wall < limit for n in self.nodes)
         everyone = len(running) == len(self.nodes) and answering and not self.stopping
         self.hangs.tick(now, running, everyone)
+
+    def running_nodes(self) -> set[int]:
+        """The nodes (by index) whose part runs."""
+        return {n.index for n in self.nodes if n.state == "running" and not n.done}
 
     def take_aside(self) -> None:
         """The frames the nodes' readers set aside since the last pass (nodes.ASIDE), each
@@ -385,9 +397,3 @@ class Supervisor:
             **nodes_and_ranks(self.nodes, self.ranks.values()),
             **({"hang": self.hang.status()} if self.hang is not None else {}),
         }
-
-
-def disk_error(name: str) -> str:
-    """An errno name from a node (ENOSPC) in words: "no space left on device"."""
-    code = getattr(errno, name, None)
-    return os.strerror(code).lower() if isinstance(code, int) else name

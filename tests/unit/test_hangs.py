@@ -6,6 +6,7 @@ tests/local/test_hangs_local.py.)"""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 from orchestrator.supervise.hangs import HangWatch
@@ -78,6 +79,22 @@ def test_no_check_before_the_timeout_nor_while_a_node_is_not_running(tmp_path):
     assert [s.sent for s in sessions] == [[], []]
     watch.tick(61.0, {0, 1}, True)
     assert [s.sent for s in sessions] == [["stacks 1 auto"], ["stacks 1 auto"]]
+
+
+def test_the_loop_reads_the_nodes_only_while_a_check_is_due_or_under_way(tmp_path):
+    rounds, watch, sessions = make(tmp_path, [])
+    assert not watch.waiting(59.0)  # quiet and not due: the supervisor skips tick
+    assert watch.waiting(60.0)
+    watch.tick(60.0, {0, 1}, True)
+    assert not watch.waiting(61.0)  # the first round is out
+    answer(rounds, sessions, stuck_world())
+    (ended,) = rounds.tick(61.0)
+    watch.round_ended(ended, 61.0)
+    assert watch.waiting(62.0)  # between the samples: a node that stops ends the check
+    watch.tick(62.0, {0}, False)
+    assert watch.waiting(63.0)  # still due: a new check begins once every node runs
+    assert [s.sent for s in sessions] == [["stacks 1 auto"], ["stacks 1 auto"]]
+    assert not HangWatch(rounds, 0.0, print, now=0.0).waiting(1e9)  # --hang-timeout 0
 
 
 def test_a_run_where_nothing_moved_hangs_and_names_the_odd_rank_first(tmp_path):
@@ -155,6 +172,7 @@ def test_a_request_through_the_record_is_answered_by_a_round(tmp_path):
     assert answer_to(tmp_path, "abc123") is None
     (ended,) = rounds.tick(1.0)
     got = answer_to(tmp_path, "abc123")
+    assert answer_to(tmp_path, "abc123", since=time.time() + 60) is None  # older: not read
     assert got["folder"] == str(ended.folder) and got["groups"][0].startswith("[b r3]")
     assert {r["host"] for r in got["ranks"]} == {"a", "b"}
 
