@@ -299,9 +299,10 @@ def test_the_hook_dumps_a_main_thread_blocked_in_a_gloo_all_reduce(tmp_path: Pat
                 "<module>",
             ]
             lines = render_groups(fold(list(records.values()), {0: "node1", 1: "node1"}))
-            assert lines[0].startswith("[node1 r0] 1 rank: main thread in all_reduce (torch/")
-            assert " <- step (gloo_rank.py:5) <- main (gloo_rank.py:12)" in lines[0]
-            assert lines[1].startswith("[node1 r1] 1 rank: main thread in idle (gloo_rank.py:7)")
+            # groups of one size: the rank in its own code (idle) before the one in torch
+            assert lines[0].startswith("[node1 r1] 1 rank: main thread in idle (gloo_rank.py:7)")
+            assert lines[1].startswith("[node1 r0] 1 rank: main thread in all_reduce (torch/")
+            assert " <- step (gloo_rank.py:5) <- main (gloo_rank.py:12)" in lines[1]
         assert [p.poll() for p in procs] == [None, None]
     finally:
         stop(procs)
