@@ -40,7 +40,9 @@ NODE_MODULES = (
     "processes",
     "controller",
     "sampling",
+    "py_spy",
     "stacks",
+    "flight",
     "wakeup",
     "main",
 )

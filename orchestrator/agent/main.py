@@ -25,17 +25,20 @@ from __future__ import annotations
 import os
 import select
 import signal
-import sys
 import threading
 import time
 
 from orchestrator.agent.controller import ControllerHost
 from orchestrator.agent.disk import DiskWatch, is_fault
+from orchestrator.agent.flight import FOLDER as FLIGHT_FOLDER
+from orchestrator.agent.flight import dumps_left, flight_environment, take_dumps
 from orchestrator.agent.processes import (
     ProcessTree,
     become_subreaper,
     claim_node_dir,
+    descendants_of,
     script_command,
+    signal_pid,
 )
 from orchestrator.agent.protocol import (
     AGENT_BEATS,
@@ -90,6 +93,8 @@ class Agent:
         self.last_hb_in = time.monotonic()
         self.controller_host = ControllerHost()
         self.beating = threading.Event()
+        self.started_wall = time.time()
+        self.flight_shipped: dict[int, float] = {}  # rank -> when its dump was last asked for
 
     def stop(self, reason: str, grace: float | None = None) -> None:
         """Stop the step's processes: after the config's grace unless told another."""
@@ -153,6 +158,8 @@ class Agent:
             thread.join()
         self.ranks.drain(10 if self.stdin_open else 2)
         self.ranks.ship_exits()
+        if self.processes.script_rc != 0 and self.node_dir:
+            self.ship_flight_left()
         if self.processes.script_rc != 0 and not self.processes.stopping:
             self.disk.probe()  # the script failed by itself: was it its disk?
         self.ranks.mask_files()
@@ -308,44 +315,67 @@ class Agent:
                 threading.Thread(
                     target=self.ship_stacks, args=str(argument).split(), daemon=True
                 ).start()
+            elif command == "end":
+                self.end_ranks(str(argument))
             else:
                 self.stop(f"{command} requested", argument)  # type: ignore[arg-type]
 
-    def ship_stacks(self, seq: str, method: str) -> None:
-        """`stacks SEQ METHOD`: every rank's stacks (stacks.py), as one K frame. In a thread
-        of its own: a rank's dump may take a second, and the loop goes on meanwhile."""
+    def ship_stacks(self, seq: str, method: str, *also: str) -> None:
+        """`stacks SEQ METHOD [flight]`: every rank's stacks (stacks.py), as one K frame,
+        after (with `flight`) each rank's flight recorder dump (flight.py) as an L frame.
+        In a thread of its own: a rank's dump may take a second, and the loop goes on."""
         import json  # here, not at the top: only a run asked for its stacks needs it
 
+        from orchestrator.agent.py_spy import find_py_spy
         from orchestrator.agent.stacks import rank_pids, take_stacks
 
         hook_dir = os.path.join(self.node_dir, STACKS_FOLDER) if self.node_dir else ""
         py_spy = None if method == "signal" else find_py_spy()
-        records = take_stacks(rank_pids(os.getpid()), hook_dir, py_spy, STACK_TIMEOUT_S)
+        pids = rank_pids(os.getpid())
+        records = take_stacks(pids, hook_dir, py_spy, STACK_TIMEOUT_S)
+        if "flight" in also:
+            folder = os.path.join(self.node_dir or "", FLIGHT_FOLDER)
+            for rank, dump in take_dumps(pids, folder, STACK_TIMEOUT_S).items():
+                self.flight_shipped[rank] = time.time()
+                if isinstance(dump, bytes):
+                    self.outbox.send(frame("L", seq, rank, "ok", payload=dump))
+                else:
+                    self.outbox.send(frame("L", seq, rank, "no", payload=dump.encode()))
         data = json.dumps(list(records.values()), separators=(",", ":")).encode()
         self.outbox.send(frame("K", seq, payload=data))
         self.outbox.write_some()
 
+    def end_ranks(self, ranks: str) -> None:
+        """`end RANK,...`: SIGKILL to those ranks' processes (the rank's own and those it
+        started); torchrun sees its workers fail and, with restarts left, starts them again."""
+        from orchestrator.agent.stacks import rank_pids
 
-def find_py_spy() -> str | None:
-    """py-spy of the job's environment (beside the node's interpreter), else on PATH."""
-    beside = os.path.join(os.path.dirname(sys.executable), "py-spy")
-    if os.access(beside, os.X_OK):
-        return beside
-    import shutil
+        wanted = {int(r) for r in ranks.split(",") if r.isdigit()}
+        for rank, pid in rank_pids(os.getpid()).items():
+            if rank in wanted:
+                for each in [pid, *descendants_of(pid)]:
+                    signal_pid(each, signal.SIGKILL)
 
-    return shutil.which("py-spy")
+    def ship_flight_left(self) -> None:
+        """After a failure: the flight recorder dumps torch wrote by itself (an NCCL
+        collective that timed out) since the step began, as `L end` frames."""
+        folder = os.path.join(self.node_dir or "", FLIGHT_FOLDER)
+        for rank, dump in dumps_left(folder, self.started_wall, self.flight_shipped).items():
+            self.outbox.send(frame("L", "end", rank, "ok", payload=dump))
 
 
 def install_hook(source: str, node_dir: str, env: dict[str, str]) -> dict[str, str]:
     """The stack hook written into the node directory, and the script's environment that
-    puts it first on the ranks' PYTHONPATH."""
+    puts it first on the ranks' PYTHONPATH and turns torch's flight recorder on."""
     from orchestrator.agent.stacks import HOOK_FOLDER, hook_environment
 
     folder = os.path.join(node_dir, HOOK_FOLDER)
     os.makedirs(folder, exist_ok=True)
     os.makedirs(os.path.join(node_dir, STACKS_FOLDER), exist_ok=True)
+    os.makedirs(os.path.join(node_dir, FLIGHT_FOLDER), mode=0o700, exist_ok=True)
     with open(os.path.join(folder, "sitecustomize.py"), "w", encoding="utf-8") as handle:
         handle.write(source)
+    env = flight_environment(env, os.path.join(node_dir, FLIGHT_FOLDER))
     return hook_environment(env, folder, os.path.join(node_dir, STACKS_FOLDER))
 
 

@@ -10,6 +10,7 @@ types with a length field, by exactly that many payload bytes:
   Q rank n + data   the rank's metrics channel (whole JSON lines it wrote)
   P n + data        a node sample, one JSON object (agent/sampling.py)
   K seq n + data    the ranks' stacks asked for by `stacks SEQ`, one JSON list (stacks.py)
+  L seq rank ok|no n + data   a rank's flight recorder dump (a pickle), or why none (flight.py)
 Every t is the node's wall clock. H echoes the controller's last `hb T1` (t1) with the time
 the agent read it (t2), `-` before any: one NTP round trip (orchestrator.supervise.clocks).
 E's s says whether the rank ended after the agent began stopping the step, both times in the
@@ -17,10 +18,13 @@ node's clock, so a stopped rank is told from a failed one whatever the clocks sa
 for the script's output read after the stop began: torchrun's shutdown, quiet on the console.
 W comes before the E or X it explains (agent/disk.py).
 Commands from the controller (stdin lines): `hb T1`, `stop GRACE`, `kill`, and `stacks SEQ
-METHOD` (every rank's stacks, answered by K with the same SEQ). A step's config
-(JSON's types only) is marshal data, version 4, which every Python 3 since 3.4 reads with
-a built-in module (json would cost each node's start-up 10 ms of imports and regular
-expressions), with an 8-digit length prefix; after X, a `next` line announces the next.
+METHOD [flight]` (every rank's stacks, answered by K with the same SEQ; with `flight`, each
+rank's flight recorder first, an L each), and `end RANK,...` (SIGKILL to those ranks'
+processes alone: a hang ended so that torchrun restarts the workers; the step goes on).
+A step's config (JSON's types only) is marshal data, version 4, which every Python 3 since
+3.4 reads with a built-in module (json would cost each node's start-up 10 ms of imports and
+regular expressions), with an 8-digit length prefix; after X, a `next` line announces the
+next.
 
 Standard library only: this module runs on the nodes too (see orchestrator.agent.bootstrap).
 """
@@ -43,7 +47,7 @@ import time
 # quiet node's P sample, which stands in for a third). A steady H waits while the agent
 # writes other frames (any bytes say it is there), up to BEATS_DEFERRED beats in a row: one
 # still goes out every 4 beats, so the clocks go on being compared while ranks print.
-WITH_PAYLOAD = frozenset("ONFMWQPK")  # frame types whose last header field is a length
+WITH_PAYLOAD = frozenset("ONFMWQPKL")  # frame types whose last header field is a length
 FIRST_BEATS = 5
 FIRST_BEAT_S = 1.0
 FASTEST_BEAT_S = 0.5
@@ -110,7 +114,7 @@ class CommandReader:
 
     def feed(self, chunk: bytes) -> list[tuple[str, float | str | None]]:
         """(command, argument) for each whole line: ("stop", GRACE or None), ("kill", 0.0),
-        ("stacks", "SEQ METHOD").
+        ("stacks", "SEQ METHOD [flight]"), ("end", "RANK,RANK").
 
         `hb T1` proves the controller is there (the caller notes any input as that) and
         is kept for the next heartbeat to echo.
@@ -130,8 +134,10 @@ class CommandReader:
                 commands.append(("stop", float(words[1]) if len(words) > 1 else None))
             elif words[0] == "kill":
                 commands.append(("kill", 0.0))
-            elif words[0] == "stacks" and len(words) == 3:
-                commands.append(("stacks", f"{words[1]} {words[2]}"))
+            elif words[0] == "stacks" and len(words) in (3, 4):
+                commands.append(("stacks", " ".join(words[1:])))
+            elif words[0] == "end" and len(words) == 2:
+                commands.append(("end", words[1]))
         return commands
 
 

@@ -48,11 +48,11 @@ Standard library only: this module runs on the nodes too (see orchestrator.agent
 from __future__ import annotations
 
 import os
-import subprocess
 import threading
 import time
 
 from orchestrator.agent.processes import children_of, stat_fields
+from orchestrator.agent.py_spy import StackError, dump_with_py_spy
 from orchestrator.agent.sampling import cpu_and_rss, rank_in_environ
 
 STACKS_DIR_ENV = "ORCHESTRATOR_STACKS_DIR"  # read by the hook: where it announces itself
@@ -65,10 +65,6 @@ NO_HOOK = (
 
 _locks: dict[int, threading.Lock] = {}  # one dump at a time per process: they share a file
 _locks_guard = threading.Lock()
-
-
-class StackError(Exception):
-    """Why one way of taking a stack did not work, in words for the user."""
 
 
 def take_stacks(
@@ -105,21 +101,33 @@ def take_one(rank: int, pid: int, hook_dir: str, py_spy: str | None, timeout: fl
     reasons = []
     if py_spy:
         try:
-            record["threads"], record["pause_s"] = dump_with_py_spy(py_spy, pid, timeout)
-            record["method"] = "py-spy"
+            threads, record["pause_s"] = dump_with_py_spy(py_spy, pid, timeout)
+            record["threads"], record["method"] = not_ours(threads), "py-spy"
             return record
         except StackError as error:
             reasons.append(f"py-spy: {error}")
     else:
         reasons.append("py-spy: not found on this node")
     try:
-        record["threads"] = dump_with_hook(pid, hook_dir, timeout)
+        record["threads"] = not_ours(dump_with_hook(pid, hook_dir, timeout))
         record["method"] = "signal"
         return record
     except StackError as error:
         reasons.append(f"stack hook: {error}")
     record["error"] = "; ".join(reasons)
     return record
+
+
+def not_ours(threads: list[dict]) -> list[dict]:
+    """The threads without the hook's own (its flight recorder thread, waiting on its pipe):
+    every rank has it alike, and it is not the program's."""
+    hook = os.path.join(HOOK_FOLDER, "sitecustomize.py")
+
+    def ours(thread: dict) -> bool:
+        frames = thread.get("frames") or ()
+        return bool(frames) and all(str(f.get("file", "")).endswith(hook) for f in frames)
+
+    return [thread for thread in threads if not ours(thread)]
 
 
 def empty_record(rank: int, pid: int, cpu_ticks: int | None) -> dict:
@@ -150,61 +158,6 @@ def cpu_wanted_ns(pid: int) -> int | None:
         except (OSError, ValueError, IndexError):
             continue
     return total if seen else None
-
-
-def dump_with_py_spy(py_spy: str, pid: int, timeout: float) -> tuple[list[dict], float]:
-    """(threads, seconds the call took) from `py-spy dump --pid PID --json`."""
-    import json  # here: only a stack request needs it, not every agent's start
-
-    argv = [py_spy, "dump", "--pid", str(pid), "--json"]
-    env = dict(os.environ, RUST_BACKTRACE="0")  # its error without a Rust backtrace
-    start = time.monotonic()
-    try:
-        result = subprocess.run(argv, capture_output=True, timeout=timeout, env=env)
-    except subprocess.TimeoutExpired:
-        raise StackError(f"no answer within {timeout:g} s") from None
-    except OSError as error:
-        raise StackError(f"cannot run {py_spy}: {error.strerror or error}") from None
-    took = time.monotonic() - start
-    if result.returncode != 0:
-        raise StackError(py_spy_failure(result.stderr.decode(errors="replace")))
-    try:
-        threads = [py_spy_thread(entry) for entry in json.loads(result.stdout)]
-    except (ValueError, TypeError, KeyError, AttributeError) as error:
-        raise StackError(f"unreadable output ({error})") from None
-    return threads, took
-
-
-def py_spy_thread(entry: dict) -> dict:
-    """One thread of py-spy's JSON as a record's thread."""
-    active = entry.get("active")
-    return {
-        "name": entry.get("thread_name"),
-        "id": entry.get("thread_id"),
-        "idle": None if active is None else not active,
-        "frames": [
-            {"function": f["name"], "file": f["filename"], "line": f.get("line")}
-            for f in entry["frames"]
-        ],
-    }
-
-
-def py_spy_failure(stderr: str) -> str:
-    """py-spy's error in one line; a refused ptrace named as such, with the setting."""
-    if "Permission Denied" in stderr or "Operation not permitted" in stderr:
-        try:
-            with open("/proc/sys/kernel/yama/ptrace_scope") as handle:
-                scope = f"kernel.yama.ptrace_scope={handle.read().strip()}"
-        except OSError:
-            scope = "kernel.yama.ptrace_scope"
-        return f"Permission denied (ptrace not allowed: {scope}, or no CAP_SYS_PTRACE)"
-    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
-    first = next((line for line in lines if line.startswith("Error:")), lines[0] if lines else "")
-    why = first.removeprefix("Error:").strip() or "failed"
-    causes = [line for line in lines if line[:1].isdigit() and ": " in line]
-    if causes:  # anyhow's "Caused by:" list: "0: No such file or directory (os error 2)"
-        why += f" ({causes[0].partition(': ')[2]})"
-    return why
 
 
 def dump_with_hook(pid: int, hook_dir: str, timeout: float) -> list[dict]:

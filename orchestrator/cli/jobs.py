@@ -133,9 +133,11 @@ def size_value(param: click.Parameter, value: str) -> int:
     metavar="SECONDS",
     help="When no rank has printed a line or written a metric this long, every rank's "
     "stack is taken twice, 5 s apart: if none moved, the run hangs: the console names the "
-    "odd ranks out and where they wait, the stacks go to runs/RUN/stacks/, and the run ends "
-    "`hung` (exit 1) before anything is killed. If any moved, it works silently and goes "
-    "on. 0: never check.",
+    "odd ranks out and where they wait, the stacks go to runs/RUN/stacks/ and torch's "
+    "flight recorder dumps to runs/RUN/flight/ (its analyser names the collective the stuck "
+    "ranks never joined), and the run ends `hung` (exit 1) before anything is killed, or, "
+    "while --max-restarts has restarts left, the stuck ranks are ended so that torchrun "
+    "restarts the workers. If any moved, it works silently and goes on. 0: never check.",
 )
 @click.option(
     "--min-free-disk",

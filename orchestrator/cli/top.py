@@ -20,7 +20,7 @@ COLUMNS = (
     ("SAMPLES/S", "right"),
     ("STEP MS", "right"),
     ("WORK MS", "right"),
-    ("LAST LINE", "right"),
+    ("SILENT", "right"),
     ("CPU %", "right"),
     ("MEM", "right"),
     ("GPU %", "right"),
@@ -50,7 +50,7 @@ WIDE = 400  # the line width of a snapshot that is not printed on a terminal
 )
 def top(run_id, run_dir, once, interval):
     """Show every rank of a run, live: state, step, loss, samples/s, step time, its own
-    work per step (outside collectives), seconds since its last line, CPU, memory, GPU.
+    work per step (outside collectives), how long it has been silent, CPU, memory, GPU.
 
     LOSS, SAMPLES/S, STEP MS and WORK MS cover the rank's latest window, not the whole
     run: with the bundled trainer, the steps of its last progress line (where lines come
@@ -58,12 +58,20 @@ def top(run_id, run_dir, once, interval):
     loss. The header's loss is the ranks' mean and its samples/s their sum, the
     figures of the console's last line.
 
-    Outliers come first (a failed rank, a named straggler, one silent or slower than the
-    others); when the ranks do not fit the terminal, the others fold by node and nodes
-    alike fold together. Works for attached and detached runs, SSH and SLURM, and a run
-    that has ended (its last state). The numbers come from the run's metrics channel
-    (runs/RUN/metrics.jsonl): the bundled trainer reports to it; any program can (see
-    ORCHESTRATOR_METRICS_FILE in the README). Ends when the run ends, or on Ctrl-C.
+    SILENT is how long a running rank has said nothing: since its last output line or
+    metrics record, whichever came later (`4s`, `2m10s`; blank where a rank is not running
+    or has said nothing yet). Once no rank has said anything for 30 s, the header says
+    `quiet 2m10s`. A run the hang check found hung (--hang-timeout) says so in the header,
+    with its odd group of stacks and where every rank's stacks are; that group's ranks
+    come first, flagged `stuck`.
+
+    Outliers come first (a stuck rank, a failed one, a named straggler, one silent or
+    slower than the others); when the ranks do not fit the terminal, the others fold by
+    node and nodes alike fold together. Works for attached and detached runs, SSH and
+    SLURM, and a run that has ended (its last state). The numbers come from the run's
+    metrics channel (runs/RUN/metrics.jsonl): the bundled trainer reports to it; any
+    program can (see ORCHESTRATOR_METRICS_FILE in the README). Ends when the run ends, or
+    on Ctrl-C.
     """
     from rich.console import Console
     from rich.live import Live
@@ -108,9 +116,13 @@ def render(view, rows: int | None):
     from rich.table import Table
     from rich.text import Text
 
+    from orchestrator.console.rank_table import duration
     from orchestrator.sizes import human_bytes
 
     now = time.time()
+    header = view.header(now)
+    if rows is not None:  # a hung run's header takes more lines
+        rows = max(1, rows - header.count("\n"))
     table = Table(box=None, pad_edge=False, header_style="bold")
     for name, justify in COLUMNS:
         table.add_column(name, justify=justify, no_wrap=True)
@@ -129,7 +141,7 @@ def render(view, rows: int | None):
             num(row.samples_per_s, ",.0f"),
             num(row.step_s and row.step_s * 1000, ".1f"),
             num(row.work_s and row.work_s * 1000, ".1f"),
-            "-" if row.silent_s is None else f"{row.silent_s:.0f} s",
+            "" if row.silent_s is None else duration(row.silent_s),
             num(row.cpu_percent, ".0f"),
             "-" if row.rss_bytes is None else human_bytes(row.rss_bytes),
             num(row.gpu_util, ".0f"),
@@ -137,4 +149,4 @@ def render(view, rows: int | None):
             row.flag + (f" ({row.count} ranks)" if row.count > 1 else ""),
             style=style,
         )
-    return Group(Text(view.header(), style="bold"), table)
+    return Group(Text(header, style="bold"), table)

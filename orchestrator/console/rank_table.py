@@ -8,8 +8,13 @@ what its processes use (CPU, memory, GPU) from its node's last sample. A rank's 
 are its latest record, over the window of the bundled trainer's progress lines
 (orchestrator/trainer/channel.py): what the console's last line says, for that rank.
 
-Outliers come first: a failed rank, a named straggler, a rank whose state differs from the
-others', one silent much longer than the others, one whose work is well above the median.
+Outliers come first: a rank stuck where the hang check found the run hung (the odd group of
+its stacks), a failed rank, a named straggler, a rank whose state differs from the others', one
+silent much longer than the others, one whose work is well above the median. Every running
+rank's silence is a column (`4s`, `2m10s`); a hung run's header says so, with its odd group and
+where its stacks are, and once every rank has been quiet over QUIET_SHOWN_S the summary (top's
+header, launch's footer) says for how long.
+
 When the rows do not fit the screen, the other ranks fold by node (`r8-15`), and nodes
 alike fold together (`ceon[3-17]`), their numbers summed or taken at the worst.
 """
@@ -31,6 +36,8 @@ SMOOTH = 0.2  # the weight of a rank's newest work in its average (one record a 
 SILENT_RATIO = 3.0  # silence above this times the median (and SILENT_MIN_S): shown first
 SILENT_MIN_S = 10.0
 BAD_STATES = frozenset({"failed", "killed", "lost", "unknown"})
+STUCK_SEVERITY = 110  # a rank of the hang's odd group: before everything else, failed included
+QUIET_SHOWN_S = 30.0  # no rank has said anything for longer: the summary says so
 
 
 @dataclass
@@ -120,6 +127,7 @@ class RunView:
     def rank_rows(self, now: float) -> list[Row]:
         rows = []
         stragglers = {s.get("rank"): s for s in self.status.get("stragglers") or []}
+        stuck = stuck_ranks(self.status.get("hang"))
         for entry in self.status.get("ranks") or []:
             rank = entry.get("rank")
             if not isinstance(rank, int):
@@ -149,6 +157,8 @@ class RunView:
                 s = stragglers[rank]
                 row.flag = f"straggler: {s.get('why', '?')} {s.get('ratio', 0):.1f}x"
                 row.severity = 90
+            if rank in stuck:
+                row.flag, row.severity = "stuck", STUCK_SEVERITY
             rows.append(row)
         _mark_outliers(rows)
         return rows
@@ -173,19 +183,34 @@ class RunView:
             ]
         return outliers[: max(0, room - len(folded))] + folded
 
-    def header(self) -> str:
-        return f"run {self.record.run_id}: " + summary(self.status, self.metrics)
+    def quiet_s(self, now: float) -> float | None:
+        """How long no running rank has said anything (None: none runs, or none was heard)."""
+        running = [
+            r.get("rank") for r in self.status.get("ranks") or [] if r.get("state") == "running"
+        ]
+        heard = [t for r in running if isinstance(r, int) and (t := self.last_heard(r)) is not None]
+        return max(0.0, now - max(heard)) if heard else None
+
+    def header(self, now: float) -> str:
+        """The run's summary line and, for a run found hung, what the hang check found."""
+        line = f"run {self.record.run_id}: " + summary(self.status, self.metrics, self.quiet_s(now))
+        return "\n".join([line, *hang_lines(self.status.get("hang"))])
 
     def ended(self) -> bool:
         return self.status.get("state") in FINAL_STATES
 
 
-def summary(status: dict, metrics: dict[int, tuple[float, dict]]) -> str:
+def summary(
+    status: dict,
+    metrics: dict[int, tuple[float, dict]],
+    quiet_s: float | None = None,
+    check_s: float = 0.0,
+) -> str:
     """A run in one line, from its status (as status.json has it) and each rank's latest
     metrics: `running, 16 rank(s) on 4 node(s) (16 running), step 1204, loss 0.4127, 2,421
     samples/s, 1 straggler(s) (rank 6)`. top's header, and launch's footer. The loss is the
     ranks' mean and samples/s their sum: over the same window, the figures of the
-    trainer's progress line."""
+    trainer's progress line. `quiet_s`, `check_s`: see quiet_words."""
     ranks = status.get("ranks") or []
     states = Counter(str(r.get("state")) for r in ranks)
     hosts = {r.get("host") for r in ranks}
@@ -201,7 +226,58 @@ def summary(status: dict, metrics: dict[int, tuple[float, dict]]) -> str:
         + (f", loss {statistics.fmean(losses):.4f}" if losses else "")
         + (f", {rate:,.0f} samples/s" if rate else "")
         + (f", {len(named)} straggler(s) (rank {', '.join(named[:5])})" if named else "")
+        + (f", {words}" if (words := quiet_words(quiet_s, check_s)) else "")
     )
+
+
+def quiet_words(quiet_s: float | None, check_s: float = 0.0) -> str:
+    """`quiet 2m10s (hang check at 5m)` once no rank has said anything for `quiet_s` >
+    QUIET_SHOWN_S, else nothing. `check_s`: the silence at which the next hang check begins
+    (0: hang checks are off, and the words stop at `quiet 2m10s`)."""
+    if quiet_s is None or quiet_s <= QUIET_SHOWN_S:
+        return ""
+    words = f"quiet {duration(quiet_s)}"
+    if not math.isfinite(check_s) or check_s <= 0:
+        return words
+    if quiet_s < check_s:
+        return f"{words} (hang check at {duration(check_s)})"
+    return f"{words} (checking for a hang)"
+
+
+def duration(seconds: float) -> str:
+    """A silence, short: `4s`, `2m10s`, `5m`, `1h05m`."""
+    whole = max(0, int(seconds))
+    if whole < 60:
+        return f"{whole}s"
+    if whole < 3600:
+        minutes, rest = divmod(whole, 60)
+        return f"{minutes}m{rest:02d}s" if rest else f"{minutes}m"
+    hours, minutes = divmod(whole // 60, 60)
+    return f"{hours}h{minutes:02d}m" if minutes else f"{hours}h"
+
+
+def hang_lines(hang: object) -> list[str]:
+    """What status.json's `hang` (supervise/hangs.py, Hang.status) says, for top's header:
+    for how long no rank moved, the odd group (the first), where every rank's stacks are."""
+    if not isinstance(hang, dict):
+        return []
+    groups = [g for g in hang.get("groups") or [] if isinstance(g, str)]
+    quiet = _num(hang.get("quiet_s"))
+    lines = [
+        f"hung: no rank moved for {'?' if quiet is None else f'{quiet:.0f}'} s; "
+        f"first group: {groups[0] if groups else 'no stacks'}"
+    ]
+    if hang.get("stacks"):
+        lines.append(f"stacks of every rank: {hang['stacks']}")
+    return lines
+
+
+def stuck_ranks(hang: object) -> set[int]:
+    """The ranks of a hang's odd group, as status.json's `hang` names them."""
+    named = hang.get("stuck_ranks") if isinstance(hang, dict) else None
+    if not isinstance(named, list):
+        return set()
+    return {r for r in named if isinstance(r, int) and not isinstance(r, bool)}
 
 
 def _mark_outliers(rows: list[Row]) -> None:
@@ -226,7 +302,7 @@ def _mark_outliers(rows: list[Row]) -> None:
             and row.silent_s is not None
             and row.silent_s > max(SILENT_MIN_S, SILENT_RATIO * quiet)
         ):
-            row.flag, row.severity = f"silent {row.silent_s:.0f} s", 40
+            row.flag, row.severity = f"silent {duration(row.silent_s)}", 40
         elif work and row.avg_work_s is not None and row.avg_work_s > SLOW_WORK * work:
             row.flag, row.severity = f"work {row.avg_work_s / work:.1f}x", 30
 

@@ -7,7 +7,9 @@ its stack changed, or it burned CPU in its own code), the job works silently: th
 once, and the next check comes after another timeout of silence. If no rank moved, the run
 hangs: `Hang` names the ranks and where they wait, the odd group first, and the supervisor
 ends the run through the verdict table (state `hung`) before anything is killed. A line from
-any rank meanwhile ends the check: a rank that prints does not hang.
+any rank meanwhile ends the check: a rank that prints does not hang. The second sample also
+asks every rank for torch's flight recorder (flight_report.py): a hang's record holds the
+dumps and torch's own reading of them, naming the collective the stuck ranks never joined.
 
 The default timeout, 300 s: half of NCCL's own collective timeout (600 s), so a hang is
 named, with its stacks, well before torch's watchdog kills the job and names whichever rank
@@ -20,13 +22,18 @@ which the second sample usually tells apart anyway. A check costs each rank one 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from orchestrator.hostlist import compress_hosts
 from orchestrator.record.runs import now_iso
+from orchestrator.supervise.flight_report import FlightReport, collect
 from orchestrator.supervise.stack_groups import moved
-from orchestrator.supervise.stack_rounds import StackRound, StackRounds
+from orchestrator.supervise.stack_rounds import Sender, StackRound, StackRounds
+
+if TYPE_CHECKING:
+    from orchestrator.supervise.detect import Detector
 
 DEFAULT_HANG_TIMEOUT_S = 300.0
 SAMPLE_GAP_S = 5.0  # between the two samples of a check
@@ -35,30 +42,37 @@ CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 @dataclass(frozen=True)
 class Hang:
-    """A run found stuck: for how long nothing came, and its second round of stacks."""
+    """A run found stuck: for how long nothing came, its second round of stacks, and what
+    torch's flight recorder says of it (flight_report.py; None without dumps)."""
 
     quiet_s: float
     stacks: StackRound
+    flight: FlightReport | None = None
+    flight_lines: tuple[str, ...] = ()
 
     def status(self) -> dict:
-        """status.json's `hang`: when it was found, the groups as shown, where the stacks are."""
+        """status.json's `hang`: when it was found, the groups as shown (the odd group's
+        ranks as `stuck_ranks`), where the stacks are, the flight recorder's finding."""
         return {
             "found_at": now_iso(self.stacks.began_wall),
             "quiet_s": round(self.quiet_s, 1),
             "groups": self.stacks.lines,
+            "stuck_ranks": list(self.stacks.odd),
             "stacks": str(self.stacks.folder) if self.stacks.folder else None,
+            **({"flight": self.flight.status()} if self.flight is not None else {}),
         }
 
     def console_lines(self) -> list[str]:
         where = f"; stacks of every rank in {self.stacks.folder}" if self.stacks.folder else ""
         head = f"hung: no rank printed, wrote a metric or moved for {self.quiet_s:.0f} s{where}"
-        return [head, *self.stacks.lines]
+        return [head, *self.stacks.lines, *self.flight_lines]
 
     def summary(self) -> str:
         groups = self.stacks.lines
         first = groups[0] if groups else "no stacks"
         lines = [f"job hung: no rank moved for {self.quiet_s:.0f} s; {first}"]
         lines += [f"  {line}" for line in groups[1:]]
+        lines += list(self.flight_lines)
         if self.stacks.folder:
             lines.append(f"stacks of every rank: {self.stacks.folder}")
         return "\n".join(lines)
@@ -110,10 +124,10 @@ class HangWatch:
             self.ask("hang check: first sample", running)
         elif self.second_due is not None and now >= self.second_due:
             self.second_due = None
-            self.ask("hang check: second sample", running)
+            self.ask("hang check: second sample", running, flight=True)
 
-    def ask(self, why: str, running: set[int]) -> None:
-        round_ = self.rounds.begin(why, running)
+    def ask(self, why: str, running: set[int], flight: bool = False) -> None:
+        round_ = self.rounds.begin(why, running, flight=flight)
         self.asked = round_.seq if round_ is not None else None
 
     def round_ended(self, round_: StackRound, now: float) -> Hang | None:
@@ -127,6 +141,32 @@ class HangWatch:
         first, self.first = self.first, None
         self.next_check = now + self.timeout
         return self.judge(first, round_, now)
+
+    def said_or_restarted(
+        self, hang: Hang, detector: Detector, sessions: Sequence[Sender], now: float
+    ) -> bool:
+        """Say the hang on the console; then, where torchrun has restarts left
+        (--max-restarts), end the stuck ranks (the odd group; every rank where all are
+        alike) so that it restarts the workers, and watch the new ones: True. False: the
+        run is to end `hung`."""
+        for line in hang.console_lines():
+            self.note(line)
+        used = len(detector.rounds.causes)
+        if not detector.max_restarts or used >= detector.max_restarts:
+            return False
+        stuck = list(hang.stacks.odd) or sorted(detector.ranks)
+        on_node: dict[int, list[int]] = {}
+        for rank in stuck:
+            on_node.setdefault(detector.ranks[rank].node, []).append(rank)
+        for session in sessions:
+            if session.index in on_node:
+                session.send(f"end {','.join(str(r) for r in on_node[session.index])}")
+        self.note(
+            f"ending {describe_ranks(stuck)} so that torchrun restarts the workers "
+            f"(restart {used + 1} of --max-restarts {detector.max_restarts})"
+        )
+        self.heard(now)  # the new workers get a timeout of their own
+        return True
 
     def judge(self, first: StackRound, second: StackRound, now: float) -> Hang | None:
         before = {r.get("rank"): r for r in first.records}
@@ -160,7 +200,18 @@ class HangWatch:
                     f"(see {second.folder or 'the stacks'})"
                 )
             return None
-        return Hang(quiet, second)
+        return self.found(quiet, second)
+
+    def found(self, quiet: float, second: StackRound) -> Hang:
+        """The hang, with what the flight recorder dumps of the second sample say."""
+        record_dir = self.rounds.record_dir
+        if record_dir is None or not (second.dumps or second.not_dumped):
+            return Hang(quiet, second)
+        try:
+            report = collect(record_dir, second.dumps, second.not_dumped)
+        except OSError as error:  # a full disk: the stacks still name the stuck ranks
+            return Hang(quiet, second, None, (f"flight recorder: not kept: {error}",))
+        return Hang(quiet, second, report, tuple(report.lines(self.rounds.hosts)))
 
 
 def describe_ranks(ranks: list[int]) -> str:

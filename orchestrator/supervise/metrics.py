@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from orchestrator.record.logfile import LogFile, open_append
@@ -88,6 +88,13 @@ class RunMetrics:
         self._append(
             {"time": round(now, 3), "host": node.host, "node_rank": node.index, "sample": sample}
         )
+
+    def probes(self, nodes: Sequence[NodeState], probes: dict[int, tuple[float, float]]) -> None:
+        """The preflight probe of each node (by index): (began, ended), as `probe` events."""
+        by_index = {node.index: node for node in nodes}
+        for index, (began, ended) in sorted(probes.items()):
+            if index in by_index:
+                self.event("probe", by_index[index], f"{ended - began:.1f} s", when=began)
 
     def event(
         self,

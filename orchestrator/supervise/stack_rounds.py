@@ -44,8 +44,12 @@ class StackRound:
     request: str | None = None  # the id of the `orchestrator stacks` request it answers
     answered: set[int] = field(default_factory=set)
     records: list[dict] = field(default_factory=list)
+    flight: bool = False  # each rank's flight recorder asked for too (agent/flight.py)
+    dumps: dict[int, bytes] = field(default_factory=dict)  # rank -> its flight recorder
+    not_dumped: dict[int, str] = field(default_factory=dict)  # rank -> why none came
     folder: Path | None = None  # where it was written, once ended
     lines: list[str] = field(default_factory=list)  # the folded groups, once ended
+    odd: tuple[int, ...] = ()  # the first group's ranks, once ended, where there are two or more
 
     @property
     def missing(self) -> set[int]:
@@ -79,24 +83,44 @@ class StackRounds:
         self.open: dict[int, StackRound] = {}
         self.seq = 0
         self.requests_seen: float | None = None  # the requests folder's mtime last looked at
+        self.left: dict[int, bytes] = {}  # rank -> the flight recorder torch dumped itself
 
     def begin(
-        self, why: str, running: set[int], method: str = "auto", request: str | None = None
+        self,
+        why: str,
+        running: set[int],
+        method: str = "auto",
+        request: str | None = None,
+        flight: bool = False,
     ) -> StackRound | None:
-        """Ask every running node (by index) for its ranks' stacks; None when none runs
-        and nobody waits for the answer."""
+        """Ask every running node (by index) for its ranks' stacks (and, with `flight`,
+        their flight recorders); None when none runs and nobody waits for the answer."""
         targets = [s for s in self.sessions if s.index in running]
         if not targets and request is None:
             return None  # a request gets its (empty) answer all the same
         self.seq += 1
         round_ = StackRound(
             self.seq, why, method, {s.index for s in targets}, time.monotonic(), time.time(),
-            request,
+            request, flight=flight,
         )  # fmt: skip
         self.open[round_.seq] = round_
         for session in targets:
-            session.send(f"stacks {round_.seq} {method}")
+            session.send(f"stacks {round_.seq} {method}" + (" flight" if flight else ""))
         return round_
+
+    def dumped(self, seq: str, rank: str, word: str, data: bytes) -> None:
+        """An L frame: a rank's flight recorder dump, or why there is none. It comes before
+        its node's K frame, which ends the node's part of the round; `end` for a dump torch
+        wrote by itself, sent after a failure."""
+        if seq == "end" and word == "ok" and rank.isdigit():  # left by torch (agent/flight.py)
+            self.left[int(rank)] = data
+        round_ = self.open.get(int(seq)) if seq.isdigit() else None
+        if round_ is None or not rank.isdigit():
+            return
+        if word == "ok":
+            round_.dumps[int(rank)] = data
+        else:
+            round_.not_dumped[int(rank)] = data.decode(errors="replace")
 
     def received(self, node: int, seq: str, data: bytes) -> None:
         round_ = self.open.get(int(seq)) if seq.isdigit() else None
@@ -125,7 +149,9 @@ class StackRounds:
 
     def finish(self, round_: StackRound) -> None:
         round_.records.sort(key=lambda r: r.get("rank", -1))
-        round_.lines = render_groups(fold(round_.records, self.hosts))
+        groups = fold(round_.records, self.hosts)
+        round_.lines = render_groups(groups)
+        round_.odd = groups[0].ranks if len(groups) > 1 else ()
         round_.lines += [
             f"[{self.node_hosts.get(i, i)}] no answer within {ROUND_TIMEOUT_S:g} s"
             for i in sorted(round_.missing)

@@ -21,6 +21,7 @@ from orchestrator.backends.sessions import Event, NodeSession
 from orchestrator.console.rank_table import summary
 from orchestrator.console.sink import LogSink
 from orchestrator.supervise.detect import Detector
+from orchestrator.supervise.flight_report import with_flight
 from orchestrator.supervise.hangs import Hang, HangWatch
 from orchestrator.supervise.liveness import Liveness
 from orchestrator.supervise.metrics import RunMetrics
@@ -108,10 +109,7 @@ class Supervisor:
         self.stacks = StackRounds(sessions, hosts, node_hosts, record_dir, sink.note)
         self.hangs = HangWatch(self.stacks, hang_timeout, sink.note, time.monotonic())
         self.hang: Hang | None = None
-        by_index = {node.index: node for node in self.nodes}
-        for index, (began, ended) in sorted((probes or {}).items()):  # the preflight's
-            if index in by_index:
-                self.metrics.event("probe", by_index[index], f"{ended - began:.1f} s", when=began)
+        self.metrics.probes(self.nodes, probes or {})
 
     # --- what callers read and set (the SLURM follower drives a supervisor by hand) -----
 
@@ -260,6 +258,8 @@ class Supervisor:
                 node.clock.exchange(t1, t2, t3, event.at or node.heard_wall)
         elif kind == "K":  # the stacks a round asked for
             self.stacks.received(node.index, fields[0], event.data)
+        elif kind == "L" and len(fields) == 3:  # a rank's flight recorder, for that round
+            self.stacks.dumped(*fields, event.data)
         elif kind == "M":
             self.sink.node_note(node.host, event.data.decode(errors="replace").strip())
         elif kind == "S":
@@ -306,10 +306,10 @@ class Supervisor:
         )
         for round_ in ended:
             hang = self.hangs.round_ended(round_, now)
-            if hang is not None and not self.stopping:
+            if hang is None or self.stopping:
+                continue
+            if not self.hangs.said_or_restarted(hang, self.detector, self.sessions, now):
                 self.hang = hang
-                for line in hang.console_lines():
-                    self.sink.note(line)
                 self._stop_if(self.detector.hung(hang.summary()))
         if not self.hangs.waiting(now):
             return
@@ -379,12 +379,13 @@ class Supervisor:
     # --- the end ------------------------------------------------------------------------
 
     def outcome(self) -> Outcome:
-        return self.detector.outcome(self.timed_out)
+        return with_flight(self.detector.outcome(self.timed_out), self.stacks)
 
     def footer_text(self) -> str:
-        """The run in one line, for launch's footer on a terminal."""
-        state = "stopping" if self.stopping else "running"
-        return summary({**self.status(), "state": state}, self.metrics.latest)
+        """The run in one line, for launch's footer (no hang checks: next_check is quiet_since)."""
+        at, h = max(self.metrics.stragglers.heard.values(), default=self.started_wall), self.hangs
+        status = {**self.status(), "state": "stopping" if self.stopping else "running"}
+        return summary(status, self.metrics.latest, time.time() - at, h.next_check - h.quiet_since)
 
     def status(self) -> dict:
         """The supervision part of status.json."""

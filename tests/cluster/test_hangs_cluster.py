@@ -100,6 +100,14 @@ def test_stacks_name_the_stuck_rank_and_a_hang_ends_the_run(make_cluster, tmp_pa
         assert status["state"] == "hung" and status["exit_code"] == 1, status
         assert f"[{host} r{STUCK}] 1 rank" in status["summary"].splitlines()[0], status["summary"]
         assert status["hang"]["stacks"], status["hang"]
+        assert status["hang"]["stuck_ranks"] == [STUCK], status["hang"]
+        # torch's flight recorder, dumped on every node and read by torch's analyser
+        assert (
+            f"flight recorder: rank {STUCK} ({host}) never joined collective #1 "
+            "(gloo:all_reduce, group 0:default_pg) that the others called at hang_job.py:22"
+        ) in status["summary"], status["summary"]
+        flight = sorted(p.name for p in (runs / "found" / "flight").iterdir())
+        assert flight == ["analysis.txt", *(f"rank_{r}" for r in range(8))], flight
         assert "run found hung (exit code 1)" in hung.stdout
         assert_nothing_left("found")
         print(f"the hung run ended after {took:.0f} s")

@@ -4,6 +4,7 @@ the job works silently, and the run succeeds."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -33,17 +34,129 @@ print("reduced", tensor.item(), flush=True)
 """
 
 
+def launch_local(tmp_path: Path, run_id: str, *args: str):
+    """`launch` on this machine's two local ranks, its record in tmp_path/runs."""
+    argv = ["launch", str(REPO / "hostfiles" / "local.txt"), "--run-dir", str(tmp_path / "runs")]
+    done = run_cli([*argv, "--run-id", run_id, *args], cwd=tmp_path, timeout=300)
+    print(done.stdout)
+    return done
+
+
 def test_silent_work_is_not_stopped(tmp_path: Path) -> None:
     (tmp_path / "crunch.py").write_text(JOB)
     runs = tmp_path / "runs"
-    done = run_cli(
-        ["launch", str(REPO / "hostfiles" / "local.txt"), "--run-dir", str(runs),
-         "--run-id", "silent", "--hang-timeout", "10", "--", "crunch.py"],
-        cwd=tmp_path, timeout=300,
-    )  # fmt: skip
-    print(done.stdout)
+    done = launch_local(tmp_path, "silent", "--hang-timeout", "10", "--", "crunch.py")
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.count("working silently") == 1, done.stdout
     assert "hung" not in done.stdout
     assert status_of(runs, "silent")["state"] == "succeeded"
     assert list((runs / "silent" / "stacks").iterdir()), "the checks' stacks are kept"
+
+
+def test_a_local_hang_is_named_by_stacks_and_the_flight_recorder(tmp_path: Path) -> None:
+    """Two local ranks, rank 1 stuck before the all_reduce rank 0 waits in: the run ends
+    hung, and torch's flight recorder, dumped by the ranks' hook thread on the agent's
+    word and read by torch's analyser, names the collective rank 1 never joined."""
+    runs = tmp_path / "runs"
+    job = str(REPO / "tests" / "data" / "hang_job.py")
+    done = launch_local(
+        tmp_path, "stuck", "--hang-timeout", "5", "--env", "STUCK_RANK=1", "--", job
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    finding = (
+        "flight recorder: rank 1 (localhost) never joined collective #1 "
+        "(gloo:all_reduce, group 0:default_pg) that the others called at hang_job.py:22"
+    )
+    assert done.stdout.count(finding) == 2, "on the console when found, and in the summary"
+    assert "deprecated" not in done.stdout  # torch warns of no variable we set
+    status = status_of(runs, "stuck")
+    assert status["state"] == "hung"
+    assert status["hang"]["stuck_ranks"] == [1]
+    assert status["hang"]["flight"]["missing"][0]["ranks"] == [1]
+    flight = runs / "stuck" / "flight"
+    assert sorted(p.name for p in flight.iterdir()) == ["analysis.txt", "rank_0", "rank_1"]
+    (second,) = [p for p in (runs / "stuck" / "stacks").iterdir() if p.name.endswith("-2")]
+    for record in json.loads((second / "stacks.json").read_text())["ranks"]:
+        files = {f["file"] for t in record["threads"] for f in t["frames"]}
+        assert not any(f.endswith("sitecustomize.py") for f in files), (
+            "the hook's thread is left out"
+        )
+
+
+TIMES_OUT = """\
+import datetime, os, sys, time
+import torch
+import torch.distributed as dist
+from torch._C import _distributed_c10d as c10d
+
+
+def dump_as_torch_does_on_a_timeout():
+    # NCCL's watchdog writes this file itself when a collective times out; gloo (CPU) never
+    # does, so the job writes it the same way, to the same place, from the same recorder.
+    with open(os.environ["TORCH_FR_DUMP_TEMP_FILE"] + os.environ["RANK"], "wb") as f:
+        f.write(c10d._dump_fr_trace())
+
+
+dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=5))
+dist.all_reduce(torch.ones(1))
+if dist.get_rank() == 1:
+    dump_as_torch_does_on_a_timeout()
+    time.sleep(60)
+try:
+    dist.all_reduce(torch.ones(1))
+except RuntimeError:
+    dump_as_torch_does_on_a_timeout()
+    sys.exit(1)
+"""
+
+
+def test_a_failed_runs_summary_reads_the_dumps_torch_left(tmp_path: Path) -> None:
+    """After a failure, the dumps torch wrote into the node's flight folder (on NCCL, at a
+    collective's timeout) come back to the record, and torch's analyser names the rank that
+    never joined the collective that timed out."""
+    (tmp_path / "times_out.py").write_text(TIMES_OUT)
+    runs = tmp_path / "runs"
+    done = launch_local(tmp_path, "late", "--", "times_out.py")
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert (
+        "flight recorder: rank 1 (localhost) never joined collective #2 "
+        "(gloo:all_reduce, group 0:default_pg) that the others called at times_out.py:20"
+    ) in done.stdout
+    assert sorted(p.name for p in (runs / "late" / "flight").iterdir()) == [
+        "analysis.txt", "rank_0", "rank_1",
+    ]  # fmt: skip
+
+
+HANGS_ONCE = """\
+import os, time
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+print("attempt", os.environ["TORCHELASTIC_RESTART_COUNT"], flush=True)
+if dist.get_rank() == 1 and os.environ["TORCHELASTIC_RESTART_COUNT"] == "0":
+    while True:
+        time.sleep(0.5)
+tensor = torch.ones(1)
+dist.all_reduce(tensor)
+print("reduced", tensor.item(), flush=True)
+"""
+
+
+def test_a_hang_under_max_restarts_restarts_the_workers(tmp_path: Path) -> None:
+    """--max-restarts 1: the hang is named, the stuck rank ended, torchrun starts the
+    workers again, and the second attempt (which does not hang) succeeds."""
+    (tmp_path / "hangs_once.py").write_text(HANGS_ONCE)
+    runs = tmp_path / "runs"
+    done = launch_local(
+        tmp_path, "again", "--hang-timeout", "5", "--max-restarts", "1", "--", "hangs_once.py"
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (
+        "ending rank 1 so that torchrun restarts the workers (restart 1 of --max-restarts 1)"
+        in done.stdout
+    )
+    assert "[localhost r[0-1]] reduced 2.0" in done.stdout  # both ranks, the second attempt
+    status = status_of(runs, "again")
+    assert status["state"] == "succeeded" and status["restarts"] == 1
+    assert "hang" not in status  # restarted, not ended hung

@@ -11,7 +11,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from orchestrator.agent.flight import flight_environment, take_dumps
 from orchestrator.agent.stacks import STACKS_DIR_ENV, hook_environment
+from orchestrator.supervise.flight_report import load_plain
 
 HOOK = str(Path(__file__).resolve().parents[2] / "orchestrator" / "agent" / "stack_hook")
 SIGNUM = int(signal.SIGRTMIN) + 5
@@ -122,3 +126,44 @@ def test_files_are_removed_at_exit_but_not_by_a_forked_child(tmp_path: Path) -> 
     shown = lines_of(run(tmp_path, [HOOK], hook_dir, code))
     assert shown["kept"] == "True"
     assert list(hook_dir.iterdir()) == []
+
+
+FLIGHT_JOB = """\
+import sys, time
+import torch, torch.distributed as dist
+if sys.argv[2] == "group":
+    dist.init_process_group("gloo", init_method=f"file://{sys.argv[3]}", rank=0, world_size=1)
+    dist.all_reduce(torch.ones(2))
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize("group", [True, False])
+def test_a_rank_dumps_its_flight_recorder_when_the_agent_asks(tmp_path: Path, group: bool) -> None:
+    """The hook's flight thread in a real rank: the agent's byte on the pipe gets torch's
+    dump (a gloo all_reduce in it) from a rank with a process group, and why not from one
+    without."""
+    flight = tmp_path / "flight"
+    flight.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", STACKS_DIR_ENV)}
+    env.update(flight_environment({"PYTHONPATH": HOOK, "RANK": "0"}, str(flight)))
+    script = tmp_path / "rank.py"
+    script.write_text(FLIGHT_JOB)
+    argv = [sys.executable, str(script), HOOK, "group" if group else "none", str(tmp_path / "s")]
+    rank = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        assert rank.stdout is not None and rank.stdout.readline() == "ready\n"
+        (dump,) = take_dumps({0: rank.pid}, str(flight), 10.0).values()
+    finally:
+        rank.terminate()
+        rank.wait(30)
+    if group:
+        assert isinstance(dump, bytes)
+        entries = load_plain(dump)["entries"]
+        assert [e["profiling_name"] for e in entries] == ["gloo:all_reduce"]
+        assert (flight / "rank_0").read_bytes() == dump
+    else:
+        assert dump == (
+            "LookupError: no process group in this process (torch.distributed not initialized)"
+        )

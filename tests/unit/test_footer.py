@@ -6,12 +6,16 @@ tests/local/test_footer_launch.py."""
 from __future__ import annotations
 
 import io
+import queue
 import re
+import time
+from pathlib import Path
 
 from orchestrator.console.footer import PREFIX, Footer
 from orchestrator.console.progress import CLEAR
 from orchestrator.console.rank_table import summary
 from orchestrator.console.sink import LogSink
+from orchestrator.supervise import NodeState, RankState, Supervisor
 
 
 class Clock:
@@ -95,3 +99,37 @@ def test_the_summary_says_states_step_rate_and_stragglers() -> None:
         "1,500 samples/s, 1 straggler(s) (rank 1)"
     )
     assert summary({"state": "starting"}, {}) == "starting, 0 rank(s) on 0 node(s) ()"
+
+
+def test_the_summary_says_how_long_every_rank_has_been_quiet() -> None:
+    status = {"state": "running", "ranks": [{"rank": 0, "host": "a", "state": "running"}]}
+    head = "running, 1 rank(s) on 1 node(s) (1 running)"
+    assert summary(status, {}, quiet_s=130.4, check_s=300.0) == (
+        f"{head}, quiet 2m10s (hang check at 5m)"
+    )
+    assert summary(status, {}, quiet_s=130.4) == f"{head}, quiet 2m10s"  # no hang checks
+    assert summary(status, {}, quiet_s=302.0, check_s=300.0).endswith(
+        ", quiet 5m02s (checking for a hang)"
+    )
+    assert summary(status, {}, quiet_s=30.0, check_s=300.0) == head  # 30 s: not yet said
+
+
+def footer_of(tmp_path: Path, hang_timeout: float, quiet: float) -> str:
+    """launch's footer of a supervisor whose ranks last said something `quiet` s ago."""
+    nodes = [NodeState(0, "a", (0, 1))]
+    ranks = [RankState(r, 0, r, "a") for r in range(2)]
+    sink = LogSink(tmp_path, {0: "r0", 1: "r1"}, {0: "a"}, None, False)
+    sup = Supervisor(
+        nodes, ranks, [], queue.Queue(), sink, grace=1, heartbeat_timeout=0,
+        hang_timeout=hang_timeout,
+    )  # fmt: skip
+    for rank in (0, 1):
+        sup.metrics.heard_from(rank, time.time() - quiet - rank)
+    sup.hangs.heard(time.monotonic() - quiet)
+    return sup.footer_text()
+
+
+def test_launchs_footer_says_how_long_every_rank_has_been_quiet(tmp_path: Path) -> None:
+    assert footer_of(tmp_path, 300.0, 130.2).endswith(", quiet 2m10s (hang check at 5m)")
+    assert footer_of(tmp_path, 0.0, 130.2).endswith(", quiet 2m10s")
+    assert "quiet" not in footer_of(tmp_path, 300.0, 5.0)

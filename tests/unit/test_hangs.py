@@ -123,7 +123,7 @@ def test_a_stack_that_changed_is_work_said_once_and_checked_again_later(tmp_path
     assert check(rounds, watch, sessions, 60.0, stuck_world(), later) is None
     assert len(notes) == 1 and "rank 3 moved between two samples" in notes[0], notes
     watch.tick(100.0, {0, 1}, True)  # the next check waits for another timeout of silence
-    assert sessions[0].sent == ["stacks 1 auto", "stacks 2 auto"]
+    assert sessions[0].sent == ["stacks 1 auto", "stacks 2 auto flight"]
     assert check(rounds, watch, sessions, 127.0, stuck_world(), later) is None
     assert len(notes) == 1  # said once
 
@@ -184,3 +184,28 @@ def test_a_node_that_does_not_answer_is_named_when_the_round_times_out(tmp_path)
     assert rounds.tick(5.0) == []
     (ended,) = rounds.tick(1e9)
     assert ended.lines[-1] == "[b] no answer within 12 s"
+
+
+def test_a_hang_ends_the_stuck_ranks_while_torchrun_has_restarts_left(tmp_path):
+    """--max-restarts 2: the first hang sends `end 3` to rank 3's node alone and watches
+    anew; once the restarts are spent, a hang is left to end the run."""
+    from orchestrator.supervise.detect import Detector
+    from orchestrator.supervise.restarts import RankExit
+    from orchestrator.supervise.state import NodeState, RankState
+
+    notes: list[str] = []
+    rounds, watch, sessions = make(tmp_path, notes)
+    hang = check(rounds, watch, sessions, 60.0, stuck_world(), stuck_world())
+    assert hang is not None and hang.stacks.odd == (3,)
+    nodes = [NodeState(0, "a", (0, 1)), NodeState(1, "b", (2, 3))]
+    ranks = [RankState(r, r // 2, r % 2, HOSTS[r]) for r in range(4)]
+    detector = Detector(nodes, ranks, None, None, max_restarts=2)  # type: ignore[arg-type]
+    assert watch.said_or_restarted(hang, detector, sessions, 80.0)
+    assert sessions[1].sent[-1] == "end 3" and sessions[0].sent[-1].startswith("stacks")
+    assert notes[-1] == (
+        "ending rank 3 so that torchrun restarts the workers (restart 1 of --max-restarts 2)"
+    )
+    assert watch.next_check == 80.0 + 60.0  # the new workers get a whole timeout
+    detector.rounds.causes = {0: RankExit(3, "b", 137, 1.0), 1: RankExit(3, "b", 137, 2.0)}
+    assert not watch.said_or_restarted(hang, detector, sessions, 200.0)
+    assert sessions[1].sent[-1] == "end 3" and len(sessions[1].sent) == 3  # nothing more sent

@@ -1,4 +1,5 @@
-"""In every Python process of a rank: write all threads' stacks on a signal, for the agent.
+"""In every Python process of a rank: write all threads' stacks on a signal, and torch's
+flight recorder on request, for the agent.
 
 The node script puts this folder first on PYTHONPATH, so each interpreter of the job imports
 this file at start-up (site.py's `import sitecustomize`). Where ORCHESTRATOR_STACKS_DIR is set,
@@ -26,11 +27,22 @@ agent (one per node) notes the size before it signals and reads what was added (
 orchestrator.agent.stacks). A file per dump would need a new file for each signal, which a
 C-level handler we cannot write in Python would have to open.
 
+The flight recorder (torch's record of each rank's last collectives): where
+ORCHESTRATOR_FLIGHT_DIR is set and the process is a rank (RANK set), one thread waits on a
+named pipe, `<dir>/.<pid>.fifo`, blocked in open() until the agent writes to it, so it costs
+nothing meanwhile. Then, if the process has a process group, it writes torch's dump to
+`<dir>/rank_<RANK>` (the name torch's own dump on an NCCL timeout takes, and its analyser
+reads) and a word to `<dir>/.<pid>.flight`: `ok`, or why there is none. A thread, because
+only a thread can call torch while the main thread waits inside a collective (which lets go
+of the GIL); a signal's Python handler would wait for the collective to return. It is the
+one thread we add, started with _thread (no `threading` import at start-up), and the agent
+leaves it out of the stacks it reports.
+
 It must not disturb the program: it changes no signal the program set (it skips a signal
-whose disposition is not the default), adds no thread, raises nothing of its own (a failure
-only leaves the process without the hook), and imports the user's own sitecustomize, if any
-further down sys.path, as Python would have without us. Standard library only; it runs on
-whatever interpreter the job uses.
+whose disposition is not the default), adds no thread but the flight recorder's, raises
+nothing of its own (a failure only leaves the process without the hook), and imports the
+user's own sitecustomize, if any further down sys.path, as Python would have without us.
+Standard library only; it runs on whatever interpreter the job uses.
 """
 
 from __future__ import annotations
@@ -39,6 +51,7 @@ import os
 import sys
 
 DIR_ENV = "ORCHESTRATOR_STACKS_DIR"
+FLIGHT_ENV = "ORCHESTRATOR_FLIGHT_DIR"
 HIGH_FD = 500  # the dump's descriptor is moved up here, away from the numbers a program reuses
 
 
@@ -96,6 +109,64 @@ def forget(pid: int, paths: tuple[str, ...]) -> None:
             pass
 
 
+def start_flight(folder: str) -> None:
+    """In a rank: the thread that writes torch's flight recorder when asked (see above)."""
+    import _thread
+
+    rank = os.environ.get("RANK", "")
+    if not rank.isdigit():
+        return  # torchrun itself, or a tool the job runs: not a rank
+    pid = os.getpid()
+    fifo = os.path.join(folder, f".{pid}.fifo")
+    if os.path.lexists(fifo):
+        os.remove(fifo)  # an earlier process's with this pid
+    os.mkfifo(fifo, 0o600)
+    _thread.start_new_thread(serve_flight, (fifo, folder, rank, pid))
+
+    import atexit
+
+    atexit.register(forget, pid, (fifo, os.path.join(folder, f".{pid}.flight")))
+
+
+def serve_flight(fifo: str, folder: str, rank: str, pid: int) -> None:
+    """Wait for the agent's word on the pipe; dump; again."""
+    while True:
+        try:
+            with open(fifo, "rb") as pipe:  # blocks until the agent opens it to write
+                pipe.read()
+        except OSError:
+            return  # the pipe is gone: the run's folder was removed
+        try:
+            data, word = flight_dump(), b"ok"
+        except Exception as error:
+            data, word = None, f"{type(error).__name__}: {error}".encode(errors="replace")
+        try:
+            if data is not None:
+                write_whole(os.path.join(folder, f"rank_{rank}"), data)
+            write_whole(os.path.join(folder, f".{pid}.flight"), word)
+        except OSError:
+            return
+
+
+def flight_dump() -> bytes:
+    """torch's flight recorder of this process's collectives: the pickle its analyser reads."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        raise LookupError("no process group in this process (torch.distributed not initialized)")
+    c10d = sys.modules["torch"]._C._distributed_c10d  # torch is there: it holds dist
+
+    if "nccl" in str(dist.get_backend()) and hasattr(c10d, "_dump_nccl_trace"):
+        return c10d._dump_nccl_trace()
+    return c10d._dump_fr_trace()
+
+
+def write_whole(path: str, data: bytes) -> None:
+    partial = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.tmp")
+    with open(partial, "wb") as handle:
+        handle.write(data)
+    os.replace(partial, path)
+
+
 def chain_user_sitecustomize() -> None:
     """Import the sitecustomize this folder hides, if there is one further down sys.path.
 
@@ -126,4 +197,10 @@ if _folder:
         install(_folder)
     except Exception:
         pass  # no hook in this process; the agent reports that it found none
+_flight = os.environ.get(FLIGHT_ENV)
+if _flight:
+    try:
+        start_flight(_flight)
+    except Exception:
+        pass  # no flight recorder dump from this process; the agent says so
 chain_user_sitecustomize()
