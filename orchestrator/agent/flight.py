@@ -8,7 +8,8 @@ NCCL a dump when a collective times out (TORCH_NCCL_DUMP_ON_TIMEOUT) into this n
 sends what torch wrote there (`dumps_left`). These are torch 2.13's names: it warns, on
 every rank, of the older TORCH_NCCL_TRACE_BUFFER_SIZE and TORCH_NCCL_DEBUG_INFO_TEMP_FILE,
 so they are not set here, and a job that sets them keeps its own. Each collective costs the
-rank the record of its Python stack, a few microseconds; the ring holds BUFFER_ENTRIES.
+rank the record of its Python stack: up to ~30 us on 2 CPU cores, 1.01-1.07x a loop of tiny
+all_reduces (benchmarks/flight_recorder.py); the ring holds BUFFER_ENTRIES.
 
 gloo (and so every job on CPU) records too, but dumps on no timeout. So the agent asks for
 a dump itself, through each rank's stack hook (stack_hook/sitecustomize.py): a byte to the
