@@ -1,5 +1,53 @@
-"""orchestrator: launch multi-node PyTorch jobs from a hostfile."""
+"""orchestrator: launch multi-node PyTorch jobs from a hostfile.
+
+The Python API, for a sweep script, a notebook or another tool (see docs/api.md):
+
+    import orchestrator
+    run = orchestrator.launch("hosts.txt", ["train.py", "--lr", "0.1"])
+    outcome = run.wait()        # .state, .exit_code, .failure (rank, host, last lines)
+
+`launch`, `attach`, `render`, `exec_command`, `check_nodes`, `clean_nodes`, `Run`,
+`RunOutcome`, `Failure` and the errors (`OrchestratorError`, `ConfigError`, `RunFailed`,
+...) are named here and imported on first use: `python -m orchestrator.trainer` on a node
+imports this package without them.
+"""
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+from orchestrator.version import __version__
+
+_API = {
+    "launch": "orchestrator.api.launching",
+    "render": "orchestrator.api.launching",
+    "exec_command": "orchestrator.api.launching",
+    "check_nodes": "orchestrator.api.node_tasks",
+    "clean_nodes": "orchestrator.api.node_tasks",
+    "attach": "orchestrator.api.run_handle",
+    "runs_in": "orchestrator.api.run_handle",
+    "Run": "orchestrator.api.run_handle",
+    "RunOutcome": "orchestrator.api.run_handle",
+    "Failure": "orchestrator.api.run_handle",
+    "OrchestratorError": "orchestrator.errors",
+    "ConfigError": "orchestrator.errors",
+    "SourceError": "orchestrator.errors",
+    "NodeError": "orchestrator.errors",
+    "NodeErrors": "orchestrator.errors",
+    "Interrupted": "orchestrator.errors",
+    "RunFailed": "orchestrator.errors",
+}
+
+__all__ = ["__version__", *_API]
+
+
+def __getattr__(name: str):
+    if name not in _API:
+        raise AttributeError(f"module 'orchestrator' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(_API[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

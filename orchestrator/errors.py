@@ -90,3 +90,17 @@ class JobFailed(OrchestratorError):
     def __init__(self, message: str, exit_code: int) -> None:
         self.exit_code = exit_code
         super().__init__(message)
+
+
+class RunFailed(OrchestratorError):
+    """A run that did not succeed (the Python API's `RunOutcome.check()`): `outcome` says
+    how it ended, and which rank failed first, on which host."""
+
+    def __init__(self, outcome) -> None:
+        self.outcome = outcome
+        self.exit_code = outcome.exit_code or 1
+        failure = outcome.failure
+        where = f": rank {failure.rank} on {failure.host} first" if failure else ""
+        super().__init__(
+            f"run {outcome.run_id} {outcome.state} (exit code {outcome.exit_code}){where}"
+        )

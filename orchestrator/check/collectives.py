@@ -21,7 +21,7 @@ import time
 import traceback
 from datetime import timedelta
 
-from orchestrator import sizes
+import orchestrator.sizes as sizes
 from orchestrator.check import measure
 
 EXIT_TIMEOUT = 124

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from orchestrator import sizes
+import orchestrator.sizes as sizes
 from orchestrator.check import measure
 from orchestrator.check.facts import Master, NodeReport
 

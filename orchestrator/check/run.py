@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TextIO
 
-from orchestrator import sizes
+import orchestrator.sizes as sizes
 from orchestrator.backends import close_all, connect_each
 from orchestrator.check import measure
 from orchestrator.check.diagnose import node_problems

@@ -1,7 +1,7 @@
 """Command-line options for choosing the backend, and the SLURM job's options.
 
-Shared by `launch` and `render` (orchestrator.cli); no logic beyond turning flags into an
-`orchestrator.slurm.sbatch.SlurmOptions` and checking that they fit the chosen backend.
+Shared by `launch` and `render` (orchestrator.cli); what they make, and whether they fit
+the chosen backend, is orchestrator.api.keywords'.
 """
 
 from __future__ import annotations
@@ -10,20 +10,7 @@ import functools
 
 import click
 
-from orchestrator.errors import ConfigError
-
-SLURM_KEYS = (
-    "nodes",
-    "partition",
-    "time",
-    "account",
-    "job_name",
-    "gpus_per_node",
-    "cpus_per_node",
-    "sbatch_args",
-    "signal",
-    "requeue",
-)
+from orchestrator.cli.options import DEFAULTS
 
 
 def backend_options(func):
@@ -32,7 +19,7 @@ def backend_options(func):
         click.option(
             "--backend",
             type=click.Choice(["auto", "local", "ssh", "slurm"]),
-            default="auto",
+            default=DEFAULTS.backend,
             show_default=True,
             help="auto or ssh: SSH to the hosts (localhost entries run directly); "
             "local: every host must be this machine; slurm: one sbatch job "
@@ -90,36 +77,6 @@ def backend_options(func):
         ),
     ]
     return functools.reduce(lambda f, option: option(f), reversed(options), func)
-
-
-def make_slurm_options(kwargs: dict, login: str | None = None):
-    """Take --backend's SLURM options out of a command's keyword arguments."""
-    from orchestrator.slurm.sbatch import SlurmOptions
-
-    values = {key: kwargs.pop(key) for key in SLURM_KEYS}
-    return SlurmOptions(**{**values, "sbatch_args": tuple(values["sbatch_args"])}, login=login)
-
-
-def check_backend(backend: str, slurm, hostfile: str | None):
-    """For the SSH/local path: no SLURM option, and a hostfile; its Cluster."""
-    from orchestrator.hosts.hostfile import load_hostfile
-
-    given = slurm.given_flags()
-    if given:
-        raise ConfigError(f"{given[0]} applies to --backend slurm only")
-    if hostfile is None:
-        raise ConfigError(
-            "HOSTFILE is missing: give the hostfile before `--` (it may be left "
-            "out only with --backend slurm)"
-        )
-    cluster = load_hostfile(hostfile)
-    if backend == "local" and not cluster.is_local:
-        first = next(h for h in cluster.hosts if not h.is_local)
-        raise ConfigError(
-            f"{first.source}: --backend local, but {first.name} is not this "
-            "machine; use --backend ssh (or auto)"
-        )
-    return cluster
 
 
 class HostfileOptional(click.Command):

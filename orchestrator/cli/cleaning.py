@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import sys
-
 import click
 
+from orchestrator.api.node_tasks import clean_nodes
 from orchestrator.cli.context import CONTEXT
-from orchestrator.cli.options import make_ssh_options, refuse_empty, ssh_options
-from orchestrator.errors import ConfigError
+from orchestrator.cli.options import ssh_options
 
 
 @click.command("clean", context_settings=CONTEXT)
@@ -37,21 +35,8 @@ def clean(hostfile, older_than, dry_run, python, **ssh):
     never touched. The run records on this machine (--run-dir) are not touched either.
     Exit status: 0, or 1 when a node could not be cleaned.
     """
-    from orchestrator.backends import close_all, connect_cluster
-    from orchestrator.hosts.hostfile import load_hostfile
-    from orchestrator.nodes.clean import clean_nodes, clean_table, parse_age
-
-    refuse_empty(python=python)
-    try:
-        age = parse_age(older_than)
-    except ValueError as exc:
-        raise ConfigError(f"--older-than: {exc}") from None
-    cluster = load_hostfile(hostfile)
-    connections = connect_cluster(cluster, make_ssh_options(**ssh))
-    try:
-        pythons = [host.python or python or sys.executable for host in cluster.hosts]
-        found, failed = clean_nodes(connections, pythons, age, dry_run)
-    finally:
-        close_all(connections)
-    click.echo(clean_table(found, failed, dry_run))
-    return 1 if failed else 0
+    table, cleaned = clean_nodes(
+        hostfile, older_than=older_than, dry_run=dry_run, python=python, **ssh
+    )
+    click.echo(table)
+    return 0 if cleaned else 1

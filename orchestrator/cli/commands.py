@@ -14,7 +14,6 @@ import sys
 
 import click
 
-from orchestrator import __version__
 from orchestrator.cli.cleaning import clean
 from orchestrator.cli.context import CONTEXT
 from orchestrator.cli.jobs import exec_command, launch, render
@@ -23,6 +22,7 @@ from orchestrator.cli.readiness import check
 from orchestrator.cli.records import logs, runs, stacks, status, stop
 from orchestrator.cli.top import top
 from orchestrator.errors import OrchestratorError
+from orchestrator.version import __version__
 
 
 @click.group(context_settings=CONTEXT)

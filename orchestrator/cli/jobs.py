@@ -7,52 +7,33 @@ import sys
 
 import click
 
-from orchestrator.cli.backend_options import (
-    HostfileOptional,
-    backend_options,
-    check_backend,
-    make_slurm_options,
-    split_hostfile,
+from orchestrator.api.keywords import LaunchArgs, build
+from orchestrator.api.launching import (
+    exec_command as run_exec,
 )
+from orchestrator.api.launching import (
+    render as render_files,
+)
+from orchestrator.api.launching import (
+    results_table,
+    start_attached,
+    start_detached,
+    started_error,
+)
+from orchestrator.cli.backend_options import HostfileOptional, backend_options, split_hostfile
 from orchestrator.cli.context import CONTEXT
 from orchestrator.cli.options import (
+    DEFAULTS,
     fold_option,
     footer_option,
-    gpus_chosen,
     job_options,
-    make_spec,
-    make_ssh_options,
-    refuse_empty,
+    note,
     run_options,
-    split_ssh,
+    size_value,
     ssh_options,
     stragglers_option,
 )
-from orchestrator.cli.selecting import select, selection_options, spares_option, split_selection
-from orchestrator.errors import ConfigError
-from orchestrator.hosts.selection import hold_spares
-from orchestrator.sizes import parse_size
-from orchestrator.supervise.hangs import DEFAULT_HANG_TIMEOUT_S
-
-
-def slurm_nodes(hostfile, selection, nproc_per_node, spares: int):
-    """--backend slurm: the hostfile's chosen hosts (its last `spares` held back), or, without
-    one, the hosts of the bad-node list as --exclude."""
-    from orchestrator.hosts.hostfile import load_hostfile
-    from orchestrator.record.bad_nodes import read_bad_nodes
-
-    if hostfile:
-        cluster = select(load_hostfile(hostfile), selection, nproc_per_node)
-        return hold_spares(cluster, spares), ()
-    select(None, selection, nproc_per_node)  # refuses a selection without a hostfile
-    return None, tuple(read_bad_nodes(selection.bad_nodes)) if selection.bad_nodes else ()
-
-
-def size_value(param: click.Parameter, value: str) -> int:
-    try:
-        return parse_size(value)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc), param=param) from None
+from orchestrator.cli.selecting import selection_options, spares_option
 
 
 @click.command(cls=HostfileOptional, context_settings=CONTEXT)
@@ -93,13 +74,13 @@ def size_value(param: click.Parameter, value: str) -> int:
     "--no-preflight",
     "preflight",
     flag_value=False,
-    default=True,
+    default=DEFAULTS.preflight,
     help="Skip probing the nodes (python, torch, interface, port) before starting.",
 )
 @click.option(
     "--grace",
     type=click.FloatRange(min=0),
-    default=10.0,
+    default=DEFAULTS.grace,
     show_default=True,
     metavar="SECONDS",
     help="On a failure or Ctrl-C, how long ranks get between SIGTERM and SIGKILL.",
@@ -107,7 +88,7 @@ def size_value(param: click.Parameter, value: str) -> int:
 @click.option(
     "--heartbeat-timeout",
     type=click.FloatRange(min=0),
-    default=30.0,
+    default=DEFAULTS.heartbeat_timeout,
     show_default=True,
     metavar="SECONDS",
     help="A node whose agent is silent this long and whose sshd does not answer an SSH "
@@ -118,7 +99,7 @@ def size_value(param: click.Parameter, value: str) -> int:
 @click.option(
     "--stall-timeout",
     type=click.FloatRange(min=0),
-    default=600.0,
+    default=DEFAULTS.stall_timeout,
     show_default=True,
     metavar="SECONDS",
     help="A node whose agent is silent but whose sshd still answers is busy, not lost: "
@@ -128,7 +109,7 @@ def size_value(param: click.Parameter, value: str) -> int:
 @click.option(
     "--hang-timeout",
     type=click.FloatRange(min=0),
-    default=DEFAULT_HANG_TIMEOUT_S,
+    default=DEFAULTS.hang_timeout,
     show_default=True,
     metavar="SECONDS",
     help="When no rank has printed a line or written a metric this long, every rank's "
@@ -141,7 +122,7 @@ def size_value(param: click.Parameter, value: str) -> int:
 )
 @click.option(
     "--min-free-disk",
-    default="1G",
+    default=DEFAULTS.min_free_disk,
     show_default=True,
     metavar="SIZE",
     callback=lambda ctx, param, value: size_value(param, value),
@@ -160,36 +141,14 @@ def size_value(param: click.Parameter, value: str) -> int:
 @click.option(
     "--color",
     type=click.Choice(["auto", "always", "never"]),
-    default="auto",
+    default=DEFAULTS.color,
     show_default=True,
     help="Colour the rank prefixes.",
 )
 @fold_option
 @footer_option
 @stragglers_option
-def launch(
-    hostfile,
-    program,
-    dry_run,
-    detach,
-    preflight,
-    grace,
-    heartbeat_timeout,
-    stall_timeout,
-    hang_timeout,
-    min_free_disk,
-    keep_node_logs,
-    color,
-    fold,
-    footer,
-    stragglers,
-    run_id,
-    run_dir,
-    backend,
-    login,
-    spares,
-    **job,
-):
+def launch(hostfile, program, dry_run, detach, **flags):
     """Run a job on every node of HOSTFILE.
 
     Without a script, runs the bundled DDP trainer (python -m orchestrator.trainer).
@@ -201,54 +160,24 @@ def launch(
     --partition gpu -- train.py`): the job id is printed, then its state and the ranks'
     output; Ctrl-C cancels the job.
     """
-    from orchestrator.launch.launcher import launch as run_launch
-    from orchestrator.launch.settings import LaunchOptions
-    from orchestrator.record.runs import check_run_id, new_run_id
-
-    ssh = make_ssh_options(**split_ssh(job))
-    selection = split_selection(job)
     hostfile, program = split_hostfile(hostfile, program)
-    slurm = make_slurm_options(job, login)
-    if backend != "slurm" and login:
-        raise ConfigError("--login applies to --backend slurm only")
-    cluster = None
-    if backend != "slurm":
-        cluster = select(check_backend(backend, slurm, hostfile), selection, job["nproc_per_node"])
-        cluster = hold_spares(cluster, spares)
-    spec = make_spec(program, gpus_chosen=gpus_chosen(selection, cluster, backend), **job)
-    options = LaunchOptions(
-        run_dir=run_dir,
-        run_id=check_run_id(run_id) if run_id else new_run_id(),
-        argv=tuple(["orchestrator", *sys.argv[1:]]),
-        grace=grace,
-        heartbeat_timeout=heartbeat_timeout,
-        stall_timeout=stall_timeout,
-        hang_timeout=hang_timeout,
-        min_free_disk=min_free_disk,
-        keep_node_logs=keep_node_logs,
-        bad_nodes=selection.bad_nodes,
-        color=color,
-        fold=fold,
-        footer=footer,
-        stragglers=stragglers,
-        preflight=preflight,
-        ssh=ssh,
-    )
-    if backend == "slurm":
-        from orchestrator.slurm.submit import launch_slurm
-
-        cluster, exclude = slurm_nodes(hostfile, selection, job["nproc_per_node"], spares)
-        return launch_slurm(
-            cluster,
-            spec,
-            slurm,
-            options,
-            dry_run=dry_run,
-            detach=detach,
-            spares=spares,
-            exclude=exclude,
-        )
-    return run_launch(cluster, spec, options, dry_run=dry_run, detach=detach)
+    argv = ("orchestrator", *sys.argv[1:])
+    request = build(hostfile, program, LaunchArgs.of(flags), argv, note, new_run=not dry_run)
+    if not detach or dry_run:
+        return start_attached(request, dry_run, sys.stdout.buffer)
+    report = start_detached(request)
+    if "error" in report:
+        raise started_error(report)
+    run, where = request.options.run_id, request.options.run_dir
+    if "job_id" in report:
+        click.echo(f"run {run}: SLURM job {report['job_id']} submitted")
+    else:
+        click.echo(f"run {run} started in the background")
+    click.echo(f"  follow it:  orchestrator logs {run} -f --run-dir {where}")
+    click.echo(f"  state:      orchestrator status {run} --run-dir {where}")
+    verb = "cancel it" if "job_id" in report else "stop it  "
+    click.echo(f"  {verb}:  orchestrator stop {run} --run-dir {where}")
+    return 0
 
 
 @click.command(cls=HostfileOptional, context_settings=CONTEXT)
@@ -275,42 +204,10 @@ def render(hostfile, program, out_dir, run_id, backend, spares, **job):
     29500 unless given. With --backend slurm: DIR/job.sbatch, to submit with
     `sbatch DIR/job.sbatch` (the ranks' output then goes to slurm-<jobid>.out).
     """
-    from orchestrator.launch.preflight import check_script_exists, prepare
-    from orchestrator.launch.settings import LaunchOptions
-    from orchestrator.plan.scripts import write_rendered
-    from orchestrator.record.runs import check_run_id, new_run_id
-
     hostfile, program = split_hostfile(hostfile, program)
-    slurm = make_slurm_options(job)
-    selection = split_selection(job)
-    if backend == "slurm":
-        from orchestrator.slurm.submit import write_slurm_render
-
-        cluster, exclude = slurm_nodes(hostfile, selection, job["nproc_per_node"], spares)
-        spec = make_spec(program, gpus_chosen=gpus_chosen(selection, cluster, backend), **job)
-        for path in write_slurm_render(
-            out_dir,
-            cluster,
-            spec,
-            slurm,
-            check_run_id(run_id) if run_id else new_run_id(),
-            tuple(["orchestrator", *sys.argv[1:]]),
-            spares,
-            exclude,
-        ):
-            click.echo(str(path))
-        return 0
-    cluster = select(check_backend(backend, slurm, hostfile), selection, job["nproc_per_node"])
-    cluster = hold_spares(cluster, spares)
-    spec = make_spec(program, gpus_chosen=gpus_chosen(selection, cluster, backend), **job)
-    check_script_exists(cluster, spec)  # as launch does, when every node is this machine
-    options = LaunchOptions(
-        run_dir="",
-        run_id=check_run_id(run_id) if run_id else new_run_id(),
-        argv=tuple(["orchestrator", *sys.argv[1:]]),
-    )
-    plan, scripts = prepare(cluster, spec, options, connections=None)
-    for path in write_rendered(out_dir, plan, scripts):
+    keywords = {**job, "run_id": run_id, "backend": backend, "spares": spares}
+    argv = ("orchestrator", *sys.argv[1:])
+    for path in render_files(hostfile, program, out_dir=out_dir, say=note, argv=argv, **keywords):
         click.echo(str(path))
     return 0
 
@@ -355,18 +252,11 @@ def exec_command(hostfile, command, python, grace, timeout, color, fold, **ssh):
     status is 0 when the command succeeded everywhere, 1 otherwise. Ctrl-C stops the
     command on every node. Example: orchestrator exec hosts.txt -- nvidia-smi -L
     """
-    from orchestrator.hosts.hostfile import load_hostfile
-    from orchestrator.nodes.execute import exec_on_cluster
-
-    refuse_empty(python=python)
-    cluster = load_hostfile(hostfile)
-    return exec_on_cluster(
-        cluster,
-        " ".join(command),
-        python or sys.executable,
-        make_ssh_options(**ssh),
-        grace=grace,
-        time_limit=timeout,
-        color=color,
-        fold=fold,
-    )
+    out = sys.stdout.buffer
+    results = run_exec(
+        hostfile, " ".join(command), python=python, grace=grace, timeout=timeout,
+        console=out, color=color, fold=fold, **ssh,
+    )  # fmt: skip
+    out.write(results_table(results).encode())
+    out.flush()
+    return 0 if all(result.ok for result in results) else 1

@@ -1,19 +1,33 @@
-"""Options shared by several commands, and turning them into the values the logic takes.
+"""Options shared by several commands (their defaults are the API's: `DEFAULTS`).
 
 The commands themselves are in orchestrator.cli; the backend and SLURM options in
-orchestrator.cli.backend_options.
+orchestrator.cli.backend_options; what the options make, in orchestrator.api.keywords.
 """
 
 from __future__ import annotations
 
 import functools
-import os
-import sys
 
 import click
 
-from orchestrator.errors import ConfigError
-from orchestrator.supervise.stragglers import RATIO, WINDOW_S
+from orchestrator.api.keywords import LaunchArgs
+from orchestrator.api.shown import parse_size
+
+DEFAULTS = LaunchArgs()  # every launch flag's default, as the Python API has it
+
+
+def note(text: str) -> None:
+    """A note for the user, on stderr: `[orchestrator] text`."""
+    click.echo(f"[orchestrator] {text}", err=True)
+
+
+def size_value(param: click.Parameter, value: str | int) -> int:
+    if isinstance(value, int):
+        return value
+    try:
+        return parse_size(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param=param) from None
 
 
 def job_options(func):
@@ -34,7 +48,7 @@ def job_options(func):
         ),
         click.option(
             "--master-port",
-            default="auto",
+            default=DEFAULTS.master_port,
             show_default=True,
             metavar="PORT|auto",
             help="Rendezvous port. 'auto': a free port that the master node's "
@@ -84,7 +98,7 @@ def job_options(func):
         ),
         click.option(
             "--forward-env/--no-forward-env",
-            default=True,
+            default=DEFAULTS.forward_env,
             show_default=True,
             help="Forward this shell's NCCL_*, GLOO_*, TORCH_*, CUDA_*, PYTHON* and "
             "OMP_* variables to every node, except those naming this machine's "
@@ -108,7 +122,7 @@ def job_options(func):
             "--max_restarts",
             "max_restarts",
             type=int,
-            default=0,
+            default=DEFAULTS.max_restarts,
             show_default=True,
             metavar="N",
             help="torchrun's --max-restarts: after a rank fails, torchrun restarts "
@@ -130,27 +144,6 @@ def job_options(func):
     return functools.reduce(lambda f, option: option(f), reversed(options), func)
 
 
-def env_file_layers(env_files, no_env_file: bool, say=None) -> list[list[tuple[str, str]]]:
-    """--env-file's pairs; without it, DeepSpeed's .deepspeed_env files (said, in one line)."""
-    from orchestrator.plan.spec import deepspeed_env_files, load_env_file
-
-    if env_files and no_env_file:
-        raise ConfigError("--env-file and --no-env-file together: give one of them")
-    if not env_files and not no_env_file:
-        env_files = deepspeed_env_files(os.getcwd(), os.path.expanduser("~"))
-        if env_files:
-            (say or _note)(
-                f"env file {', '.join(map(str, env_files))} (DeepSpeed's "
-                ".deepspeed_env) sets variables on every node; --no-env-file "
-                "ignores it"
-            )
-    return [load_env_file(path) for path in env_files]
-
-
-def _note(text: str) -> None:
-    click.echo(f"[orchestrator] {text}", err=True)
-
-
 def run_options(func):
     options = [
         click.option(
@@ -161,7 +154,7 @@ def run_options(func):
         ),
         click.option(
             "--run-dir",
-            default="runs",
+            default=DEFAULTS.run_dir,
             show_default=True,
             metavar="DIR",
             help="Where run records are kept.",
@@ -212,38 +205,10 @@ def ssh_options(func):
     return functools.reduce(lambda f, option: option(f), reversed(options), func)
 
 
-def make_ssh_options(
-    ssh_config, identity_files, known_hosts, accept_new_host_keys, connect_timeout
-):
-    from orchestrator.backends.base import SshOptions
-
-    return SshOptions(
-        config_path=ssh_config,
-        known_hosts=known_hosts,
-        accept_new_host_keys=accept_new_host_keys,
-        connect_timeout=connect_timeout,
-        identity_files=tuple(identity_files),
-    )
-
-
-SSH_KEYS = (
-    "ssh_config",
-    "identity_files",
-    "known_hosts",
-    "accept_new_host_keys",
-    "connect_timeout",
-)
-
-
-def split_ssh(kwargs: dict) -> dict:
-    """Take the ssh options out of a command's keyword arguments."""
-    return {key: kwargs.pop(key) for key in SSH_KEYS}
-
-
 def run_dir_option(func):
     return click.option(
         "--run-dir",
-        default="runs",
+        default=DEFAULTS.run_dir,
         show_default=True,
         metavar="DIR",
         help="Where run records are kept.",
@@ -256,7 +221,7 @@ def fold_option(func):
         "fold",
         is_flag=True,
         flag_value=False,
-        default=True,
+        default=DEFAULTS.fold,
         help="Show every line as printed. By default a line that several ranks or nodes "
         "print alike within a moment is shown once, prefixed with their host and rank "
         "lists ([ceon[1-64] r[0-63]] ...); the log files always hold every line.",
@@ -269,7 +234,7 @@ def footer_option(func):
         "footer",
         is_flag=True,
         flag_value=False,
-        default=True,
+        default=DEFAULTS.footer,
         help="No summary line under the stream. By default, on a terminal, one line under "
         "the ranks' output says how the run goes (ranks' states, step, samples/s, "
         "stragglers), as `orchestrator top` shows in full.",
@@ -277,7 +242,7 @@ def footer_option(func):
 
 
 def stragglers_option(func):
-    default = f"{RATIO:g},{WINDOW_S:g}"  # the rule's own defaults, written as the flag takes them
+    default = "{:g},{:g}".format(*DEFAULTS.stragglers)  # written as the flag takes it
 
     def parse(ctx, param, value: str) -> tuple[float, float]:
         ratio, _, seconds = value.partition(",")
@@ -305,85 +270,3 @@ def stragglers_option(func):
         "bundled trainer does): step time alone names nobody, since every rank waits for "
         "the slowest.",
     )(func)
-
-
-def refuse_empty(**flags: str | None) -> None:
-    """Refuse a flag given as '' (or blanks) instead of silently taking it as not given.
-
-    Keyword names are the flags' (`python=...` checks --python).
-    """
-    for name, value in flags.items():
-        if value is not None and not value.strip():
-            raise ConfigError(f"--{name.replace('_', '-')} must not be empty")
-
-
-def gpus_chosen(selection, cluster, backend: str) -> bool:
-    """Whether the controller's CUDA_VISIBLE_DEVICES is moot for this job: a selection chose
-    each node's GPUs, or (not under SLURM) every node is this machine, whose ranks inherit
-    the controller's environment."""
-    return selection.given or (backend != "slurm" and cluster is not None and cluster.is_local)
-
-
-def make_spec(
-    program_argv,
-    *,
-    nproc_per_node,
-    master_addr,
-    master_port,
-    ifname,
-    env,
-    env_files,
-    no_env_file,
-    secret_names,
-    forward_env,
-    python,
-    workdir,
-    bind_cores=False,
-    sync_dir=None,
-    max_restarts=0,
-    gpus_chosen=False,
-):
-    """The JobSpec of the flags. `gpus_chosen` (see `gpus_chosen()`): nothing is said about
-    the controller's CUDA_VISIBLE_DEVICES not being forwarded."""
-    refuse_empty(ifname=ifname, python=python, workdir=workdir)
-    from orchestrator.plan.spec import (
-        VISIBLE_DEVICES,
-        JobSpec,
-        Program,
-        forwarded_env,
-        merge_env,
-        parse_env_assignments,
-        parse_master_port,
-    )
-
-    layers = [forwarded_env()] if forward_env else []
-    layers += env_file_layers(env_files, no_env_file)
-    layers.append(parse_env_assignments(env))
-    here = os.environ.get(VISIBLE_DEVICES)
-    if (
-        forward_env
-        and here is not None
-        and not gpus_chosen
-        and all(name != VISIBLE_DEVICES for layer in layers for name, _ in layer)
-    ):
-        _note(
-            f"{VISIBLE_DEVICES}={here} names this machine's GPUs and is not set on the "
-            "nodes; choose theirs with --include/--exclude/--num-gpus, or set one value "
-            f"for every node with --env {VISIBLE_DEVICES}=..."
-        )
-    if workdir is not None and sync_dir is not None:
-        raise ConfigError("--workdir and --sync both say where ranks start; give one of them")
-    return JobSpec(
-        program=Program.from_argv(program_argv),
-        python=python or sys.executable,
-        workdir=os.path.abspath(workdir) if workdir else os.getcwd(),
-        nproc_per_node=nproc_per_node,
-        master_addr=master_addr,
-        master_port=parse_master_port(master_port),
-        ifname=ifname,
-        env=merge_env(*layers),
-        secret_names=frozenset(secret_names),
-        sync_dir=os.path.abspath(sync_dir) if sync_dir else None,
-        bind_cores=bind_cores,
-        max_restarts=max_restarts,
-    )

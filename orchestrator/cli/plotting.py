@@ -32,10 +32,10 @@ def plot(run_id, run_dir, output):
     Works on a run still going (it draws what is there so far). Needs matplotlib:
     pip install 'orchestrator[plot]'.
     """
-    from orchestrator.console.plot import draw, load
-    from orchestrator.record.runs import RunRecord
+    from orchestrator.api.run_handle import Run
+    from orchestrator.api.shown import draw, load
 
-    record = RunRecord.open(run_dir, run_id)
+    record = Run(run_id, run_dir).record
     run = load(record.path)
     if run.skipped:
         click.echo(

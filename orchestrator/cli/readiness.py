@@ -2,20 +2,14 @@
 
 from __future__ import annotations
 
-import os
 import sys
 
 import click
 
+from orchestrator.api.node_tasks import check_nodes
 from orchestrator.cli.context import CONTEXT
-from orchestrator.cli.options import (
-    make_ssh_options,
-    refuse_empty,
-    run_dir_option,
-    ssh_options,
-)
-from orchestrator.cli.selecting import select, selection_options, split_selection
-from orchestrator.errors import ConfigError
+from orchestrator.cli.options import note, run_dir_option, ssh_options
+from orchestrator.cli.selecting import selection_options
 
 
 @click.command(context_settings=CONTEXT)
@@ -114,36 +108,10 @@ def check(
     nccl-tests computes them). Exit status 0 only when everything passed; otherwise 1, with
     what to fix.
     """
-    from orchestrator.check.run import CheckOptions, check_json_path, parse_max_size, run_check
-    from orchestrator.hosts.hostfile import load_hostfile
-    from orchestrator.plan.spec import parse_master_port
-    from orchestrator.record.runs import check_run_id, new_run_id
-
-    if max_size is not None:
-        max_size = parse_max_size(max_size)
-    refuse_empty(ifname=ifname, python=python)
-    if json_path is not None:
-        check_json_path(json_path)
-    selection = split_selection(ssh)
-    cluster = select(load_hostfile(hostfile), selection, nproc_per_node)
-    options = CheckOptions(
-        run_dir=run_dir,
-        run_id=check_run_id(run_id) if run_id else new_run_id(),
-        argv=tuple(["orchestrator", *sys.argv[1:]]),
-        python=python or sys.executable,
-        nproc_per_node=nproc_per_node,
-        master_addr=master_addr,
-        master_port=parse_master_port(master_port),
-        ifname=ifname,
-        backend=backend,
-        max_size=max_size,
-        skip_bandwidth=skip_bandwidth,
-        timeout=timeout,
-        json_path=json_path,
-        ssh=make_ssh_options(**ssh),
-    )
-    if os.path.exists(os.path.join(run_dir, options.run_id)):
-        raise ConfigError(
-            f"run {options.run_id!r} already exists in {run_dir}; choose another --run-id"
-        )
-    return run_check(cluster, options)
+    return check_nodes(
+        hostfile, nproc_per_node=nproc_per_node, master_addr=master_addr,
+        master_port=master_port, ifname=ifname, python=python, backend=backend,
+        max_size=max_size, skip_bandwidth=skip_bandwidth, json_path=json_path,
+        timeout=timeout, run_id=run_id, run_dir=run_dir, argv=("orchestrator", *sys.argv[1:]),
+        say=note, **ssh,
+    )  # fmt: skip

@@ -48,58 +48,15 @@ def logs(run_id, run_dir, follow, rank, node, grep, tail, torchrun_reports, fetc
     With --fetch: complete the rank files that status.json lists as incomplete, from
     the nodes' copies (reached as the launch reached them), one line per file completed.
     """
-    import itertools
-    import re
-    import time
+    from orchestrator.api.run_handle import Run, log_bytes
 
-    from orchestrator.console.reading import NodeReports, fold_lines, last_lines_of, line_filter
-    from orchestrator.console.reading import follow as follow_file
-    from orchestrator.record.runs import FINAL_STATES, RunRecord, controller_alive
-
-    record = RunRecord.open(run_dir, run_id)
+    run = Run(run_id, run_dir)
     if fetch:
         if follow or rank is not None or node or grep or tail is not None:
             raise ConfigError("--fetch completes the rank files and prints no log: give it alone")
-        from orchestrator.nodes.refill import fetch_incomplete
-
-        return fetch_incomplete(record, say=click.echo)
-    if grep is not None:
-        try:
-            re.compile(grep)
-        except re.error as exc:
-            raise ConfigError(f"--grep {grep!r} is not a valid regular expression: {exc}") from None
-    status = record.read_status()
-    if rank is not None:
-        if not 0 <= rank < int(status.get("world_size") or 0):
-            raise ConfigError(
-                f"--rank {rank}: run {run_id} has ranks 0-{int(status.get('world_size') or 0) - 1}"
-            )
-        path = record.logs_dir / f"rank-{rank}.log"
-    else:
-        path = record.logs_dir / "combined.log"
-    keep = line_filter(grep, node)
+        return run.fetch_incomplete(say=click.echo)
     out = sys.stdout.buffer
-
-    def done() -> bool:
-        current = record.read_status()
-        return current.get("state") in FINAL_STATES or not controller_alive(current)
-
-    reports = NodeReports() if rank is None and not torchrun_reports else None
-    chosen = keep if grep or node else None
-    if tail is not None:
-        end = path.stat().st_size if path.exists() else 0  # the tail, then follow from here
-        if reports is None:
-            head = last_lines_of(path, tail, end=end, keep=chosen)
-        else:
-            head = reports.tail(path, tail, end, chosen)
-        rest = follow_file(path, done, offset=end, idle=True) if follow else iter(())
-    else:
-        head, rest = [], follow_file(path, done if follow else (lambda: True), idle=True)
-    if reports is not None:
-        rest = reports.lines(rest)
-    lines = (line for line in itertools.chain(head, rest) if not line or keep(line))
-    if fold and rank is None:
-        lines = fold_lines(lines, time.monotonic if follow else None)
+    lines = log_bytes(run.record, rank, follow, tail, torchrun_reports, grep, node, fold)
     try:
         for line in lines:
             if line:
@@ -118,15 +75,10 @@ def status(run_id, run_dir, as_json):
     """Show a run's state, per node and per rank."""
     import json
 
+    from orchestrator.api.run_handle import Run
     from orchestrator.cli.views import status_text
-    from orchestrator.record.runs import RunRecord
 
-    record = RunRecord.open(run_dir, run_id)
-    current = record.read_status()
-    if current.get("backend") == "slurm":  # squeue/sacct's word on a run not yet ended
-        from orchestrator.slurm.client import refresh_status
-
-        current = refresh_status(record, current)
+    current = Run(run_id, run_dir).status()
     click.echo(json.dumps(current, indent=2) if as_json else status_text(current))
     return 0
 
@@ -147,10 +99,10 @@ def stop(run_id, run_dir, wait):
 
     Works from any shell; stopping again kills at once.
     """
+    from orchestrator.api.run_handle import Run
     from orchestrator.api.stop import stop_run
-    from orchestrator.record.runs import RunRecord
 
-    return stop_run(RunRecord.open(run_dir, run_id), wait, say=click.echo)
+    return stop_run(Run(run_id, run_dir).record, wait, say=click.echo)
 
 
 @click.command(context_settings=CONTEXT)
@@ -179,10 +131,10 @@ def stacks(run_id, run_dir, rank, node, method, as_json):
     """
     import json
 
-    from orchestrator.api.rank_stacks import stack_lines, take_stacks
-    from orchestrator.record.runs import RunRecord
+    from orchestrator.api.rank_stacks import stack_lines
+    from orchestrator.api.run_handle import Run
 
-    answer = take_stacks(RunRecord.open(run_dir, run_id), method)
+    answer = Run(run_id, run_dir).stacks(method)
     if as_json:
         click.echo(json.dumps(answer, indent=1))
     else:
@@ -195,8 +147,8 @@ def stacks(run_id, run_dir, rank, node, method, as_json):
 @run_dir_option
 def runs(run_dir):
     """List the runs in --run-dir with their state."""
+    from orchestrator.api.run_handle import runs_in
     from orchestrator.cli.views import runs_table
-    from orchestrator.record.runs import list_runs
 
-    click.echo(runs_table(list_runs(run_dir), run_dir))
+    click.echo(runs_table(runs_in(run_dir), run_dir))
     return 0

@@ -1,5 +1,6 @@
 """The flags that choose hosts out of the hostfile: DeepSpeed's selection, the bad-node
-list, and the spares held back (launch, render; check has the first two)."""
+list, and the spares held back (launch, render; check has the first two). What they
+choose: orchestrator.api.keywords.select."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import functools
 
 import click
 
-from orchestrator.errors import ConfigError
+from orchestrator.cli.options import DEFAULTS
 
 
 def selection_options(func):
@@ -62,7 +63,7 @@ def spares_option(func):
     return click.option(
         "--spares",
         type=click.IntRange(min=0),
-        default=0,
+        default=DEFAULTS.spares,
         show_default=True,
         metavar="N",
         help="Hold the last N hosts (after any selection) back as spares: probed, not "
@@ -74,37 +75,3 @@ def spares_option(func):
         "after a node failure (NODE_FAIL) the job is submitted again without that node (a "
         "hostfile's last N hosts in its place, else one SLURM chooses), up to N times.",
     )(func)
-
-
-SELECTION_KEYS = ("include", "exclude", "num_nodes", "num_gpus", "bad_nodes")
-
-
-def split_selection(kwargs: dict):
-    """Take the selection flags out of a command's keyword arguments: a `Selection`."""
-    from orchestrator.hosts.selection import Selection
-
-    return Selection(**{key: kwargs.pop(key) for key in SELECTION_KEYS})
-
-
-def select(cluster, selection, nproc_per_node: int | None):
-    """The hosts and slots the selection flags leave (the cluster itself without them)."""
-    from orchestrator.hosts.selection import select_hosts
-
-    if cluster is None:
-        if selection.given:
-            raise ConfigError(
-                f"{selection.describe().split()[0]} chooses hosts out of a "
-                "hostfile: give HOSTFILE (with --backend slurm and no hostfile, "
-                "use --nodes)"
-            )
-        return None
-    from orchestrator.record.bad_nodes import skip_bad_nodes
-
-    cluster, skipped = skip_bad_nodes(cluster, selection.bad_nodes)
-    if skipped:
-        click.echo(
-            f"[orchestrator] skipping {len(skipped)} host(s) on the bad-node list "
-            f"{selection.bad_nodes}: {', '.join(skipped)}",
-            err=True,
-        )
-    return select_hosts(cluster, selection, nproc_per_node)

@@ -76,10 +76,10 @@ def top(run_id, run_dir, once, interval):
     from rich.console import Console
     from rich.live import Live
 
-    from orchestrator.console.rank_table import RunView
-    from orchestrator.record.runs import RunRecord
+    from orchestrator.api.run_handle import Run
+    from orchestrator.api.shown import RunView
 
-    view = RunView(RunRecord.open(run_dir, run_id))
+    view = RunView(Run(run_id, run_dir).record)
     console = Console()
     view.refresh()
     if once or not console.is_terminal or view.ended():
@@ -116,8 +116,7 @@ def render(view, rows: int | None):
     from rich.table import Table
     from rich.text import Text
 
-    from orchestrator.console.rank_table import duration
-    from orchestrator.sizes import human_bytes
+    from orchestrator.api.shown import duration, human_bytes
 
     now = time.time()
     header = view.header(now)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from orchestrator.record.runs import ACTIVE_STATES, controller_alive
+from orchestrator.api.shown import ACTIVE_STATES, controller_alive
 
 
 def effective_state(status: dict) -> str:
@@ -50,7 +50,7 @@ def status_text(status: dict) -> str:
         if not status.get("summary"):  # which names them when the run has ended
             lines += [f"    {cause}" for cause in status.get("restart_causes") or []]
     if status.get("recoveries"):  # --spares
-        from orchestrator.record.recoveries import describe_recovery
+        from orchestrator.api.shown import describe_recovery
 
         spares = ", ".join(status.get("spares") or []) or "none"
         lines.append(f"  recoveries: {len(status['recoveries'])} (spares left: {spares})")

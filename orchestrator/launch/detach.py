@@ -1,15 +1,28 @@
-"""`launch --detach`: the controller goes on in the background, the command returns.
+"""A detached controller: the run goes on in a process of its own, the caller returns.
 
-The launching process forks before it opens any connection (no threads yet), the child
-leaves the terminal's session and runs the launch exactly as in the foreground, without a
-console, and tells the parent through a pipe once every node has started (or why not).
-`status`, `logs -f` and `stop` then work from any shell through the run record.
+`launch --detach` and the Python API's `launch()` start the controller as a new process,
+never by forking the caller: a fork of a threaded process (a Jupyter kernel, an asyncio
+program) copies locks other threads held. The new process (`python -c START`) leaves the
+caller's session, gets what to run through its stdin (a pickle: the function's dotted name
+and its arguments, secrets among them, so never in a file or on a command line), runs it
+exactly as in the foreground but without a console, and says on its stdout, once every node
+has started (or why not), one JSON line: the report. Anything else it prints goes to
+`log_path` (the traceback of a bug, say). `status`, `logs -f` and `stop` then work from
+anywhere through the run record.
+
+The function named is looked up by name (`module:function`), so that a stage above this
+one (SLURM) can be run detached without this module importing it; it is called as
+`function(*args, report)`.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
+import pickle
+import subprocess
+import sys
 import traceback
 from collections.abc import Callable
 
@@ -18,21 +31,29 @@ from orchestrator.errors import OrchestratorError
 Report = Callable[[dict], None]
 
 
-def run_detached(work: Callable[[Report], int], log_path: str) -> dict:
-    """Run `work(report)` in a detached child; return the first report it sends.
+def run_detached(target: str, args: tuple, log_path: str) -> dict:
+    """Run `target(*args, report)` in a new, detached process; return its first report.
 
     The report is {"started": True, ...} once the job runs, or {"error": message,
-    "exit_code": n} when it could not start. `log_path` receives anything the detached
-    controller prints, such as the traceback of a bug.
+    "exit_code": n} when it could not start.
     """
-    read_fd, write_fd = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the detached controller
-        os.close(read_fd)
-        _detach_child(work, write_fd, log_path)
-    os.close(write_fd)
-    with os.fdopen(read_fd, "rb") as pipe:
-        line = pipe.readline()
+    os.makedirs(os.path.dirname(log_path) or ".", exist_ok=True)
+    with open(log_path, "ab") as log:
+        child = subprocess.Popen(
+            [sys.executable, "-c", START, _package_root(), log_path],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=log,
+            start_new_session=True,  # Ctrl-C in the caller's terminal does not reach it
+        )
+    assert child.stdin is not None and child.stdout is not None
+    try:
+        child.stdin.write(pickle.dumps((target, args)))
+        child.stdin.close()
+    except BrokenPipeError:
+        pass
+    line = child.stdout.readline()
+    child.stdout.close()
     if not line:
         return {
             "error": f"the detached controller ended before the job started; see {log_path}",
@@ -41,9 +62,28 @@ def run_detached(work: Callable[[Report], int], log_path: str) -> dict:
     return json.loads(line)
 
 
-def _detach_child(work: Callable[[Report], int], write_fd: int, log_path: str) -> None:
-    os.setsid()
-    pipe = os.fdopen(write_fd, "wb")
+# The new process finds this package where the caller found it, whatever its sys.path was,
+# without a PYTHONPATH that the ranks of a local run (which inherit the environment) would get.
+START = (
+    "import sys; sys.path.insert(0, sys.argv.pop(1)); "
+    "from orchestrator.launch.detach import main; sys.exit(main(sys.argv[1]))"
+)
+
+
+def _package_root() -> str:
+    return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def main(log_path: str) -> int:
+    """The detached controller: read what to run, report once, run it to its end."""
+    target, args = pickle.loads(sys.stdin.buffer.read())
+    report_fd = os.dup(1)
+    log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    null_fd = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null_fd, 0)
+    os.dup2(log_fd, 1)
+    os.dup2(log_fd, 2)
+    pipe = os.fdopen(report_fd, "wb")
     reported = False
 
     def report(message: dict) -> None:
@@ -58,13 +98,9 @@ def _detach_child(work: Callable[[Report], int], write_fd: int, log_path: str) -
 
     code = 1
     try:
-        os.makedirs(os.path.dirname(log_path) or ".", exist_ok=True)
-        log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        null_fd = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(null_fd, 0)
-        os.dup2(log_fd, 1)
-        os.dup2(log_fd, 2)
-        code = work(report)
+        module, _, name = target.partition(":")
+        work = getattr(importlib.import_module(module), name)
+        code = work(*args, report)
         report({"error": "the run ended before all nodes started", "exit_code": code})
     except OrchestratorError as exc:
         report({"error": str(exc), "exit_code": exc.exit_code})
@@ -72,5 +108,4 @@ def _detach_child(work: Callable[[Report], int], write_fd: int, log_path: str) -
     except BaseException:  # a bug: keep the traceback where the user can find it
         traceback.print_exc()
         report({"error": f"the detached controller failed; see {log_path}", "exit_code": 1})
-    finally:
-        os._exit(code)
+    return code

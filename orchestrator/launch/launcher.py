@@ -20,7 +20,7 @@ from orchestrator.backends.sessions import Event, NodeSession, start_sessions
 from orchestrator.console.footer import Footer
 from orchestrator.console.progress import Progress
 from orchestrator.console.sink import LogSink, use_color
-from orchestrator.errors import ConfigError, Interrupted, OrchestratorError
+from orchestrator.errors import Interrupted, OrchestratorError
 from orchestrator.hosts.hostfile import Cluster
 from orchestrator.launch.detach import run_detached
 from orchestrator.launch.pool import NodePool
@@ -250,52 +250,28 @@ def launch(
     options: LaunchOptions,
     *,
     dry_run: bool = False,
-    detach: bool = False,
     out: BinaryIO | None = None,
 ) -> int:
-    """The whole launch; returns the exit code. Raises OrchestratorError for bad input."""
+    """The whole launch, attached to this process (its console `out`); the exit code.
+    Raises OrchestratorError for bad input."""
     out = out or sys.stdout.buffer
     check_script_exists(cluster, spec)
-    if not dry_run and (os.path.exists(os.path.join(options.run_dir, options.run_id))):
-        raise ConfigError(
-            f"run {options.run_id!r} already exists in {options.run_dir}; choose another --run-id"
-        )
-    if detach and not dry_run:
-        return launch_detached(cluster, spec, options, out)
     return _launch(cluster, spec, options, dry_run, out, out)
 
 
-def launch_detached(cluster: Cluster, spec: JobSpec, options: LaunchOptions, out: BinaryIO) -> int:
-    """Start the run with a background controller; return once every node runs."""
+def start_detached(cluster: Cluster, spec: JobSpec, options: LaunchOptions) -> dict:
+    """Start the run with a controller of its own (launch/detach.py); return its report
+    once every node runs: {"started": True}, or {"error": ..., "exit_code": n}."""
+    check_script_exists(cluster, spec)
     log_path = os.path.join(options.run_dir, f".{options.run_id}.controller.log")
+    return run_detached(f"{__name__}:detached", (cluster, spec, options), log_path)
 
-    def work(report) -> int:
-        return _launch(
-            cluster,
-            spec,
-            options,
-            False,
-            None,
-            open(os.devnull, "wb"),
-            on_started=lambda: report({"started": True}),
-        )
 
-    result = run_detached(work, log_path)
-    if "error" in result:
-        out.write(f"orchestrator: error: {result['error']}\n".encode())
-        out.flush()
-        return int(result.get("exit_code") or 1)
-    run_dir = options.run_dir
-    out.write(
-        (
-            f"run {options.run_id} started in the background\n"
-            f"  follow it:  orchestrator logs {options.run_id} -f --run-dir {run_dir}\n"
-            f"  state:      orchestrator status {options.run_id} --run-dir {run_dir}\n"
-            f"  stop it:    orchestrator stop {options.run_id} --run-dir {run_dir}\n"
-        ).encode()
-    )
-    out.flush()
-    return 0
+def detached(cluster: Cluster, spec: JobSpec, options: LaunchOptions, report) -> int:
+    """The detached controller's work (see start_detached)."""
+    with open(os.devnull, "wb") as quiet:
+        started = lambda: report({"started": True})  # noqa: E731
+        return _launch(cluster, spec, options, False, None, quiet, on_started=started)
 
 
 def _launch(

@@ -4,9 +4,9 @@ and the preflight probe. Every node runs to its end; nothing is left behind on C
 from __future__ import annotations
 
 import queue
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import BinaryIO
 
 from orchestrator.backends import close_all, connect_cluster
 from orchestrator.backends.base import NodeConnection
@@ -143,7 +143,7 @@ def nodes_done(nodes: Sequence[NodeState]) -> tuple[int, int]:
     return len(done), sum(node.state != "succeeded" for node in done)
 
 
-def exec_on_cluster(
+def run_command(
     cluster: Cluster,
     command: str,
     python: str,
@@ -151,16 +151,17 @@ def exec_on_cluster(
     *,
     grace: float,
     time_limit: float | None,
-    color: str,
+    console: BinaryIO | None,
+    color: str = "auto",
     fold: bool = True,
-) -> int:
-    """`orchestrator exec`: the command on every node, attributed output, exit-code table."""
-    out = sys.stdout.buffer
+) -> list[NodeResult]:
+    """`orchestrator exec`: the command on every node at once, its output attributed on
+    `console` as it comes (None: kept in the results only); every node's result."""
     connections = connect_cluster(cluster, ssh_options)
     try:
         labels = {index: host.name for index, host in enumerate(cluster.hosts)}
-        sink = LogSink(None, {}, labels, out, use_color(sys.stdout, color), fold=fold)
-        results = run_on_nodes(
+        sink = LogSink(None, {}, labels, console, use_color(console, color), fold=fold)
+        return run_on_nodes(
             connections,
             [h.python or python for h in cluster.hosts],
             [["bash", "-c", command]] * len(connections),
@@ -170,14 +171,16 @@ def exec_on_cluster(
         )
     finally:
         close_all(connections)
-    width = max(len(result.host) for result in results)
+
+
+def results_table(results: list[NodeResult]) -> str:
+    """exec's closing table: each node's result, then how many succeeded."""
+    width = max((len(result.host) for result in results), default=4)
     failed = [result for result in results if not result.ok]
     lines = [f"{'HOST'.ljust(width)}  RESULT"]
     lines += [f"{r.host.ljust(width)}  {'ok' if r.ok else r.describe()}" for r in results]
     lines.append(f"{len(results) - len(failed)} of {len(results)} node(s) succeeded")
-    out.write(("\n".join(lines) + "\n").encode())
-    out.flush()
-    return 0 if not failed else 1
+    return "\n".join(lines) + "\n"
 
 
 def last_line(result: NodeResult) -> str:

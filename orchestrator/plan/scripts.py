@@ -17,9 +17,9 @@ from pathlib import Path
 import jinja2
 import yaml
 
-from orchestrator import __version__
 from orchestrator.errors import ConfigError
 from orchestrator.plan.launch_plan import LaunchPlan, NodePlan
+from orchestrator.version import __version__
 
 
 @cache

@@ -78,6 +78,12 @@ def check_run_id(run_id: str) -> str:
     return run_id
 
 
+def refuse_existing(run_dir: str | Path, run_id: str) -> None:
+    """A new run's id must not name a run already in `run_dir`."""
+    if (Path(run_dir) / run_id).exists():
+        raise ConfigError(f"run {run_id!r} already exists in {run_dir}; choose another --run-id")
+
+
 @dataclass(frozen=True)
 class RunRecord:
     """The folder of one run on the controller."""

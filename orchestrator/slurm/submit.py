@@ -89,8 +89,10 @@ def launch_slurm(
     out: BinaryIO | None = None,
     spares: int = 0,
     exclude: tuple[str, ...] = (),
-) -> int:
-    """Submit the job and follow it to its end (or return after submission with detach)."""
+) -> int | dict:
+    """Submit the job and follow it to its end: the exit code. With `detach`, a controller
+    of its own follows it (launch/detach.py): its report once the job is submitted,
+    {"started": True, "job_id": ...} or {"error": ..., "exit_code": n}."""
     out = out or sys.stdout.buffer
     program = spec.program
     if not slurm_options.login and not program.is_module:
@@ -101,10 +103,6 @@ def launch_slurm(
                 "give its path relative to --workdir or an absolute path"
             )
     record_path = Path(options.run_dir).resolve() / options.run_id
-    if not dry_run and record_path.exists():
-        raise ConfigError(
-            f"run {options.run_id!r} already exists in {options.run_dir}; choose another --run-id"
-        )
     job, script = prepare_slurm(
         cluster, spec, slurm_options, options.run_id, options.argv, record_path, spares, exclude
     )
@@ -118,27 +116,8 @@ def launch_slurm(
         return 0
     if detach:
         log_path = os.path.join(options.run_dir, f".{options.run_id}.controller.log")
-        result = run_detached(
-            lambda report: _submit_and_follow(
-                job, script, spec, slurm_options, options, None, report
-            ),
-            log_path,
-        )
-        if "error" in result:
-            out.write(f"orchestrator: error: {result['error']}\n".encode())
-            out.flush()
-            return int(result.get("exit_code") or 1)
-        run, run_dir = options.run_id, options.run_dir
-        out.write(
-            (
-                f"run {run}: SLURM job {result['job_id']} submitted\n"
-                f"  follow it:  orchestrator logs {run} -f --run-dir {run_dir}\n"
-                f"  state:      orchestrator status {run} --run-dir {run_dir}\n"
-                f"  cancel it:  orchestrator stop {run} --run-dir {run_dir}\n"
-            ).encode()
-        )
-        out.flush()
-        return 0
+        work = (job, script, spec, slurm_options, options, None)
+        return run_detached(f"{__name__}:_submit_and_follow", work, log_path)
     return _submit_and_follow(job, script, spec, slurm_options, options, out, None)
 
 

@@ -18,7 +18,14 @@ MAX_LINES = 400
 # never a later one. The package's own modules (errors, hostlist, sizes) are the words every
 # stage shares.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("orchestrator", "orchestrator.errors", "orchestrator.hostlist", "orchestrator.sizes"),
+    # the package itself names the API lazily (by module name, on first use): no import
+    (
+        "orchestrator",
+        "orchestrator.errors",
+        "orchestrator.hostlist",
+        "orchestrator.sizes",
+        "orchestrator.version",
+    ),  # fmt: skip
     ("orchestrator.agent",),  # shipped to the nodes as source: the standard library only
     ("orchestrator.hosts",),
     ("orchestrator.plan",),
@@ -91,6 +98,25 @@ def test_every_module_is_placed_and_imports_only_downward() -> None:
             if layer_of(target) > layer_of(name):
                 upward.append(f"{name} -> {target}")
     assert not upward, f"imports from a lower layer into a higher one: {upward}"
+
+
+def test_the_command_line_reaches_the_package_through_the_api_alone() -> None:
+    """cli/ parses flags, calls the API, prints: it imports orchestrator.api (and the
+    error types and the version it prints), nothing of the stages below."""
+    allowed = (
+        "orchestrator.api",
+        "orchestrator.cli",
+        "orchestrator.errors",
+        "orchestrator.version",
+    )
+    below = sorted(
+        f"{name} -> {target}"
+        for name, targets in GRAPH.items()
+        if within(name, "orchestrator.cli")
+        for target in targets
+        if not any(within(target, prefix) for prefix in allowed)
+    )
+    assert not below, f"cli/ imports past the API: {below}"
 
 
 def test_no_import_cycles() -> None:

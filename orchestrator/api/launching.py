@@ -1,0 +1,155 @@
+"""Launching, as a Python program and the command line both do it: `launch`, `render`, `exec`.
+
+    import orchestrator
+    run = orchestrator.launch("hosts.txt", ["train.py", "--lr", "0.1"], run_dir="runs")
+    for line in run.logs(follow=True):
+        print(line)
+    outcome = run.wait()          # outcome.state, .exit_code, .failure (rank, host, ...)
+
+`launch` checks its input here, in the calling process (a `ConfigError` says what and where:
+`hosts.txt:3: ...`), then starts the run's controller as a process of its own
+(launch/detach.py: no fork of the caller, no signal handler in it, nothing printed) and
+returns once every node has started, or raises what stopped the start. Its keywords are the
+`launch` flags (api/keywords.py). The command line's attached launch (`start_attached`)
+and `--detach` (`start_detached`) take the same `LaunchRequest`.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import BinaryIO
+
+from orchestrator.api.keywords import (
+    LaunchArgs,
+    LaunchRequest,
+    build,
+    refuse_empty,
+    ssh_keywords,
+)
+from orchestrator.api.run_handle import Run
+from orchestrator.errors import ConfigError, OrchestratorError
+from orchestrator.hosts.hostfile import load_hostfile
+from orchestrator.launch.launcher import launch as launch_attached
+from orchestrator.launch.launcher import start_detached as start_ssh_detached
+from orchestrator.launch.preflight import check_script_exists, prepare
+from orchestrator.nodes.execute import NodeResult, results_table, run_command
+from orchestrator.plan.scripts import write_rendered
+from orchestrator.slurm.submit import launch_slurm, write_slurm_render
+
+LOG = logging.getLogger("orchestrator")
+Say = Callable[[str], None]
+
+
+def launch(
+    hostfile: str | Path | None = None,
+    program: Sequence[str] = (),
+    *,
+    say: Say | None = None,
+    **keywords,
+) -> Run:
+    """Start a run on every node of `hostfile` (`program`: the script and its arguments,
+    as after `--`; empty for the bundled trainer) and return it once every node runs.
+    `say`: where notes go (default: the `orchestrator` logger, nothing printed)."""
+    args = LaunchArgs.of(keywords)
+    argv = ("orchestrator.launch", *([str(hostfile)] if hostfile else []), "--", *program)
+    request = build(str(hostfile) if hostfile else None, program, args, argv, say or LOG.info)
+    report = start_detached(request)
+    if "error" in report:
+        raise started_error(report)
+    return Run(request.options.run_id, request.options.run_dir)
+
+
+def start_detached(request: LaunchRequest) -> dict:
+    """The run's controller started as a process of its own; its report once every node
+    runs (SLURM: once the job is submitted): {"started": True, ...} or {"error": ...}."""
+    if request.backend == "slurm":
+        result = launch_slurm(
+            request.cluster, request.spec, request.slurm, request.options, detach=True,
+            spares=request.spares, exclude=request.exclude,
+        )  # fmt: skip
+        assert isinstance(result, dict)
+        return result
+    assert request.cluster is not None
+    return start_ssh_detached(request.cluster, request.spec, request.options)
+
+
+def start_attached(request: LaunchRequest, dry_run: bool, out: BinaryIO) -> int:
+    """The run driven from this process, its console on `out`; the exit code."""
+    if request.backend == "slurm":
+        code = launch_slurm(
+            request.cluster, request.spec, request.slurm, request.options, dry_run=dry_run,
+            out=out, spares=request.spares, exclude=request.exclude,
+        )  # fmt: skip
+        assert isinstance(code, int)
+        return code
+    assert request.cluster is not None
+    return launch_attached(request.cluster, request.spec, request.options, dry_run=dry_run, out=out)
+
+
+def started_error(report: dict) -> OrchestratorError:
+    """The error a detached start reported, typed by its exit code (2: bad input)."""
+    message, code = str(report["error"]), int(report.get("exit_code") or 1)
+    if code == 2:
+        return ConfigError(message)
+    error = OrchestratorError(message)
+    error.exit_code = code
+    return error
+
+
+def render(
+    hostfile: str | Path | None,
+    program: Sequence[str] = (),
+    *,
+    out_dir: str | Path,
+    say: Say | None = None,
+    argv: Sequence[str] | None = None,
+    **keywords,
+) -> list[Path]:
+    """Write the plan and one torchrun script per node (or job.sbatch with
+    backend="slurm") into `out_dir`, touching no node; the files written. `argv`: the
+    command line the scripts' first line names."""
+    args = LaunchArgs.of(keywords)
+    if argv is None:  # the command line the scripts name as their origin
+        argv = ("orchestrator", "render", *([str(hostfile)] if hostfile else []), "--", *program)
+    hostfile = str(hostfile) if hostfile else None
+    request = build(hostfile, program, args, argv, say or LOG.info, new_run=False)
+    options = request.options
+    if request.backend == "slurm":
+        return write_slurm_render(
+            str(out_dir), request.cluster, request.spec, request.slurm, options.run_id,
+            options.argv, request.spares, request.exclude,
+        )  # fmt: skip
+    assert request.cluster is not None
+    check_script_exists(request.cluster, request.spec)  # as launch does, on this machine
+    plan, scripts = prepare(request.cluster, request.spec, options, connections=None)
+    return write_rendered(str(out_dir), plan, scripts)
+
+
+def exec_command(
+    hostfile: str | Path,
+    command: str,
+    *,
+    python: str | None = None,
+    grace: float = 5.0,
+    timeout: float | None = None,
+    console: BinaryIO | None = None,
+    color: str = "auto",
+    fold: bool = True,
+    **ssh,
+) -> list[NodeResult]:
+    """Run a shell command on every node of `hostfile` at once; each node's result (host,
+    state, exit_code, output). `console`: where its attributed output goes as it comes
+    (None: nowhere; the results hold it). `ssh`: the ssh flags by keyword."""
+    refuse_empty(python=python)
+    options = ssh_keywords("exec", ssh)
+    cluster = load_hostfile(str(hostfile))
+    return run_command(
+        cluster, command, python or sys.executable, options,
+        grace=grace, time_limit=timeout, console=console, color=color, fold=fold,
+    )  # fmt: skip
+
+
+__all__ = ["exec_command", "launch", "render", "results_table", "start_attached", "start_detached"]

@@ -1,0 +1,68 @@
+"""The API's keywords and the command line's flags are one set with one set of defaults;
+the package names its API without importing it; bad keywords and bad input are refused
+with what and where."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from dataclasses import fields
+from pathlib import Path
+
+import pytest
+
+import orchestrator
+from orchestrator.api.keywords import LaunchArgs, build, min_free_disk
+from orchestrator.cli.jobs import launch as launch_command
+from orchestrator.errors import ConfigError
+
+CALL_MODES = {"hostfile", "program", "dry_run", "detach"}  # how launch is called, not a keyword
+
+
+def test_every_launch_flag_is_a_keyword_with_the_same_default() -> None:
+    context = launch_command.make_context("launch", ["hosts.txt"])
+    flags = {name: value for name, value in context.params.items() if name not in CALL_MODES}
+    assert set(flags) == {f.name for f in fields(LaunchArgs)}
+    defaults = LaunchArgs()
+    expected = {f.name: getattr(defaults, f.name) for f in fields(LaunchArgs)}
+    expected["min_free_disk"] = min_free_disk(defaults.min_free_disk)  # the flag's is parsed
+    differ = {
+        name: (value, expected[name])
+        for name, value in flags.items()
+        if (tuple(value) if isinstance(value, list) else value) != expected[name]
+    }
+    assert not differ, f"flag default vs keyword default: {differ}"
+
+
+def test_a_keyword_that_is_no_flag_is_refused_with_the_ones_there_are() -> None:
+    with pytest.raises(ConfigError, match=r"no keyword 'num_gpu'; .*num_gpus"):
+        LaunchArgs.of({"num_gpu": 2})
+    assert LaunchArgs.of({"env": ["A=1"]}).env == ("A=1",)  # a list where a tuple is kept
+
+
+def test_bad_input_says_where(tmp_path: Path) -> None:
+    hosts = tmp_path / "hosts.txt"
+    hosts.write_text("node1 slots=2\nnode2 slots=two\n")
+    with pytest.raises(ConfigError, match=rf"{hosts}:2"):
+        build(str(hosts), (), LaunchArgs(), ("test",), print)
+    with pytest.raises(ConfigError, match="HOSTFILE is missing"):
+        build(None, (), LaunchArgs(), ("test",), print)
+    with pytest.raises(ConfigError, match="backend 'k8s'"):
+        build(str(hosts), (), LaunchArgs(backend="k8s"), ("test",), print)
+    (tmp_path / "runs" / "taken").mkdir(parents=True)
+    hosts.write_text("localhost slots=1\n")
+    taken = LaunchArgs(run_dir=str(tmp_path / "runs"), run_id="taken")
+    with pytest.raises(ConfigError, match="run 'taken' already exists"):
+        build(str(hosts), (), taken, ("test",), print)
+
+
+def test_the_package_names_its_api_without_importing_it() -> None:
+    probe = (
+        "import sys, orchestrator; before = 'orchestrator.api.launching' in sys.modules; "
+        "f = orchestrator.launch; print(before, 'orchestrator.api.launching' in sys.modules)"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert done.stdout.split() == ["False", "True"], done.stderr
+    assert {"launch", "attach", "Run", "RunFailed", "ConfigError"} <= set(dir(orchestrator))
+    with pytest.raises(AttributeError, match="no attribute 'lunch'"):
+        orchestrator.lunch  # noqa: B018
