@@ -13,33 +13,35 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import BinaryIO
 
-from orchestrator.agent.bootstrap import stack_hook_source
 from orchestrator.backends import close_all, connect_cluster, connect_each
 from orchestrator.backends.base import NodeConnection
 from orchestrator.backends.sessions import Event, NodeSession, start_sessions
-from orchestrator.console.footer import Footer
 from orchestrator.console.progress import Progress
-from orchestrator.console.sink import LogSink, use_color
 from orchestrator.errors import Interrupted, OrchestratorError
 from orchestrator.hosts.hostfile import Cluster
+from orchestrator.launch.attempt import (
+    agent_starts,
+    console_sink,
+    nodes_started,
+    record_the_end,
+    secrets_of,
+    states_of,
+)
 from orchestrator.launch.detach import run_detached
 from orchestrator.launch.pool import NodePool
 from orchestrator.launch.preflight import check_script_exists, preflight_probe, prepare
 from orchestrator.launch.settings import LaunchOptions
 from orchestrator.launch.sync import sync_code
-from orchestrator.nodes.copies import node_copies
-from orchestrator.nodes.refill import complete_rank_files
 from orchestrator.plan.launch_plan import LaunchPlan, make_plan
 from orchestrator.plan.scripts import (
     command_line,
     dry_run_text,
     render_node_scripts,
-    script_name,
     write_rendered,
 )
-from orchestrator.plan.spec import JobSpec, inherited_secrets
+from orchestrator.plan.spec import JobSpec
 from orchestrator.record.runs import RunRecord, new_status, now_iso
-from orchestrator.supervise import NodeState, Outcome, RankState, Supervisor, signals_to
+from orchestrator.supervise import Outcome, Supervisor, signals_to
 
 
 def run_plan(
@@ -59,33 +61,13 @@ def run_plan(
     `on_started` is called once every node's script is running. With a `pool` (--spares),
     an attempt that a node fault ends is not the end: the caller relaunches on a spare.
     """
-    secrets = {k: v for k, v in spec.env if k in plan.secret_names}
-    # A job on this machine inherits its environment, secrets included (HF_TOKEN=...).
-    inherited = inherited_secrets() if plan.is_local else []
-    secret_values = sorted({v for v in [*secrets.values(), *inherited] if v}, key=len, reverse=True)
-
-    def mask(data: bytes) -> bytes:
-        for value in secret_values:
-            data = data.replace(value.encode(), b"***")
-        return data
-
-    rank_labels, node_labels, nodes, ranks = {}, {}, [], []
-    for node in plan.nodes:
-        node_labels[node.node_rank] = node.name
-        nodes.append(NodeState(index=node.node_rank, host=node.name, ranks=tuple(node.ranks)))
-        for local_rank, rank in enumerate(node.ranks):
-            rank_labels[rank] = f"{node.name} r{rank}"
-            ranks.append(RankState(rank, node.node_rank, local_rank, node.name))
-    sink = LogSink(
-        record.logs_dir,
-        rank_labels,
-        node_labels,
-        console,
-        use_color(sys.stdout, options.color),
-        mask=mask,
-        fold=options.fold,
-        footer=Footer.on(console) if options.footer else None,
-    )
+    secrets = secrets_of(spec, plan)
+    states = states_of(plan)
+    nodes, ranks = states.nodes, states.ranks
+    sink = console_sink(
+        record.logs_dir, states, console, secrets.mask,
+        color=options.color, fold=options.fold, footer=options.footer,
+    )  # fmt: skip
     backend = "local" if plan.is_local else "ssh"
     base = new_status(
         plan.run_id,
@@ -148,28 +130,10 @@ def run_plan(
     record.write_status({**base, **recovery_status()})
     try:
         with signals_to(supervisor):
-            starts = [
-                (
-                    node.node_rank,
-                    connection,
-                    node.python,
-                    plan.run_id,
-                    {
-                        "run_id": plan.run_id,
-                        "node_dir": node.node_dir,
-                        "script": scripts[script_name(node)],
-                        "script_name": script_name(node),
-                        "ranks": list(node.ranks),
-                        "env": secrets,
-                        "secrets": secret_values,
-                        "grace": options.grace,
-                        "heartbeat_timeout": options.heartbeat_timeout,
-                        "stall_timeout": options.stall_timeout,
-                        "stack_hook": stack_hook_source(),
-                    },
-                )
-                for node, connection in zip(plan.nodes, connections, strict=True)
-            ]
+            starts = agent_starts(
+                plan, scripts, connections, secrets, grace=options.grace,
+                heartbeat_timeout=options.heartbeat_timeout, stall_timeout=options.stall_timeout,
+            )  # fmt: skip
             if progress is not None:
                 progress.begin("starting", plan.nnodes)
             supervisor.start_beating()
@@ -210,38 +174,13 @@ def run_plan(
         for line in outcome.closing_lines(plan.run_id, elapsed, record.logs_dir):
             sink.note(line)
     sink.close()
-    # Rank files the record could not take whole (its disk filled) are completed from the
-    # nodes' copies, which then stay while any is still incomplete.
-    completion = complete_rank_files(plan, connections, sink)
-    leftover = completion.status(options.ssh)
-    copies = completion.kept_copies(plan.run_id) or node_copies(
-        plan, options.keep_node_logs, outcome.state, connections, sink.note
-    )
-    status_error = record.write_status(
-        {
-            **base,
-            **supervisor.status(),
-            **recovery_status(),
-            "state": outcome.state,
-            "exit_code": outcome.exit_code,
-            "ended_at": now_iso(),
-            "summary": outcome.summary or None,
-            "node_copies": copies,
-            **(pool.carry(leftover) if pool is not None else leftover),
-        }
-    )
-    for line in completion.lines(plan.run_id, options.run_dir, status_error):
-        sink.note(line)
-    if status_error is not None:
-        sink.report_fault(status_error, record.status_path)
-    sink.close()
+    record_the_end(
+        plan, connections, sink, record, outcome,
+        {**base, **supervisor.status(), **recovery_status()},
+        ssh=options.ssh, keep_node_logs=options.keep_node_logs, run_dir=options.run_dir,
+        carry=pool.carry if pool is not None else (lambda left: left),
+    )  # fmt: skip
     return outcome
-
-
-def nodes_started(nodes) -> tuple[int, int]:
-    """How many nodes got past starting (their script runs or ended), and how many failed."""
-    past = [node for node in nodes if node.state != "starting"]
-    return len(past), sum(node.state in ("failed", "lost") for node in past)
 
 
 def launch(

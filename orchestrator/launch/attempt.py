@@ -1,0 +1,169 @@
+"""The stages of one attempt of a launch, each given what it needs (launcher.run_plan runs
+them in order): the secrets and their mask, the run's node and rank states, the console's
+sink, the agents' configs, and the record's last word once the attempt ended."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+from orchestrator.agent.bootstrap import stack_hook_source
+from orchestrator.backends.base import NodeConnection
+from orchestrator.console.footer import Footer
+from orchestrator.console.sink import LogSink, use_color
+from orchestrator.nodes.copies import node_copies
+from orchestrator.nodes.refill import complete_rank_files
+from orchestrator.plan.launch_plan import LaunchPlan
+from orchestrator.plan.scripts import script_name
+from orchestrator.plan.spec import JobSpec, inherited_secrets
+from orchestrator.record.runs import RunRecord, now_iso
+from orchestrator.supervise import NodeState, Outcome, RankState
+
+
+@dataclass(frozen=True)
+class Secrets:
+    """The job's secrets: handed to the agents by name (`env`), masked in every line."""
+
+    env: dict[str, str]
+    values: tuple[str, ...]  # every value to mask, longest first
+
+    def mask(self, data: bytes) -> bytes:
+        for value in self.values:
+            data = data.replace(value.encode(), b"***")
+        return data
+
+
+def secrets_of(spec: JobSpec, plan: LaunchPlan) -> Secrets:
+    env = {k: v for k, v in spec.env if k in plan.secret_names}
+    # A job on this machine inherits its environment, secrets included (HF_TOKEN=...).
+    inherited = inherited_secrets() if plan.is_local else []
+    values = sorted({v for v in [*env.values(), *inherited] if v}, key=len, reverse=True)
+    return Secrets(env, tuple(values))
+
+
+@dataclass(frozen=True)
+class States:
+    """Every node's and rank's state as supervision starts it, and their console labels."""
+
+    nodes: list[NodeState]
+    ranks: list[RankState]
+    node_labels: dict[int, str]  # node rank -> host
+    rank_labels: dict[int, str]  # rank -> "host rN"
+
+
+def states_of(plan: LaunchPlan) -> States:
+    states = States([], [], {}, {})
+    for node in plan.nodes:
+        states.node_labels[node.node_rank] = node.name
+        states.nodes.append(NodeState(node.node_rank, node.name, tuple(node.ranks)))
+        for local_rank, rank in enumerate(node.ranks):
+            states.rank_labels[rank] = f"{node.name} r{rank}"
+            states.ranks.append(RankState(rank, node.node_rank, local_rank, node.name))
+    return states
+
+
+def console_sink(
+    logs_dir: Path,
+    states: States,
+    console: BinaryIO | None,
+    mask: Callable[[bytes], bytes],
+    *,
+    color: str,
+    fold: bool,
+    footer: bool,
+) -> LogSink:
+    """Where every line goes: the run's log files and, when attached, the console."""
+    return LogSink(
+        logs_dir,
+        states.rank_labels,
+        states.node_labels,
+        console,
+        use_color(sys.stdout, color),
+        mask=mask,
+        fold=fold,
+        footer=Footer.on(console) if footer else None,
+    )
+
+
+def agent_starts(
+    plan: LaunchPlan,
+    scripts: dict[str, str],
+    connections: Sequence[NodeConnection],
+    secrets: Secrets,
+    *,
+    grace: float,
+    heartbeat_timeout: float,
+    stall_timeout: float,
+) -> list[tuple]:
+    """(node rank, connection, python, run id, the agent's config) for every node."""
+    return [
+        (
+            node.node_rank,
+            connection,
+            node.python,
+            plan.run_id,
+            {
+                "run_id": plan.run_id,
+                "node_dir": node.node_dir,
+                "script": scripts[script_name(node)],
+                "script_name": script_name(node),
+                "ranks": list(node.ranks),
+                "env": secrets.env,
+                "secrets": list(secrets.values),
+                "grace": grace,
+                "heartbeat_timeout": heartbeat_timeout,
+                "stall_timeout": stall_timeout,
+                "stack_hook": stack_hook_source(),
+            },
+        )
+        for node, connection in zip(plan.nodes, connections, strict=True)
+    ]
+
+
+def nodes_started(nodes: Sequence[NodeState]) -> tuple[int, int]:
+    """How many nodes got past starting (their script runs or ended), and how many failed."""
+    past = [node for node in nodes if node.state != "starting"]
+    return len(past), sum(node.state in ("failed", "lost") for node in past)
+
+
+def record_the_end(
+    plan: LaunchPlan,
+    connections: Sequence[NodeConnection],
+    sink: LogSink,
+    record: RunRecord,
+    outcome: Outcome,
+    status: dict,
+    *,
+    ssh: object,
+    keep_node_logs: bool,
+    run_dir: str,
+    carry: Callable[[dict], dict],
+) -> None:
+    """After an attempt: the rank files the record could not take whole (its disk filled)
+    completed from the nodes' copies, which then stay while any is still incomplete; the
+    other copies kept or removed; status.json's last word (`status`, the outcome, and what
+    `carry` keeps of the incomplete files across attempts)."""
+    completion = complete_rank_files(plan, connections, sink)
+    leftover = completion.status(ssh)
+    copies = completion.kept_copies(plan.run_id) or node_copies(
+        plan, keep_node_logs, outcome.state, connections, sink.note
+    )
+    status_error = record.write_status(
+        {
+            **status,
+            "state": outcome.state,
+            "exit_code": outcome.exit_code,
+            "ended_at": now_iso(),
+            "summary": outcome.summary or None,
+            "node_copies": copies,
+            **carry(leftover),
+        }
+    )
+    for line in completion.lines(plan.run_id, run_dir, status_error):
+        sink.note(line)
+    if status_error is not None:
+        sink.report_fault(status_error, record.status_path)
+    sink.close()
