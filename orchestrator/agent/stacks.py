@@ -57,6 +57,7 @@ from orchestrator.agent.sampling import cpu_and_rss, rank_in_environ
 
 STACKS_DIR_ENV = "ORCHESTRATOR_STACKS_DIR"  # read by the hook: where it announces itself
 HOOK_FOLDER = "stack_hook"  # orchestrator/agent/<this>/sitecustomize.py: the hook's folder
+HOOK_PATH_ENV = "ORCHESTRATOR_STACK_HOOK"  # the node script's: a job's PYTHONPATH goes after it
 POLL_S = 0.005  # how often a signalled rank is checked for its dump being written
 NO_HOOK = (
     "no stack hook in this process (started before the hook, not Python, or Python run "
@@ -342,10 +343,12 @@ def is_python(pid: int) -> bool:
 
 
 def hook_environment(env: dict[str, str], hook_folder: str, hook_dir: str) -> dict[str, str]:
-    """`env` for the node script: the hook's folder first on PYTHONPATH, `hook_dir` named."""
+    """`env` for the node script: the hook's folder first on PYTHONPATH, `hook_dir` named,
+    and the folder as HOOK_PATH_ENV, which the script puts before a job's own PYTHONPATH."""
     path = env.get("PYTHONPATH")
     return {
         **env,
         "PYTHONPATH": f"{hook_folder}{os.pathsep}{path}" if path else hook_folder,
         STACKS_DIR_ENV: hook_dir,
+        HOOK_PATH_ENV: hook_folder,
     }

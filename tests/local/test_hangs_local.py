@@ -5,6 +5,7 @@ the job works silently, and the run succeeds."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -160,3 +161,19 @@ def test_a_hang_under_max_restarts_restarts_the_workers(tmp_path: Path) -> None:
     status = status_of(runs, "again")
     assert status["state"] == "succeeded" and status["restarts"] == 1
     assert "hang" not in status  # restarted, not ended hung
+
+
+def test_a_jobs_own_pythonpath_keeps_the_stack_hook(tmp_path: Path) -> None:
+    """--env PYTHONPATH=...: the ranks still load the stack hook (first on their path), so
+    stacks by signal and the flight recorder's dumps still reach them; the job's entries
+    follow it."""
+    (tmp_path / "where.py").write_text(
+        "import os, sys\n"
+        "print('hook', sys.modules['sitecustomize'].__file__, flush=True)\n"
+        "print('path', os.environ['PYTHONPATH'], flush=True)\n"
+    )
+    done = launch_local(tmp_path, "path", "--env", "PYTHONPATH=/opt/mine", "--", "where.py")
+    assert done.returncode == 0, done.stdout + done.stderr
+    hook = re.search(r"\] hook (\S+)", done.stdout)
+    assert hook and hook.group(1).endswith("/stack_hook/sitecustomize.py"), done.stdout
+    assert re.search(r"\] path \S+/stack_hook:/opt/mine$", done.stdout, re.M), done.stdout

@@ -497,6 +497,19 @@ def test_env_values_and_args_arrive_byte_identical(tmp_path_factory, values, arg
     assert argv[len(argv) - len(args) :] == [a.encode() for a in args]
 
 
+@pytest.mark.parametrize("by_the_agent", [True, False])
+def test_a_jobs_pythonpath_keeps_the_stack_hook_first(tmp_path, by_the_agent: bool) -> None:
+    """The job's PYTHONPATH (--env, or forwarded from the shell) goes after the stack hook's
+    folder where the agent runs the script (which names the folder), and is the job's alone
+    by hand."""
+    extra = {"ORCHESTRATOR_STACK_HOOK": "/node/stack_hook"} if by_the_agent else {}
+    pairs = [("PYTHONPATH", "/my lib:/other")]
+    result, _, env, _, _, _ = run_node_script(tmp_path, pairs, [], extra_env=extra)
+    assert result.returncode == 3, result.stderr.decode()
+    hook_first = b"/node/stack_hook:" if by_the_agent else b""
+    assert env[b"PYTHONPATH"] == hook_first + b"/my lib:/other"
+
+
 def test_synced_workdir_is_under_the_node_home(tmp_path) -> None:
     result, plan, _, _, pwd, _ = run_node_script(tmp_path, [], [], synced=True)
     assert result.returncode == 3, result.stderr.decode()
