@@ -20,7 +20,6 @@ from orchestrator.backends.base import SshOptions
 from orchestrator.errors import ConfigError
 from orchestrator.hosts.hostfile import Cluster, load_hostfile
 from orchestrator.hosts.selection import Selection, hold_spares, select_hosts
-from orchestrator.launch.settings import LaunchOptions
 from orchestrator.plan.spec import (
     VISIBLE_DEVICES,
     JobSpec,
@@ -36,6 +35,7 @@ from orchestrator.record.bad_nodes import read_bad_nodes, skip_bad_nodes
 from orchestrator.record.runs import check_run_id, new_run_id, refuse_existing
 from orchestrator.sizes import parse_size
 from orchestrator.slurm.sbatch import SlurmOptions
+from orchestrator.start.settings import LaunchOptions
 from orchestrator.supervise.hangs import DEFAULT_HANG_TIMEOUT_S
 from orchestrator.supervise.stragglers import RATIO, WINDOW_S
 

@@ -8,7 +8,7 @@
 
 `launch` checks its input here, in the calling process (a `ConfigError` says what and where:
 `hosts.txt:3: ...`), then starts the run's controller as a process of its own
-(launch/detach.py: no fork of the caller, no signal handler in it, nothing printed) and
+(start/detach.py: no fork of the caller, no signal handler in it, nothing printed) and
 returns once every node has started, or raises what stopped the start. Its keywords are the
 `launch` flags (api/keywords.py). The command line's attached launch (`start_attached`)
 and `--detach` (`start_detached`) take the same `LaunchRequest`.
@@ -32,12 +32,12 @@ from orchestrator.api.keywords import (
 from orchestrator.api.run_handle import Run
 from orchestrator.errors import ConfigError, OrchestratorError
 from orchestrator.hosts.hostfile import load_hostfile
-from orchestrator.launch.launcher import launch as launch_attached
-from orchestrator.launch.launcher import start_detached as start_ssh_detached
-from orchestrator.launch.preflight import check_script_exists, prepare
 from orchestrator.nodes.execute import NodeResult, results_table, run_command
 from orchestrator.plan.scripts import write_rendered
 from orchestrator.slurm.submit import launch_slurm, write_slurm_render
+from orchestrator.start.launcher import launch as launch_attached
+from orchestrator.start.launcher import start_detached as start_ssh_detached
+from orchestrator.start.preflight import check_script_exists, prepare
 
 LOG = logging.getLogger("orchestrator")
 Say = Callable[[str], None]

@@ -282,11 +282,11 @@ def run_collectives(
     cluster: Cluster, options: CheckOptions, spec: JobSpec, backend: str, connections: list
 ) -> JobResult:
     """Step 3: launch orchestrator.check.collectives on every slot; read its reports back."""
-    from orchestrator.launch.launcher import run_plan
-    from orchestrator.launch.preflight import prepare
-    from orchestrator.launch.settings import LaunchOptions
     from orchestrator.plan.scripts import write_rendered
     from orchestrator.record.runs import RunRecord
+    from orchestrator.start.launcher import run_plan
+    from orchestrator.start.preflight import prepare
+    from orchestrator.start.settings import LaunchOptions
 
     args = ("--backend", backend, *spec.program.args)
     spec = replace(spec, program=replace(spec.program, args=args))

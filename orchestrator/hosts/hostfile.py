@@ -74,7 +74,7 @@ class Cluster:
     hosts: tuple[Host, ...]
     path: str
     selection: str = ""  # the selection flags that chose these hosts (orchestrator.hosts.selection)
-    spares: tuple[Host, ...] = ()  # --spares: held back, not started (orchestrator.launch.pool)
+    spares: tuple[Host, ...] = ()  # --spares: held back, not started (orchestrator.start.pool)
 
     @property
     def is_local(self) -> bool:

@@ -13,8 +13,6 @@ from typing import BinaryIO
 from orchestrator.console.sink import use_color
 from orchestrator.errors import ConfigError, OrchestratorError
 from orchestrator.hosts.hostfile import Cluster
-from orchestrator.launch.detach import run_detached
-from orchestrator.launch.settings import LaunchOptions
 from orchestrator.plan.scripts import command_line, make_output_dir, plan_yaml
 from orchestrator.plan.spec import JobSpec
 from orchestrator.record.runs import RunRecord, new_status, now_iso
@@ -29,6 +27,8 @@ from orchestrator.slurm.sbatch import (
     render_sbatch,
 )
 from orchestrator.slurm.spares import SlurmSpares, check_capacity
+from orchestrator.start.detach import run_detached
+from orchestrator.start.settings import LaunchOptions
 
 
 def prepare_slurm(
@@ -91,7 +91,7 @@ def launch_slurm(
     exclude: tuple[str, ...] = (),
 ) -> int | dict:
     """Submit the job and follow it to its end: the exit code. With `detach`, a controller
-    of its own follows it (launch/detach.py): its report once the job is submitted,
+    of its own follows it (start/detach.py): its report once the job is submitted,
     {"started": True, "job_id": ...} or {"error": ..., "exit_code": n}."""
     out = out or sys.stdout.buffer
     program = spec.program

@@ -49,7 +49,7 @@ class NodeState:
 class NodeFault:
     """The node to blame when a run ended by the node's doing, not the job's: it was lost,
     its disk failed, or something outside the job killed a process there (SIGKILL,
-    SIGBUS). A spare may replace it (orchestrator.launch.pool)."""
+    SIGBUS). A spare may replace it (orchestrator.start.pool)."""
 
     index: int  # its node rank
     host: str

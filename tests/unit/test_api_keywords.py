@@ -56,6 +56,18 @@ def test_bad_input_says_where(tmp_path: Path) -> None:
         build(str(hosts), (), taken, ("test",), print)
 
 
+def test_no_part_of_the_package_shadows_a_name_of_its_api() -> None:
+    """A subpackage or module `orchestrator.X` becomes the package's attribute X once
+    imported, hiding an API name X (as the stage folder `launch/` once hid `launch()`)."""
+    package = Path(orchestrator.__file__).parent
+    api = [name for name in orchestrator.__all__ if not name.startswith("__")]
+    clashes = [n for n in api if (package / n).is_dir() or (package / f"{n}.py").exists()]
+    assert not clashes
+    probe = "import orchestrator.start.launcher, orchestrator; print(callable(orchestrator.launch))"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert done.stdout.strip() == "True", done.stderr
+
+
 def test_the_package_names_its_api_without_importing_it() -> None:
     probe = (
         "import sys, orchestrator; before = 'orchestrator.api.launching' in sys.modules; "

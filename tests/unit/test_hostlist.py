@@ -44,8 +44,8 @@ def test_the_list_expands_back_to_the_same_hosts(entries) -> None:
 
 def test_the_preflight_summary_is_one_line_when_the_nodes_agree() -> None:
     from orchestrator.hosts.hostfile import parse_hostfile
-    from orchestrator.launch.preflight import versions_summary
     from orchestrator.plan.launch_plan import NodeFacts
+    from orchestrator.start.preflight import versions_summary
 
     cluster = parse_hostfile("".join(f"ceon{i}\n" for i in range(1, 65)), "h.txt")
     same = NodeFacts(python_version="3.11.7", torch_version="2.13.0+cpu")
@@ -64,9 +64,9 @@ def test_sync_says_one_line_per_file_count_and_counts_nodes_on_the_progress_line
     from orchestrator.console.progress import Progress
     from orchestrator.errors import NodeErrors
     from orchestrator.hosts.hostfile import parse_hostfile
-    from orchestrator.launch.sync import sync_code
     from orchestrator.plan.launch_plan import make_plan
     from orchestrator.plan.spec import JobSpec, Program
+    from orchestrator.start.sync import sync_code
 
     class Connection:
         def __init__(self, files: int | None) -> None:

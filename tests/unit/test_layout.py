@@ -34,7 +34,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("orchestrator.console",),
     ("orchestrator.supervise",),
     ("orchestrator.nodes",),
-    ("orchestrator.launch",),
+    ("orchestrator.start",),
     ("orchestrator.slurm",),
     ("orchestrator.check",),
     ("orchestrator.api",),

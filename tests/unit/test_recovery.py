@@ -13,11 +13,11 @@ import pytest
 from orchestrator.errors import ConfigError, NodeError, NodeErrors, SourceError
 from orchestrator.hosts.hostfile import parse_hostfile
 from orchestrator.hosts.selection import hold_spares
-from orchestrator.launch.pool import NodePool
 from orchestrator.nodes.probe import ProbeResult
 from orchestrator.plan.launch_plan import NodeFacts, make_plan, node_dir
 from orchestrator.plan.scripts import plan_yaml
 from orchestrator.record.bad_nodes import add_bad_node, read_bad_nodes, skip_bad_nodes
+from orchestrator.start.pool import NodePool
 from orchestrator.supervise.state import NodeFault, Outcome
 from tests.unit.test_plan import spec
 from tests.unit.test_supervise import detector

@@ -135,8 +135,8 @@ def test_launch_with_restarts_dry_run_shows_the_c10d_script(tmp_path: Path) -> N
     """Followed like any job (a failing rank is a restart until torchrun gives up)."""
     import io
 
-    from orchestrator.launch.settings import LaunchOptions
     from orchestrator.slurm.submit import launch_slurm
+    from orchestrator.start.settings import LaunchOptions
 
     options = LaunchOptions(run_dir=str(tmp_path), run_id="r", argv=ARGV)
     out = io.BytesIO()

@@ -19,19 +19,6 @@ from orchestrator.backends.sessions import Event, NodeSession, start_sessions
 from orchestrator.console.progress import Progress
 from orchestrator.errors import Interrupted, OrchestratorError
 from orchestrator.hosts.hostfile import Cluster
-from orchestrator.launch.attempt import (
-    agent_starts,
-    console_sink,
-    nodes_started,
-    record_the_end,
-    secrets_of,
-    states_of,
-)
-from orchestrator.launch.detach import run_detached
-from orchestrator.launch.pool import NodePool
-from orchestrator.launch.preflight import check_script_exists, preflight_probe, prepare
-from orchestrator.launch.settings import LaunchOptions
-from orchestrator.launch.sync import sync_code
 from orchestrator.plan.launch_plan import LaunchPlan, make_plan
 from orchestrator.plan.scripts import (
     command_line,
@@ -41,6 +28,19 @@ from orchestrator.plan.scripts import (
 )
 from orchestrator.plan.spec import JobSpec
 from orchestrator.record.runs import RunRecord, new_status, now_iso
+from orchestrator.start.attempt import (
+    agent_starts,
+    console_sink,
+    nodes_started,
+    record_the_end,
+    secrets_of,
+    states_of,
+)
+from orchestrator.start.detach import run_detached
+from orchestrator.start.pool import NodePool
+from orchestrator.start.preflight import check_script_exists, preflight_probe, prepare
+from orchestrator.start.settings import LaunchOptions
+from orchestrator.start.sync import sync_code
 from orchestrator.supervise import Outcome, Supervisor, signals_to
 
 
@@ -199,7 +199,7 @@ def launch(
 
 
 def start_detached(cluster: Cluster, spec: JobSpec, options: LaunchOptions) -> dict:
-    """Start the run with a controller of its own (launch/detach.py); return its report
+    """Start the run with a controller of its own (start/detach.py); return its report
     once every node runs: {"started": True}, or {"error": ..., "exit_code": n}."""
     check_script_exists(cluster, spec)
     log_path = os.path.join(options.run_dir, f".{options.run_id}.controller.log")

@@ -11,12 +11,12 @@ from orchestrator.console.progress import Progress
 from orchestrator.errors import ConfigError
 from orchestrator.hostlist import compress_hosts
 from orchestrator.hosts.hostfile import Cluster
-from orchestrator.launch.pool import NodePool, Probe
-from orchestrator.launch.settings import LaunchOptions
 from orchestrator.nodes.probe import ProbeResult, probe_nodes
 from orchestrator.plan.launch_plan import LaunchPlan, NodeFacts, make_plan
 from orchestrator.plan.scripts import command_line, render_node_scripts
 from orchestrator.plan.spec import JobSpec
+from orchestrator.start.pool import NodePool, Probe
+from orchestrator.start.settings import LaunchOptions
 
 
 def prepare(

@@ -66,7 +66,7 @@ def run_detached(target: str, args: tuple, log_path: str) -> dict:
 # without a PYTHONPATH that the ranks of a local run (which inherit the environment) would get.
 START = (
     "import sys; sys.path.insert(0, sys.argv.pop(1)); "
-    "from orchestrator.launch.detach import main; sys.exit(main(sys.argv[1]))"
+    "from orchestrator.start.detach import main; sys.exit(main(sys.argv[1]))"
 )
 
 
