@@ -3,7 +3,8 @@
 A round asks every running node at once (`stacks SEQ METHOD`, see agent/protocol.py), so
 the stacks of all ranks are taken within the same second; each node answers with one K
 frame of records (agent/stacks.py). A round ends when every node asked has answered, or
-after ROUND_TIMEOUT_S; a node that did not answer by then is named. Every round is written
+after ROUND_TIMEOUT_S (FLIGHT_EXTRA_S more with the flight recorder's dumps); a node that
+did not answer by then is named. Every round is written
 whole to runs/<run-id>/stacks/<time>/: one text file per rank and stacks.json (the records,
 the folded groups as shown, the nodes that did not answer, and which request it answers).
 
@@ -28,6 +29,7 @@ from orchestrator.supervise.stack_groups import fold, render_groups
 # An agent gives each way of taking a rank's stack up to 5 s (agent/main.STACK_TIMEOUT_S):
 # py-spy then the signal, 10 s at worst, and then the frame's way here.
 ROUND_TIMEOUT_S = 12.0
+FLIGHT_EXTRA_S = 5.0  # with the flight recorder: an agent gives the dumps up to 5 s more
 REQUESTS = "requests"
 STACKS = "stacks"
 METHODS = ("auto", "py-spy", "signal")
@@ -54,6 +56,11 @@ class StackRound:
     @property
     def missing(self) -> set[int]:
         return self.asked - self.answered
+
+    @property
+    def timeout(self) -> float:
+        """How long its nodes have to answer."""
+        return ROUND_TIMEOUT_S + (FLIGHT_EXTRA_S if self.flight else 0.0)
 
 
 class Sender(Protocol):
@@ -140,7 +147,7 @@ class StackRounds:
         ended = [
             r
             for r in self.open.values()
-            if not (r.missing - gone) or now - r.began >= ROUND_TIMEOUT_S
+            if not (r.missing - gone) or now - r.began >= r.timeout
         ]
         for round_ in ended:
             del self.open[round_.seq]
@@ -153,7 +160,7 @@ class StackRounds:
         round_.lines = render_groups(groups)
         round_.odd = groups[0].ranks if len(groups) > 1 else ()
         round_.lines += [
-            f"[{self.node_hosts.get(i, i)}] no answer within {ROUND_TIMEOUT_S:g} s"
+            f"[{self.node_hosts.get(i, i)}] no answer within {round_.timeout:g} s"
             for i in sorted(round_.missing)
         ]
         if self.record_dir is None:

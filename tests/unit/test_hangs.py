@@ -209,3 +209,17 @@ def test_a_hang_ends_the_stuck_ranks_while_torchrun_has_restarts_left(tmp_path):
     detector.rounds.causes = {0: RankExit(3, "b", 137, 1.0), 1: RankExit(3, "b", 137, 2.0)}
     assert not watch.said_or_restarted(hang, detector, sessions, 200.0)
     assert sessions[1].sent[-1] == "end 3" and len(sessions[1].sent) == 3  # nothing more sent
+
+
+def test_a_round_with_the_flight_recorder_waits_for_its_dumps_longer(tmp_path):
+    from orchestrator.supervise.stack_rounds import FLIGHT_EXTRA_S, ROUND_TIMEOUT_S
+
+    rounds, _, sessions = make(tmp_path, [])
+    plain = rounds.begin("plain", {0, 1})
+    flight = rounds.begin("flight", {0, 1}, flight=True)
+    assert plain is not None and flight is not None
+    start = max(plain.began, flight.began)
+    assert rounds.tick(start + ROUND_TIMEOUT_S) == [plain]  # the other still has time
+    (ended,) = rounds.tick(start + ROUND_TIMEOUT_S + FLIGHT_EXTRA_S)
+    assert ended is flight and ended.missing == {0, 1}
+    assert sessions[0].sent == ["stacks 1 auto", "stacks 2 auto flight"]
