@@ -143,11 +143,9 @@ class StackRounds:
 
     def tick(self, now: float, gone: frozenset[int] | set[int] = frozenset()) -> list[StackRound]:
         """The rounds that ended: every node asked answered (or is `gone`: lost or done),
-        or ROUND_TIMEOUT_S passed. Each is written to the record before it is returned."""
+        or its timeout passed. Each is written to the record before it is returned."""
         ended = [
-            r
-            for r in self.open.values()
-            if not (r.missing - gone) or now - r.began >= r.timeout
+            r for r in self.open.values() if not (r.missing - gone) or now - r.began >= r.timeout
         ]
         for round_ in ended:
             del self.open[round_.seq]
