@@ -6,7 +6,9 @@ hang, `collect` writes them to runs/<run-id>/flight/rank_<N> and runs torch's ow
 (`python -m torch.distributed.flight_recorder.fr_trace`, the `torchfrtrace` command) over
 that folder, keeping its whole report in flight/analysis.txt. Its finding for users is the
 collective that some ranks entered and others never joined: that names, from torch's side,
-the ranks the stacks found stuck, and where the others called the collective.
+the ranks the stacks found stuck. (Where the others called it comes with a dump that holds
+its entries' Python stacks: a job's own, or NCCL's on a timeout; the ranks' hook leaves
+them out, see agent/stack_hook/sitecustomize.py.)
 
 The dumps are pickles written by the ranks. They are read here with an unpickler that
 refuses every class (torch writes plain dicts, lists and numbers), and what is written to
@@ -72,8 +74,8 @@ class FlightReport:
             return [f"flight recorder: no collective lacks a rank ({where})"]
         return [
             f"flight recorder: {ranks_on_hosts(m.missing, hosts)} never joined collective "
-            f"#{m.seq} ({m.collective}, group {m.group}) that the others called"
-            + (f" at {m.called_at}" if m.called_at else "")
+            f"#{m.seq} ({m.collective}, group {m.group}) that the other ranks entered"
+            + (f", called at {m.called_at}" if m.called_at else "")
             + f" ({where})"
             for m in self.missing
         ]

@@ -66,7 +66,7 @@ def test_a_local_hang_is_named_by_stacks_and_the_flight_recorder(tmp_path: Path)
     assert done.returncode == 1, done.stdout + done.stderr
     finding = (
         "flight recorder: rank 1 (localhost) never joined collective #1 "
-        "(gloo:all_reduce, group 0:default_pg) that the others called at hang_job.py:22"
+        "(gloo:all_reduce, group 0:default_pg) that the other ranks entered ("
     )
     assert done.stdout.count(finding) == 2, "on the console when found, and in the summary"
     assert "deprecated" not in done.stdout  # torch warns of no variable we set
@@ -121,7 +121,8 @@ def test_a_failed_runs_summary_reads_the_dumps_torch_left(tmp_path: Path) -> Non
     assert done.returncode == 1, done.stdout + done.stderr
     assert (
         "flight recorder: rank 1 (localhost) never joined collective #2 "
-        "(gloo:all_reduce, group 0:default_pg) that the others called at times_out.py:20"
+        "(gloo:all_reduce, group 0:default_pg) that the other ranks entered, called at "
+        "times_out.py:20"
     ) in done.stdout
     assert sorted(p.name for p in (runs / "late" / "flight").iterdir()) == [
         "analysis.txt", "rank_0", "rank_1",

@@ -38,7 +38,8 @@ def test_a_finding_reads_as_one_line_with_hosts() -> None:
     (line,) = report.lines({5: "node3", 6: "node4"})
     assert line == (
         "flight recorder: ranks r[5-6] (node[3-4]) never joined collective #4 "
-        "(nccl:all_reduce, group 0:default_pg) that the others called at train.py:40 (step) "
+        "(nccl:all_reduce, group 0:default_pg) that the other ranks entered, called at "
+        "train.py:40 (step) "
         "(/r/flight/analysis.txt)"
     )
     assert report.status()["missing"][0]["ranks"] == [5, 6]
