@@ -7,7 +7,9 @@ ranks.py      each rank's output file as whole lines, then its exit
 disk.py       whether the node directory can still be written, and if not, why
 controller.py whether the controller's host still answers, when the controller is silent
 wakeup.py     what wakes a quiet agent: writes in the node directory, signals, a child's end
+py_spy.py     reading a rank's stack from outside with py-spy
 stacks.py     every rank's Python stacks, by py-spy or the ranks' own hook (stack_hook/)
+flight.py     torch's flight recorder: turned on for the ranks, dumped through the hook
 route.py      which interface reaches an address (run inside node scripts, like cores.py)
 cores.py      --bind-cores: disjoint core sets per local rank
 main.py       the agent: one loop tying them together, step after step

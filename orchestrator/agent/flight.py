@@ -25,8 +25,9 @@ from __future__ import annotations
 
 import errno
 import os
-import threading
 import time
+
+from orchestrator.agent.stacks import each_rank
 
 FOLDER = "flight"  # in the node directory
 PREFIX = "rank_"  # a dump's name: PREFIX + the rank, as torch's analyser expects
@@ -48,20 +49,11 @@ def flight_environment(env: dict[str, str], folder: str) -> dict[str, str]:
 
 def take_dumps(ranks: dict[int, int], folder: str, timeout: float) -> dict[int, bytes | str]:
     """rank -> its dump (bytes), or why there is none (str); every rank asked at once."""
-    found: dict[int, bytes | str] = {}
-
-    def take(rank: int, pid: int) -> None:
-        try:
-            found[rank] = take_one(rank, pid, folder, timeout)
-        except Exception as error:  # an answer for every rank, whatever went wrong
-            found[rank] = f"failed: {error!r}"
-
-    workers = [threading.Thread(target=take, args=item, daemon=True) for item in ranks.items()]
-    for worker in workers:
-        worker.start()
-    for worker in workers:
-        worker.join()
-    return dict(sorted(found.items()))
+    return each_rank(
+        ranks,
+        lambda rank, pid: take_one(rank, pid, folder, timeout),
+        lambda rank, pid, why: why,
+    )
 
 
 def take_one(rank: int, pid: int, folder: str, timeout: float) -> bytes | str:

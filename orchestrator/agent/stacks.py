@@ -55,6 +55,13 @@ from orchestrator.agent.processes import children_of, stat_fields
 from orchestrator.agent.py_spy import StackError, dump_with_py_spy
 from orchestrator.agent.sampling import cpu_and_rss, rank_in_environ
 
+TYPE_CHECKING = False  # typing's own costs every agent's start: annotations only
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import TypeVar
+
+    T = TypeVar("T")
+
 STACKS_DIR_ENV = "ORCHESTRATOR_STACKS_DIR"  # read by the hook: where it announces itself
 HOOK_FOLDER = "stack_hook"  # orchestrator/agent/<this>/sitecustomize.py: the hook's folder
 HOOK_PATH_ENV = "ORCHESTRATOR_STACK_HOOK"  # the node script's: a job's PYTHONPATH goes after it
@@ -75,20 +82,35 @@ def take_stacks(
 
     Each way gets up to `timeout` seconds, so a rank's record comes within twice that.
     """
-    records: dict[int, dict] = {}
+    return each_rank(
+        ranks,
+        lambda rank, pid: take_one(rank, pid, hook_dir, py_spy, timeout),
+        lambda rank, pid, why: {**empty_record(rank, pid, None), "error": why},
+    )
+
+
+def each_rank(
+    ranks: dict[int, int],
+    work: Callable[[int, int], T],
+    failed: Callable[[int, int, str], T],
+) -> dict[int, T]:
+    """rank -> `work(rank, pid)`, every rank in a thread of its own (so they are read at
+    about the same moment), by rank; `failed(rank, pid, why)` where `work` raised, so that
+    every rank has its answer whatever went wrong."""
+    found: dict[int, T] = {}
 
     def take(rank: int, pid: int) -> None:
         try:
-            records[rank] = take_one(rank, pid, hook_dir, py_spy, timeout)
-        except Exception as error:  # a record for every rank, whatever went wrong
-            records[rank] = {**empty_record(rank, pid, None), "error": f"failed: {error!r}"}
+            found[rank] = work(rank, pid)
+        except Exception as error:
+            found[rank] = failed(rank, pid, f"failed: {error!r}")
 
     workers = [threading.Thread(target=take, args=item, daemon=True) for item in ranks.items()]
     for worker in workers:
         worker.start()
     for worker in workers:
         worker.join()
-    return {rank: records[rank] for rank in sorted(records)}
+    return dict(sorted(found.items()))
 
 
 def take_one(rank: int, pid: int, hook_dir: str, py_spy: str | None, timeout: float) -> dict:

@@ -34,7 +34,7 @@ from orchestrator.errors import ConfigError, OrchestratorError
 from orchestrator.hosts.hostfile import load_hostfile
 from orchestrator.nodes.execute import NodeResult, results_table, run_command
 from orchestrator.plan.scripts import write_rendered
-from orchestrator.slurm.submit import launch_slurm, write_slurm_render
+from orchestrator.slurm.submit import launch_slurm, start_slurm_detached, write_slurm_render
 from orchestrator.start.launcher import launch as launch_attached
 from orchestrator.start.launcher import start_detached as start_ssh_detached
 from orchestrator.start.preflight import check_script_exists, prepare
@@ -66,12 +66,10 @@ def start_detached(request: LaunchRequest) -> dict:
     """The run's controller started as a process of its own; its report once every node
     runs (SLURM: once the job is submitted): {"started": True, ...} or {"error": ...}."""
     if request.backend == "slurm":
-        result = launch_slurm(
-            request.cluster, request.spec, request.slurm, request.options, detach=True,
+        return start_slurm_detached(
+            request.cluster, request.spec, request.slurm, request.options,
             spares=request.spares, exclude=request.exclude,
         )  # fmt: skip
-        assert isinstance(result, dict)
-        return result
     assert request.cluster is not None
     return start_ssh_detached(request.cluster, request.spec, request.options)
 
@@ -79,12 +77,10 @@ def start_detached(request: LaunchRequest) -> dict:
 def start_attached(request: LaunchRequest, dry_run: bool, out: BinaryIO) -> int:
     """The run driven from this process, its console on `out`; the exit code."""
     if request.backend == "slurm":
-        code = launch_slurm(
+        return launch_slurm(
             request.cluster, request.spec, request.slurm, request.options, dry_run=dry_run,
             out=out, spares=request.spares, exclude=request.exclude,
         )  # fmt: skip
-        assert isinstance(code, int)
-        return code
     assert request.cluster is not None
     return launch_attached(request.cluster, request.spec, request.options, dry_run=dry_run, out=out)
 

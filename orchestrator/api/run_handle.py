@@ -147,8 +147,7 @@ class Run:
 
     def stop(self, wait: float = 60.0) -> RunOutcome:
         """Stop the run on every node (as Ctrl-C would) and wait for its end."""
-        messages: list[str] = []
-        stop_run(self.record, wait, messages.append)
+        stop_run(self.record, wait, say=lambda text: None)  # its words are the CLI's
         return self.wait(timeout=wait)
 
     def fetch_incomplete(self, say: Callable[[str], None] = lambda text: None) -> int:

@@ -85,15 +85,52 @@ def launch_slurm(
     options: LaunchOptions,
     *,
     dry_run: bool = False,
-    detach: bool = False,
     out: BinaryIO | None = None,
     spares: int = 0,
     exclude: tuple[str, ...] = (),
-) -> int | dict:
-    """Submit the job and follow it to its end: the exit code. With `detach`, a controller
-    of its own follows it (start/detach.py): its report once the job is submitted,
-    {"started": True, "job_id": ...} or {"error": ..., "exit_code": n}."""
+) -> int:
+    """Submit the job and follow it to its end from this process; the exit code."""
     out = out or sys.stdout.buffer
+    job, script, record_path = prepared(cluster, spec, slurm_options, options, spares, exclude)
+    if dry_run:
+        out.write(
+            f"# plan.yaml\n{plan_yaml(job)}# ---- {record_path / SCRIPT_NAME} "
+            f"(submitted with: sbatch --parsable {record_path / SCRIPT_NAME}) ----\n"
+            f"{script}".encode()
+        )
+        out.flush()
+        return 0
+    return _submit_and_follow(job, script, spec, slurm_options, options, out, None)
+
+
+def start_slurm_detached(
+    cluster: Cluster | None,
+    spec: JobSpec,
+    slurm_options: SlurmOptions,
+    options: LaunchOptions,
+    *,
+    spares: int = 0,
+    exclude: tuple[str, ...] = (),
+) -> dict:
+    """Submit the job with a controller of its own to follow it (start/detach.py); its
+    report once the job is submitted: {"started": True, "job_id": ...} or {"error": ...,
+    "exit_code": n}."""
+    job, script, _ = prepared(cluster, spec, slurm_options, options, spares, exclude)
+    log_path = os.path.join(options.run_dir, f".{options.run_id}.controller.log")
+    work = (job, script, spec, slurm_options, options, None)
+    return run_detached(f"{__name__}:_submit_and_follow", work, log_path)
+
+
+def prepared(
+    cluster: Cluster | None,
+    spec: JobSpec,
+    slurm_options: SlurmOptions,
+    options: LaunchOptions,
+    spares: int,
+    exclude: tuple[str, ...],
+) -> tuple[SlurmJob, str, Path]:
+    """The job and its script, the script checked first where it is this machine's to see;
+    and where the run's record goes."""
     program = spec.program
     if not slurm_options.login and not program.is_module:
         path = os.path.join(spec.workdir, program.target)
@@ -106,19 +143,7 @@ def launch_slurm(
     job, script = prepare_slurm(
         cluster, spec, slurm_options, options.run_id, options.argv, record_path, spares, exclude
     )
-    if dry_run:
-        out.write(
-            f"# plan.yaml\n{plan_yaml(job)}# ---- {record_path / SCRIPT_NAME} "
-            f"(submitted with: sbatch --parsable {record_path / SCRIPT_NAME}) ----\n"
-            f"{script}".encode()
-        )
-        out.flush()
-        return 0
-    if detach:
-        log_path = os.path.join(options.run_dir, f".{options.run_id}.controller.log")
-        work = (job, script, spec, slurm_options, options, None)
-        return run_detached(f"{__name__}:_submit_and_follow", work, log_path)
-    return _submit_and_follow(job, script, spec, slurm_options, options, out, None)
+    return job, script, record_path
 
 
 def _submit_and_follow(

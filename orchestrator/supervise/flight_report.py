@@ -31,12 +31,11 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from orchestrator.agent.flight import FOLDER, PREFIX
 from orchestrator.hostlist import compress_hosts
 from orchestrator.supervise.stack_rounds import StackRounds
 from orchestrator.supervise.state import Outcome
 
-FOLDER = "flight"
-PREFIX = "rank_"
 REPORT = "analysis.txt"
 ANALYSER = "torch.distributed.flight_recorder.fr_trace"
 ANALYSE_TIMEOUT_S = 60.0

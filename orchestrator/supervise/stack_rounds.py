@@ -119,8 +119,10 @@ class StackRounds:
         """An L frame: a rank's flight recorder dump, or why there is none. It comes before
         its node's K frame, which ends the node's part of the round; `end` for a dump torch
         wrote by itself, sent after a failure."""
-        if seq == "end" and word == "ok" and rank.isdigit():  # left by torch (agent/flight.py)
-            self.left[int(rank)] = data
+        if seq == "end":  # left by torch (agent/flight.py), after a failure: no round's
+            if word == "ok" and rank.isdigit():
+                self.left[int(rank)] = data
+            return
         round_ = self.open.get(int(seq)) if seq.isdigit() else None
         if round_ is None or not rank.isdigit():
             return

@@ -81,10 +81,8 @@ def install(folder: str) -> None:
     start = stat[stat.rfind(b")") + 2 :].split()[19].decode()  # field 22: start time, ticks
     main = main_thread_ident()
     ready = os.path.join(folder, f"{pid}.ready")
-    partial = os.path.join(folder, f".{pid}.ready.tmp")
-    with open(partial, "w", encoding="utf-8") as handle:
-        handle.write(f"signal {signum}\nstart {start}\nmain_thread {main}\nstacks {stacks}\n")
-    os.replace(partial, ready)  # whole or absent: the agent never reads half a file
+    text = f"signal {signum}\nstart {start}\nmain_thread {main}\nstacks {stacks}\n"
+    write_whole(ready, text.encode())  # whole or absent: the agent never reads half a file
 
     import atexit
 
