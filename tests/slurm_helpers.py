@@ -46,15 +46,17 @@ if rank == int(os.environ.get("FAIL_RANK", "-1")):
     sys.exit(3)
 time.sleep(300)
 """
-# Waits for SIGUSR1, saves a "checkpoint" and exits 128+SIGUSR1; after a requeue, resumes.
+# Waits for SIGUSR1, saves a "checkpoint" and exits 128+SIGUSR1; in its next job (a
+# requeue, or the job submitted again), resumes.
 CHECKPOINTING = """\
 import os, signal, sys, time
 from pathlib import Path
 rank = int(os.environ["RANK"])
 checkpoint = Path(sys.argv[1]) / f"rank-{rank}.ckpt"
 if checkpoint.exists():
-    print(f"rank {rank} resumed from {checkpoint.read_text()} "
-          f"(restart {os.environ['SLURM_RESTART_COUNT']})", flush=True)
+    print(f"rank {rank} resumed from {checkpoint.read_text()} (job "
+          f"{os.environ['SLURM_JOB_ID']}, restart {os.environ.get('SLURM_RESTART_COUNT', 0)})",
+          flush=True)
     raise SystemExit(0)
 got = []
 signal.signal(signal.SIGUSR1, lambda signum, frame: got.append(signum))
@@ -62,7 +64,7 @@ print(f"rank {rank} waiting for SIGUSR1", flush=True)
 while not got:
     time.sleep(0.05)
 checkpoint.write_text(f"checkpoint {rank}")
-print(f"rank {rank} got SIGUSR1", flush=True)
+print(f"rank {rank} got SIGUSR1 in job {os.environ['SLURM_JOB_ID']}", flush=True)
 raise SystemExit(128 + signal.SIGUSR1)
 """
 

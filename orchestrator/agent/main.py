@@ -10,6 +10,7 @@ step's config over stdin (orchestrator.agent.bootstrap, protocol.py). The agent 
   rank's exit code and time (ranks.py, shipping.py), in the frames of protocol.py;
 - samples, every few seconds, what the run's processes use (CPU, memory, GPUs) and ships
   it with the ranks' own metrics (sampling.py);
+- sends the time limit's warning (`signal USR1`) to every rank's process (stacks.py);
 - stops everything on `stop GRACE` (SIGTERM to every descendant, SIGKILL to what is left
   after GRACE seconds), at once on `kill`, and by itself when the controller goes away:
   stdin closes (controller killed, connection dropped) or no heartbeat for a while
@@ -317,6 +318,10 @@ class Agent:
                 ).start()
             elif command == "end":
                 self.end_ranks(str(argument))
+            elif command == "signal":  # the time limit's warning, answered by G
+                from orchestrator.agent.stacks import warn_ranks
+
+                self.outbox.send(warn_ranks(os.getpid(), str(argument)))
             else:
                 self.stop(f"{command} requested", argument)  # type: ignore[arg-type]
 

@@ -11,6 +11,8 @@ types with a length field, by exactly that many payload bytes:
   P n + data        a node sample, one JSON object (agent/sampling.py)
   K seq n + data    the ranks' stacks asked for by `stacks SEQ`, one JSON list (stacks.py)
   L seq rank ok|no n + data   a rank's flight recorder dump (a pickle), or why none (flight.py)
+  G SIG t sent skipped   the time limit's warning went to ranks `sent` ("0,1"; "-": none) at
+                    t; `skipped` ranks do not catch SIG and were not sent it (stacks.py)
 Every t is the node's wall clock. H echoes the controller's last `hb T1` (t1) with the time
 the agent read it (t2), `-` before any: one NTP round trip (orchestrator.supervise.clocks).
 E's s says whether the rank ended after the agent began stopping the step, both times in the
@@ -19,8 +21,9 @@ for the script's output read after the stop began: torchrun's shutdown, quiet on
 W comes before the E or X it explains (agent/disk.py).
 Commands from the controller (stdin lines): `hb T1`, `stop GRACE`, `kill`, and `stacks SEQ
 METHOD [flight]` (every rank's stacks, answered by K with the same SEQ; with `flight`, each
-rank's flight recorder first, an L each), and `end RANK,...` (SIGKILL to those ranks'
-processes alone: a hang ended so that torchrun restarts the workers; the step goes on).
+rank's flight recorder first, an L each), `end RANK,...` (SIGKILL to those ranks'
+processes alone: a hang ended so that torchrun restarts the workers; the step goes on), and
+`signal USR1|USR2` (the time limit's warning to every rank's process, answered by G).
 A step's config (JSON's types only) is marshal data, version 4, which every Python 3 since
 3.4 reads with a built-in module (json would cost each node's start-up 10 ms of imports and
 regular expressions), with an 8-digit length prefix; after X, a `next` line announces the
@@ -114,7 +117,7 @@ class CommandReader:
 
     def feed(self, chunk: bytes) -> list[tuple[str, float | str | None]]:
         """(command, argument) for each whole line: ("stop", GRACE or None), ("kill", 0.0),
-        ("stacks", "SEQ METHOD [flight]"), ("end", "RANK,RANK").
+        ("stacks", "SEQ METHOD [flight]"), ("end", "RANK,RANK"), ("signal", "USR1").
 
         `hb T1` proves the controller is there (the caller notes any input as that) and
         is kept for the next heartbeat to echo.
@@ -136,8 +139,8 @@ class CommandReader:
                 commands.append(("kill", 0.0))
             elif words[0] == "stacks" and len(words) in (3, 4):
                 commands.append(("stacks", " ".join(words[1:])))
-            elif words[0] == "end" and len(words) == 2:
-                commands.append(("end", words[1]))
+            elif words[0] in ("end", "signal") and len(words) == 2:
+                commands.append((words[0], words[1]))
         return commands
 
 

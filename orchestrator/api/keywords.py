@@ -6,7 +6,9 @@ defaults (tests/unit/test_api_keywords.py holds the two to each other). `build` 
 with a hostfile and a program, into a `LaunchRequest`: the hosts chosen, the `JobSpec`, the
 `LaunchOptions` (and the SLURM options), every check of the input done once, here, whoever
 launches (the command line or a Python program). Notes for the user (a bad-node list that
-skipped hosts, an env file read) go to `say`.
+skipped hosts, an env file read) go to `say`. `time` and `signal` serve both backends: under
+SLURM they go to the sbatch script; over SSH they make the run's `Deadline`, which the
+controller keeps (supervise/time_limit.py).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from orchestrator.backends.base import SshOptions
 from orchestrator.errors import ConfigError
 from orchestrator.hosts.hostfile import Cluster, load_hostfile
 from orchestrator.hosts.selection import Selection, hold_spares, select_hosts
+from orchestrator.plan.deadline import Deadline, plan_deadline
 from orchestrator.plan.spec import (
     VISIBLE_DEVICES,
     JobSpec,
@@ -46,6 +49,7 @@ SSH_KEYS = (
 )  # fmt: skip
 SELECTION_KEYS = ("include", "exclude", "num_nodes", "num_gpus", "bad_nodes")
 SLURM_KEYS = tuple(f.name for f in fields(SlurmOptions) if f.name != "login")
+BOTH_BACKENDS = ("--time", "--signal")  # SlurmOptions' flags that SSH launches take too
 
 
 @dataclass(frozen=True)
@@ -86,6 +90,7 @@ class LaunchArgs:
     sbatch_args: tuple[str, ...] = ()
     signal: str | None = None
     requeue: bool = False
+    max_resubmits: int | None = None
     login: str | None = None
     # the run
     run_id: str | None = None
@@ -161,10 +166,12 @@ def build(
     if new_run:
         refuse_existing(args.run_dir, run_id)
     exclude: tuple[str, ...] = ()
+    deadline = Deadline()  # under SLURM, --time and --signal go to the sbatch script
     if args.backend == "slurm":
         cluster, exclude = slurm_nodes(hostfile, selection, args, say)
     else:
         checked = check_backend(args.backend, slurm, hostfile)
+        deadline = ssh_deadline(args.time, args.signal)
         cluster = select(checked, selection, args.nproc_per_node, say)
         cluster = hold_spares(cluster, args.spares)
     spec = make_spec(program, args, gpus_chosen(selection, cluster, args.backend), say)
@@ -185,6 +192,7 @@ def build(
         stragglers=args.stragglers,
         preflight=args.preflight,
         ssh=ssh_options(args),
+        deadline=deadline,
     )
     backend = "slurm" if args.backend == "slurm" else "ssh"
     return LaunchRequest(backend, cluster, spec, options, slurm, args.spares, exclude)
@@ -225,9 +233,21 @@ def make_ssh_options(
     )
 
 
+def ssh_deadline(time: str | None, signal: str | None) -> Deadline:
+    """--time and --signal over SSH: the limit the controller keeps and the warning it sends
+    (plan/deadline.py). A warning needs a limit here: there is no partition's to go by."""
+    deadline = plan_deadline(time, signal)
+    if deadline.limit_s is None and deadline.signal_name is not None:
+        raise ConfigError(
+            f"--signal {signal} without --time: over SSH the warning comes ahead of the run's "
+            "own time limit; give --time LIMIT as well (e.g. --time 4:00:00)"
+        )
+    return deadline
+
+
 def check_backend(backend: str, slurm: SlurmOptions, hostfile: str | None) -> Cluster:
-    """For the SSH/local path: no SLURM option, and a hostfile; its Cluster."""
-    given = slurm.given_flags()
+    """For the SSH/local path: no SLURM-only option, and a hostfile; its Cluster."""
+    given = [flag for flag in slurm.given_flags() if flag not in BOTH_BACKENDS]
     if given:
         raise ConfigError(f"{given[0]} applies to --backend slurm only")
     if hostfile is None:

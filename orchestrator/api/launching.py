@@ -119,6 +119,12 @@ def render(
             options.argv, request.spares, request.exclude,
         )  # fmt: skip
     assert request.cluster is not None
+    if options.deadline.limit_s is not None:
+        raise ConfigError(
+            "--time over SSH is kept by launch's controller: the node scripts run by hand "
+            "have no time limit and no warning signal; leave --time (and --signal) out of "
+            "render, or render --backend slurm"
+        )
     check_script_exists(request.cluster, request.spec)  # as launch does, on this machine
     plan, scripts = prepare(request.cluster, request.spec, options, connections=None)
     return write_rendered(str(out_dir), plan, scripts)

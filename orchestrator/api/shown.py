@@ -10,8 +10,9 @@ from orchestrator.console.rank_table import RunView, duration
 from orchestrator.record.recoveries import describe_recovery
 from orchestrator.record.runs import ACTIVE_STATES, controller_alive
 from orchestrator.sizes import human_bytes, parse_size
+from orchestrator.slurm.segments import describe_segment
 
 __all__ = [
-    "ACTIVE_STATES", "RunView", "controller_alive", "describe_recovery", "draw", "duration",
-    "human_bytes", "load", "parse_size",
+    "ACTIVE_STATES", "RunView", "controller_alive", "describe_recovery", "describe_segment",
+    "draw", "duration", "human_bytes", "load", "parse_size",
 ]  # fmt: skip

@@ -35,7 +35,14 @@ def backend_options(func):
         ),
         click.option("--partition", metavar="NAME", help="[slurm] Partition to run in."),
         click.option(
-            "--time", metavar="LIMIT", help="[slurm] Time limit (MINUTES, HH:MM:SS, DAYS-HH:MM...)."
+            "--time",
+            "--time-limit",
+            "time",
+            metavar="LIMIT",
+            help="Time limit of the run (SLURM's forms: MINUTES, MINUTES:SECONDS, HH:MM:SS, "
+            "DAYS-HH[:MM[:SS]]). The ranks get SIGUSR1 ahead of it (see --signal); over SSH "
+            "the run is stopped at the limit (exit 124); under SLURM a job that reaches it "
+            "is submitted again (see --max-resubmits).",
         ),
         click.option("--account", metavar="NAME", help="[slurm] Account to charge."),
         click.option("--job-name", metavar="NAME", help="[slurm] Job name. Default: the run id."),
@@ -64,9 +71,10 @@ def backend_options(func):
         click.option(
             "--signal",
             metavar="SIG@SECONDS",
-            help="[slurm] Have SLURM send SIG (USR1 or USR2) that many seconds before "
-            "the time limit; the script passes it to the ranks (the bundled "
-            "trainer saves a checkpoint and exits), e.g. USR1@120.",
+            help="Send SIG (USR1 or USR2) to every rank that many seconds before the "
+            "time limit (the bundled trainer saves a checkpoint and exits), e.g. "
+            "USR1@300; none: no warning. Default with --time: USR1 120 s before it (a "
+            "quarter of a limit under 8 minutes).",
         ),
         click.option(
             "--requeue",
@@ -74,6 +82,17 @@ def backend_options(func):
             help="[slurm] Let SLURM requeue the job; with --signal, the script "
             "requeues it once the ranks stopped on the signal, so it resumes "
             "(trainer: --checkpoint-dir DIR --resume).",
+        ),
+        click.option(
+            "--max-resubmits",
+            type=click.IntRange(min=0),
+            default=None,
+            metavar="N",
+            help="[slurm] After the job ends by its time limit (or stops on the warning) or "
+            "is preempted, submit it again, same run and command, up to N times; the "
+            "program resumes from its checkpoint (trainer: --checkpoint-dir DIR --resume). "
+            "A job cancelled by scancel or `orchestrator stop` is never resubmitted. "
+            "[default: 10]",
         ),
     ]
     return functools.reduce(lambda f, option: option(f), reversed(options), func)

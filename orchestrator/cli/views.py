@@ -43,6 +43,17 @@ def status_text(status: dict) -> str:
         f"  started {status.get('started_at')}"
         + (f", ended {status['ended_at']}" if status.get("ended_at") else ""),
     ]
+    if status.get("time_limit_s"):  # --time over SSH
+        warning = status.get("warning")
+        lines.append(
+            f"  time limit {status['time_limit_s']} s"
+            + (
+                f"; SIG{warning['signal']} to {warning['ranks_signalled']} rank(s) at "
+                f"{warning['sent_at']}, {warning['before_limit_s']} s before it"
+                if warning
+                else ""
+            )
+        )
     if status.get("stop_reason"):
         lines.append(f"  stop: {status['stop_reason']}")
     if status.get("restarts"):  # torchrun --max-restarts
@@ -56,6 +67,13 @@ def status_text(status: dict) -> str:
         lines.append(f"  recoveries: {len(status['recoveries'])} (spares left: {spares})")
         if not status.get("summary"):  # which names them when the run has ended
             lines += [f"    {describe_recovery(entry)}" for entry in status["recoveries"]]
+    segments = status.get("segments") or []
+    if len(segments) > 1 or segments[:1] and segments[0].get("warned_at"):  # time limits
+        from orchestrator.api.shown import describe_segment
+
+        left = status.get("resubmits_left")
+        lines.append(f"  segments: {len(segments)} (resubmits left: {left})")
+        lines += [f"    {describe_segment(entry)}" for entry in segments]
     nodes = status.get("nodes") or []
     if nodes:
         rows = [["NODE", "HOST", "STATE", "EXIT", "DETAIL"]]

@@ -8,8 +8,9 @@ the same summaries and status; orchestrator.slurm.outcome says how the job ended
 --max-restarts a failing rank is a restart (torchrun starts the workers again, the job
 goes on) until a node's torchrun gives up, as on SSH nodes. A requeued job starts a new
 attempt; so does, under --spares, the job submitted again after a node failure
-(orchestrator.slurm.spares), with a job id of its own. Ctrl-C cancels the job (scancel)
-and waits until squeue no longer lists it.
+(orchestrator.slurm.spares), and the job submitted again after a time limit or a
+preemption (orchestrator.slurm.segments), each with a job id of its own. Ctrl-C cancels
+the job (scancel) and waits until squeue no longer lists it.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from __future__ import annotations
 import queue
 import signal
 import time
+from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import BinaryIO
 
@@ -30,7 +33,8 @@ from orchestrator.slurm.client import SlurmCommands
 from orchestrator.slurm.outcome import job_outcome
 from orchestrator.slurm.parse import UNRUNNABLE, JobInfo
 from orchestrator.slurm.sbatch import PORT_BASE, PORT_SPAN, SCRIPT_NAME, SlurmJob
-from orchestrator.slurm.spares import SlurmSpares
+from orchestrator.slurm.segments import WARNING_FILE, Segments, read_warning
+from orchestrator.slurm.spares import SlurmSpares, job_dir_of
 from orchestrator.slurm.stream import READ_BYTES, AttemptFiles
 from orchestrator.supervise import NodeState, Outcome, RankState, Supervisor, describe_exit
 from orchestrator.supervise.stopping import STOP_SIGNALS
@@ -57,8 +61,12 @@ class Follower:
         fold: bool = True,
         footer: bool = True,
         stragglers: tuple[float, float] = (RATIO, WINDOW_S),
+        submit: Callable[[SlurmJob, int], int] | None = None,
     ) -> None:
         self.job, self.record, self.commands, self.job_id = job, record, commands, job_id
+        self.submit = submit  # submits a job again as the run's job number N; its id
+        self.segments = Segments(job_id, job.max_resubmits)
+        self.first_job_dir = job.job_dir
         self.base, self.console, self.color, self.fold = base, console, color, fold
         self.footer = Footer.on(console) if footer else None  # once ranks run
         self.stragglers = stragglers  # --stragglers RATIO,SECONDS
@@ -89,6 +97,7 @@ class Follower:
                 **self.base,
                 "state": state,
                 "slurm_state": self.info.state,
+                **self.segments.status(),
                 **(sup.status() if sup else {}),
                 **extra,
             }
@@ -148,6 +157,7 @@ class Follower:
                         ) from None
                     info = self.info
                 self._on_info(info)
+                self._check_warning()
             self._pump()
             if self.info.ended:
                 self._pump()
@@ -187,9 +197,11 @@ class Follower:
         if self.sup is not None and (info.state == "PENDING" or info.state.startswith("REQUEUE")):
             self._pump()
             self.note(f"SLURM job {self.job_id} requeued: {info.state} ({info.reason})")
-            self.sup = None
+            self.note(self.segments.requeued(info.state, info.reason))
+            self._close_attempt()
         if running and self.sup is None:
             self._open_attempt(info)
+            self.segments.running()
         if (old.state, old.reason) != (info.state, info.reason):
             where = f" on {info.nodelist}" if info.nodelist and not info.ended else ""
             why = f" ({info.reason})" if info.reason and info.reason != "None" else ""
@@ -211,8 +223,7 @@ class Follower:
         if self.spares is not None:
             self.spares.running(hosts)
             self.base.update(self.spares.status())
-        if self.files is not None:  # the previous attempt's
-            self.files.close()
+        self._close_attempt()
         self.files = AttemptFiles(
             Path(job.job_dir or "") / f"attempt{details.restarts}", job.nnodes, job.nproc
         )
@@ -254,6 +265,12 @@ class Follower:
                 0, f"{signal.Signals(self.interrupted_by).name} to the orchestrator"
             )
 
+    def _close_attempt(self) -> None:
+        """The attempt followed ended (requeued, or a new job submitted): its files are done."""
+        if self.files is not None:
+            self.files.close()
+        self.files, self.sup = None, None
+
     # --- files --------------------------------------------------------------------------
 
     def _pump(self) -> None:
@@ -268,10 +285,24 @@ class Follower:
             self.sink.update_footer(self.sup.footer_text)
         self.sink.flush()
 
+    def _check_warning(self) -> None:
+        """The script's warning file: the ranks were sent the time limit's (or a
+        preemption's) signal; said once per segment."""
+        if self.files is None or self.segments.current.warned_at is not None:
+            return
+        warning = read_warning(Path(self.files.attempt_dir) / WARNING_FILE)
+        if warning is None:
+            return
+        preempted = slurm.job_details(self.commands, self.job_id).preempted
+        self.note(self.segments.warned(*warning, preempted))
+        self.write_status()
+
     def _rank_exited(self, rank: int, code: int, when: float) -> None:
         sup = self.sup
         assert sup is not None
-        sup.rank_exited(rank, code, when)
+        # After the warning a rank's end is its stop (the trainer exits 138), never a failure.
+        warned = self.segments.current.warned_at is not None and code != 0
+        sup.rank_exited(rank, code, when, None, warned)
         # "restarting" (--max-restarts): torchrun starts the workers again, the job goes on.
         if sup.ranks[rank].state == "failed" and not sup.stopping:
             host = sup.ranks[rank].host
@@ -295,23 +326,43 @@ class Follower:
             sup.stop_wall = when  # ranks that end after it were stopped, not failed
 
     def _resubmitted(self) -> bool:
-        """--spares: when a node of the ended job failed, follow its replacement job."""
-        if self.spares is None or self.interrupted_by is not None:
+        """After the job ended: follow the next job of the run, submitted again after a
+        node failure (--spares), a time limit or a preemption (segments.py), if any."""
+        if self.interrupted_by is not None:
+            self.segments.ended("CANCELLED", False)
             return False
         ended = (self.job_id, self.info)
-        failure = self.spares.failure(*ended, self.hosts)
-        if failure is None:
-            return False
-        if self.job.spares > 0:  # else the closing summary says it
-            outcome = job_outcome(*ended, self.sup, None, Path(self.batch.path))
-            self.note(outcome.summary.splitlines()[0])
-        new = self.spares.replace(self.job, self.hosts, *failure)
-        if new is None:
+        sup = self.sup
+        ranks_ok = sup is not None and all(r.exit_code == 0 for r in sup.ranks.values())
+        if (
+            self.info.state not in ("COMPLETED", "CANCELLED")
+            and slurm.job_details(self.commands, self.job_id).preempted
+        ):  # the ranks stopped on SLURM's SIGTERM or --signal, the script ended first
+            self.segments.preempted()
+        self.segments.ended(self.info.state, ranks_ok)
+        number = len(self.segments.entries) + 1
+        failure = self.spares.failure(*ended, self.hosts) if self.spares is not None else None
+        if failure is not None:
+            assert self.spares is not None
+            if self.job.spares > 0:  # else the closing summary says it
+                outcome = job_outcome(*ended, self.sup, None, Path(self.batch.path))
+                self.note(outcome.summary.splitlines()[0])
+            new = self.spares.replace(self.job, self.hosts, *failure, number)
+            if new is None:
+                return False
+            self.base.update(**self.spares.status())
+            self.segments.resubmitted(new[1], failure[1])
+        elif self.segments.carry_on() and self.submit is not None:
+            job = replace(self.job, job_dir=job_dir_of(self.first_job_dir, number))
+            new = job, self.submit(job, number)
+            self.note(self.segments.resubmitted(new[1]))
+        else:
             return False
         self.job, self.job_id = new
         self.batch = RankFile(-1, str(self.record.path / f"slurm-{self.job_id}.out"))
-        self.info, self.sup, self.hosts = JobInfo(state="PENDING"), None, []
-        self.base.update(slurm_job_id=self.job_id, **self.spares.status())
+        self._close_attempt()
+        self.info, self.hosts = JobInfo(state="PENDING"), []
+        self.base.update(slurm_job_id=self.job_id)
         self.base.setdefault("slurm_job_ids", [ended[0]]).append(self.job_id)
         self.write_status()
         return True
@@ -320,4 +371,5 @@ class Follower:
         outcome = job_outcome(
             self.job_id, self.info, self.sup, self.interrupted_by, Path(self.batch.path)
         )
-        return self.spares.amend(outcome) if self.spares is not None else outcome
+        outcome = self.spares.amend(outcome) if self.spares is not None else outcome
+        return self.segments.amend(outcome)

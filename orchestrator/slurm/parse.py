@@ -49,6 +49,7 @@ class JobInfo:
     exit_code: int | None = None  # the batch script's, 128+N for signal N
     restarts: int = 0
     source: str = "squeue"
+    preempted: bool = False  # scontrol's PreemptTime: a higher-priority job takes the nodes
 
     @property
     def ended(self) -> bool:
@@ -110,6 +111,7 @@ def parse_scontrol_job(stdout: str) -> JobInfo | None:
         exit_code=parse_exit_code(pairs.get("ExitCode", "")),
         restarts=int(pairs.get("Restarts", "0") or 0),
         source="scontrol",
+        preempted=pairs.get("PreemptTime", "None") not in ("None", "", "Unknown"),
     )
 
 

@@ -11,14 +11,17 @@ output and exit codes in `attempt<restart>/node<SLURM_NODEID>/` there, which the
 follows. Without it (`render`, then `sbatch job.sbatch` by hand) the ranks' output goes to
 the usual slurm-<jobid>.out.
 
-Time limits and preemption (`--time 4:00:00 --signal USR1@120 --requeue`): SLURM sends
-SIGUSR1 to the batch script 120 s before the limit (`#SBATCH --signal=B:USR1@120`); the
-script passes it through srun to every process of the step, where torchrun and the
-wrappers ignore it and the ranks handle it: the bundled trainer, run with
-`--checkpoint-dir DIR --resume`, saves a checkpoint and exits 128+10. The script then runs
-`scontrol requeue`; SLURM starts the job again (after its requeue delay) and the trainer
-resumes from the newest checkpoint in DIR. A rank of your own does the same with a
-SIGUSR1 handler and its own checkpoints; a rank without a handler ignores the signal.
+Time limits and preemption (`--time 4:00:00`, orchestrator.plan.deadline): SLURM sends
+SIGUSR1 to the batch script 120 s before the limit (`#SBATCH --signal=B:USR1@120`, or
+`--signal`; with preemption on, at once when the job is preempted); the script writes
+`attempt<restart>/warning` in the job folder and passes the signal through srun to every
+process of the step, where torchrun and the wrappers ignore it and the ranks handle it:
+the bundled trainer, run with `--checkpoint-dir DIR --resume`, saves a checkpoint and
+exits 128+10. `orchestrator launch` then submits the job again (orchestrator.slurm.segments)
+and the trainer resumes from the newest checkpoint in DIR. With `--requeue` the script
+instead runs `scontrol requeue` itself (for a script submitted by hand). A rank of your
+own does the same with a SIGUSR1 handler and its own checkpoints; a rank without a
+handler ignores the signal.
 
 Spares (`--spares N`): the job asks for its nodes only, with `--no-requeue` so that a node
 failure ends it (NODE_FAIL) instead of SLURM requeueing it in place; `launch` then submits
@@ -30,26 +33,20 @@ replacement from the partition, the failed nodes (and the --bad-nodes list) in -
 from __future__ import annotations
 
 import re
-import signal
 from dataclasses import dataclass, fields
 
 from orchestrator.errors import ConfigError
 from orchestrator.hosts.hostfile import Cluster
+from orchestrator.plan.deadline import DEFAULT_RESUBMITS, Deadline, plan_deadline
 from orchestrator.plan.launch_plan import IFNAME_VARS, omp_threads, restarts_entry
 from orchestrator.plan.scripts import render_template
 from orchestrator.plan.spec import VISIBLE_DEVICES, JobSpec, Program
 
 SCRIPT_NAME = "job.sbatch"
 PORT_BASE, PORT_SPAN = 20000, 10000  # MASTER_PORT = PORT_BASE + job id % PORT_SPAN
-FORWARDABLE_SIGNALS = ("USR1", "USR2")  # torchrun and the wrappers can ignore these safely
-_TIME = re.compile(
-    r"^(\d+|\d+:\d{1,2}|\d+:\d{1,2}:\d{1,2}|\d+-\d+(:\d{1,2}){0,2}"
-    r"|UNLIMITED|INFINITE)$",
-    re.IGNORECASE,
-)
 _NAME_LIST = re.compile(r"^[A-Za-z0-9_.+-]+(,[A-Za-z0-9_.+-]+)*$")
 _JOB_NAME = re.compile(r"^[A-Za-z0-9_.+:@%=-]{1,200}$")
-_SIGNAL = re.compile(r"^(?:B:)?(?:SIG)?([A-Z0-9]+)@(\d+)$", re.IGNORECASE)
+_TIME_ARG = re.compile(r"^(?:--time=|-t=?)(.+)$")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -66,6 +63,7 @@ class SlurmOptions:
     sbatch_args: tuple[str, ...] = ()
     signal: str | None = None  # "USR1@60": SIGUSR1 60 s before the time limit
     requeue: bool = False
+    max_resubmits: int | None = None  # None: DEFAULT_RESUBMITS
     login: str | None = None  # submit and query over SSH on this login node
 
     def given_flags(self) -> list[str]:
@@ -97,7 +95,7 @@ class SlurmJob:
     ifname_reason: str
     sbatch_lines: tuple[str, ...]  # after "#SBATCH "
     srun_args: tuple[str, ...]
-    signal_name: str | None  # "USR1": forwarded to the ranks when SLURM sends it
+    deadline: Deadline  # --time and the warning signal forwarded to the ranks
     requeue: bool
     job_dir: str | None  # ORCHESTRATOR_JOB_DIR: where nodes keep rank files (launch only)
     output: str | None  # the batch script's own output file (%j = job id)
@@ -109,6 +107,11 @@ class SlurmJob:
     spares: int = 0  # --spares: resubmissions after a node failure, each without that node
     spare_nodes: tuple[str, ...] = ()  # from a hostfile: the hosts held back, in order
     exclude: tuple[str, ...] = ()  # sbatch --exclude: failed and bad-listed nodes
+    max_resubmits: int = 0  # submitted again after a time limit or a preemption
+
+    @property
+    def signal_name(self) -> str | None:
+        return self.deadline.signal_name
 
     @property
     def world_size(self) -> int:
@@ -149,7 +152,17 @@ class SlurmJob:
             **restarts_entry(self.max_restarts),
             **({"spares": self.spares_entry()} if self.spares else {}),
             **({"exclude": list(self.exclude)} if self.exclude else {}),
+            **({"deadline": self.deadline_entry()} if self.deadline.signal_name else {}),
         }
+
+    def deadline_entry(self) -> str:
+        """What the time limit and its warning do for this job, in one line (plan.yaml)."""
+        then = (
+            "the script requeues the job (--requeue)"
+            if self.requeue
+            else f"`orchestrator launch` submits it again, up to {self.max_resubmits} time(s)"
+        )
+        return f"{self.deadline.describe()}; once they stopped on it {then}"
 
     def spares_entry(self) -> str:
         """What --spares does for this job, in one line (plan.yaml)."""
@@ -164,23 +177,6 @@ class SlurmJob:
         )
 
 
-def parse_signal(value: str) -> tuple[str, int]:
-    """--signal USR1@60 -> ("USR1", 60): the signal and how long before the time limit."""
-    match = _SIGNAL.match(value.strip())
-    name = match.group(1).upper() if match else ""
-    if name.isdigit():
-        try:
-            name = signal.Signals(int(name)).name[3:]
-        except ValueError:
-            name = ""
-    if not match or name not in FORWARDABLE_SIGNALS or not 0 < int(match.group(2)) <= 65535:
-        raise ConfigError(
-            f"--signal {value!r}: expected USR1@SECONDS or USR2@SECONDS (e.g. "
-            "USR1@120: SIGUSR1 to the ranks 120 s before the time limit)"
-        )
-    return name, int(match.group(2))
-
-
 def _check(options: SlurmOptions) -> None:
     checks = [
         ("--nodes", options.nodes, lambda v: v >= 1, "a positive number of nodes"),
@@ -193,12 +189,6 @@ def _check(options: SlurmOptions) -> None:
             "a partition name (or a comma-separated list)",
         ),
         ("--account", options.account, _NAME_LIST.match, "an account name"),
-        (
-            "--time",
-            options.time,
-            _TIME.match,
-            "a SLURM time limit: MINUTES, HH:MM:SS or DAYS-HH[:MM[:SS]]",
-        ),
         (
             "--job-name",
             options.job_name,
@@ -261,6 +251,12 @@ def plan_slurm_job(
             "--spares and --requeue: with --requeue SLURM requeues the job itself after a "
             "node failure, with --spares the launcher submits it again without the failed "
             "node; give one of them"
+        )
+    if options.requeue and options.max_resubmits is not None:
+        raise ConfigError(
+            "--requeue and --max-resubmits: with --requeue the script requeues the job "
+            "itself (the same job id), with --max-resubmits `orchestrator launch` submits "
+            "it again; give one of them"
         )
     if spec.sync_dir is not None:
         raise ConfigError(
@@ -329,12 +325,13 @@ def plan_slurm_job(
         lines.append(f"--exclude={','.join(exclude)}")
     if output:
         lines.append(f"--output={output}")
-    signal_name = None
-    if options.signal:
-        signal_name, seconds = parse_signal(options.signal)
-        lines.append(f"--signal=B:{signal_name}@{seconds}")
+    deadline = plan_deadline(_time_of(options), options.signal)
+    if deadline.signal_name:
+        lines.append(f"--signal=B:{deadline.signal_name}@{deadline.warning_s}")
     if options.requeue:
-        lines += ["--requeue", "--open-mode=append"]
+        lines.append("--requeue")
+    if options.requeue or output:  # a requeued job's output goes on in the same file
+        lines.append("--open-mode=append")
     if spares:
         lines.append("--no-requeue")  # a node failure ends the job; the launcher resubmits
     lines += options.sbatch_args
@@ -357,7 +354,7 @@ def plan_slurm_job(
         ifname_reason=reason,
         sbatch_lines=tuple(lines),
         srun_args=tuple(srun_args),
-        signal_name=signal_name,
+        deadline=deadline,
         requeue=options.requeue,
         job_dir=job_dir,
         output=output,
@@ -368,7 +365,23 @@ def plan_slurm_job(
         spares=spares,
         spare_nodes=tuple(h.name for h in cluster.spares) if cluster else (),
         exclude=tuple(exclude) if not nodelist else (),
+        max_resubmits=0
+        if options.requeue
+        else DEFAULT_RESUBMITS
+        if options.max_resubmits is None
+        else options.max_resubmits,
     )
+
+
+def _time_of(options: SlurmOptions) -> str | None:
+    """The job's time limit: --time, or the last --sbatch-arg=--time=... (sbatch's own
+    rule: the later option wins, and --sbatch-arg lines come after --time)."""
+    found = options.time
+    for arg in options.sbatch_args:
+        match = _TIME_ARG.match(arg)
+        if match:
+            found = match.group(1)
+    return found
 
 
 def render_sbatch(job: SlurmJob, command: str) -> str:

@@ -66,6 +66,11 @@ def check_capacity(commands: SlurmCommands, job: SlurmJob, partition: str | None
         )
 
 
+def job_dir_of(first: str | None, number: int) -> str | None:
+    """The job folder of the run's job number `number` (1: the first, `first`)."""
+    return f"{first}-{number}" if first and number > 1 else first
+
+
 def resubmitted(job: SlurmJob, failed: str, job_dir: str | None) -> SlurmJob:
     """The same job without node `failed`: a hostfile's next spare takes its place in the
     node list, else SLURM chooses one, `failed` (with the earlier ones) in --exclude."""
@@ -125,16 +130,16 @@ class SlurmSpares:
         return node, f"SLURM job {job_id} ended {info.state}: {node} is {state}"
 
     def replace(
-        self, job: SlurmJob, hosts: list[str], node: str, why: str
+        self, job: SlurmJob, hosts: list[str], node: str, why: str, attempt: int
     ) -> tuple[SlurmJob, int] | None:
-        """Put the failed `node` on the bad-node list and submit the job again without it:
-        the new job and its id, or None when no spare is left."""
+        """Put the failed `node` on the bad-node list and submit the job again without it
+        as the run's job number `attempt`: the new job and its id, or None when no spare
+        is left."""
         self._mark_bad(node, why)
         if job.spares <= 0:
             self.unreplaced = why
             return None
-        attempt = len(self.recoveries) + 2
-        job_dir = f"{self.job_dir}-{attempt}" if self.job_dir else None
+        job_dir = job_dir_of(self.job_dir, attempt)
         new = resubmitted(job, node, job_dir)
         spare = next((n for n in new.nodelist if n not in job.nodelist), BY_SLURM)
         recovery = Recovery(attempt, hosts.index(node), node, why, spare, time.time())

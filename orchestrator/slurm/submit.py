@@ -206,15 +206,17 @@ def _submit_and_follow(
     base["slurm_job_id"] = job_id
     record.write_status({**base, "state": "queued"})
     color = use_color(sys.stdout, options.color) if console is not None else False
+
+    def resubmit(new_job: SlurmJob, number: int) -> int:
+        """Submit the run's job number `number` (after a node failure, a time limit or a
+        preemption): its script beside the first, job-<number>.sbatch."""
+        path = record.path / f"job-{number}.sbatch"
+        text = render_sbatch(new_job, command_line(options.argv, new_job.secret_names))
+        path.write_text(text, encoding="utf-8")
+        return slurm.submit(commands, str(path), secrets)
+
     spares = None
     if job.spares:
-
-        def resubmit(new_job: SlurmJob, attempt: int) -> int:
-            path = record.path / f"job-{attempt}.sbatch"
-            text = render_sbatch(new_job, command_line(options.argv, new_job.secret_names))
-            path.write_text(text, encoding="utf-8")
-            return slurm.submit(commands, str(path), secrets)
-
         spares = SlurmSpares(job, commands, options.bad_nodes, resubmit, lambda _: None)
         base.update(spares.status())
     follower = Follower(
@@ -229,6 +231,7 @@ def _submit_and_follow(
         fold=options.fold,
         footer=options.footer,
         stragglers=options.stragglers,
+        submit=resubmit,
     )
     if spares is not None:
         spares.note = follower.note

@@ -42,6 +42,7 @@ from orchestrator.start.preflight import check_script_exists, preflight_probe, p
 from orchestrator.start.settings import LaunchOptions
 from orchestrator.start.sync import sync_code
 from orchestrator.supervise import Outcome, Supervisor, signals_to
+from orchestrator.supervise.time_limit import WarningClock
 
 
 def run_plan(
@@ -109,6 +110,9 @@ def run_plan(
         f"run {plan.run_id}: {plan.world_size} rank(s) on {plan.nnodes} node(s), "
         f"master {plan.master_addr}:{plan.master_port}; logs in {record.logs_dir}"
     )
+    if options.deadline.limit_s is not None:
+        sink.note(options.deadline.describe())
+    limit_from = pool.started_wall if pool is not None else time.time()  # the run's start
     supervisor = Supervisor(
         nodes,
         ranks,
@@ -118,6 +122,7 @@ def run_plan(
         grace=options.grace,
         heartbeat_timeout=options.heartbeat_timeout,
         stall_timeout=options.stall_timeout,
+        deadline=WarningClock.of(options.deadline, limit_from),
         max_restarts=plan.max_restarts,
         on_change=on_change,
         metrics_path=record.metrics_path,

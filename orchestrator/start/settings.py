@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from orchestrator.backends.base import SshOptions
 from orchestrator.nodes.probe import MIN_FREE_DISK
+from orchestrator.plan.deadline import Deadline
 from orchestrator.supervise.hangs import DEFAULT_HANG_TIMEOUT_S
 from orchestrator.supervise.stragglers import RATIO, WINDOW_S
 
@@ -29,3 +30,4 @@ class LaunchOptions:
     stragglers: tuple[float, float] = (RATIO, WINDOW_S)  # --stragglers RATIO,SECONDS
     preflight: bool = True
     ssh: SshOptions | None = None
+    deadline: Deadline = Deadline()  # --time/--signal over SSH (under SLURM: SlurmOptions)

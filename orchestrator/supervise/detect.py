@@ -24,7 +24,8 @@ from orchestrator.supervise.state import (
     terminated,
 )
 from orchestrator.supervise.stopping import Stopper
-from orchestrator.supervise.verdict import FAULT_KINDS, Facts, verdict
+from orchestrator.supervise.time_limit import WarningClock
+from orchestrator.supervise.verdict import FAULT_KINDS, ON_WARNING, Facts, verdict
 
 
 @dataclass(frozen=True)
@@ -69,21 +70,28 @@ class Detector:
         self.restarts_noted: set[int] = set()
         self.gave_up = False
         self.hang_summary: str | None = None
+        self.warning: WarningClock | None = None  # the time limit's (supervise/time_limit.py)
 
     # --- reports (every time in the controller's clock) -------------------------------
 
     def rank_exited(
-        self, rank: int, code: int, when: float, after_stop: bool | None = None
+        self,
+        rank: int,
+        code: int,
+        when: float,
+        after_stop: bool | None = None,
+        warned: bool = False,
     ) -> str | None:
         """`after_stop`: the rank ended after its node had received the stop (its agent
         says so, in its own clock). Without that word (SLURM), `when` is compared with
-        when the stop began, both in one clock."""
+        when the stop began, both in one clock. `warned`: it ended after its agent sent
+        it the time limit's warning: asked to stop, so stopped, and the run stops."""
         state = self.ranks[rank]
         if self.nodes[state.node].state == "lost":  # what a lost node says later is not heard
             state.exit_code = code
             return None
         state.exit_code, state.ended_at = code, when
-        stopped = after_stop if after_stop is not None else self.stopper.caused(when)
+        stopped = (after_stop if after_stop is not None else self.stopper.caused(when)) or warned
         failed = code != 0 and not stopped
         if self.max_restarts:
             round_, _ = self.rounds.ended(state, code, when, failed)
@@ -96,6 +104,13 @@ class Detector:
             state.state = "succeeded"
         elif stopped:
             state.state = "stopped"
+            if warned and self.warning is not None and not self.stopper.stopping:
+                self.warning.ended_run = True
+                self.sink.note(
+                    f"rank {rank} on {state.host} ended with {describe_exit(code)} after the "
+                    "time limit's warning; stopping the run on every node"
+                )
+                return f"rank {rank} on {state.host} ended on the time limit's warning"
         else:
             state.state = "failed"
             if self.stop_on_failure and not self.stopper.stopping:
@@ -257,7 +272,7 @@ class Detector:
         return outcome
 
     def facts(self, timed_out: bool) -> tuple[Facts, Fault | None]:
-        faults = self.faults()
+        faults, warning = self.faults(), self.warning
         first = faults[0] if faults else None
         # With --max-restarts, ranks that failed before torchrun gave up are settled at the
         # end; the node script that gave up carries the code of its last round's failure.
@@ -272,22 +287,29 @@ class Detector:
             any_lost=any(n.state == "lost" for n in self.nodes),
             world_succeeded=world,
             hung=self.hang_summary is not None,
+            warned=warning is not None and warning.sent_at is not None,
+            all_exited_after_warning=warning is not None
+            and warning.ended_on_it(self.ranks.values(), self.nodes, self.stopper.stopping),
         )
         return facts, first
 
     def _outcome(self, timed_out: bool) -> Outcome:
         facts, first = self.facts(timed_out)
-        state, code, _ = verdict(facts)
+        state, code, why = verdict(facts)
+        warning = self.warning
         if facts.interrupted_by is not None:
             summary = f"stopped by {signal.Signals(facts.interrupted_by).name}"
         elif facts.hung:
             summary = self.hang_summary or ""
+        elif warning is not None and (why == ON_WARNING or facts.all_exited_after_warning):
+            summary = warning.ended_summary(self.ranks, succeeded=state == "succeeded")
         elif first is not None and first.kind == "rank":
             summary = self.rank_summary(first.subject)  # type: ignore[arg-type]
         elif first is not None:
             summary = self.node_summary(first.subject)  # type: ignore[arg-type]
         elif timed_out:
             summary = f"stopped: {self.stopper.reason}"
+            summary += f"; {warning.limit_summary(self.ranks)}" if warning is not None else ""
         elif state == "lost":
             lost = min((n for n in self.nodes if n.state == "lost"), key=lambda n: n.heard_wall)
             summary = self.node_summary(lost)

@@ -36,6 +36,7 @@ from orchestrator.supervise.state import (
 )
 from orchestrator.supervise.stopping import Stopper
 from orchestrator.supervise.stragglers import RATIO, WINDOW_S, Stragglers
+from orchestrator.supervise.time_limit import WarningClock
 
 MAX_EVENTS_PER_STEP = 256  # then flush and look at heartbeats and signals again
 # The loop wakes on every event at once; without one, after TICK_S while lines wait to be
@@ -63,7 +64,8 @@ class Supervisor:
         grace: float,
         heartbeat_timeout: float,
         stop_on_failure: bool = True,
-        time_limit: float | None = None,
+        time_limit: float | None = None,  # seconds from now (or a deadline, which holds one)
+        deadline: WarningClock | None = None,  # a time limit and the warning before it
         max_restarts: int = 0,
         stall_timeout: float = 600.0,
         on_change: Callable[[Supervisor], None] = lambda sup: None,
@@ -79,7 +81,6 @@ class Supervisor:
         self.beats: threading.Thread | None = None
         self.grace = grace
         self.heartbeat_timeout = heartbeat_timeout
-        self.time_limit = time_limit
         self.timed_out = False
         self.on_change = on_change
         self.stopper = Stopper(
@@ -97,6 +98,8 @@ class Supervisor:
         self.ranks = self.detector.ranks
         self.stopper.nodes = self.nodes
         self.started_wall = self.detector.started_wall
+        clock = deadline or WarningClock(time_limit, None, self.started_wall)
+        self.deadline = self.detector.warning = clock
         self.sessions = sessions  # the caller may still be adding to it while nodes start
         self.session_of: dict[int, NodeSession] = {}
         self.liveness = Liveness(self.nodes, sessions, sink.note, heartbeat_timeout, stall_timeout)
@@ -194,7 +197,7 @@ class Supervisor:
         idle = IDLE_TICK_S if self.sink.footer is None else FOOTER_TICK_S
         if self.heartbeat_timeout > 0:
             idle = min(idle, self.heartbeat_timeout / 6)
-        return max(TICK_S, idle)
+        return max(TICK_S, min(idle, self.deadline.wait(time.time())))
 
     def _loop(self) -> None:
         while not all(node.done for node in self.nodes):
@@ -226,13 +229,7 @@ class Supervisor:
             for node, why, gone in self.liveness.check(self.overdue_by):
                 self.node_lost(node, why, gone)
             self.watch_stacks(time.monotonic())
-            if (
-                self.time_limit is not None
-                and not self.timed_out
-                and time.time() - self.started_wall > self.time_limit
-            ):
-                self.timed_out = True
-                self.begin_stop(0, f"time limit of {self.time_limit:g} s reached")
+            self.timed_out = self.deadline.tick(self, self.sink, time.time())  # stops at the limit
 
     def handle(self, event: Event) -> None:
         node = self.nodes[event.node]
@@ -280,8 +277,11 @@ class Supervisor:
             self.ranks[int(fields[0])].error_file = event.data.decode(errors="replace")
         elif kind == "E":
             after_stop = fields[3] == "1" if len(fields) > 3 else None
-            when = self.on_our_clock(node, float(fields[2]))
-            self.rank_exited(int(fields[0]), int(fields[1]), when, after_stop)
+            when, at = self.on_our_clock(node, float(fields[2])), float(fields[2])
+            warned = self.deadline.after(node.index, at)  # after the time limit's warning
+            self.rank_exited(int(fields[0]), int(fields[1]), when, after_stop, warned)
+        elif kind == "G" and len(fields) == 4:  # the agent sent the time limit's warning
+            self.deadline.signalled_on(node, self.sink, *fields[1:])
         elif kind == "X":
             code = int(fields[0]) if fields[0] != "None" else None
             self.node_exited(node, code, self.on_our_clock(node, float(fields[1])))
@@ -349,13 +349,11 @@ class Supervisor:
 
     # --- reports: the detector decides, the stopper acts --------------------------------
 
-    def rank_exited(
-        self, rank: int, code: int, when: float, after_stop: bool | None = None
-    ) -> None:
-        if code != 0 and not after_stop and rank in self.ranks:
+    def rank_exited(self, rank: int, code: int, when: float, after_stop=None, warned=False):
+        if code != 0 and not after_stop and not warned and rank in self.ranks:
             node = self.nodes[self.ranks[rank].node]
             self.metrics.event("failed", node, f"rank {rank}: {describe_exit(code)}", rank=rank)
-        self._stop_if(self.detector.rank_exited(rank, code, when, after_stop))
+        self._stop_if(self.detector.rank_exited(rank, code, when, after_stop, warned))
 
     def node_exited(self, node: NodeState, code: int | None, when: float) -> None:
         self.metrics.event("end", node, describe_exit(code))
@@ -396,5 +394,6 @@ class Supervisor:
             "restarts": len(self.detector.rounds.restarts(self.detector.gave_up)),
             "restart_causes": self.detector.restart_lines(),
             **nodes_and_ranks(self.nodes, self.ranks.values()),
+            **self.deadline.status(),
             **({"hang": self.hang.status()} if self.hang is not None else {}),
         }

@@ -1,11 +1,17 @@
 """How a run ended, as one table: from what was recorded to a state and an exit code.
 
 The facts are few and plain: was the controller interrupted, did the run hang (no rank
-moved for the hang timeout: supervise/hangs.py), what kind of fault came first
+moved for the hang timeout: supervise/hangs.py), did every rank end after the time limit's
+warning signal and before the limit (supervise/time_limit.py), what kind of fault came first
 (before any stop, in the controller's clock), did the time limit stop the run, was any node
 lost, and did the whole world (every rank and every node script) end with exit 0. The first
 row that matches decides; a run is `succeeded` only by the last row, so a killed, unknown or
 never-started rank, or a node once lost, can never make a run succeed.
+
+Ranks that end on the time limit's warning were asked to stop: the run is not done (failed,
+124, as at the limit itself), but none of them failed, whatever its exit code (the bundled
+trainer saves a checkpoint and exits 128+10 on SIGUSR1). Ranks that all end with 0 after
+it succeed: the program says it is done.
 """
 
 from __future__ import annotations
@@ -26,6 +32,10 @@ class Facts:
     any_lost: bool = False  # a node lost at any time, also during the stop
     world_succeeded: bool = False  # every rank and node script ended with exit 0
     hung: bool = False  # no rank moved for the hang timeout (hangs.py): stopped for that
+    warned: bool = False  # the time limit's warning signal went to the ranks
+    # warned, and every rank ended before the limit: those that did not succeed after the
+    # warning, with no stop but the one that the first of them began
+    all_exited_after_warning: bool = False
 
 
 def failure_code(code: int | None) -> int:
@@ -50,11 +60,19 @@ def _one(facts: Facts) -> int:
     return 1
 
 
+def _on_warning(facts: Facts) -> bool:
+    return facts.warned and facts.all_exited_after_warning and not facts.world_succeeded
+
+
+ON_WARNING = "the ranks stopped on the time limit's warning"
+
+
 # (why, when it applies, state, exit code): the first row that applies decides.
 TABLE: tuple[tuple[str, Callable[[Facts], bool], str, Callable[[Facts], int]], ...] = (
     ("the controller was interrupted", lambda f: f.interrupted_by is not None, "stopped",
      _interrupted),
     ("no rank moved for the hang timeout", lambda f: f.hung, "hung", _one),
+    (ON_WARNING, _on_warning, "failed", lambda f: 124),
     ("a rank failed first", lambda f: f.first_fault == "rank", "failed", _fault),
     ("a node's disk failed first", lambda f: f.first_fault == "disk", "failed", _one),
     ("a node was lost first", lambda f: f.first_fault == "lost", "lost", _one),

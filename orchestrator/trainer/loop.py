@@ -244,7 +244,7 @@ class Trainer:
                     stopped=bool(signum),
                 )
             if signum:
-                return self._stopped(completed, signum)
+                return self._stopped(completed, signum, stop.at)
             if cfg.checkpoint_every and completed % cfg.checkpoint_every == 0:
                 self._checkpoint(completed)
         agreement.close()
@@ -313,14 +313,19 @@ class Trainer:
         }
         return save_checkpoint(directory, state, self.config.keep_checkpoints)
 
-    def _stopped(self, completed: int, signum: int) -> int:
+    def _stopped(self, completed: int, signum: int, signalled_at: float) -> int:
+        saving = time.monotonic()
         path = self._checkpoint(completed)
+        done = time.monotonic()
         name = signal_name(signum)
         if self.runtime.is_main:
+            # How long a warning must come ahead of a time limit (--signal): the agreed
+            # stop (on this rank's clock, from its own signal) and the save.
             saved = (
                 "no --checkpoint-dir, so nothing was saved"
                 if self.config.checkpoint_dir is None
-                else f"checkpoint saved to {path or self.config.checkpoint_dir}; "
+                else f"checkpoint saved to {path or self.config.checkpoint_dir} in "
+                f"{done - saving:.2f} s, {done - signalled_at:.2f} s after the signal; "
                 "continue with --resume"
             )
             emit(f"stopped by {name} after step {completed}/{self.s.total_steps}; {saved}")

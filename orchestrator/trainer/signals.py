@@ -26,11 +26,12 @@ class StopRequest:
 
     def __init__(self, signals: tuple[signal.Signals, ...] = STOP_SIGNALS) -> None:
         self.signum = 0
+        self.at = 0.0  # time.monotonic() when the first signal came
         self._previous = {sig: signal.signal(sig, self._handle) for sig in signals}
 
     def _handle(self, signum: int, frame: object) -> None:
         if not self.signum:
-            self.signum = signum
+            self.signum, self.at = signum, time.monotonic()
 
     def restore(self) -> None:
         for sig, handler in self._previous.items():

@@ -83,53 +83,43 @@ def _requeued_job(work: Path, run_id: str) -> int:
     return job_id_in(combined(work, run_id))
 
 
-def test_signal_before_the_time_limit_checkpoints_and_requeues(
+def test_a_program_of_its_own_is_warned_before_the_limit_and_goes_on_in_a_new_job(
     slurm_cluster: SlurmCluster, work: Path
 ) -> None:
-    """SLURM itself sends SIGUSR1 100 s before a 3-minute limit, or up to 60 s earlier as
-    its manual warns: 20-80 s in, once the ranks are up and have their handlers. They save
-    and stop, the script requeues, the ranks resume."""
+    """--time 1 and nothing else: SLURM sends SIGUSR1 15 s before the one-minute limit (the
+    default warning; up to 30 s earlier, at its next periodic check), every rank of a
+    program of the user's own saves and exits 138, and `launch` submits the job again;
+    the ranks resume and the run succeeds."""
     (work / "ckpt").mkdir()
-    proc = subprocess.Popen(
-        command(
-            *launch_args(
-                work,
-                "sig",
-                "--nodes",
-                "2",
-                "--time",
-                "3",
-                "--signal",
-                "USR1@100",
-                "--requeue",
-                "--",
-                "checkpointing.py",
-                "ckpt",
-            )
-        ),
-        cwd=work,
-        env=slurm_cluster.environ(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
+    done = orchestrator(
+        slurm_cluster,
+        work,
+        *launch_args(work, "sig", "--nodes", "2", "--time", "1", "--", "checkpointing.py", "ckpt"),
+        timeout=240,
     )
-    try:
-        job_id = _requeued_job(work, "sig")
-        out, _ = proc.communicate(timeout=120)
-    finally:
-        proc.kill()
-    assert proc.returncode == 0, out
-    assert "SIGUSR1 from SLURM (time limit near): passing it to the ranks" in out
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out
+    first = job_id_in(out)
+    assert "SIGUSR1 from SLURM (time limit near, or preempted): passing it to the ranks" in out
+    assert f"SLURM job {first}: SIGUSR1 to every rank for the time limit" in out
+    second = int(re.search(r"segment 2: SLURM job (\d+) submitted, after job", out).group(1))
     for rank in (0, 1):
-        got = out.index(f" r{rank}] rank {rank} got SIGUSR1")
-        assert out.index(f" r{rank}] rank {rank} resumed from checkpoint {rank} (restart 1)") > got
+        got = out.index(f" r{rank}] rank {rank} got SIGUSR1 in job {first}")
+        resumed = f" r{rank}] rank {rank} resumed from checkpoint {rank} (job {second}, restart 0)"
+        assert out.index(resumed) > got, out
     status = status_of(work, "sig")
-    assert (status["state"], status["attempt"], status["slurm_state"]) == (
+    assert (status["state"], status["slurm_job_id"], status["slurm_state"]) == (
         "succeeded",
-        1,
+        second,
         "COMPLETED",
     )
-    assert_gone(slurm_cluster, job_id, "sig")
+    segments = status["segments"]
+    assert [(s["job_id"], s["ended"], s["next"]) for s in segments] == [
+        (first, "time-limit", f"resubmitted as job {second}"),
+        (second, "completed", None),
+    ], segments
+    assert segments[0]["warning"] == "SIGUSR1 for the time limit"
+    assert_gone(slurm_cluster, second, "sig")
 
 
 def test_bundled_trainer_checkpoints_on_the_signal_and_resumes(

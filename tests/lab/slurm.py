@@ -35,6 +35,8 @@ SLURMD_PORT = 6818  # each slurmd is alone in its namespace, so the default port
 CTLD_PORT_BASE = 18400  # + cluster index; checked free before use
 MIN_JOB_AGE = 300
 SLURMD_TIMEOUT = 10
+URGENT_PARTITION = "urgent"  # its jobs preempt the default partition's
+PREEMPT_GRACE_S = 20  # a preempted job's ranks have this long to save after the signal
 
 
 def _free_port(preferred: int) -> int:
@@ -227,6 +229,12 @@ class SlurmCluster:
             # A switched-off node (power_off) is DOWN, and its jobs NODE_FAIL, this many
             # seconds after its slurmd last answered, instead of the default 300.
             f"SlurmdTimeout={SLURMD_TIMEOUT}",
+            # Preemption: a job of the `urgent` partition (PriorityTier 10) takes nodes from
+            # a job of the default one, which SLURM requeues (it is requeueable unless it
+            # asked --no-requeue) after a grace time; the job's --signal comes at once.
+            "PreemptType=preempt/partition_prio",
+            "PreemptMode=REQUEUE",
+            "SlurmctldParameters=preempt_send_user_signal",
             "SlurmctldDebug=info",
             "SlurmdDebug=info",
         ]
@@ -234,9 +242,12 @@ class SlurmCluster:
             f"NodeName={n.name} NodeAddr={n.address} CPUs={self.cpus} State=UNKNOWN"
             for n in self.nodes
         ]
-        lines.append(
-            f"PartitionName={self.partition} Nodes={names} Default=YES MaxTime=INFINITE State=UP"
-        )
+        lines += [
+            f"PartitionName={self.partition} Nodes={names} Default=YES MaxTime=INFINITE "
+            f"State=UP PriorityTier=1 PreemptMode=REQUEUE GraceTime={PREEMPT_GRACE_S}",
+            f"PartitionName={URGENT_PARTITION} Nodes={names} MaxTime=INFINITE State=UP "
+            "PriorityTier=10 PreemptMode=OFF",
+        ]
         (d / "state").mkdir()
         (d / "plugstack.conf").write_text("")
         self.conf_path.write_text("\n".join(lines) + "\n")

@@ -7,6 +7,7 @@ UPDATE_GOLDEN=1 pytest tests/unit/test_slurm_render.py, and review the diff.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from orchestrator.hosts.hostfile import parse_hostfile
 from orchestrator.hosts.selection import Selection, select_hosts
 from orchestrator.plan.scripts import render_template
 from orchestrator.plan.spec import JobSpec, Program
-from orchestrator.slurm.sbatch import SlurmOptions, parse_signal, plan_slurm_job
+from orchestrator.slurm.sbatch import SlurmOptions, plan_slurm_job, render_sbatch
 from orchestrator.slurm.submit import prepare_slurm
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "slurm"
@@ -174,6 +175,40 @@ def test_sbatch_lines_only_when_given_or_needed() -> None:
     )
 
 
+def test_a_time_limit_brings_the_warning_and_resubmission() -> None:
+    """--time alone (or as an --sbatch-arg): SIGUSR1 ahead of it, and `launch` resubmits."""
+    job = plan_slurm_job(spec("t.py"), SlurmOptions(nodes=2, time="1"), "r", job_dir="/r/nodes")
+    assert "--time=1" in job.sbatch_lines and "--signal=B:USR1@15" in job.sbatch_lines
+    assert job.max_resubmits == 10 and job.signal_name == "USR1"
+    script = render_sbatch(job, "orchestrator launch ...")
+    assert (
+        "# Time limit: time limit 60 s; SIGUSR1 to every rank 15 s before; once they stopped "
+        "on it `orchestrator launch` submits it again, up to 10 time(s)." in script
+    )
+    assert 'printf \'%s %s\\n\' USR1 "$EPOCHREALTIME" >"$dir/warning"' in script
+    by_arg = plan_slurm_job(
+        spec("t.py"), SlurmOptions(nodes=1, sbatch_args=("--time=4:00:00",), max_resubmits=2), "r"
+    )
+    assert "--signal=B:USR1@120" in by_arg.sbatch_lines and by_arg.max_resubmits == 2
+    assert not any(line.startswith("--time=4") for line in by_arg.sbatch_lines[:-1])
+    quiet = plan_slurm_job(spec("t.py"), SlurmOptions(nodes=1, time="1", signal="none"), "r")
+    assert not any(line.startswith("--signal") for line in quiet.sbatch_lines)
+    assert "# Time limit" not in render_sbatch(quiet, "x")
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (SlurmOptions(nodes=1, time="1", signal="USR1@60"), "the warning would come before"),
+        (SlurmOptions(nodes=1, requeue=True, max_resubmits=3), "--requeue and --max-resubmits"),
+        (SlurmOptions(nodes=1, sbatch_args=("--time=soon",)), "--time 'soon'"),
+    ],
+)
+def test_time_limit_mistakes_are_bad_input(options: SlurmOptions, message: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        plan_slurm_job(spec("t.py"), options, "r")
+
+
 def test_run_rank_has_one_source_for_both_templates() -> None:
     run_rank = render_template("_run_rank.sh.j2")
     _, script = prepare_slurm(None, spec("t.py"), SlurmOptions(nodes=1), "r", ARGV)
@@ -181,26 +216,6 @@ def test_run_rank_has_one_source_for_both_templates() -> None:
     node_template = (Path(__file__).resolve().parents[2] / "templates" / "node.sh.j2").read_text()
     assert '{% include "_run_rank.sh.j2" %}' in node_template
     assert "run_rank() {" not in node_template
-
-
-@pytest.mark.parametrize(
-    ("value", "expected"),
-    [
-        ("USR1@60", ("USR1", 60)),
-        ("SIGUSR2@120", ("USR2", 120)),
-        ("B:USR1@5", ("USR1", 5)),
-        ("10@30", ("USR1", 30)),
-        ("usr1@90", ("USR1", 90)),
-    ],
-)
-def test_signal_forms(value: str, expected: tuple[str, int]) -> None:
-    assert parse_signal(value) == expected
-
-
-@pytest.mark.parametrize("value", ["TERM@60", "USR1", "USR1@0", "USR1@x", "KILL@10", "99@1"])
-def test_bad_signal_says_how_to_write_it(value: str) -> None:
-    with pytest.raises(ConfigError, match="USR1@SECONDS"):
-        parse_signal(value)
 
 
 @pytest.mark.parametrize(

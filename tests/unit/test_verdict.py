@@ -1,6 +1,7 @@
 """The verdict table, every combination of the facts it reads, against the rules in words:
-only a whole world succeeds, an interrupted run is stopped, a run that hung is hung, the
-first fault names the exit code, a lost node makes a lost run unless something else came first."""
+only a whole world succeeds, an interrupted run is stopped, a run that hung is hung, ranks
+that all ended on the time limit's warning end it as the limit does (124), the first fault
+names the exit code, a lost node makes a lost run unless something else came first."""
 
 from __future__ import annotations
 
@@ -15,15 +16,19 @@ SIGNALS = (None, signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 CODES = (None, 0, 3, 143, 255, 300, -9, -15)
 
 ALL_FACTS = [
-    Facts(interrupted, fault, code, timed_out, lost, world, hung)
-    for interrupted, fault, code, timed_out, lost, world, hung in itertools.product(
-        SIGNALS,
-        (None, *FAULT_KINDS),
-        CODES,
-        (False, True),
-        (False, True),
-        (False, True),
-        (False, True),
+    Facts(interrupted, fault, code, timed_out, lost, world, hung, warned, after_warning)
+    for interrupted, fault, code, timed_out, lost, world, hung, warned, after_warning in (
+        itertools.product(
+            SIGNALS,
+            (None, *FAULT_KINDS),
+            CODES,
+            (False, True),
+            (False, True),
+            (False, True),
+            (False, True),
+            (False, True),
+            (False, True),
+        )
     )
 ]
 
@@ -34,6 +39,8 @@ def expected(f: Facts) -> tuple[str, int]:
         return "stopped", 128 + f.interrupted_by
     if f.hung:
         return "hung", 1
+    if f.warned and f.all_exited_after_warning and not f.world_succeeded:
+        return "failed", 124  # stopped on the warning: not done, yet no rank failed
     if f.first_fault in ("rank", "script"):
         code = f.fault_code
         if code is None or code == 0 or code > 255:
@@ -53,7 +60,7 @@ def expected(f: Facts) -> tuple[str, int]:
 
 
 def test_every_combination_has_the_state_and_exit_code_the_rules_give() -> None:
-    assert len(ALL_FACTS) == 4 * 5 * 8 * 2 * 2 * 2 * 2
+    assert len(ALL_FACTS) == 4 * 5 * 8 * 2 * 2 * 2 * 2 * 2 * 2
     for facts in ALL_FACTS:
         state, code, why = verdict(facts)
         assert (state, code) == expected(facts), (facts, why)

@@ -1,0 +1,204 @@
+"""A SLURM run's segments: the jobs it took one after another, how each ended, and whether
+the run goes on in a next one.
+
+A job that reaches its time limit (TIMEOUT), whose ranks stopped on the time limit's warning
+(`attempt<restart>/warning` written by the script, and not every rank exited 0), or that a
+higher-priority job preempted (PREEMPTED; with PreemptMode=REQUEUE SLURM requeues it
+itself, and the follower follows it into its next start) is carried on: `orchestrator
+launch` submits the same job again (same run id and command, a new job id), up to
+--max-resubmits times; the program resumes from its checkpoint. A job cancelled (scancel,
+`orchestrator stop`, Ctrl-C) is never carried on; a node failure is --spares' business
+(orchestrator.slurm.spares). ENDINGS is the table, first match wins.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from orchestrator.record.runs import now_iso
+from orchestrator.supervise import Outcome
+
+WARNING_FILE = "warning"  # in the job folder's attempt<restart>/: "USR1 <epoch seconds>"
+CARRIED = ("time-limit", "preempted")  # endings after which the run goes on
+
+# (ending, when it applies: (SLURM state, warned, every rank exited 0), in words)
+ENDINGS: tuple[tuple[str, Callable[[str, bool, bool], bool], str], ...] = (
+    ("cancelled", lambda s, w, ok: s == "CANCELLED", "cancelled (scancel, orchestrator stop)"),
+    ("time-limit", lambda s, w, ok: s in ("TIMEOUT", "DEADLINE"), "ended by its time limit"),
+    ("preempted", lambda s, w, ok: s == "PREEMPTED", "preempted by a higher-priority job"),
+    ("node-failure", lambda s, w, ok: s in ("NODE_FAIL", "BOOT_FAIL"), "a node failed"),
+    ("time-limit", lambda s, w, ok: w and not ok, "its ranks stopped on the time limit's warning"),
+    ("completed", lambda s, w, ok: s == "COMPLETED", "completed"),
+    ("failed", lambda s, w, ok: True, "failed"),
+)  # fmt: skip
+
+
+def ending(state: str, warned: bool, ranks_ok: bool) -> tuple[str, str]:
+    """(ending, in words) of a job that ended in SLURM state `state`."""
+    for kind, applies, words in ENDINGS:
+        if applies(state, warned, ranks_ok):
+            return kind, words
+    raise AssertionError("the last row of ENDINGS applies to every job")
+
+
+def read_warning(path: Path) -> tuple[str, float] | None:
+    """The warning file: (signal name, when it came), or None when it never came."""
+    try:
+        name, when = path.read_text().split()[:2]
+        return name, float(when)
+    except (OSError, ValueError):
+        return None
+
+
+@dataclass
+class Segment:
+    """One job of the run (a requeued job starts a new segment under the same id)."""
+
+    number: int
+    job_id: int
+    submitted_at: float
+    running_at: float | None = None
+    warned_at: float | None = None
+    warning: str = ""  # "SIGUSR1 for the time limit" / "... for a preemption"
+    ended_at: float | None = None
+    slurm_state: str | None = None
+    ending: str | None = None  # a row of ENDINGS, or "requeued"
+    why: str = ""
+    next: str = ""  # "resubmitted as job N", "requeued by SLURM"
+
+    def to_dict(self) -> dict:
+        return {
+            "segment": self.number,
+            "job_id": self.job_id,
+            "submitted_at": now_iso(self.submitted_at),
+            "running_at": now_iso(self.running_at) if self.running_at else None,
+            "warned_at": now_iso(self.warned_at) if self.warned_at else None,
+            "warning": self.warning or None,
+            "ended_at": now_iso(self.ended_at) if self.ended_at else None,
+            "slurm_state": self.slurm_state,
+            "ended": self.ending,
+            "why": self.why or None,
+            "next": self.next or None,
+        }
+
+
+def describe_segment(entry: dict) -> str:
+    """One segment as status.json holds it, in words (times of day in UTC)."""
+
+    def clock(key: str) -> str:
+        return entry[key][11:19] if entry.get(key) else "?"
+
+    ran = f" ran {clock('running_at')}-{clock('ended_at')}" if entry.get("running_at") else ""
+    state = f" ({entry['slurm_state']})" if entry.get("slurm_state") else ""
+    how = entry.get("why") or ("running" if entry.get("running_at") else "queued")
+    warned = f"; {entry['warning']} at {clock('warned_at')}" if entry.get("warned_at") else ""
+    then = f"; {entry['next']}" if entry.get("next") else ""
+    return f"{entry['segment']}. job {entry['job_id']}{ran}: {how}{state}{warned}{then}"
+
+
+class Segments:
+    """The segments of one run, and how many resubmissions are left."""
+
+    def __init__(self, job_id: int, max_resubmits: int) -> None:
+        self.given = self.left = max_resubmits
+        self.entries = [Segment(1, job_id, time.time())]
+        self.preempted_seen = False  # SLURM said PreemptTime for the segment now followed
+
+    @property
+    def current(self) -> Segment:
+        return self.entries[-1]
+
+    def running(self) -> None:
+        if self.current.running_at is None:
+            self.current.running_at = time.time()
+
+    def warned(self, signal_name: str, when: float, preempted: bool) -> str:
+        """The script passed the warning on to the ranks; the console's line."""
+        segment = self.current
+        segment.warned_at = when
+        cause = "a preemption" if preempted else "the time limit"
+        segment.warning = f"SIG{signal_name} for {cause}"
+        self.preempted_seen = self.preempted_seen or preempted
+        return (
+            f"SLURM job {segment.job_id}: SIG{signal_name} to every rank for {cause} "
+            "(the ranks save a checkpoint and stop)"
+        )
+
+    def preempted(self) -> None:
+        """SLURM says a higher-priority job preempted the job now followed (PreemptTime)."""
+        self.preempted_seen = True
+
+    def ended(self, state: str, ranks_ok: bool) -> str:
+        """The job of the current segment ended in `state`: its ending (a row of ENDINGS)."""
+        segment = self.current
+        kind, words = ending(state, segment.warned_at is not None, ranks_ok)
+        if self.preempted_seen and kind in ("time-limit", "failed") and state != "TIMEOUT":
+            # The ranks stopped on the preemption's signal (or SIGTERM), and the script
+            # ended before SLURM could requeue the job.
+            kind, words = "preempted", "preempted by a higher-priority job"
+        segment.ended_at, segment.slurm_state = time.time(), state
+        segment.ending, segment.why = kind, words
+        return kind
+
+    def requeued(self, state: str, reason: str) -> str:
+        """SLURM requeued the job (same id): a new segment; the console's line."""
+        old = self.current
+        kind = "preempted" if self.preempted_seen else "requeued"
+        old.ended_at, old.slurm_state, old.ending = time.time(), state, kind
+        old.why = (
+            "preempted by a higher-priority job"
+            if kind == "preempted"
+            else f"requeued ({reason or state})"
+        )
+        old.next = "requeued by SLURM"
+        self._begin(old.job_id)
+        return f"segment {self.current.number}: SLURM job {old.job_id} {old.why}; requeued by SLURM"
+
+    def carry_on(self) -> bool:
+        """Whether the ended segment's job is to be submitted again (and one more may be)."""
+        return self.current.ending in CARRIED and self.left > 0
+
+    def resubmitted(self, new_id: int, why: str = "") -> str:
+        """The job was submitted again as `new_id`: a new segment; the console's line."""
+        old = self.current
+        old.next = f"resubmitted as job {new_id}"
+        if why:  # a node failure (--spares) says its own
+            old.ending, old.why = "node-failure", why
+        elif old.ending in CARRIED:
+            self.left -= 1
+        self._begin(new_id)
+        return (
+            f"segment {self.current.number}: SLURM job {new_id} submitted, after job "
+            f"{old.job_id} {old.why}"
+        )
+
+    def _begin(self, job_id: int) -> None:
+        self.entries.append(Segment(len(self.entries) + 1, job_id, time.time()))
+        self.preempted_seen = False
+
+    def status(self) -> dict:
+        """The segments part of status.json."""
+        return {
+            "segments": [s.to_dict() for s in self.entries],
+            "resubmits_left": self.left,
+        }
+
+    def amend(self, outcome: Outcome) -> Outcome:
+        """The final outcome with the segments, when there were several, and why the last
+        was not carried on when it could have been."""
+        lines = [outcome.summary] if outcome.summary else []
+        last = self.current
+        if last.ending in CARRIED and self.left == 0:
+            lines.append(
+                f"not submitted again: --max-resubmits {self.given} used up; the run's "
+                "checkpoint is where a new launch with --resume goes on"
+            )
+            if outcome.exit_code != 0:
+                outcome = replace(outcome, exit_code=124)
+        if len(self.entries) > 1:
+            lines.append(f"carried across {len(self.entries)} segment(s):")
+            lines += [f"  {describe_segment(s.to_dict())}" for s in self.entries]
+        return replace(outcome, summary="\n".join(lines))

@@ -1,0 +1,225 @@
+"""The time limit of an SSH or local run and the warning signal ahead of it (`launch --time
+LIMIT [--signal USR1@SECONDS]`, parsed in orchestrator/plan/deadline.py).
+
+`WarningClock` keeps both on one clock: the controller's wall clock, from the run's start
+(status.json's `started_at`, which the closing "after N s" counts from too; with --spares,
+the first attempt's). `warning_s` before the limit it has the agent of every node whose
+ranks run send the signal to each rank's own process (`signal USR1`; torchrun would not pass
+SIGUSR1 on to its workers, so the agent signals them itself: agent/stacks.py `warn_ranks`),
+if the process catches it (its default action would end it; one that does not runs on to
+the limit, as under SLURM, where it inherits "ignore"). Each agent answers `G SIG T SENT
+SKIPPED`, T its own clock just before its first signal: a rank of that node whose exit time
+(same clock) is not before T ended on the warning. That is not a failure: the detector stops
+the rest of the run as for any rank that ended, and the verdict is "the ranks stopped on the
+time limit's warning" (failed, 124: the work is not done). At the limit the supervisor stops
+what still runs at once (failed, 124), and the ranks still running then are named in the
+summary.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from typing import Protocol
+
+from orchestrator.plan.deadline import Deadline
+from orchestrator.record.runs import now_iso
+from orchestrator.supervise.state import NodeState, RankState
+
+SHOWN_RANKS = 8  # a summary names this many ranks, then says how many more
+
+
+class Session(Protocol):
+    index: int
+
+    def send(self, line: str, may_skip: bool = False) -> None: ...
+
+
+class Run(Protocol):
+    """What the clock needs of the supervisor."""
+
+    sessions: Sequence[Session]
+    ranks: dict[int, RankState]
+
+    @property
+    def stopping(self) -> bool: ...
+
+    def running_ranks(self) -> set[int]: ...
+
+    def begin_stop(self, grace: float, reason: str) -> None: ...
+
+
+class Notes(Protocol):
+    def note(self, text: str) -> None: ...
+
+    def node_note(self, host: str, text: str) -> None: ...
+
+
+class WarningClock:
+    """When to warn the ranks and when the limit is reached; what the warning did."""
+
+    def __init__(
+        self,
+        limit_s: float | None,
+        warning: tuple[str, float] | None,  # ("USR1", seconds before the limit)
+        started_wall: float,  # when the limit's time began (the controller's wall clock)
+    ) -> None:
+        self.limit_s = limit_s
+        self.signal_name, self.warning_s = (
+            warning if warning is not None and limit_s is not None else (None, None)
+        )
+        self.started_wall = started_wall
+        self.sent_at: float | None = None  # when the warning went out (the controller's clock)
+        self.before_limit_s = 0  # how long before the limit it went out (whole seconds)
+        self.signalled: dict[int, float] = {}  # node -> its agent's clock before its signals
+        self.ranks_signalled: set[int] = set()  # the ranks the agents found and signalled
+        self.not_catching: set[int] = set()  # ranks found that do not catch it: not sent it
+        self.at_limit: list[int] | None = None  # the ranks still running at the limit
+        self.ended_run = False  # the run's stop began with a rank that ended on the warning
+
+    @classmethod
+    def of(cls, deadline: Deadline, started_wall: float) -> WarningClock:
+        """The clock of `launch --time/--signal` (plan/deadline.py), from `started_wall`."""
+        signal, seconds = deadline.signal_name, deadline.warning_s
+        warning = (signal, seconds) if signal is not None and seconds is not None else None
+        return cls(deadline.limit_s, warning, started_wall)
+
+    def left(self, now: float) -> float:
+        """Seconds to the limit (inf: none)."""
+        return math.inf if self.limit_s is None else self.started_wall + self.limit_s - now
+
+    def wait(self, now: float) -> float:
+        """Seconds until the clock has something to do (inf: nothing more)."""
+        if self.limit_s is None or self.at_limit is not None:
+            return math.inf
+        ahead = self.warning_s if self.warning_s is not None and self.sent_at is None else 0
+        return max(0.0, self.left(now) - ahead)
+
+    def tick(self, run: Run, notes: Notes, now: float) -> bool:
+        """Send the warning once it is due (to the ranks running then); once the limit is
+        past, stop the run at once (the ranks still running are kept for the end): True."""
+        left = self.left(now)
+        if self.warning_s is not None and self.sent_at is None and left <= self.warning_s:
+            self.send(run, notes, now, left)
+        if left >= 0:
+            return False
+        if self.at_limit is None:
+            self.at_limit = sorted(run.running_ranks())
+            run.begin_stop(0, f"time limit of {self.limit_s:g} s reached")
+        return True
+
+    def send(self, run: Run, notes: Notes, now: float, left: float) -> None:
+        """`signal SIG` to every node with a running rank; not while the run stops, and not
+        before a rank runs (a start slower than the time to the warning)."""
+        ranks = sorted(run.running_ranks())
+        if run.stopping or not ranks:
+            return
+        nodes = {run.ranks[rank].node for rank in ranks}
+        for session in list(run.sessions):
+            if session.index in nodes:
+                session.send(f"signal {self.signal_name}")
+        self.sent_at, self.before_limit_s = now, max(0, round(left))
+        notes.note(
+            f"time limit in {self.before_limit_s} s: SIG{self.signal_name} to {len(ranks)} "
+            f"rank(s) on {len(nodes)} node(s)"
+        )
+
+    def signalled_on(self, node: NodeState, notes: Notes, at: str, sent: str, skipped: str) -> None:
+        """The agent's answer (G): when, in its clock, the ranks it sent the signal to and
+        those that do not catch it ("0,1"; "-": none)."""
+        self.signalled[node.index] = float(at)
+        self.ranks_signalled.update(int(r) for r in sent.split(",") if r.isdigit())
+        missed = {int(r) for r in skipped.split(",") if r.isdigit()}
+        self.not_catching |= missed
+        if missed:  # said alike on every node, so that the console folds it
+            notes.node_note(
+                node.host,
+                f"{len(missed)} rank(s) do not catch SIG{self.signal_name}: not sent it "
+                "(they run on to the limit)",
+            )
+
+    def after(self, node: int, node_time: float) -> bool:
+        """Whether a rank of `node` that ended at `node_time` (its clock) ended after the
+        warning reached that node. A whole second (bash < 5 writes no fraction) counts from
+        the second the warning went out."""
+        sent = self.signalled.get(node)
+        if sent is None:
+            return False
+        return node_time >= (math.floor(sent) if node_time.is_integer() else sent)
+
+    def ended_on_it(
+        self, ranks: Iterable[RankState], nodes: Iterable[NodeState], stopping: bool
+    ) -> bool:
+        """Warned, and every rank ended before the limit, each that did not succeed after
+        the warning; no stop but the one a rank that ended on it began, no node lost."""
+        return (
+            self.sent_at is not None
+            and self.at_limit is None
+            and (self.ended_run or not stopping)
+            and all(rank.state in ("succeeded", "stopped") for rank in ranks)
+            and not any(node.state == "lost" for node in nodes)
+        )
+
+    def status(self) -> dict:
+        """status.json's `time_limit_s` and, once sent, `warning`."""
+        if self.limit_s is None:
+            return {}
+        found: dict = {"time_limit_s": self.limit_s}
+        if self.sent_at is not None:
+            found["warning"] = {
+                "signal": self.signal_name,
+                "sent_at": now_iso(self.sent_at),
+                "before_limit_s": self.before_limit_s,
+                "ranks_signalled": len(self.ranks_signalled),
+                "ranks_not_catching_it": sorted(self.not_catching),
+            }
+        if self.at_limit is not None:
+            found["running_at_limit"] = self.at_limit
+        return found
+
+    def warned(self) -> str:
+        """ "SIGUSR1 10 s before the 40 s limit"."""
+        return f"SIG{self.signal_name} {self.before_limit_s} s before the {self.limit_s:g} s limit"
+
+    def ended_summary(self, ranks: dict[int, RankState], succeeded: bool) -> str:
+        """The summary of a run whose every rank ended after the warning, before the limit
+        (those that do not catch it: in the stop that the others' exits began)."""
+        if succeeded:
+            return (
+                f"the time limit's warning went out ({self.warned()}); every rank ended "
+                "with exit code 0 before the limit"
+            )
+        deaf = sorted(self.not_catching & set(ranks))
+        ended = (
+            "every rank exited after it"
+            if not deaf
+            else f"{len(ranks) - len(deaf)} rank(s) exited after it, and the run was stopped: "
+            f"{len(deaf)} do not catch it ({named(deaf, ranks)})"
+        )
+        return (
+            f"stopped on the time limit's warning ({self.warned()}): {ended}; a program "
+            "that saves a checkpoint on it resumes from there when launched again (the "
+            "bundled trainer: --checkpoint-dir DIR --resume)"
+        )
+
+    def limit_summary(self, ranks: dict[int, RankState]) -> str:
+        """What the summary of a run the limit stopped adds: the warning, and which ranks
+        still ran at the limit."""
+        if self.sent_at is not None:
+            warning = f"the warning went out {self.before_limit_s} s before it"
+        elif self.signal_name is not None:
+            warning = "no rank ran when the warning was due"
+        else:
+            warning = "no warning signal (--signal none)"
+        if not self.at_limit:
+            return f"{warning}; no rank was running at the limit"
+        return f"{warning}; still running at the limit (stopped then): " + named(
+            self.at_limit, ranks
+        )
+
+
+def named(chosen: Sequence[int], ranks: dict[int, RankState]) -> str:
+    """ "rank 1 on node1, rank 3 on node2", the first SHOWN_RANKS, then how many more."""
+    names = [f"rank {r} on {ranks[r].host}" if r in ranks else f"rank {r}" for r in chosen]
+    more = len(names) - SHOWN_RANKS
+    return ", ".join(names[:SHOWN_RANKS]) + (f" and {more} more" if more > 0 else "")

@@ -1,0 +1,210 @@
+"""Long runs on a real SLURM cluster outliving their jobs: a time limit or a preemption ends a
+job in a checkpoint, and `launch` carries the run on in the next one; a cancel ends it.
+
+The lab's slurm.conf (tests/lab/slurm.py) has a second partition, `urgent`, whose jobs
+preempt the default one's (PreemptMode=REQUEUE, GraceTime 20 s, the job's --signal sent at
+once). Every test ends by checking that SLURM no longer lists the job and that no process
+of the run is left on any node.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.cli_helpers import REPO
+from tests.lab.slurm import URGENT_PARTITION, SlurmCluster
+from tests.slurm_helpers import (  # noqa: F401 (fixtures, used by name)
+    assert_gone,
+    combined,
+    command,
+    job_id_in,
+    launch_args,
+    no_job_outlives_its_test,
+    orchestrator,
+    status_of,
+    wait_for,
+    work,
+)
+from tests.trainer_helpers import RESUME_TOLERANCE, load_weights, max_abs_difference
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slurm]
+
+# About 70 s of training at the lab's ~2.5 ms a step: a one-minute job trains 10-40 s (its
+# ranks start ~4 s in; SLURM's warning comes 15-45 s in, at its 30 s periodic check), so
+# the run takes two jobs at the least and three or more most times.
+TRAINER = [
+    "-m",
+    "orchestrator.trainer",
+    "--synthetic-samples",
+    "1024",
+    "--epochs",
+    "100000",
+    "--max-steps",
+    "30000",
+    "--log-every",
+    "2000",
+]
+
+
+def test_a_trainer_run_is_carried_across_one_minute_limits_to_the_uninterrupted_model(
+    slurm_cluster: SlurmCluster, work: Path
+) -> None:
+    """--time 1 with about 70 s of work: each job's ranks are warned 15 s before its
+    limit, save and stop; `launch` submits the next job, the trainer resumes; the run ends
+    with exit 0 and the weights of an uninterrupted run, every job in status.json."""
+    done = orchestrator(
+        slurm_cluster,
+        work,
+        *launch_args(
+            work,
+            "long",
+            "--nodes",
+            "2",
+            "--time",
+            "1",
+            "--env=OMP_NUM_THREADS=1",
+            "--",
+            *TRAINER,
+            "--checkpoint-dir",
+            "ckpt-long",
+            "--resume",
+        ),
+        timeout=600,
+    )
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out
+    status = status_of(work, "long")
+    segments = status["segments"]
+    assert len(segments) >= 2, segments
+    assert [s["ended"] for s in segments] == ["time-limit"] * (len(segments) - 1) + ["completed"]
+    ids = [s["job_id"] for s in segments]
+    assert len(set(ids)) == len(ids) and status["slurm_job_ids"] == ids, status
+    for segment, after in zip(segments, ids[1:], strict=False):
+        assert segment["next"] == f"resubmitted as job {after}"
+        assert segment["warning"] == "SIGUSR1 for the time limit" and segment["warned_at"]
+        assert f"segment {ids.index(after) + 1}: SLURM job {after} submitted, after job " in out
+    assert (status["state"], status["exit_code"]) == ("succeeded", 0)
+    assert status["resubmits_left"] == 10 - (len(segments) - 1)  # the default, 10
+    saves = re.findall(r"stopped by SIGUSR1 after step \d+/30000; checkpoint saved to \S+ in ", out)
+    assert len(saves) == len(segments) - 1, out
+    resumed = re.findall(r"r0\] resumed from ckpt-long/ckpt-\d+\.pt at step (\d+)", out)
+    assert len(resumed) == len(segments) - 1 and all(int(s) > 0 for s in resumed), out
+    assert re.search(rf"carried across {len(segments)} segment\(s\):\n", out), out
+    shown = orchestrator(slurm_cluster, work, "status", "long", "--run-dir", str(work / "runs"))
+    assert f"segments: {len(segments)} (resubmits left: " in shown.stdout, shown.stdout
+    assert re.search(
+        rf"1\. job {ids[0]} ran \S+: its ranks stopped on the time limit", shown.stdout
+    )
+    assert_gone(slurm_cluster, ids[-1], "long")
+
+    plain = orchestrator(
+        slurm_cluster,
+        work,
+        "launch",
+        str(REPO / "hostfiles" / "local.txt"),
+        "--run-dir",
+        str(work / "runs"),
+        "--run-id",
+        "plain",
+        "--env=OMP_NUM_THREADS=1",
+        "--",
+        *TRAINER,
+        "--checkpoint-dir",
+        "ckpt-plain",
+        timeout=300,
+    )
+    assert plain.returncode == 0, plain.stdout + plain.stderr
+    difference = max_abs_difference(
+        load_weights(work / "ckpt-long" / "final.pt"),
+        load_weights(work / "ckpt-plain" / "final.pt"),
+    )
+    assert difference <= RESUME_TOLERANCE, difference
+
+
+def _waiting_ranks(slurm: SlurmCluster, work: Path, run_id: str) -> subprocess.Popen[str]:
+    """`launch` of 2 nodes of checkpointing.py with a 5-minute limit (so a --signal), in the
+    background; returned once both ranks wait for their SIGUSR1."""
+    proc = subprocess.Popen(
+        command(
+            *launch_args(
+                work, run_id, "--nodes", "2", "--time", "5", "--", "checkpointing.py", "ckpt"
+            )
+        ),
+        cwd=work,
+        env=slurm.environ(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        wait_for(lambda: combined(work, run_id).count("waiting for SIGUSR1") == 2, 120, "ranks")
+    except BaseException:
+        proc.kill()
+        raise
+    return proc
+
+
+def test_a_preempted_job_resumes_and_a_stopped_one_is_never_resubmitted(
+    slurm_cluster: SlurmCluster, work: Path
+) -> None:
+    """A job of the `urgent` partition takes every node: SLURM sends the run's ranks their
+    SIGUSR1 at once (--time 5 asks for one), they save and stop, the script ends, and
+    `launch` submits the job again; it starts once the urgent job is done, the ranks
+    resume and the run succeeds. Then a second run is stopped with `orchestrator stop`:
+    cancelled, never submitted again."""
+    (work / "ckpt").mkdir()
+    proc = _waiting_ranks(slurm_cluster, work, "pre")
+    try:
+        job_id = job_id_in(combined(work, "pre"))
+        urgent = slurm_cluster.sbatch(
+            "#!/bin/bash\nsleep 5\n",
+            f"--partition={URGENT_PARTITION}",
+            "--exclusive",
+            f"--nodes={len(slurm_cluster.nodes)}",
+            "--output=/dev/null",
+        )
+        out, _ = proc.communicate(timeout=180)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, out
+    assert slurm_cluster.wait_job(urgent)["JobState"] == "COMPLETED"
+    assert f"SLURM job {job_id}: SIGUSR1 to every rank for a preemption" in out
+    status = status_of(work, "pre")
+    again = status["slurm_job_id"]
+    assert (
+        f"SLURM job {again} submitted, after job {job_id} preempted by a higher-priority job" in out
+    )
+    for rank in (0, 1):
+        got = out.index(f" r{rank}] rank {rank} got SIGUSR1 in job {job_id}")
+        resumed = f" r{rank}] rank {rank} resumed from checkpoint {rank} (job {again}, restart 0)"
+        assert out.index(resumed) > got, out
+    assert [(s["job_id"], s["ended"], s["next"]) for s in status["segments"]] == [
+        (job_id, "preempted", f"resubmitted as job {again}"),
+        (again, "completed", None),
+    ], status["segments"]
+    assert status["segments"][0]["warning"] == "SIGUSR1 for a preemption"
+    assert (status["state"], status["exit_code"]) == ("succeeded", 0)
+    assert_gone(slurm_cluster, again, "pre")
+
+    for path in (work / "ckpt").iterdir():
+        path.unlink()
+    proc = _waiting_ranks(slurm_cluster, work, "gone")
+    try:
+        job_id = job_id_in(combined(work, "gone"))
+        stopped = orchestrator(slurm_cluster, work, "stop", "gone", "--run-dir", str(work / "runs"))
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    assert proc.returncode != 0 and "submitted, after job" not in out, out
+    status = status_of(work, "gone")
+    assert status["state"] == "stopped", status
+    assert [(s["job_id"], s["ended"], s["next"]) for s in status["segments"]] == [
+        (job_id, "cancelled", None)
+    ]
+    assert status["slurm_job_id"] == job_id and "slurm_job_ids" not in status
+    assert_gone(slurm_cluster, job_id, "gone")

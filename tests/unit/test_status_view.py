@@ -1,0 +1,69 @@
+"""`orchestrator status RUN`'s text for the deadline parts of a record: a SLURM run's
+segments and an SSH run's time limit warning."""
+
+from __future__ import annotations
+
+from orchestrator.cli.views import status_text
+
+BASE = {"run_id": "r", "state": "succeeded", "exit_code": 0, "backend": "slurm"}
+
+
+def test_the_segments_of_a_run_carried_across_time_limits() -> None:
+    status = {
+        **BASE,
+        "slurm_job_id": 12,
+        "slurm_state": "COMPLETED",
+        "resubmits_left": 9,
+        "segments": [
+            {
+                "segment": 1,
+                "job_id": 11,
+                "running_at": "2026-11-28T14:38:34.844Z",
+                "warned_at": "2026-11-28T14:39:01.318Z",
+                "warning": "SIGUSR1 for the time limit",
+                "ended_at": "2026-11-28T14:39:02.929Z",
+                "slurm_state": "FAILED",
+                "why": "its ranks stopped on the time limit's warning",
+                "next": "resubmitted as job 12",
+            },
+            {
+                "segment": 2,
+                "job_id": 12,
+                "running_at": "2026-11-28T14:39:05.200Z",
+                "ended_at": "2026-11-28T14:39:47.280Z",
+                "slurm_state": "COMPLETED",
+                "why": "completed",
+            },
+        ],
+    }
+    lines = status_text(status).splitlines()
+    at = lines.index("  segments: 2 (resubmits left: 9)")
+    assert lines[at + 1 : at + 3] == [
+        "    1. job 11 ran 14:38:34-14:39:02: its ranks stopped on the time limit's warning "
+        "(FAILED); SIGUSR1 for the time limit at 14:39:01; resubmitted as job 12",
+        "    2. job 12 ran 14:39:05-14:39:47: completed (COMPLETED)",
+    ]
+
+
+def test_one_job_without_a_warning_shows_no_segments() -> None:
+    status = {**BASE, "segments": [{"segment": 1, "job_id": 3, "why": "completed"}]}
+    assert "segments" not in status_text(status)
+
+
+def test_an_ssh_runs_time_limit_and_its_warning() -> None:
+    status = {
+        **BASE,
+        "backend": "ssh",
+        "time_limit_s": 40,
+        "warning": {
+            "signal": "USR1",
+            "sent_at": "2026-11-28T14:00:30.000Z",
+            "before_limit_s": 10,
+            "ranks_signalled": 4,
+            "ranks_not_catching_it": [],
+        },
+    }
+    assert (
+        "  time limit 40 s; SIGUSR1 to 4 rank(s) at 2026-11-28T14:00:30.000Z, 10 s before it"
+        in status_text(status).splitlines()
+    )
