@@ -157,11 +157,12 @@ class SlurmJob:
 
     def deadline_entry(self) -> str:
         """What the time limit and its warning do for this job, in one line (plan.yaml)."""
-        then = (
-            "the script requeues the job (--requeue)"
-            if self.requeue
-            else f"`orchestrator launch` submits it again, up to {self.max_resubmits} time(s)"
-        )
+        if self.requeue:
+            then = "the script requeues the job (--requeue)"
+        elif self.job_dir:
+            then = f"`orchestrator launch` submits it again, up to {self.max_resubmits} time(s)"
+        else:  # rendered, to submit by hand: nobody follows it
+            then = "submit it again to resume (or render with --requeue)"
         return f"{self.deadline.describe()}; once they stopped on it {then}"
 
     def spares_entry(self) -> str:

@@ -191,6 +191,8 @@ def test_a_time_limit_brings_the_warning_and_resubmission() -> None:
     )
     assert "--signal=B:USR1@120" in by_arg.sbatch_lines and by_arg.max_resubmits == 2
     assert not any(line.startswith("--time=4") for line in by_arg.sbatch_lines[:-1])
+    by_hand = render_sbatch(plan_slurm_job(spec("t.py"), SlurmOptions(nodes=1, time="1"), "r"), "x")
+    assert "once they stopped on it submit it again to resume (or render with --requeue)" in by_hand
     quiet = plan_slurm_job(spec("t.py"), SlurmOptions(nodes=1, time="1", signal="none"), "r")
     assert not any(line.startswith("--signal") for line in quiet.sbatch_lines)
     assert "# Time limit" not in render_sbatch(quiet, "x")
