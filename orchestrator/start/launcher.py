@@ -252,6 +252,8 @@ def _launch(
         pool.replace_unreachable(unreachable)
         plan, scripts = prepare(pool.cluster, spec, options, pool.connections, note, pool, progress)
         if dry_run:
+            if options.deadline.limit_s is not None:  # the controller's, not a script's
+                out.write(f"# {options.deadline.describe()} (kept by the controller)\n".encode())
             out.write(dry_run_text(plan, scripts).encode())
             out.flush()
             return 0

@@ -211,7 +211,11 @@ MORE_BAD = {  # run in this process through orchestrator.cli.main
 
 GOOD = {
     "dry run": Case(
-        launch("local.txt", "--no-forward-env", "--run-id", "dry1", "--", "-m", "mypkg.train"),
+        launch(
+            "local.txt",
+            *("--no-forward-env", "--run-id", "dry1", "--time", "4:00:00"),
+            *("--", "-m", "mypkg.train"),
+        ),
         (),
         exit_code=0,
     ),
@@ -414,6 +418,10 @@ def test_dry_run_prints_the_plan_and_starts_nothing(results, workdir: Path) -> N
     result = results["dry run"]
     assert result.returncode == 0, result.stderr
     assert "Traceback" not in result.stdout + result.stderr
+    assert (
+        "\n# time limit 14400 s; SIGUSR1 to every rank 120 s before (kept by the controller)\n"
+        "# plan.yaml\n" in result.stdout
+    )
     plan_text, _, script = result.stdout.partition("# ---- node0.sh (runs on localhost) ----\n")
     plan = yaml.safe_load(plan_text.split("# plan.yaml\n", 1)[1])
     assert plan["run_id"] == "dry1" and plan["world_size"] == 2
