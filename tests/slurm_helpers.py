@@ -15,7 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.cli_helpers import REPO
 from tests.lab.slurm import SlurmCluster
+from tests.trainer_helpers import RESUME_TOLERANCE, load_weights, max_abs_difference
 
 ALL_REDUCE = """\
 import os
@@ -158,3 +160,32 @@ def assert_gone(slurm: SlurmCluster, job_id: int, run_id: str) -> None:
     ) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert left == [], [p.command for p in left]
+
+
+def assert_model_of_an_uninterrupted_run(
+    slurm: SlurmCluster, work: Path, checkpoint_dir: str, trainer: list[str], timeout: float = 180
+) -> None:
+    """The same trainer run again here without interruption (2 local ranks: the world size
+    of 2 one-rank nodes, quicker than a SLURM job) ends with the weights in
+    `checkpoint_dir`/final.pt, within RESUME_TOLERANCE. `trainer` starts with `--`."""
+    plain = orchestrator(
+        slurm,
+        work,
+        "launch",
+        str(REPO / "hostfiles" / "local.txt"),
+        "--run-dir",
+        str(work / "runs"),
+        "--run-id",
+        "plain",
+        "--env=OMP_NUM_THREADS=1",
+        *trainer,
+        "--checkpoint-dir",
+        "ckpt-plain",
+        timeout=timeout,
+    )
+    assert plain.returncode == 0, plain.stdout + plain.stderr
+    difference = max_abs_difference(
+        load_weights(work / checkpoint_dir / "final.pt"),
+        load_weights(work / "ckpt-plain" / "final.pt"),
+    )
+    assert difference <= RESUME_TOLERANCE, difference

@@ -327,6 +327,9 @@ def plan_slurm_job(
     if output:
         lines.append(f"--output={output}")
     deadline = plan_deadline(_time_of(options), options.signal)
+    resubmits = options.max_resubmits
+    if resubmits is None:  # with --requeue the script requeues; nothing is resubmitted
+        resubmits = 0 if options.requeue else DEFAULT_RESUBMITS
     if deadline.signal_name:
         lines.append(f"--signal=B:{deadline.signal_name}@{deadline.warning_s}")
     if options.requeue:
@@ -366,11 +369,7 @@ def plan_slurm_job(
         spares=spares,
         spare_nodes=tuple(h.name for h in cluster.spares) if cluster else (),
         exclude=tuple(exclude) if not nodelist else (),
-        max_resubmits=0
-        if options.requeue
-        else DEFAULT_RESUBMITS
-        if options.max_resubmits is None
-        else options.max_resubmits,
+        max_resubmits=resubmits,
     )
 
 

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli_helpers import REPO
 from tests.lab.slurm import SlurmCluster
 from tests.slurm_helpers import (  # noqa: F401 (fixtures, used by name)
     assert_gone,
+    assert_model_of_an_uninterrupted_run,
     combined,
     command,
     job_id_in,
@@ -31,9 +31,6 @@ from tests.slurm_helpers import (  # noqa: F401 (fixtures, used by name)
 from tests.trainer_helpers import (
     CRASH_ONCE,
     CRASH_ONCE_ARGS,
-    RESUME_TOLERANCE,
-    load_weights,
-    max_abs_difference,
 )
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slurm]
@@ -229,23 +226,4 @@ def test_a_rank_crashing_once_restarts_and_resumes_to_the_same_model(
     assert re.search(r"resumed from ckpt-restart/ckpt-\d+\.pt at step [1-9]", rank0), rank0
     assert_gone(slurm_cluster, job_id, "restart")
 
-    plain = orchestrator(
-        slurm_cluster,
-        work,
-        "launch",
-        str(REPO / "hostfiles" / "local.txt"),
-        "--run-dir",
-        str(work / "runs"),
-        "--run-id",
-        "plain",
-        "--env=OMP_NUM_THREADS=1",
-        *trainer,
-        "--checkpoint-dir",
-        "ckpt-plain",
-    )
-    assert plain.returncode == 0, plain.stdout + plain.stderr
-    difference = max_abs_difference(
-        load_weights(work / "ckpt-restart" / "final.pt"),
-        load_weights(work / "ckpt-plain" / "final.pt"),
-    )
-    assert difference <= RESUME_TOLERANCE, difference
+    assert_model_of_an_uninterrupted_run(slurm_cluster, work, "ckpt-restart", trainer)

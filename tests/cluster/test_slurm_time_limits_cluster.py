@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli_helpers import REPO
 from tests.lab.slurm import URGENT_PARTITION, SlurmCluster
 from tests.slurm_helpers import (  # noqa: F401 (fixtures, used by name)
     assert_gone,
+    assert_model_of_an_uninterrupted_run,
     combined,
     command,
     job_id_in,
@@ -29,7 +29,6 @@ from tests.slurm_helpers import (  # noqa: F401 (fixtures, used by name)
     wait_for,
     work,
 )
-from tests.trainer_helpers import RESUME_TOLERANCE, load_weights, max_abs_difference
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slurm]
 
@@ -101,28 +100,9 @@ def test_a_trainer_run_is_carried_across_one_minute_limits_to_the_uninterrupted_
     )
     assert_gone(slurm_cluster, ids[-1], "long")
 
-    plain = orchestrator(
-        slurm_cluster,
-        work,
-        "launch",
-        str(REPO / "hostfiles" / "local.txt"),
-        "--run-dir",
-        str(work / "runs"),
-        "--run-id",
-        "plain",
-        "--env=OMP_NUM_THREADS=1",
-        "--",
-        *TRAINER,
-        "--checkpoint-dir",
-        "ckpt-plain",
-        timeout=300,
+    assert_model_of_an_uninterrupted_run(
+        slurm_cluster, work, "ckpt-long", ["--", *TRAINER], timeout=300
     )
-    assert plain.returncode == 0, plain.stdout + plain.stderr
-    difference = max_abs_difference(
-        load_weights(work / "ckpt-long" / "final.pt"),
-        load_weights(work / "ckpt-plain" / "final.pt"),
-    )
-    assert difference <= RESUME_TOLERANCE, difference
 
 
 def _waiting_ranks(slurm: SlurmCluster, work: Path, run_id: str) -> subprocess.Popen[str]:
