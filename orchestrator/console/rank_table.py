@@ -245,8 +245,10 @@ def quiet_words(quiet_s: float | None, check_s: float = 0.0) -> str:
 
 
 def duration(seconds: float) -> str:
-    """A silence, short: `4s`, `2m10s`, `5m`, `1h05m`."""
-    whole = max(0, int(seconds))
+    """A silence, short: `4s`, `2m10s`, `5m`, `1h05m`. Whole seconds, cut down, after
+    float noise is rounded off: a difference of two monotonic readings meant as 300 s can
+    come out 299.99999999999994 (`(t + 300) - t`), which is 5m, not 4m59s."""
+    whole = max(0, int(round(seconds, 6)))
     if whole < 60:
         return f"{whole}s"
     if whole < 3600:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from orchestrator.console.footer import PREFIX, Footer
 from orchestrator.console.progress import CLEAR
-from orchestrator.console.rank_table import summary
+from orchestrator.console.rank_table import duration, summary
 from orchestrator.console.sink import LogSink
 from orchestrator.supervise import NodeState, RankState, Supervisor
 
@@ -112,6 +112,14 @@ def test_the_summary_says_how_long_every_rank_has_been_quiet() -> None:
         ", quiet 5m02s (checking for a hang)"
     )
     assert summary(status, {}, quiet_s=30.0, check_s=300.0) == head  # 30 s: not yet said
+
+
+def test_float_noise_in_a_silence_does_not_take_a_second_off() -> None:
+    """(t + 300) - t is 299.99999999999994 for some monotonic t (the fresh-clone run's
+    footer said `hang check at 4m59s` once); a real fraction is still cut down."""
+    t = next(x / 1000 for x in range(10_000_000, 20_000_000) if (x / 1000 + 300.0) - x / 1000 < 300)
+    assert duration((t + 300.0) - t) == "5m"
+    assert duration(299.6) == "4m59s" and duration(130.9) == "2m10s"
 
 
 def footer_of(tmp_path: Path, hang_timeout: float, quiet: float) -> str:
