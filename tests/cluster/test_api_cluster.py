@@ -26,6 +26,7 @@ if os.environ.get("JOB") == "fail" and rank == 1:
 if os.environ.get("JOB") == "sleep":
     print("sleeping", flush=True)
     time.sleep(300)
+dist.destroy_process_group()  # gloo may abort at exit without it (torch 2.13)
 """
 
 

@@ -27,6 +27,7 @@ dist.barrier()  # every rank has printed all its lines before one fails
 if rank == 1:
     print("rank 1 gives up", flush=True)
     sys.exit(3)
+dist.destroy_process_group()  # gloo may abort at exit without it (torch 2.13)
 """
 
 SLEEPS = """\

@@ -32,6 +32,9 @@ crunch(40)
 tensor = torch.ones(1)
 dist.all_reduce(tensor)
 print("reduced", tensor.item(), flush=True)
+# torch 2.13's gloo may abort at exit (SIGABRT, "terminate called without an active
+# exception") in a program that leaves its process group up, under plain torchrun too.
+dist.destroy_process_group()
 """
 
 
