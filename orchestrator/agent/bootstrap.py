@@ -43,6 +43,8 @@ NODE_MODULES = (
     "py_spy",
     "stacks",
     "flight",
+    "hook",
+    "runtime",
     "wakeup",
     "main",
 )

@@ -27,6 +27,7 @@ import errno
 import os
 import time
 
+from orchestrator.agent.processes import own_pid
 from orchestrator.agent.stacks import each_rank
 
 FOLDER = "flight"  # in the node directory
@@ -57,6 +58,7 @@ def take_dumps(ranks: dict[int, int], folder: str, timeout: float) -> dict[int, 
 
 
 def take_one(rank: int, pid: int, folder: str, timeout: float) -> bytes | str:
+    pid = own_pid(pid)  # the hook names its files by the pid it sees (in a container, its own)
     word = os.path.join(folder, f".{pid}.flight")
     try:
         os.remove(word)

@@ -29,10 +29,12 @@ import signal
 import threading
 import time
 
+from orchestrator.agent import runtime as container_runtime
 from orchestrator.agent.controller import ControllerHost
 from orchestrator.agent.disk import DiskWatch, is_fault
 from orchestrator.agent.flight import FOLDER as FLIGHT_FOLDER
-from orchestrator.agent.flight import dumps_left, flight_environment, take_dumps
+from orchestrator.agent.flight import dumps_left, take_dumps
+from orchestrator.agent.hook import STACKS_FOLDER, install_hook
 from orchestrator.agent.processes import (
     ProcessTree,
     become_subreaper,
@@ -68,7 +70,6 @@ POLL_S = 0.02  # while ranks print or the run stops: how often their files are r
 # wakeup.QUIET_S where the kernel does); a command, the script's output or a signal wakes it.
 IDLE_POLL_S = 0.1
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
-STACKS_FOLDER = "stacks"  # in the node directory: where the ranks' hooks write their stacks
 STACK_TIMEOUT_S = 5.0  # for each way of taking a rank's stack
 
 
@@ -112,6 +113,10 @@ class Agent:
         hook = self.config.get("stack_hook")
         if hook and self.node_dir:  # the ranks' own way to write their stacks (stacks.py)
             env = install_hook(hook, self.node_dir, env)
+        if self.config.get("container"):  # what crosses into it, on its stdin (container.py)
+            env[container_runtime.NAMES_ENV] = container_runtime.carried_names(
+                env, dict(os.environ)
+            )
         proc = self.processes.start(argv, cwd, env)
         self.script_out = PipeLines(proc.stdout)
         self.outbox.send(frame("S", proc.pid, f"{time.time():.6f}"))
@@ -159,6 +164,7 @@ class Agent:
             thread.join()
         self.ranks.drain(10 if self.stdin_open else 2)
         self.ranks.ship_exits()
+        self.remove_container()
         if self.processes.script_rc != 0 and self.node_dir:
             self.ship_flight_left()
         if self.processes.script_rc != 0 and not self.processes.stopping:
@@ -167,6 +173,15 @@ class Agent:
         self.outbox.send(frame("X", self.processes.script_rc, f"{time.time():.6f}"))
         self.outbox.flush(10 if self.stdin_open else 2)
         return 0
+
+    def remove_container(self) -> None:
+        """The step's container, by its name, whatever ended the step (container.py)."""
+        asked = self.config.get("container") or {}
+        runtime = container_runtime.chosen_runtime(self.node_dir, asked.get("runtime", ""))
+        if runtime and asked.get("name"):
+            said = container_runtime.remove(runtime, asked["name"])
+            if said:
+                self.outbox.message(said)
 
     def may_wait_for_next(self) -> bool:
         """After run(): the controller got everything and is still there to send more."""
@@ -367,21 +382,6 @@ class Agent:
         folder = os.path.join(self.node_dir or "", FLIGHT_FOLDER)
         for rank, dump in dumps_left(folder, self.started_wall, self.flight_shipped).items():
             self.outbox.send(frame("L", "end", rank, "ok", payload=dump))
-
-
-def install_hook(source: str, node_dir: str, env: dict[str, str]) -> dict[str, str]:
-    """The stack hook written into the node directory, and the script's environment that
-    puts it first on the ranks' PYTHONPATH and turns torch's flight recorder on."""
-    from orchestrator.agent.stacks import HOOK_FOLDER, hook_environment
-
-    folder = os.path.join(node_dir, HOOK_FOLDER)
-    os.makedirs(folder, exist_ok=True)
-    os.makedirs(os.path.join(node_dir, STACKS_FOLDER), exist_ok=True)
-    os.makedirs(os.path.join(node_dir, FLIGHT_FOLDER), mode=0o700, exist_ok=True)
-    with open(os.path.join(folder, "sitecustomize.py"), "w", encoding="utf-8") as handle:
-        handle.write(source)
-    env = flight_environment(env, os.path.join(node_dir, FLIGHT_FOLDER))
-    return hook_environment(env, folder, os.path.join(node_dir, STACKS_FOLDER))
 
 
 def main() -> int:

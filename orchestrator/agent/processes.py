@@ -138,6 +138,19 @@ def script_command(config: dict, node_dir: str | None) -> tuple[list[str], str, 
     return ["bash", path], node_dir, env
 
 
+def own_pid(pid: int) -> int:
+    """The pid the process sees itself as: in a container's pid namespace, not the host's
+    (the last of /proc/PID/status's NSpid); `pid` itself where it has no namespace of its own."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as handle:
+            for line in handle:
+                if line.startswith("NSpid:"):
+                    return int(line.split()[-1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return pid
+
+
 def claim_node_dir(node_dir: str) -> IO[str]:
     """Hold the node directory for this run (the returned lock, kept open for the run);
     clear what an earlier run of the same id left."""

@@ -16,12 +16,13 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 
 from orchestrator.backends.base import SshOptions
 from orchestrator.errors import ConfigError
 from orchestrator.hosts.hostfile import Cluster, load_hostfile
 from orchestrator.hosts.selection import Selection, hold_spares, select_hosts
+from orchestrator.plan.container import ContainerSpec, job_container
 from orchestrator.plan.deadline import Deadline, plan_deadline
 from orchestrator.plan.spec import (
     VISIBLE_DEVICES,
@@ -71,6 +72,12 @@ class LaunchArgs:
     max_restarts: int = 0
     bind_cores: bool = False
     sync_dir: str | None = None
+    container: str | None = None
+    container_runtime: str | None = None
+    container_mounts: str | None = None
+    container_workdir: str | None = None
+    container_args: tuple[str, ...] = ()
+    container_python: str | None = None
     # which hosts
     include: str | None = None
     exclude: str | None = None
@@ -124,6 +131,7 @@ class LaunchArgs:
                 + ", ".join(sorted(known))
             )
         lists = ("env", "env_files", "secret_names", "sbatch_args", "identity_files")
+        lists += ("container_args",)
         values = {k: tuple(v) if k in lists and v is not None else v for k, v in keywords.items()}
         return cls(**values)
 
@@ -175,6 +183,7 @@ def build(
         cluster = select(checked, selection, args.nproc_per_node, say)
         cluster = hold_spares(cluster, args.spares)
     spec = make_spec(program, args, gpus_chosen(selection, cluster, args.backend), say)
+    spec = replace(spec, container=container_of(cluster, args))
     options = LaunchOptions(
         run_dir=args.run_dir,
         run_id=run_id,
@@ -196,6 +205,21 @@ def build(
     )
     backend = "slurm" if args.backend == "slurm" else "ssh"
     return LaunchRequest(backend, cluster, spec, options, slurm, args.spares, exclude)
+
+
+def container_of(cluster: Cluster | None, args: LaunchArgs) -> ContainerSpec | None:
+    """--container and its flags over the hostfile's `container:` (plan/container.py)."""
+    return job_container(
+        cluster.container if cluster is not None else None,
+        cluster.container_source if cluster is not None else "",
+        "slurm" if args.backend == "slurm" else "ssh",
+        image=args.container,
+        runtime=args.container_runtime,
+        mounts=args.container_mounts,
+        workdir=args.container_workdir,
+        args=args.container_args,
+        python=args.container_python,
+    )
 
 
 def min_free_disk(value: int | str) -> int:

@@ -20,6 +20,7 @@ from orchestrator.hosts.hostfile import load_hostfile
 from orchestrator.hosts.selection import Selection
 from orchestrator.nodes.clean import clean_nodes as clean_on_nodes
 from orchestrator.nodes.clean import clean_table, parse_age
+from orchestrator.plan.container import job_container
 from orchestrator.plan.spec import parse_master_port
 from orchestrator.record.runs import check_run_id, new_run_id, refuse_existing
 
@@ -44,12 +45,19 @@ def check_nodes(
     num_nodes: int | None = None,
     num_gpus: int | None = None,
     bad_nodes: str | None = None,
+    container: str | None = None,
+    container_runtime: str | None = None,
+    container_mounts: str | None = None,
+    container_workdir: str | None = None,
+    container_args: tuple[str, ...] = (),
+    container_python: str | None = None,
     argv: tuple[str, ...] = ("orchestrator.check_nodes",),
     out: TextIO | None = None,
     say=lambda text: None,
     **ssh,
 ) -> int:
-    """`orchestrator check`: the report on `out` (stdout by default); 0 when all passed."""
+    """`orchestrator check`: the report on `out` (stdout by default); 0 when all passed.
+    With `container`, the facts and the collectives job are taken inside that image."""
     size = parse_max_size(max_size) if max_size is not None else None
     refuse_empty(ifname=ifname, python=python)
     if json_path is not None:
@@ -72,6 +80,17 @@ def check_nodes(
         timeout=timeout,
         json_path=json_path,
         ssh=ssh_keywords("check", ssh),
+        container=job_container(
+            cluster.container,
+            cluster.container_source,
+            "ssh",
+            image=container,
+            runtime=container_runtime,
+            mounts=container_mounts,
+            workdir=container_workdir,
+            args=tuple(container_args),
+            python=container_python,
+        ),  # fmt: skip
     )
     refuse_existing(run_dir, options.run_id)
     return run_check(cluster, options, out)

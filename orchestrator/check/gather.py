@@ -25,6 +25,7 @@ from orchestrator.errors import NodeError, OrchestratorError
 from orchestrator.hosts.hostfile import Cluster
 from orchestrator.nodes.execute import NodeResult, run_on_nodes
 from orchestrator.nodes.probe import parse_probe_output, probe_time_limit
+from orchestrator.plan.container import ContainerSpec
 from orchestrator.plan.scripts import render_template
 from orchestrator.plan.spec import DEFAULT_MASTER_PORT
 
@@ -86,8 +87,10 @@ def probe_facts(
     ifname: str | None,
     master_port: int | None,
     tag: str,
+    container: ContainerSpec | None = None,
 ) -> dict[int, tuple[dict, str | None]]:
-    """{node index: (key=values, error)} for every connected node (check_probe.sh.j2)."""
+    """{node index: (key=values, error)} for every connected node (check_probe.sh.j2); with
+    `container`, python, torch, NCCL and the GPUs are looked at inside its image."""
     argvs = {}
     for index, (host, connection) in enumerate(zip(cluster.hosts, connections, strict=True)):
         if isinstance(connection, NodeError):
@@ -101,6 +104,7 @@ def probe_facts(
             is_master=index == 0,
             port=master_port,
             default_port=DEFAULT_MASTER_PORT,
+            container=container,
         )
         argvs[index] = ["bash", "-c", script]
     results = run_each(connections, pythons, argvs, probe_time_limit(len(argvs)), tag)

@@ -46,6 +46,7 @@ from orchestrator.check.report import (
 )
 from orchestrator.errors import ConfigError, NodeError
 from orchestrator.hosts.hostfile import Cluster
+from orchestrator.plan.container import ContainerSpec
 from orchestrator.plan.launch_plan import is_loopback, make_plan
 from orchestrator.plan.spec import JobSpec, Program, forwarded_env, merge_env
 
@@ -67,6 +68,7 @@ class CheckOptions:
     json_path: str | None = None
     ssh: object | None = None  # orchestrator.backends.ssh.SshOptions
     forward_env: bool = True
+    container: ContainerSpec | None = None  # --container: the facts and the job in the image
 
 
 @dataclass
@@ -214,7 +216,8 @@ def inspect_nodes(
         first.address if not isinstance(first, NodeError) else cluster.hosts[0].name
     )
     pythons = [host.python or options.python for host in cluster.hosts]
-    say(f"[check] probing {len(live)} node(s): python, torch, NCCL, CUDA, interface, disk")
+    inside = f", inside {options.container.describe()}" if options.container else ""
+    say(f"[check] probing {len(live)} node(s): python, torch, NCCL, CUDA{inside}, interface, disk")
     facts = probe_facts(
         cluster,
         connections,
@@ -223,6 +226,7 @@ def inspect_nodes(
         ifname=options.ifname,
         master_port=options.master_port,
         tag=options.run_id,
+        container=options.container,
     )
     reports = []
     for index, (host, connection) in enumerate(zip(cluster.hosts, connections, strict=True)):
@@ -275,6 +279,7 @@ def job_spec(options: CheckOptions) -> JobSpec:
         master_port=options.master_port,
         ifname=options.ifname,
         env=merge_env(forwarded_env() if options.forward_env else []),
+        container=options.container,
     )
 
 

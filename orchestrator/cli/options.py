@@ -140,8 +140,56 @@ def job_options(func):
             "starts; the plan shows the sets. More local ranks than cores is "
             "refused. DeepSpeed's --bind_cores_to_rank.",
         ),
+        *CONTAINER_OPTIONS,
     ]
     return functools.reduce(lambda f, option: option(f), reversed(options), func)
+
+
+def container_options(func):
+    """--container and its flags, for a command other than launch and render (check)."""
+    return functools.reduce(lambda f, option: option(f), reversed(CONTAINER_OPTIONS), func)
+
+
+CONTAINER_OPTIONS = [
+    click.option(
+        "--container",
+        metavar="IMAGE",
+        help="Run torchrun and the ranks inside this image (the agent stays on the host): "
+        "docker/podman registry/name:tag, pyxis registry#name:tag, apptainer a .sif. "
+        "The container shares the node's network and IPC; the working directory, the "
+        "run's node folder and --sync copies are mounted at their own paths. A YAML "
+        "hostfile's `container:` says the same; these flags win.",
+    ),
+    click.option(
+        "--container-runtime",
+        type=click.Choice(["auto", "docker", "podman", "apptainer", "pyxis"]),
+        help="Over SSH: docker, podman or apptainer; under SLURM: pyxis or apptainer. "
+        "Default auto: on each node docker (if its daemon answers), else podman, else "
+        "apptainer (the preflight says which); under SLURM pyxis, or apptainer for a .sif.",
+    ),
+    click.option(
+        "--container-mounts",
+        metavar="SRC:DST[:ro],...",
+        help="More host paths to mount (comma-separated), e.g. /data:/data:ro.",
+    ),
+    click.option(
+        "--container-workdir",
+        metavar="DIR",
+        help="Where the ranks start inside the image. Default: the job's working directory.",
+    ),
+    click.option(
+        "--container-arg",
+        "container_args",
+        multiple=True,
+        metavar="ARG",
+        help="A flag passed to the runtime as is (repeatable), e.g. --container-arg=--shm-size=8g.",
+    ),
+    click.option(
+        "--container-python",
+        metavar="PATH",
+        help="The image's interpreter, with torch. Default: python3.",
+    ),
+]
 
 
 def run_options(func):

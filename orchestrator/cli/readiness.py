@@ -8,7 +8,7 @@ import click
 
 from orchestrator.api.node_tasks import check_nodes
 from orchestrator.cli.context import CONTEXT
-from orchestrator.cli.options import note, run_dir_option, ssh_options
+from orchestrator.cli.options import container_options, note, run_dir_option, ssh_options
 from orchestrator.cli.selecting import selection_options
 
 
@@ -81,6 +81,7 @@ from orchestrator.cli.selecting import selection_options
 )
 @run_dir_option
 @selection_options
+@container_options
 @ssh_options
 def check(
     hostfile,
@@ -96,6 +97,12 @@ def check(
     timeout,
     run_id,
     run_dir,
+    container,
+    container_runtime,
+    container_mounts,
+    container_workdir,
+    container_args,
+    container_python,
     **ssh,
 ):
     """Prove that the nodes of HOSTFILE are ready for a job.
@@ -113,5 +120,8 @@ def check(
         master_port=master_port, ifname=ifname, python=python, backend=backend,
         max_size=max_size, skip_bandwidth=skip_bandwidth, json_path=json_path,
         timeout=timeout, run_id=run_id, run_dir=run_dir, argv=("orchestrator", *sys.argv[1:]),
+        container=container, container_runtime=container_runtime,
+        container_mounts=container_mounts, container_workdir=container_workdir,
+        container_args=container_args, container_python=container_python,
         say=note, **ssh,
     )  # fmt: skip

@@ -11,7 +11,9 @@ Text formats, one host (or host range) per line, `#` starts a comment:
 
 YAML (by suffix .yaml/.yml, or when the file starts like YAML): a list of mappings, or a
 mapping with `hosts:` (a list) and optional `defaults:`; fields host, slots, max_slots,
-user, port, ifname, python.
+user, port, ifname, python. Such a mapping may also say the job's container (`container:`
+with image, runtime, mounts, workdir, args, python; orchestrator.plan.container checks
+them), which the launch's --container flags override.
 
 There is no fallback: a missing or empty hostfile is an error, never "one local node".
 """
@@ -75,6 +77,10 @@ class Cluster:
     path: str
     selection: str = ""  # the selection flags that chose these hosts (orchestrator.hosts.selection)
     spares: tuple[Host, ...] = ()  # --spares: held back, not started (orchestrator.start.pool)
+    # A YAML hostfile's `container:`, as read (strings, lists of strings), and where it is
+    # ("path:line"); orchestrator.plan.container checks it.
+    container: dict[str, str | list[str]] | None = None
+    container_source: str = ""
 
     @property
     def is_local(self) -> bool:
@@ -104,7 +110,11 @@ def parse_hostfile(text: str, path: str = "<hostfile>") -> Cluster:
     """Parse hostfile text (text or YAML form) into a `Cluster`."""
     if "\x00" in text:
         raise SourceError(path, None, "hostfile contains a NUL byte; is it a binary file?")
-    hosts = _parse_yaml(text, path) if _looks_like_yaml(text, path) else _parse_text(text, path)
+    container: tuple[dict[str, str | list[str]], str] | None = None
+    if _looks_like_yaml(text, path):
+        hosts, container = _parse_yaml(text, path)
+    else:
+        hosts = _parse_text(text, path)
     if not hosts:
         raise SourceError(
             path,
@@ -113,7 +123,11 @@ def parse_hostfile(text: str, path: str = "<hostfile>") -> Cluster:
             "'node1 slots=8' (there is no fallback to localhost)",
         )
     _check_duplicates(hosts, path)
-    return Cluster(hosts=tuple(hosts), path=path)
+    if container is None:
+        return Cluster(hosts=tuple(hosts), path=path)
+    return Cluster(
+        hosts=tuple(hosts), path=path, container=container[0], container_source=container[1]
+    )
 
 
 def _looks_like_yaml(text: str, path: str) -> bool:
@@ -191,7 +205,9 @@ def _split_mpich(target: str, fail) -> tuple[str, str | None]:
 # --- YAML form ---------------------------------------------------------------------------
 
 
-def _parse_yaml(text: str, path: str) -> list[Host]:
+def _parse_yaml(
+    text: str, path: str
+) -> tuple[list[Host], tuple[dict[str, str | list[str]], str] | None]:
     import yaml
 
     try:
@@ -204,19 +220,23 @@ def _parse_yaml(text: str, path: str) -> list[Host]:
         problem = getattr(exc, "problem", None) or str(exc)
         raise SourceError(path, line, f"invalid YAML: {problem}") from None
     if root is None or (isinstance(root, yaml.ScalarNode) and root.tag.endswith(":null")):
-        return []  # an empty document, e.g. only '---'
+        return [], None  # an empty document, e.g. only '---'
     defaults: dict[str, object] = {}
+    container = None
     entries = root
     if isinstance(root, yaml.MappingNode):
         top = _mapping(root, path)
-        unknown = set(top) - {"hosts", "defaults"}
+        unknown = set(top) - {"hosts", "defaults", "container"}
         if unknown:
             key = sorted(unknown)[0]
             raise SourceError(
                 path,
                 top[key][0].start_mark.line + 1,
-                f"unknown top-level key {key!r}; valid keys: defaults, hosts",
+                f"unknown top-level key {key!r}; valid keys: container, defaults, hosts",
             )
+        if "container" in top:
+            key, value = top["container"]
+            container = (_container_values(value, path), f"{path}:{key.start_mark.line + 1}")
         if "defaults" in top:
             defaults = _entry_values(top["defaults"][1], path, allow_host=False)
         if "hosts" not in top:
@@ -242,7 +262,26 @@ def _parse_yaml(text: str, path: str) -> list[Host]:
             return SourceError(path, lineno, msg)
 
         hosts.extend(_make_hosts(target, merged, path, lineno, fail))
-    return hosts
+    return hosts, container
+
+
+def _container_values(node: yaml.Node, path: str) -> dict[str, str | list[str]]:
+    """`container:` as plain values: each field one value, or (mounts, args) a list."""
+    import yaml
+
+    values: dict[str, str | list[str]] = {}
+    for name, (_, value) in _mapping(node, path).items():
+        if isinstance(value, yaml.SequenceNode) and all(
+            isinstance(item, yaml.ScalarNode) for item in value.value
+        ):
+            values[name] = [item.value for item in value.value]
+        elif isinstance(value, yaml.ScalarNode) and not value.tag.endswith(":null"):
+            values[name] = value.value
+        else:
+            raise SourceError(
+                path, value.start_mark.line + 1, f"container {name} must be a value or a list"
+            )
+    return values
 
 
 def _mapping(node: yaml.Node, path: str) -> dict[str, tuple[yaml.Node, yaml.Node]]:

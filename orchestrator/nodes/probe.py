@@ -18,6 +18,7 @@ from orchestrator.errors import NodeError, NodeErrors
 from orchestrator.hostlist import compress_hosts
 from orchestrator.hosts.hostfile import Cluster
 from orchestrator.nodes.execute import run_on_nodes
+from orchestrator.plan.container import ContainerSpec
 from orchestrator.plan.launch_plan import NodeFacts
 from orchestrator.plan.scripts import render_template
 from orchestrator.plan.spec import JobSpec
@@ -48,6 +49,8 @@ def probe_script(
     port: int | None,
     ifname: str | None,
     bind_cores: bool = False,
+    container: ContainerSpec | None = None,
+    trainer: bool = False,
 ) -> str:
     return render_template(
         "probe.sh.j2",
@@ -58,6 +61,9 @@ def probe_script(
         port=port,
         ifname=ifname,
         bind_cores=bind_cores,
+        container=container,
+        runtime=container.runtime if container else None,
+        trainer=trainer,
     )
 
 
@@ -104,6 +110,8 @@ def probe_nodes(
             port=spec.master_port,
             ifname=host.ifname or spec.ifname,
             bind_cores=spec.bind_cores,
+            container=spec.container,
+            trainer=spec.program.is_bundled_trainer,
         )
         for index, host, python in zip(chosen, hosts, pythons, strict=True)
     ]
@@ -160,6 +168,9 @@ def probe_nodes(
         if problem is not None:
             errors[index] = problem
             continue
+        if spec.container is not None:  # the image's python and torch are the job's
+            values["python_version"] = values.get("container_python_version", "?")
+            values["torch_version"] = values.get("container_torch_version", "?")
         torch_versions.append((host.name, values["torch_version"]))
         if values.get("disk_free_kb", "").isdigit():
             free = int(values["disk_free_kb"]) * 1024
@@ -180,6 +191,7 @@ def probe_nodes(
             topology=(
                 Topology.decode(values["cores_topology"]) if values.get("cores_topology") else None
             ),
+            container_runtime=values.get("container_runtime"),
         )
     failed = errors or stopped
     if failed and raise_errors:
@@ -214,7 +226,11 @@ def _problem(
             f"cannot run python {python!r}: {values['python_error']}; {SET_PYTHON}",
             exit_code=2,
         )
-    if values.get("torch_version", "none") == "none":
+    if spec.container is not None:
+        problem = container_problem(host, spec.container, values)
+        if problem is not None:
+            return problem
+    elif values.get("torch_version", "none") == "none":
         return NodeError(
             host,
             f"torch is not installed for {python} "
@@ -234,6 +250,46 @@ def _problem(
             host,
             f"MASTER_PORT {spec.master_port} is already in use on the "
             "master node; pick another --master-port or use --master-port auto",
+            exit_code=2,
+        )
+    return None
+
+
+def container_problem(
+    host: str, container: ContainerSpec, values: dict[str, str]
+) -> NodeError | None:
+    """What keeps --container's image from running the job on `host` (exit 2), or None."""
+    runtime = values.get("container_runtime", container.runtime)
+    if values.get("container_image") == "missing":
+        return NodeError(
+            host,
+            f"image {container.image} is not on this node ({runtime}: "
+            f"{values.get('container_error', 'not found')}); pull it there first "
+            f"(`{runtime} pull {container.image}`), or load it",
+            exit_code=2,
+        )
+    if "container_error" in values:
+        return NodeError(
+            host,
+            f"cannot run {container.image} with {runtime}: {values['container_error']}",
+            exit_code=2,
+        )
+    torch = values.get("container_torch_version", "none")
+    python = container.python
+    if torch == "none":
+        return NodeError(
+            host,
+            f"torch is not installed for {python} in image {container.image} "
+            f"(python {values.get('container_python_version', '?')}); use an image with "
+            "torch, or point --container-python at the interpreter that has it",
+            exit_code=2,
+        )
+    if values.get("container_orchestrator") == "no":
+        return NodeError(
+            host,
+            f"the bundled trainer runs `{python} -m orchestrator.trainer` inside the image, "
+            f"and {container.image} has no orchestrator package; install it in the image "
+            "(pip install orchestrator), or give your own script after --",
             exit_code=2,
         )
     return None

@@ -13,9 +13,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from orchestrator.agent.cores import CoreSet, TooFewCores, Topology, core_sets
+from orchestrator.agent.runtime import NAMED  # the runtimes whose containers have names
 from orchestrator.errors import ConfigError
 from orchestrator.hosts.hostfile import LOCAL_NAMES, Cluster, Host
 from orchestrator.hosts.selection import slot_count
+from orchestrator.plan.container import AUTO, ContainerSpec, container_name
 from orchestrator.plan.spec import DEFAULT_MASTER_PORT, VISIBLE_DEVICES, JobSpec, Program
 
 IFNAME_VARS = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
@@ -43,6 +45,7 @@ class NodeFacts:
     free_port: int | None = None  # master only: the port chosen as free
     port_checked: bool = False  # master only: the explicit port was found free
     topology: Topology | None = None  # usable cores and NUMA nodes (probed for --bind-cores)
+    container_runtime: str | None = None  # --container-runtime auto: the one found there
 
 
 @dataclass(frozen=True)
@@ -61,6 +64,8 @@ class NodePlan:
     node_dir: str
     bind_cores: bool = False  # --bind-cores: each local rank on cores of its own
     core_sets: tuple[CoreSet, ...] | None = None  # by local rank; None: computed at start
+    container_runtime: str = AUTO  # with --container: auto (chosen at start) or the runtime
+    container_name: str = ""  # with --container under docker/podman: stopped by this name
 
     @property
     def name(self) -> str:
@@ -92,6 +97,7 @@ class LaunchPlan:
     max_restarts: int = 0  # torchrun's --max-restarts; > 0 means c10d rendezvous
     spares: tuple[str, ...] = ()  # --spares: hosts held back to replace a node that fails
     attempt: int = 1  # 2, 3, ...: relaunched on a spare after a node fault
+    container: ContainerSpec | None = None  # --container: torchrun and the ranks in an image
 
     @property
     def nnodes(self) -> int:
@@ -126,7 +132,8 @@ class LaunchPlan:
             **restarts_entry(self.max_restarts),
             **spares_entry(self.spares),
             **({"attempt": self.attempt} if self.attempt > 1 else {}),
-            "nodes": [_node_dict(node) for node in self.nodes],
+            **container_entry(self.container),
+            "nodes": [_node_dict(node, self.container) for node in self.nodes],
         }
 
 
@@ -144,7 +151,22 @@ def spares_entry(spares: tuple[str, ...]) -> dict[str, list[str]]:
     return {"spares": list(spares)} if spares else {}
 
 
-def _node_dict(node: NodePlan) -> dict:
+def container_entry(container: ContainerSpec | None) -> dict[str, dict]:
+    """plan.yaml's `container:` (none without --container), for every backend."""
+    if container is None:
+        return {}
+    shown: dict[str, object] = {"image": container.image, "runtime": container.runtime}
+    if container.mounts:
+        shown["mounts"] = [mount.spec() for mount in container.mounts]
+    if container.workdir:
+        shown["workdir"] = container.workdir
+    if container.args:
+        shown["args"] = list(container.args)
+    shown["python"] = container.python
+    return {"container": shown}
+
+
+def _node_dict(node: NodePlan, container: ContainerSpec | None) -> dict:
     shown = {
         "node_rank": node.node_rank,
         "host": node.name,
@@ -160,9 +182,14 @@ def _node_dict(node: NodePlan) -> dict:
             if node.core_sets is not None
             else "(computed at start from the node's own topology)"
         )
+    if container is not None:
+        runtime = node.container_runtime
+        shown["container"] = (
+            f"{runtime}, named {node.container_name}" if node.container_name else runtime
+        ) + (" (chosen at start)" if runtime == AUTO else "")
     return {
         **shown,
-        "python": node.python,
+        "python": container.python if container is not None else node.python,
         "workdir": node.workdir,
         "ifname": f"{node.ifname or '(detected at start)'}  # {node.ifname_reason}",
         "omp_num_threads": omp_threads(node.nproc, node.env),
@@ -234,6 +261,9 @@ def make_plan(
                 core_sets=_core_sets(host, nproc, facts.get(node_rank))
                 if spec.bind_cores
                 else None,
+                **_container_fields(
+                    spec.container, run_id, node_rank, attempt, facts.get(node_rank)
+                ),
             )
         )
         rank_start += nproc
@@ -251,7 +281,29 @@ def make_plan(
         max_restarts=spec.max_restarts,
         spares=tuple(host.name for host in cluster.spares),
         attempt=attempt,
+        container=spec.container,
     )
+
+
+def _container_fields(
+    container: ContainerSpec | None,
+    run_id: str,
+    node_rank: int,
+    attempt: int,
+    facts: NodeFacts | None,
+) -> dict[str, str]:
+    """A node's container runtime (the one asked for, else the probe's find, else `auto`,
+    chosen when the script starts) and, for a runtime that names containers, its name."""
+    if container is None:
+        return {}
+    runtime = container.runtime
+    if runtime == AUTO and facts is not None and facts.container_runtime:
+        runtime = facts.container_runtime
+    named = runtime in (AUTO, *NAMED)
+    return {
+        "container_runtime": runtime,
+        "container_name": container_name(run_id, node_rank, attempt) if named else "",
+    }
 
 
 def is_loopback(addr: str) -> bool:

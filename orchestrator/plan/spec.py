@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from orchestrator.errors import ConfigError, SourceError
+from orchestrator.plan.container import ContainerSpec
 
 DEFAULT_MASTER_PORT = 29500
 BUNDLED_TRAINER = "orchestrator.trainer"
@@ -132,6 +133,7 @@ class JobSpec:
         False  # --bind-cores: each local rank on its own cores (orchestrator.agent.cores)
     )
     max_restarts: int = 0  # torchrun's --max-restarts: worker-group restarts per node
+    container: ContainerSpec | None = None  # --container: torchrun and the ranks in an image
 
     def __post_init__(self) -> None:
         if self.max_restarts < 0:

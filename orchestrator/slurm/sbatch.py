@@ -41,6 +41,7 @@ from orchestrator.plan.deadline import DEFAULT_RESUBMITS, Deadline, plan_deadlin
 from orchestrator.plan.launch_plan import IFNAME_VARS, omp_threads, restarts_entry
 from orchestrator.plan.scripts import render_template
 from orchestrator.plan.spec import VISIBLE_DEVICES, JobSpec, Program
+from orchestrator.slurm.containers import SlurmContainer, container_fields
 
 SCRIPT_NAME = "job.sbatch"
 PORT_BASE, PORT_SPAN = 20000, 10000  # MASTER_PORT = PORT_BASE + job id % PORT_SPAN
@@ -108,6 +109,7 @@ class SlurmJob:
     spare_nodes: tuple[str, ...] = ()  # from a hostfile: the hosts held back, in order
     exclude: tuple[str, ...] = ()  # sbatch --exclude: failed and bad-listed nodes
     max_resubmits: int = 0  # submitted again after a time limit or a preemption
+    container: SlurmContainer | None = None  # --container: torchrun and the ranks in an image
 
     @property
     def signal_name(self) -> str | None:
@@ -153,6 +155,7 @@ class SlurmJob:
             **({"spares": self.spares_entry()} if self.spares else {}),
             **({"exclude": list(self.exclude)} if self.exclude else {}),
             **({"deadline": self.deadline_entry()} if self.deadline.signal_name else {}),
+            **(self.container.entry() if self.container else {}),
         }
 
     def deadline_entry(self) -> str:
@@ -347,7 +350,7 @@ def plan_slurm_job(
         nnodes=nnodes,
         nproc=nproc,
         nodelist=nodelist,
-        python=python or spec.python,
+        **container_fields(spec.container, python or spec.python, spec.workdir, job_dir),
         workdir=spec.workdir,
         program=spec.program,
         env=tuple(env),

@@ -16,7 +16,7 @@ from orchestrator.console.footer import Footer
 from orchestrator.console.sink import LogSink, use_color
 from orchestrator.nodes.copies import node_copies
 from orchestrator.nodes.refill import complete_rank_files
-from orchestrator.plan.launch_plan import LaunchPlan
+from orchestrator.plan.launch_plan import LaunchPlan, NodePlan
 from orchestrator.plan.scripts import script_name
 from orchestrator.plan.spec import JobSpec, inherited_secrets
 from orchestrator.record.runs import RunRecord, now_iso
@@ -117,10 +117,18 @@ def agent_starts(
                 "heartbeat_timeout": heartbeat_timeout,
                 "stall_timeout": stall_timeout,
                 "stack_hook": stack_hook_source(),
+                **container_config(plan, node),
             },
         )
         for node, connection in zip(plan.nodes, connections, strict=True)
     ]
+
+
+def container_config(plan: LaunchPlan, node: NodePlan) -> dict[str, dict[str, str]]:
+    """With --container: which runtime and name the agent removes the node's container by."""
+    if plan.container is None:
+        return {}
+    return {"container": {"runtime": node.container_runtime, "name": node.container_name}}
 
 
 def nodes_started(nodes: Sequence[NodeState]) -> tuple[int, int]:

@@ -50,6 +50,8 @@ def versions_summary(cluster: Cluster, facts: dict[int, NodeFacts]) -> list[str]
     kinds: dict[str, list[str]] = {}
     for index, fact in sorted(facts.items()):
         text = f"python {fact.python_version}, torch {fact.torch_version}"
+        if fact.container_runtime:  # --container: the image's, as run by this runtime
+            text = f"{fact.container_runtime}, in the image: {text}"
         kinds.setdefault(text, []).append(cluster.hosts[index].name)
     if len(kinds) == 1:
         ((text, hosts),) = kinds.items()

@@ -172,13 +172,13 @@ orchestrator_route_ifname() {
 }
 
 echo "hostname=$(hostname 2>/dev/null)"
-python='/opt/py 3/bin/python'
-if ! version=$("$python" -c 'import sys; print(sys.version.split()[0])' 2>&1); then
+python=('/opt/py 3/bin/python')
+if ! version=$("${python[@]}" -c 'import sys; print(sys.version.split()[0])' 2>&1); then
     echo "python_error=$(printf '%s' "$version" | tail -n 1)"
 else
     echo "python_version=$version"
     # torch, its NCCL and the CUDA devices it sees (importing torch takes a few seconds)
-    "$python" - <<'PY' 2>/dev/null || echo "torch_error=the torch probe crashed (exit $?)"
+    "${python[@]}" - <<'PY' 2>/dev/null || echo "torch_error=the torch probe crashed (exit $?)"
 try:
     import torch
 except Exception as exc:
@@ -227,7 +227,7 @@ echo "disk_path=$dir"
 echo "disk_free_kb=$(df -Pk "$dir" 2>/dev/null | awk 'NR == 2 {print $4}')"
 
 # The rendezvous port, bound as torchrun's store binds it (all interfaces, SO_REUSEADDR).
-"$python" - 29511 29500 <<'PY' 2>/dev/null || true
+'/opt/py 3/bin/python' - 29511 29500 <<'PY' 2>/dev/null || true
 import socket, sys
 def free(port):
     family = socket.AF_INET6 if socket.has_dualstack_ipv6() else socket.AF_INET

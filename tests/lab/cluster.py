@@ -47,16 +47,25 @@ class Cluster:
         self.apart: Group | None = None  # the confined nodes' cgroup (confine)
         self.confined: set[str] = set()
         self.sharing = "nodes keep their own copies of identical pages"  # (_share_pages)
+        self.containers = False  # each sshd in a mount namespace with cgroup2 (create)
 
     # ----- construction and teardown -------------------------------------------------------
 
     @classmethod
     def create(
-        cls, n: int, *, sshd_extra: str = "", install: bool = True, share_pages: bool = False
+        cls,
+        n: int,
+        *,
+        sshd_extra: str = "",
+        install: bool = True,
+        share_pages: bool = False,
+        containers: bool = False,
     ) -> Cluster:
         """Bring up `n` nodes with sshd; raises LabUnavailable when this machine cannot.
         With `share_pages`, the nodes' identical memory pages are kept once (pages.py says
-        why, at scale; `sharing` says whether it could be done)."""
+        why, at scale; `sharing` says whether it could be done). With `containers`, each
+        node's sshd runs in a mount namespace of its own with a cgroup2 file system, which
+        crun needs there (containers.py)."""
         if not 1 <= n <= netns.MAX_NODES:
             raise ValueError(f"a lab cluster has 1..{netns.MAX_NODES} nodes, not {n}")
         if install:
@@ -68,6 +77,7 @@ class Cluster:
             record.workdir = str(workdir)
             record.save()
             cluster = cls(record, netns.plan_nodes(record, n, workdir), workdir)
+            cluster.containers = containers
             if share_pages:
                 sshd_extra = cluster._share_pages(sshd_extra)
             if (found := limits.raise_for(n)) is not None:  # one agent per node (limits.py)
@@ -166,6 +176,9 @@ class Cluster:
     def _spawn_sshd(self, node: Node) -> None:
         node.sshd_pid_path.unlink(missing_ok=True)
         command = [SSHD, "-D", "-f", str(node.sshd_config_path), "-E", str(node.sshd_log_path)]
+        if self.containers:  # `ip netns exec` mounts a /sys without /sys/fs/cgroup
+            mount = 'mount -t cgroup2 none /sys/fs/cgroup && exec "$@"'
+            command = ["unshare", "-m", "sh", "-c", mount, "sh", *command]
         if self.state.ksm:  # recorded only where merging was turned on (_share_pages)
             command = pages.mergeable(command)
         argv = ["ip", "netns", "exec", node.netns, *command]
@@ -430,9 +443,13 @@ class Cluster:
 
 
 @contextlib.contextmanager
-def make_cluster(n: int, *, sshd_extra: str = "", share_pages: bool = False) -> Iterator[Cluster]:
+def make_cluster(
+    n: int, *, sshd_extra: str = "", share_pages: bool = False, containers: bool = False
+) -> Iterator[Cluster]:
     """A cluster of `n` nodes for the duration of the block."""
-    cluster = Cluster.create(n, sshd_extra=sshd_extra, share_pages=share_pages)
+    cluster = Cluster.create(
+        n, sshd_extra=sshd_extra, share_pages=share_pages, containers=containers
+    )
     try:
         yield cluster
     finally:

@@ -18,7 +18,7 @@ from contextlib import AbstractContextManager, contextmanager
 
 import pytest
 
-from tests.lab import leftovers, state
+from tests.lab import containers, leftovers, state
 from tests.lab.cluster import Cluster
 from tests.lab.packages import (
     PACKAGES,
@@ -133,6 +133,24 @@ def slurm_cluster(cluster: Cluster) -> Iterator[SlurmCluster]:
         yield slurm
     finally:
         slurm.stop()
+
+
+@pytest.fixture(scope="module")
+def container_cluster() -> Iterator[tuple[Cluster, str]]:
+    """Three namespace nodes that can run podman containers, and the lab's image (built
+    once per environment, containers.py), for one test module."""
+    require_lab()
+    _remove_stale_once()
+    try:
+        image = containers.ensure_image()
+    except LabUnavailable as exc:
+        gate(str(exc), under_ci())
+        raise
+    built = Cluster.create(SESSION_NODES, containers=True)
+    try:
+        yield built, image
+    finally:
+        _teardown(built)
 
 
 @pytest.fixture

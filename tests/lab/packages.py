@@ -25,10 +25,15 @@ PACKAGES: dict[str, str] = {
     "faketime": "/usr/bin/faketime",
     # A real terminal for live views (`orchestrator top`), driven and read by the tests.
     "tmux": "/usr/bin/tmux",
+    # Containers on the nodes (containers.py): a daemonless runtime, and a Debian base
+    # made from the package mirror for the lab's image.
+    "podman": "/usr/bin/podman",
+    "mmdebstrap": "/usr/bin/mmdebstrap",
 }
 SSH_PACKAGES = ("openssh-server",)
 SLURM_PACKAGES = ("slurmctld", "slurmd", "slurm-client", "munge")
 CLOCK_PACKAGES = ("faketime",)
+CONTAINER_PACKAGES = ("podman", "mmdebstrap")
 
 POLICY_RC_D = Path("/usr/sbin/policy-rc.d")
 # invoke-rc.d consults this script; exit status 101 means "action forbidden", so package

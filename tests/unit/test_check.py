@@ -470,7 +470,7 @@ def test_probe_script_golden() -> None:
         path.parent.mkdir(exist_ok=True)
         path.write_text(text)
     assert text == path.read_text()
-    assert "python='/opt/py 3/bin/python'" in text
+    assert "python=('/opt/py 3/bin/python')" in text
     assert subprocess.run(["bash", "-n"], input=text, text=True).returncode == 0
 
 

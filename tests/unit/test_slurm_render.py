@@ -17,6 +17,7 @@ from orchestrator.cli import main
 from orchestrator.errors import ConfigError
 from orchestrator.hosts.hostfile import parse_hostfile
 from orchestrator.hosts.selection import Selection, select_hosts
+from orchestrator.plan.container import ContainerSpec, parse_mounts
 from orchestrator.plan.scripts import render_template
 from orchestrator.plan.spec import JobSpec, Program
 from orchestrator.slurm.sbatch import SlurmOptions, plan_slurm_job, render_sbatch
@@ -109,6 +110,48 @@ def test_golden_selection_and_bind_cores() -> None:
     assert job.nodelist == ("gpu-a", "gpu-b") and job.nproc == 3
     assert job.visible_devices == (("gpu-a", "0,1,2"), ("gpu-b", "0,2,3"))
     assert job.to_dict()["selection"] == "--exclude gpu-a:3@gpu-b:1@gpu-c"
+
+
+def test_golden_pyxis_container() -> None:
+    """`--container nvcr.io#... --container-mounts /data:/data:ro --container-workdir
+    /workspace` under launch: srun's --container-* flags, the image's python3."""
+    container = ContainerSpec(
+        image="nvcr.io#nvidia/pytorch:24.05-py3",
+        mounts=parse_mounts("/data:/data:ro"),
+        workdir="/workspace",
+    )
+    argv = ("orchestrator", "launch", "--backend", "slurm", "--nodes", "2", "--gpus-per-node", "8")
+    argv += ("--container", container.image, "--container-mounts", "/data:/data:ro")
+    argv += ("--container-workdir", "/workspace", "--", "train.py")
+    job, script = prepare_slurm(
+        None,
+        spec("train.py", container=container),
+        SlurmOptions(nodes=2, gpus_per_node=8),
+        "run-pyxis",
+        argv,
+        Path("/scratch/runs/run-pyxis"),
+    )
+    check_golden("pyxis.sbatch", script)
+    assert job.python == "python3" and "/opt/venv/bin/python" not in script
+
+
+def test_golden_apptainer_container() -> None:
+    """`--container /images/pytorch.sif --container-runtime apptainer`, rendered to submit
+    by hand: each node's task runs `apptainer exec`, --bind for every mount."""
+    container = ContainerSpec(
+        image="/images/pytorch.sif",
+        runtime="apptainer",
+        mounts=parse_mounts("/datasets/imagenet:/data"),
+        python="/opt/conda/bin/python",
+    )
+    argv = (*ARGV, "--nodes", "2", "--container", container.image)
+    argv += ("--container-runtime", "apptainer", "--container-mounts", "/datasets/imagenet:/data")
+    argv += ("--container-python", "/opt/conda/bin/python", "--", "train.py")
+    job, script = prepare_slurm(
+        None, spec("train.py", container=container), SlurmOptions(nodes=2), "run-apptainer", argv
+    )
+    check_golden("apptainer.sbatch", script)
+    assert job.python == "/opt/conda/bin/python" and "/opt/venv/bin/python" not in script
 
 
 def test_selection_with_uneven_slots_is_refused() -> None:
