@@ -1,7 +1,8 @@
 """Jobs in a container, on the namespace cluster with podman and an image built here
 (tests/lab/containers.py): torchrun and the ranks run inside the image, the agent on the
 host. A 3-node probe reports from inside; a failing rank, Ctrl-C and `stop` end the run
-with the exit codes of a run without a container, and leave no container and no process;
+with the exit codes of a run without a container, and leave no container and no process,
+nor does a controller killed outright (its nodes' agents stop by themselves);
 a secret is in no `ps` line and in no `podman inspect`; `check` runs inside the image."""
 
 from __future__ import annotations
@@ -158,7 +159,7 @@ def test_a_three_node_job_runs_inside_the_image(nodes: Cluster, image: str, tmp_
         assert not kept.is_file() or SECRET.encode() not in kept.read_bytes(), kept
 
 
-def test_a_failing_rank_ctrl_c_and_stop_leave_no_container(
+def test_a_failing_rank_ctrl_c_stop_and_a_lost_controller_leave_no_container(
     nodes: Cluster, image: str, tmp_path: Path
 ):
     (tmp_path / "fails.py").write_text(FAILS)
@@ -186,7 +187,9 @@ def test_a_failing_rank_ctrl_c_and_stop_leave_no_container(
     assert_no_container("fails")
     assert_nothing_left("fails")
 
-    for run_id, how, code in (("ctrl-c", signal.SIGINT, 130), ("stopped", None, 143)):
+    ends = [("ctrl-c", signal.SIGINT, 130), ("stopped", None, 143)]
+    ends.append(("lost", signal.SIGKILL, -signal.SIGKILL))  # the agents stop by themselves
+    for run_id, how, code in ends:
         proc = start_cli(
             [*launch_argv(hostfile, runs, run_id, image), "--", "sleeps.py"], cwd=tmp_path, env=env
         )
@@ -217,9 +220,10 @@ def test_a_failing_rank_ctrl_c_and_stop_leave_no_container(
                 proc.kill()
         print(out)
         assert proc.returncode == code, out
-        assert status_of(runs, run_id)["state"] == "stopped", out
+        if how != signal.SIGKILL:
+            assert status_of(runs, run_id)["state"] == "stopped", out
         assert_no_container(run_id)
-        assert_nothing_left(run_id)
+        assert_nothing_left(run_id, within=30)
 
 
 def test_check_takes_the_facts_and_runs_the_collectives_inside_the_image(
