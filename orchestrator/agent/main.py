@@ -113,7 +113,7 @@ class Agent:
         hook = self.config.get("stack_hook")
         if hook and self.node_dir:  # the ranks' own way to write their stacks (stacks.py)
             env = install_hook(hook, self.node_dir, env)
-        if self.config.get("container"):  # what crosses into it, on its stdin (container.py)
+        if self.config.get("container"):  # what crosses into it, on its stdin (runtime.py)
             env[container_runtime.NAMES_ENV] = container_runtime.carried_names(
                 env, dict(os.environ)
             )
@@ -175,7 +175,7 @@ class Agent:
         return 0
 
     def remove_container(self) -> None:
-        """The step's container, by its name, whatever ended the step (container.py)."""
+        """The step's container, by its name, whatever ended the step (runtime.py)."""
         asked = self.config.get("container") or {}
         runtime = container_runtime.chosen_runtime(self.node_dir, asked.get("runtime", ""))
         if runtime and asked.get("name"):

@@ -77,9 +77,9 @@ class Cluster:
     path: str
     selection: str = ""  # the selection flags that chose these hosts (orchestrator.hosts.selection)
     spares: tuple[Host, ...] = ()  # --spares: held back, not started (orchestrator.start.pool)
-    # A YAML hostfile's `container:`, as read (strings, lists of strings), and where it is
-    # ("path:line"); orchestrator.plan.container checks it.
-    container: dict[str, str | list[str]] | None = None
+    # A YAML hostfile's `container:`, as read ((key, value) pairs, a value a string or a
+    # tuple of strings), and where it is ("path:line"); orchestrator.plan.container checks it.
+    container: tuple[tuple[str, str | tuple[str, ...]], ...] | None = None
     container_source: str = ""
 
     @property
@@ -110,7 +110,7 @@ def parse_hostfile(text: str, path: str = "<hostfile>") -> Cluster:
     """Parse hostfile text (text or YAML form) into a `Cluster`."""
     if "\x00" in text:
         raise SourceError(path, None, "hostfile contains a NUL byte; is it a binary file?")
-    container: tuple[dict[str, str | list[str]], str] | None = None
+    container: tuple[dict[str, str | tuple[str, ...]], str] | None = None
     if _looks_like_yaml(text, path):
         hosts, container = _parse_yaml(text, path)
     else:
@@ -125,8 +125,9 @@ def parse_hostfile(text: str, path: str = "<hostfile>") -> Cluster:
     _check_duplicates(hosts, path)
     if container is None:
         return Cluster(hosts=tuple(hosts), path=path)
+    values, source = container
     return Cluster(
-        hosts=tuple(hosts), path=path, container=container[0], container_source=container[1]
+        hosts=tuple(hosts), path=path, container=tuple(values.items()), container_source=source
     )
 
 
@@ -207,7 +208,7 @@ def _split_mpich(target: str, fail) -> tuple[str, str | None]:
 
 def _parse_yaml(
     text: str, path: str
-) -> tuple[list[Host], tuple[dict[str, str | list[str]], str] | None]:
+) -> tuple[list[Host], tuple[dict[str, str | tuple[str, ...]], str] | None]:
     import yaml
 
     try:
@@ -265,16 +266,16 @@ def _parse_yaml(
     return hosts, container
 
 
-def _container_values(node: yaml.Node, path: str) -> dict[str, str | list[str]]:
+def _container_values(node: yaml.Node, path: str) -> dict[str, str | tuple[str, ...]]:
     """`container:` as plain values: each field one value, or (mounts, args) a list."""
     import yaml
 
-    values: dict[str, str | list[str]] = {}
+    values: dict[str, str | tuple[str, ...]] = {}
     for name, (_, value) in _mapping(node, path).items():
         if isinstance(value, yaml.SequenceNode) and all(
             isinstance(item, yaml.ScalarNode) for item in value.value
         ):
-            values[name] = [item.value for item in value.value]
+            values[name] = tuple(item.value for item in value.value)
         elif isinstance(value, yaml.ScalarNode) and not value.tag.endswith(":null"):
             values[name] = value.value
         else:

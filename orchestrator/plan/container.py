@@ -128,9 +128,10 @@ def parse_mounts(text: str, where: str = "--container-mounts") -> tuple[Mount, .
     return tuple(mounts)
 
 
-def from_mapping(values: dict[str, object], source: str) -> ContainerSpec:
-    """The hostfile's `container:` (values as read: strings, or lists of strings for
-    mounts and args); a problem is a SourceError at `source` ("path:line")."""
+def from_mapping(pairs: tuple[tuple[str, object], ...], source: str) -> ContainerSpec:
+    """The hostfile's `container:` ((key, value) pairs as read: strings, or tuples of
+    strings for mounts and args); a problem is a SourceError at `source` ("path:line")."""
+    values = dict(pairs)
     path, _, line = source.rpartition(":")
     try:
         unknown = sorted(set(values) - set(KEYS))
@@ -158,7 +159,7 @@ def from_mapping(values: dict[str, object], source: str) -> ContainerSpec:
 
 
 def job_container(
-    hostfile: dict | None,
+    hostfile: tuple[tuple[str, object], ...] | None,
     source: str,
     backend: str,
     *,

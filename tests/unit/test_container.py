@@ -64,6 +64,7 @@ def test_flags_over_the_hostfile_and_each_backend_its_runtimes() -> None:
         "hosts.yaml",
     )
     assert cluster.container_source == "hosts.yaml:3"
+    hash(cluster)  # still a frozen value, as every Cluster
     spec = job_container(cluster.container, cluster.container_source, "ssh", image=IMAGE)
     assert spec == ContainerSpec(
         image=IMAGE, mounts=(Mount("/data", "/data", True),), args=("--shm-size=8g",)
