@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import textwrap
@@ -245,3 +246,24 @@ def test_check_takes_the_facts_and_runs_the_collectives_inside_the_image(
     assert f"image: {image}" in (record / "plan.yaml").read_text()
     assert "orchestrator_in_container" in (record / "node0.sh").read_text()  # the job's script
     assert not containers_named("orchestrator-check-inside-")
+
+
+def test_a_hang_in_the_container_is_named_by_stacks_and_the_flight_recorder(
+    nodes: Cluster, image: str, tmp_path: Path
+):
+    """The hang checks reach ranks in the container's own pid namespace: their stacks, and
+    torch's flight recorder dumped through the hook's pipe (named by the pid the rank sees)."""
+    shutil.copy(REPO / "tests" / "data" / "hang_job.py", tmp_path / "hang_job.py")
+    hostfile = nodes.write_hostfile(tmp_path / "hosts.txt", slots=1)
+    runs = tmp_path / "runs"
+    argv = [*launch_argv(hostfile, runs, "hung", image), "--hang-timeout", "10"]
+    argv += ["--env", "STUCK_RANK=1", "--", "hang_job.py"]
+    done = run_cli(argv, cwd=tmp_path, env=nodes.environ(), timeout=300)
+    print(done.stdout)
+    assert done.returncode == 1, done.stdout + done.stderr
+    status = status_of(runs, "hung")
+    assert status["state"] == "hung" and status["hang"]["stuck_ranks"] == [1], status
+    assert "wait_for_a_batch_that_never_comes" in status["summary"], status["summary"]
+    assert "flight recorder: rank 1 (" in status["summary"], status["summary"]
+    assert_no_container("hung")
+    assert_nothing_left("hung", within=30)
