@@ -105,6 +105,21 @@ def wait_until(
     raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
 
 
+def wait_ready(runs: Path, run_id: str, world: int, proc: subprocess.Popen) -> None:
+    """Every rank of a run started in the background (`proc`) has printed `ready` in its log;
+    an AssertionError when the launch ends first."""
+    logs = runs / run_id / "logs"
+
+    def ready() -> bool:
+        assert proc.poll() is None, "the launch ended before its ranks were ready"
+        return all(
+            (logs / f"rank-{r}.log").exists() and b"ready" in (logs / f"rank-{r}.log").read_bytes()
+            for r in range(world)
+        )
+
+    wait_until(ready, 240, f"{world} ranks to be ready")
+
+
 def wait_for_line(path: Path, text: str, timeout: float) -> None:
     wait_until(
         lambda: path.exists() and text in path.read_text(errors="replace"),

@@ -187,14 +187,15 @@ def cpu_wanted_ns(pid: int) -> int | None:
 
 def dump_with_hook(pid: int, hook_dir: str, timeout: float) -> list[dict]:
     """The threads the process's hook writes on its signal (see the module docstring)."""
-    ready = read_ready(hook_dir, own_pid(pid))
+    seen_as = own_pid(pid)  # the hook names its files by the pid it sees
+    ready = read_ready(hook_dir, seen_as)
     fields = stat_fields(pid)
     if fields is None:
         raise StackError(f"process {pid} has ended")
     if ready.get("start") != fields[19].decode():  # field 22: when the process started
         raise StackError(NO_HOOK + f" (the ready file is an earlier process's with pid {pid})")
     signum = int(ready["signal"])
-    stacks = ready.get("stacks") or os.path.join(hook_dir, f"{own_pid(pid)}.stacks")
+    stacks = ready.get("stacks") or os.path.join(hook_dir, f"{seen_as}.stacks")
     if not catches(pid, signum):
         raise StackError(f"the process no longer catches signal {signum} (its own handler?)")
     with lock_for(pid):

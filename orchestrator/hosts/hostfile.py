@@ -110,9 +110,9 @@ def parse_hostfile(text: str, path: str = "<hostfile>") -> Cluster:
     """Parse hostfile text (text or YAML form) into a `Cluster`."""
     if "\x00" in text:
         raise SourceError(path, None, "hostfile contains a NUL byte; is it a binary file?")
-    container: tuple[dict[str, str | tuple[str, ...]], str] | None = None
+    container, source = None, ""
     if _looks_like_yaml(text, path):
-        hosts, container = _parse_yaml(text, path)
+        hosts, container, source = _parse_yaml(text, path)
     else:
         hosts = _parse_text(text, path)
     if not hosts:
@@ -123,12 +123,7 @@ def parse_hostfile(text: str, path: str = "<hostfile>") -> Cluster:
             "'node1 slots=8' (there is no fallback to localhost)",
         )
     _check_duplicates(hosts, path)
-    if container is None:
-        return Cluster(hosts=tuple(hosts), path=path)
-    values, source = container
-    return Cluster(
-        hosts=tuple(hosts), path=path, container=tuple(values.items()), container_source=source
-    )
+    return Cluster(hosts=tuple(hosts), path=path, container=container, container_source=source)
 
 
 def _looks_like_yaml(text: str, path: str) -> bool:
@@ -208,7 +203,8 @@ def _split_mpich(target: str, fail) -> tuple[str, str | None]:
 
 def _parse_yaml(
     text: str, path: str
-) -> tuple[list[Host], tuple[dict[str, str | tuple[str, ...]], str] | None]:
+) -> tuple[list[Host], tuple[tuple[str, str | tuple[str, ...]], ...] | None, str]:
+    """The hosts, and the `container:` (as Cluster keeps it) with where it is ("path:line")."""
     import yaml
 
     try:
@@ -221,9 +217,9 @@ def _parse_yaml(
         problem = getattr(exc, "problem", None) or str(exc)
         raise SourceError(path, line, f"invalid YAML: {problem}") from None
     if root is None or (isinstance(root, yaml.ScalarNode) and root.tag.endswith(":null")):
-        return [], None  # an empty document, e.g. only '---'
+        return [], None, ""  # an empty document, e.g. only '---'
     defaults: dict[str, object] = {}
-    container = None
+    container, source = None, ""
     entries = root
     if isinstance(root, yaml.MappingNode):
         top = _mapping(root, path)
@@ -237,7 +233,8 @@ def _parse_yaml(
             )
         if "container" in top:
             key, value = top["container"]
-            container = (_container_values(value, path), f"{path}:{key.start_mark.line + 1}")
+            container = _container_values(value, path)
+            source = f"{path}:{key.start_mark.line + 1}"
         if "defaults" in top:
             defaults = _entry_values(top["defaults"][1], path, allow_host=False)
         if "hosts" not in top:
@@ -263,11 +260,11 @@ def _parse_yaml(
             return SourceError(path, lineno, msg)
 
         hosts.extend(_make_hosts(target, merged, path, lineno, fail))
-    return hosts, container
+    return hosts, container, source
 
 
-def _container_values(node: yaml.Node, path: str) -> dict[str, str | tuple[str, ...]]:
-    """`container:` as plain values: each field one value, or (mounts, args) a list."""
+def _container_values(node: yaml.Node, path: str) -> tuple[tuple[str, str | tuple[str, ...]], ...]:
+    """`container:` as (key, value) pairs: each field one value, or (mounts, args) a list."""
     import yaml
 
     values: dict[str, str | tuple[str, ...]] = {}
@@ -282,7 +279,7 @@ def _container_values(node: yaml.Node, path: str) -> dict[str, str | tuple[str, 
             raise SourceError(
                 path, value.start_mark.line + 1, f"container {name} must be a value or a list"
             )
-    return values
+    return tuple(values.items())
 
 
 def _mapping(node: yaml.Node, path: str) -> dict[str, tuple[yaml.Node, yaml.Node]]:

@@ -62,7 +62,6 @@ def probe_script(
         ifname=ifname,
         bind_cores=bind_cores,
         container=container,
-        runtime=container.runtime if container else None,
         trainer=trainer,
     )
 

@@ -22,6 +22,7 @@ NAME=VALUE`, which `ps` and `docker inspect` would show.
 from __future__ import annotations
 
 import re
+import shlex
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
@@ -143,8 +144,6 @@ def from_mapping(pairs: tuple[tuple[str, object], ...], source: str) -> Containe
         mounts_text = mounts if isinstance(mounts, str) else ",".join(mounts)  # type: ignore[arg-type]
         args = values.get("args", ())
         if isinstance(args, str):
-            import shlex
-
             args = shlex.split(args)
         return ContainerSpec(
             image=str(values["image"]),
@@ -173,8 +172,9 @@ def job_container(
     """The job's container: the hostfile's `container:` (`hostfile`, at `source`) with the
     --container flags over it (a flag not given keeps the hostfile's value), checked against
     the backend. No image in either: no container, and no other --container flag."""
-    given: dict[str, object] = {"image": image, "runtime": runtime, "workdir": workdir}
-    given["python"] = python
+    given: dict[str, object] = {
+        "image": image, "runtime": runtime, "workdir": workdir, "python": python
+    }  # fmt: skip
     if mounts is not None:
         given["mounts"] = parse_mounts(mounts)
     if args:

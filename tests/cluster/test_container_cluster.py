@@ -23,6 +23,7 @@ from tests.cli_helpers import (
     run_cli,
     start_cli,
     status_of,
+    wait_ready,
     wait_until,
 )
 from tests.lab.cluster import Cluster
@@ -195,20 +196,7 @@ def test_a_failing_rank_ctrl_c_stop_and_a_lost_controller_leave_no_container(
             [*launch_argv(hostfile, runs, run_id, image), "--", "sleeps.py"], cwd=tmp_path, env=env
         )
         try:
-            logs = runs / run_id / "logs"
-            wait_until(
-                lambda logs=logs, proc=proc: (
-                    proc.poll() is not None
-                    or all(
-                        (logs / f"rank-{r}.log").exists()
-                        and b"ready" in (logs / f"rank-{r}.log").read_bytes()
-                        for r in range(3)
-                    )
-                ),
-                240,
-                "three ranks to be ready",
-            )
-            assert proc.poll() is None, proc.communicate()[0]
+            wait_ready(runs, run_id, 3, proc)
             assert len(containers_named(f"orchestrator-{run_id}-")) == 3
             if how is not None:
                 proc.send_signal(how)

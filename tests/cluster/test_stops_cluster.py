@@ -18,7 +18,13 @@ from pathlib import Path
 import pytest
 
 from orchestrator.hostlist import expand_range
-from tests.cli_helpers import ORCHESTRATOR, assert_nothing_left, start_cli, status_of, wait_until
+from tests.cli_helpers import (
+    ORCHESTRATOR,
+    assert_nothing_left,
+    start_cli,
+    status_of,
+    wait_ready,
+)
 
 pytestmark = pytest.mark.cluster
 
@@ -34,19 +40,6 @@ def launch_argv(hostfile: Path, runs: Path, run_id: str) -> list[str]:
         "launch", str(hostfile), "--run-dir", str(runs), "--run-id", run_id,
         "--color", "never", "--grace", "5", "--", "sleeper.py",
     ]  # fmt: skip
-
-
-def wait_ready(runs: Path, run_id: str, world: int, proc: subprocess.Popen) -> None:
-    logs = runs / run_id / "logs"
-
-    def ready() -> bool:
-        assert proc.poll() is None, "the launch ended before its ranks were ready"
-        return all(
-            (logs / f"rank-{r}.log").exists() and b"ready" in (logs / f"rank-{r}.log").read_bytes()
-            for r in range(world)
-        )
-
-    wait_until(ready, 240, f"{world} ranks to be ready")
 
 
 def test_a_stop_at_16_nodes_keeps_torchruns_tracebacks_off_the_console(
