@@ -21,3 +21,4 @@ if dist.get_rank() == int(os.environ["STUCK_RANK"]):
 tensor = torch.ones(1)
 dist.all_reduce(tensor)
 print("reduced", tensor.item(), flush=True)
+dist.destroy_process_group()  # gloo may abort at exit without it (torch 2.13)
