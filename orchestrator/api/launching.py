@@ -10,7 +10,7 @@
 `hosts.txt:3: ...`), then starts the run's controller as a process of its own
 (start/detach.py: no fork of the caller, no signal handler in it, nothing printed) and
 returns once every node has started, or raises what stopped the start. Its keywords are the
-`launch` flags (api/keywords.py). The command line's attached launch (`start_attached`)
+`launch` flags (orchestrator/options/). The command line's attached launch (`start_attached`)
 and `--detach` (`start_detached`) take the same `LaunchRequest`.
 """
 
@@ -22,17 +22,16 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import BinaryIO
 
-from orchestrator.api.keywords import (
-    LaunchArgs,
-    LaunchRequest,
-    build,
-    refuse_empty,
-    ssh_keywords,
-)
+from orchestrator.api.request import LaunchRequest, build
 from orchestrator.api.run_handle import Run
 from orchestrator.errors import ConfigError, OrchestratorError
 from orchestrator.hosts.hostfile import load_hostfile
 from orchestrator.nodes.execute import NodeResult, results_table, run_command
+from orchestrator.options.display import ConsoleOptions
+from orchestrator.options.job import JobOptions
+from orchestrator.options.keywords import LaunchArgs, split_keywords
+from orchestrator.options.reaching import SshOptions
+from orchestrator.options.supervision import TASK_GRACE_S, Supervision
 from orchestrator.plan.scripts import write_rendered
 from orchestrator.slurm.submit import launch_slurm, start_slurm_detached, write_slurm_render
 from orchestrator.start.launcher import launch as launch_attached
@@ -59,7 +58,7 @@ def launch(
     report = start_detached(request)
     if "error" in report:
         raise started_error(report)
-    return Run(request.options.run_id, request.options.run_dir)
+    return Run(request.options.run_id, request.options.run.run_dir)
 
 
 def start_detached(request: LaunchRequest) -> dict:
@@ -130,28 +129,45 @@ def render(
     return write_rendered(str(out_dir), plan, scripts)
 
 
+# exec's flags: the interpreter of its agent, the time between SIGTERM and SIGKILL on a
+# stop, the console's colour and folding, and every SSH flag.
+EXEC_GROUPS = {
+    "job": JobOptions,
+    "supervision": Supervision,
+    "console": ConsoleOptions,
+    "ssh": SshOptions,
+}
+EXEC_KEYWORDS = ("python", "grace", "color", "fold", *SshOptions.__dataclass_fields__)
+
+
 def exec_command(
     hostfile: str | Path,
     command: str,
     *,
-    python: str | None = None,
-    grace: float = 5.0,
     timeout: float | None = None,
     console: BinaryIO | None = None,
-    color: str = "auto",
-    fold: bool = True,
-    **ssh,
+    **keywords,
 ) -> list[NodeResult]:
     """Run a shell command on every node of `hostfile` at once; each node's result (host,
     state, exit_code, output). `console`: where its attributed output goes as it comes
-    (None: nowhere; the results hold it). `ssh`: the ssh flags by keyword."""
-    refuse_empty(python=python)
-    options = ssh_keywords("exec", ssh)
+    (None: nowhere; the results hold it). `keywords`: exec's flags (`python`, `grace`,
+    `color`, `fold` and the ssh flags)."""
+    parts = split_keywords("exec", keywords, EXEC_GROUPS, EXEC_KEYWORDS)
+    job = JobOptions(**parts["job"])
+    supervision = Supervision(**{"grace": TASK_GRACE_S, **parts["supervision"]})
+    if timeout is not None and timeout < 0:
+        raise ConfigError(f"--timeout must be 0 or more, got {timeout:g} (keyword timeout)")
     cluster = load_hostfile(str(hostfile))
     return run_command(
-        cluster, command, python or sys.executable, options,
-        grace=grace, time_limit=timeout, console=console, color=color, fold=fold,
-    )  # fmt: skip
+        cluster,
+        command,
+        job.python or sys.executable,
+        SshOptions(**parts["ssh"]),
+        supervision=supervision,
+        time_limit=timeout,
+        console=console,
+        shown=ConsoleOptions(**parts["console"]),
+    )
 
 
 __all__ = ["exec_command", "launch", "render", "results_table", "start_attached", "start_detached"]

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from orchestrator.backends.base import NodeConnection, SshOptions
+from orchestrator.backends.base import NodeConnection
 from orchestrator.errors import NodeError
 from orchestrator.hosts.hostfile import Cluster
+from orchestrator.options.reaching import SshOptions
 
 
 def connect_cluster(

@@ -11,17 +11,6 @@ DEFAULT_CONNECT_TIMEOUT_S = 10.0
 MISSING_PYTHON_WORDS = "not found on this node"
 
 
-@dataclass(frozen=True)
-class SshOptions:
-    """How to reach nodes over SSH: the --ssh-config, --known-hosts, ... flags."""
-
-    config_path: str | None = None  # None: ~/.ssh/config then /etc/ssh/ssh_config, as ssh
-    known_hosts: str | None = None  # None: UserKnownHostsFile of the ssh config
-    accept_new_host_keys: bool = False
-    connect_timeout: float | None = None  # None: ConnectTimeout, else the default
-    identity_files: tuple[str, ...] = ()
-
-
 class AgentChannel(Protocol):
     """A running node agent: bytes to its stdin, bytes from its stdout."""
 

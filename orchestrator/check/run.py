@@ -66,7 +66,7 @@ class CheckOptions:
     skip_bandwidth: bool = False
     timeout: float = 180.0
     json_path: str | None = None
-    ssh: object | None = None  # orchestrator.backends.ssh.SshOptions
+    ssh: object | None = None  # orchestrator.options.reaching.SshOptions
     forward_env: bool = True
     container: ContainerSpec | None = None  # --container: the facts and the job in the image
 
@@ -287,6 +287,9 @@ def run_collectives(
     cluster: Cluster, options: CheckOptions, spec: JobSpec, backend: str, connections: list
 ) -> JobResult:
     """Step 3: launch orchestrator.check.collectives on every slot; read its reports back."""
+    from orchestrator.options.display import ConsoleOptions
+    from orchestrator.options.running import RunOptions
+    from orchestrator.options.supervision import Supervision
     from orchestrator.plan.scripts import write_rendered
     from orchestrator.record.runs import RunRecord
     from orchestrator.start.launcher import run_plan
@@ -296,12 +299,11 @@ def run_collectives(
     args = ("--backend", backend, *spec.program.args)
     spec = replace(spec, program=replace(spec.program, args=args))
     launch_options = LaunchOptions(
-        run_dir=options.run_dir,
         run_id=options.run_id,
         argv=options.argv,
-        grace=5.0,
-        color="never",
-        preflight=True,
+        run=RunOptions(run_dir=options.run_dir),
+        supervision=Supervision(grace=5.0),
+        console=ConsoleOptions(color="never"),
         ssh=options.ssh,
     )
     plan, scripts = prepare(cluster, spec, launch_options, connections)

@@ -6,7 +6,14 @@ import click
 
 from orchestrator.api.node_tasks import clean_nodes
 from orchestrator.cli.context import CONTEXT
-from orchestrator.cli.options import ssh_options
+from orchestrator.cli.flags import options_of
+from orchestrator.options.job import JobOptions
+from orchestrator.options.reaching import SshOptions
+
+CLEAN_PYTHON = (
+    "Interpreter that runs the node agent on every node. Default: this orchestrator's "
+    "interpreter path; a hostfile python wins."
+)
 
 
 @click.command("clean", context_settings=CONTEXT)
@@ -19,14 +26,9 @@ from orchestrator.cli.options import ssh_options
     help="Only runs whose newest file is at least this old: 7d, 12h, 30m, 90s.",
 )
 @click.option("--dry-run", is_flag=True, help="Say what would be removed; remove nothing.")
-@click.option(
-    "--python",
-    metavar="PATH",
-    help="Interpreter that runs the node agent on every node. Default: this "
-    "orchestrator's interpreter path; a hostfile python wins.",
-)
-@ssh_options
-def clean(hostfile, older_than, dry_run, python, **ssh):
+@options_of(JobOptions, ["python"], helps={"python": CLEAN_PYTHON})
+@options_of(SshOptions)
+def clean(hostfile, older_than, dry_run, **keywords):
     """Remove the nodes' copies of ended runs (~/.orchestrator/runs/RUN on each node).
 
     A launch removes each node's copy of a run that succeeded (unless --keep-node-logs);
@@ -35,8 +37,6 @@ def clean(hostfile, older_than, dry_run, python, **ssh):
     never touched. The run records on this machine (--run-dir) are not touched either.
     Exit status: 0, or 1 when a node could not be cleaned.
     """
-    table, cleaned = clean_nodes(
-        hostfile, older_than=older_than, dry_run=dry_run, python=python, **ssh
-    )
+    table, cleaned = clean_nodes(hostfile, older_than=older_than, dry_run=dry_run, **keywords)
     click.echo(table)
     return 0 if cleaned else 1

@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from orchestrator.cli.context import CONTEXT
-from orchestrator.cli.options import run_dir_option
+from orchestrator.cli.flags import run_dir_option
 
 
 @click.command(context_settings=CONTEXT)

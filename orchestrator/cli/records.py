@@ -8,7 +8,7 @@ import sys
 import click
 
 from orchestrator.cli.context import CONTEXT
-from orchestrator.cli.options import fold_option, run_dir_option
+from orchestrator.cli.flags import fold_option, run_dir_option
 from orchestrator.errors import ConfigError
 
 

@@ -9,7 +9,7 @@ import time
 import click
 
 from orchestrator.cli.context import CONTEXT
-from orchestrator.cli.options import run_dir_option
+from orchestrator.cli.flags import run_dir_option
 
 COLUMNS = (
     ("RANK", "right"),

@@ -13,43 +13,13 @@ the i-th chosen slot.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from orchestrator.errors import ConfigError
 from orchestrator.hosts.hostfile import Cluster, Host
+from orchestrator.options.choosing import Selection
 
 _SLOT = re.compile(r"[0-9]+")
-
-
-@dataclass(frozen=True)
-class Selection:
-    """The selection flags as given (None: not given)."""
-
-    include: str | None = None
-    exclude: str | None = None
-    num_nodes: int | None = None
-    num_gpus: int | None = None
-    bad_nodes: str | None = None  # --bad-nodes FILE: applied before the flags above
-
-    @property
-    def given(self) -> bool:
-        return any(
-            v is not None for v in (self.include, self.exclude, self.num_nodes, self.num_gpus)
-        )
-
-    def describe(self) -> str:
-        """The flags as a command line would show them, for the plan."""
-        parts = [
-            f"--{name.replace('_', '-')} {value}"
-            for name, value in (
-                ("include", self.include),
-                ("exclude", self.exclude),
-                ("num_nodes", self.num_nodes),
-                ("num_gpus", self.num_gpus),
-            )
-            if value is not None
-        ]
-        return " ".join(parts)
 
 
 def slot_count(host: Host, nproc_per_node: int | None) -> int:

@@ -15,6 +15,8 @@ from orchestrator.console.progress import Progress
 from orchestrator.console.sink import LogSink, use_color
 from orchestrator.errors import Interrupted
 from orchestrator.hosts.hostfile import Cluster
+from orchestrator.options.display import ConsoleOptions
+from orchestrator.options.supervision import NODE_TASKS, Supervision
 from orchestrator.supervise import NodeState, Supervisor, describe_exit, signals_to
 
 
@@ -79,8 +81,7 @@ def run_on_nodes(
     argvs: Sequence[Sequence[str]],
     *,
     sink: LogSink | CaptureSink | None = None,
-    grace: float = 5.0,
-    heartbeat_timeout: float = 30.0,
+    supervision: Supervision = NODE_TASKS,
     time_limit: float | None = None,
     tag: str = "command",
     what: str = "the command",
@@ -95,7 +96,10 @@ def run_on_nodes(
     events: queue.Queue[Event] = queue.Queue()
     sessions: list[NodeSession] = []
     try:
-        config = {"grace": grace, "heartbeat_timeout": heartbeat_timeout}
+        config = {
+            "grace": supervision.grace,
+            "heartbeat_timeout": supervision.heartbeat_timeout,
+        }
         sessions = start_sessions(
             [
                 (index, connection, python, tag, {**config, "argv": list(argv)})
@@ -112,8 +116,8 @@ def run_on_nodes(
             sessions,
             events,
             capture,
-            grace=grace,
-            heartbeat_timeout=heartbeat_timeout,
+            grace=supervision.grace,
+            heartbeat_timeout=supervision.heartbeat_timeout,
             stop_on_failure=False,
             time_limit=time_limit,
             on_change=lambda sup: progress and progress.count(*nodes_done(sup.nodes)),
@@ -149,24 +153,24 @@ def run_command(
     python: str,
     ssh_options: object,
     *,
-    grace: float,
+    supervision: Supervision,
     time_limit: float | None,
     console: BinaryIO | None,
-    color: str = "auto",
-    fold: bool = True,
+    shown: ConsoleOptions,
 ) -> list[NodeResult]:
     """`orchestrator exec`: the command on every node at once, its output attributed on
     `console` as it comes (None: kept in the results only); every node's result."""
     connections = connect_cluster(cluster, ssh_options)
     try:
         labels = {index: host.name for index, host in enumerate(cluster.hosts)}
-        sink = LogSink(None, {}, labels, console, use_color(console, color), fold=fold)
+        color = use_color(console, shown.color)
+        sink = LogSink(None, {}, labels, console, color, fold=shown.fold)
         return run_on_nodes(
             connections,
             [h.python or python for h in cluster.hosts],
             [["bash", "-c", command]] * len(connections),
             sink=sink,
-            grace=grace,
+            supervision=supervision,
             time_limit=time_limit,
         )
     finally:

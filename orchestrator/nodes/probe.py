@@ -18,6 +18,7 @@ from orchestrator.errors import NodeError, NodeErrors
 from orchestrator.hostlist import compress_hosts
 from orchestrator.hosts.hostfile import Cluster
 from orchestrator.nodes.execute import run_on_nodes
+from orchestrator.options.running import RunOptions
 from orchestrator.plan.container import ContainerSpec
 from orchestrator.plan.launch_plan import NodeFacts
 from orchestrator.plan.scripts import render_template
@@ -29,7 +30,7 @@ from orchestrator.sizes import format_size, human_bytes
 # and on a loaded machine fewer: so 60 s, or PROBE_S_PER_NODE per node when that is more.
 PROBE_TIME_LIMIT_S = 60.0
 PROBE_S_PER_NODE = 0.5
-MIN_FREE_DISK = 1 << 30  # less free where a node keeps its runs is worth a warning
+MIN_FREE_DISK = RunOptions().min_free_disk  # --min-free-disk's default, in bytes
 SET_PYTHON = "pass --python PATH or set python for this node in the hostfile"
 
 

@@ -27,11 +27,10 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 
 from orchestrator.errors import ConfigError, SourceError
+from orchestrator.options.image import AUTO, RUNTIMES, ContainerOptions
 
-AUTO = "auto"
 SSH_RUNTIMES = ("docker", "podman", "apptainer")
 SLURM_RUNTIMES = ("pyxis", "apptainer")
-RUNTIMES = (AUTO, "docker", "podman", "apptainer", "pyxis")
 # `auto` on a node: the first of these it has (the probe says which it found).
 AUTO_ORDER = ("docker", "podman", "apptainer")
 DEFAULT_PYTHON = "python3"
@@ -161,24 +160,21 @@ def job_container(
     hostfile: tuple[tuple[str, object], ...] | None,
     source: str,
     backend: str,
-    *,
-    image: str | None = None,
-    runtime: str | None = None,
-    mounts: str | None = None,
-    workdir: str | None = None,
-    args: tuple[str, ...] = (),
-    python: str | None = None,
+    flags: ContainerOptions,
 ) -> ContainerSpec | None:
     """The job's container: the hostfile's `container:` (`hostfile`, at `source`) with the
     --container flags over it (a flag not given keeps the hostfile's value), checked against
     the backend. No image in either: no container, and no other --container flag."""
     given: dict[str, object] = {
-        "image": image, "runtime": runtime, "workdir": workdir, "python": python
-    }  # fmt: skip
-    if mounts is not None:
-        given["mounts"] = parse_mounts(mounts)
-    if args:
-        given["args"] = tuple(args)
+        "image": flags.container,
+        "runtime": flags.container_runtime,
+        "workdir": flags.container_workdir,
+        "python": flags.container_python,
+    }
+    if flags.container_mounts is not None:
+        given["mounts"] = parse_mounts(flags.container_mounts)
+    if flags.container_args:
+        given["args"] = flags.container_args
     chosen = {key: value for key, value in given.items() if value is not None}
     if hostfile is None:
         if "image" not in chosen:

@@ -116,7 +116,7 @@ def start_slurm_detached(
     report once the job is submitted: {"started": True, "job_id": ...} or {"error": ...,
     "exit_code": n}."""
     job, script, _ = prepared(cluster, spec, slurm_options, options, spares, exclude)
-    log_path = os.path.join(options.run_dir, f".{options.run_id}.controller.log")
+    log_path = os.path.join(options.run.run_dir, f".{options.run_id}.controller.log")
     work = (job, script, spec, slurm_options, options, None)
     return run_detached(f"{__name__}:_submit_and_follow", work, log_path)
 
@@ -139,7 +139,7 @@ def prepared(
                 f"script {program.target!r} not found (looked in {spec.workdir}); "
                 "give its path relative to --workdir or an absolute path"
             )
-    record_path = Path(options.run_dir).resolve() / options.run_id
+    record_path = Path(options.run.run_dir).resolve() / options.run_id
     job, script = prepare_slurm(
         cluster, spec, slurm_options, options.run_id, options.argv, record_path, spares, exclude
     )
@@ -155,7 +155,7 @@ def _submit_and_follow(
     console: BinaryIO | None,
     report,
 ) -> int:
-    record = RunRecord.create(Path(options.run_dir).resolve(), options.run_id)
+    record = RunRecord.create(Path(options.run.run_dir).resolve(), options.run_id)
     script_path = record.path / SCRIPT_NAME
     script_path.write_text(script, encoding="utf-8")
     (record.path / "plan.yaml").write_text(plan_yaml(job), encoding="utf-8")
@@ -205,7 +205,7 @@ def _submit_and_follow(
         raise
     base["slurm_job_id"] = job_id
     record.write_status({**base, "state": "queued"})
-    color = use_color(sys.stdout, options.color) if console is not None else False
+    color = use_color(sys.stdout, options.console.color) if console is not None else False
 
     def resubmit(new_job: SlurmJob, number: int) -> int:
         """Submit the run's job number `number` (after a node failure, a time limit or a
@@ -228,9 +228,9 @@ def _submit_and_follow(
         console,
         color,
         spares,
-        fold=options.fold,
-        footer=options.footer,
-        stragglers=options.stragglers,
+        fold=options.console.fold,
+        footer=options.console.footer,
+        stragglers=options.supervision.stragglers,
         submit=resubmit,
     )
     if spares is not None:

@@ -16,6 +16,8 @@ from orchestrator.console.footer import Footer
 from orchestrator.console.sink import LogSink, use_color
 from orchestrator.nodes.copies import node_copies
 from orchestrator.nodes.refill import complete_rank_files
+from orchestrator.options.display import ConsoleOptions
+from orchestrator.options.supervision import Supervision
 from orchestrator.plan.launch_plan import LaunchPlan, NodePlan
 from orchestrator.plan.scripts import script_name
 from orchestrator.plan.spec import JobSpec, inherited_secrets
@@ -70,10 +72,7 @@ def console_sink(
     states: States,
     console: BinaryIO | None,
     mask: Callable[[bytes], bytes],
-    *,
-    color: str,
-    fold: bool,
-    footer: bool,
+    shown: ConsoleOptions,
 ) -> LogSink:
     """Where every line goes: the run's log files and, when attached, the console."""
     return LogSink(
@@ -81,10 +80,10 @@ def console_sink(
         states.rank_labels,
         states.node_labels,
         console,
-        use_color(sys.stdout, color),
+        use_color(sys.stdout, shown.color),
         mask=mask,
-        fold=fold,
-        footer=Footer.on(console) if footer else None,
+        fold=shown.fold,
+        footer=Footer.on(console) if shown.footer else None,
     )
 
 
@@ -93,10 +92,7 @@ def agent_starts(
     scripts: dict[str, str],
     connections: Sequence[NodeConnection],
     secrets: Secrets,
-    *,
-    grace: float,
-    heartbeat_timeout: float,
-    stall_timeout: float,
+    supervision: Supervision,
 ) -> list[tuple]:
     """(node rank, connection, python, run id, the agent's config) for every node."""
     return [
@@ -113,9 +109,9 @@ def agent_starts(
                 "ranks": list(node.ranks),
                 "env": secrets.env,
                 "secrets": list(secrets.values),
-                "grace": grace,
-                "heartbeat_timeout": heartbeat_timeout,
-                "stall_timeout": stall_timeout,
+                "grace": supervision.grace,
+                "heartbeat_timeout": supervision.heartbeat_timeout,
+                "stall_timeout": supervision.stall_timeout,
                 "stack_hook": stack_hook_source(),
                 **container_config(plan, node),
             },

@@ -65,10 +65,7 @@ def run_plan(
     secrets = secrets_of(spec, plan)
     states = states_of(plan)
     nodes, ranks = states.nodes, states.ranks
-    sink = console_sink(
-        record.logs_dir, states, console, secrets.mask,
-        color=options.color, fold=options.fold, footer=options.footer,
-    )  # fmt: skip
+    sink = console_sink(record.logs_dir, states, console, secrets.mask, options.console)
     backend = "local" if plan.is_local else "ssh"
     base = new_status(
         plan.run_id,
@@ -119,26 +116,23 @@ def run_plan(
         sessions,
         events,
         sink,
-        grace=options.grace,
-        heartbeat_timeout=options.heartbeat_timeout,
-        stall_timeout=options.stall_timeout,
+        grace=options.supervision.grace,
+        heartbeat_timeout=options.supervision.heartbeat_timeout,
+        stall_timeout=options.supervision.stall_timeout,
         deadline=WarningClock.of(options.deadline, limit_from),
         max_restarts=plan.max_restarts,
         on_change=on_change,
         metrics_path=record.metrics_path,
         probes=pool.new_probes() if pool is not None else None,
-        stragglers=options.stragglers,
-        hang_timeout=options.hang_timeout,
+        stragglers=options.supervision.stragglers,
+        hang_timeout=options.supervision.hang_timeout,
         record_dir=record.path,
     )
     started = time.monotonic()
     record.write_status({**base, **recovery_status()})
     try:
         with signals_to(supervisor):
-            starts = agent_starts(
-                plan, scripts, connections, secrets, grace=options.grace,
-                heartbeat_timeout=options.heartbeat_timeout, stall_timeout=options.stall_timeout,
-            )  # fmt: skip
+            starts = agent_starts(plan, scripts, connections, secrets, options.supervision)
             if progress is not None:
                 progress.begin("starting", plan.nnodes)
             supervisor.start_beating()
@@ -182,7 +176,7 @@ def run_plan(
     record_the_end(
         plan, connections, sink, record, outcome,
         {**base, **supervisor.status(), **recovery_status()},
-        ssh=options.ssh, keep_node_logs=options.keep_node_logs, run_dir=options.run_dir,
+        ssh=options.ssh, keep_node_logs=options.run.keep_node_logs, run_dir=options.run.run_dir,
         carry=pool.carry if pool is not None else (lambda left: left),
     )  # fmt: skip
     return outcome
@@ -207,7 +201,7 @@ def start_detached(cluster: Cluster, spec: JobSpec, options: LaunchOptions) -> d
     """Start the run with a controller of its own (start/detach.py); return its report
     once every node runs: {"started": True}, or {"error": ..., "exit_code": n}."""
     check_script_exists(cluster, spec)
-    log_path = os.path.join(options.run_dir, f".{options.run_id}.controller.log")
+    log_path = os.path.join(options.run.run_dir, f".{options.run_id}.controller.log")
     return run_detached(f"{__name__}:detached", (cluster, spec, options), log_path)
 
 
@@ -257,7 +251,7 @@ def _launch(
             out.write(dry_run_text(plan, scripts).encode())
             out.flush()
             return 0
-        record = RunRecord.create(options.run_dir, options.run_id)
+        record = RunRecord.create(options.run.run_dir, options.run_id)
         first_start = True
 
         def started() -> None:
@@ -286,7 +280,7 @@ def _launch(
                 pool.recover(outcome.node_fault, None)  # no spare: the bad-node list only
                 return outcome.exit_code
             try:
-                probe = preflight_probe(spec, options, progress) if options.preflight else None
+                probe = preflight_probe(spec, options, progress) if options.run.preflight else None
                 pool.recover(outcome.node_fault, probe)
             except OrchestratorError as exc:  # no spare passed its probe, or Ctrl-C
                 record.write_status(

@@ -31,7 +31,7 @@ def prepare(
     """Probe (when connected), plan and render; nothing starts. With a `pool` (--spares),
     the preflight probes the spares too, and a spare replaces a host that fails it."""
     facts: dict[int, NodeFacts] = {}
-    if connections is not None and options.preflight:
+    if connections is not None and options.run.preflight:
         pool = pool or NodePool(cluster, connections, options.run_id)
         warnings = pool.preflight(preflight_probe(spec, options, progress))
         cluster, facts = pool.cluster, pool.facts
@@ -71,7 +71,7 @@ def preflight_probe(
             spec,
             connections,
             tag=options.run_id,
-            min_free_disk=options.min_free_disk,
+            min_free_disk=options.run.min_free_disk,
             only=only,
             raise_errors=False,
             progress=progress,

@@ -35,7 +35,6 @@ from orchestrator.supervise.stack_rounds import Sender, StackRound, StackRounds
 if TYPE_CHECKING:
     from orchestrator.supervise.detect import Detector
 
-DEFAULT_HANG_TIMEOUT_S = 300.0
 SAMPLE_GAP_S = 5.0  # between the two samples of a check
 CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 

@@ -22,8 +22,9 @@ import math
 from collections import deque
 from dataclasses import dataclass
 
-RATIO = 1.5
-WINDOW_S = 20.0
+from orchestrator.options.supervision import STRAGGLER_RATIO, STRAGGLER_WINDOW_S
+
+RATIO, WINDOW_S = STRAGGLER_RATIO, STRAGGLER_WINDOW_S  # --stragglers' default
 MIN_COVER = 0.5  # a rank's window must span at least this share of WINDOW_S to count
 SILENT_RATIO = 4.0
 SILENT_MIN_S = 30.0

@@ -40,7 +40,7 @@ IN_HOME = (
 )
 RESOLVE = """
 import json, sys
-from orchestrator.backends.base import SshOptions
+from orchestrator.options.reaching import SshOptions
 from orchestrator.backends.ssh.client_config import SshConfig, resolve
 config = SshConfig()
 print(json.dumps({name: (lambda t: {

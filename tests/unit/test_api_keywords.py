@@ -6,15 +6,16 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from dataclasses import fields
 from pathlib import Path
 
 import pytest
 
 import orchestrator
-from orchestrator.api.keywords import LaunchArgs, build, min_free_disk
+from orchestrator.api.request import build
 from orchestrator.cli.jobs import launch as launch_command
 from orchestrator.errors import ConfigError
+from orchestrator.options.declare import declared
+from orchestrator.options.keywords import LaunchArgs
 
 CALL_MODES = {"hostfile", "program", "dry_run", "detach"}  # how launch is called, not a keyword
 
@@ -22,22 +23,15 @@ CALL_MODES = {"hostfile", "program", "dry_run", "detach"}  # how launch is calle
 def test_every_launch_flag_is_a_keyword_with_the_same_default() -> None:
     context = launch_command.make_context("launch", ["hosts.txt"])
     flags = {name: value for name, value in context.params.items() if name not in CALL_MODES}
-    assert set(flags) == {f.name for f in fields(LaunchArgs)}
-    defaults = LaunchArgs()
-    expected = {f.name: getattr(defaults, f.name) for f in fields(LaunchArgs)}
-    expected["min_free_disk"] = min_free_disk(defaults.min_free_disk)  # the flag's is parsed
-    differ = {
-        name: (value, expected[name])
-        for name, value in flags.items()
-        if (tuple(value) if isinstance(value, list) else value) != expected[name]
-    }
-    assert not differ, f"flag default vs keyword default: {differ}"
+    groups = LaunchArgs.groups().values()
+    assert set(flags) == {item.name for group in groups for item, _ in declared(group)}
+    assert LaunchArgs.of(flags) == LaunchArgs()  # the flags' defaults, once read, are the API's
 
 
 def test_a_keyword_that_is_no_flag_is_refused_with_the_ones_there_are() -> None:
     with pytest.raises(ConfigError, match=r"no keyword 'num_gpu'; .*num_gpus"):
         LaunchArgs.of({"num_gpu": 2})
-    assert LaunchArgs.of({"env": ["A=1"]}).env == ("A=1",)  # a list where a tuple is kept
+    assert LaunchArgs.of({"env": ["A=1"]}).job.env == ("A=1",)  # a list where a tuple is kept
 
 
 def test_bad_input_says_where(tmp_path: Path) -> None:
@@ -48,10 +42,10 @@ def test_bad_input_says_where(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="HOSTFILE is missing"):
         build(None, (), LaunchArgs(), ("test",), print)
     with pytest.raises(ConfigError, match="backend 'k8s'"):
-        build(str(hosts), (), LaunchArgs(backend="k8s"), ("test",), print)
+        build(str(hosts), (), LaunchArgs.of({"backend": "k8s"}), ("test",), print)
     (tmp_path / "runs" / "taken").mkdir(parents=True)
     hosts.write_text("localhost slots=1\n")
-    taken = LaunchArgs(run_dir=str(tmp_path / "runs"), run_id="taken")
+    taken = LaunchArgs.of({"run_dir": str(tmp_path / "runs"), "run_id": "taken"})
     with pytest.raises(ConfigError, match="run 'taken' already exists"):
         build(str(hosts), (), taken, ("test",), print)
 

@@ -16,6 +16,7 @@ from orchestrator.agent.runtime import carried_names, chosen_runtime, remove
 from orchestrator.errors import ConfigError, SourceError
 from orchestrator.hosts.hostfile import parse_hostfile
 from orchestrator.nodes.probe import container_problem
+from orchestrator.options.image import ContainerOptions
 from orchestrator.plan.container import (
     ContainerSpec,
     Mount,
@@ -65,24 +66,28 @@ def test_flags_over_the_hostfile_and_each_backend_its_runtimes() -> None:
     )
     assert cluster.container_source == "hosts.yaml:3"
     hash(cluster)  # still a frozen value, as every Cluster
-    spec = job_container(cluster.container, cluster.container_source, "ssh", image=IMAGE)
+    spec = job_container(
+        cluster.container, cluster.container_source, "ssh", ContainerOptions(container=IMAGE)
+    )
     assert spec == ContainerSpec(
         image=IMAGE, mounts=(Mount("/data", "/data", True),), args=("--shm-size=8g",)
     )
-    assert job_container(None, "", "ssh") is None
+    assert job_container(None, "", "ssh", ContainerOptions()) is None
     with pytest.raises(ConfigError, match="--container-mounts given without --container IMAGE"):
-        job_container(None, "", "ssh", mounts="/a:/b")
+        job_container(None, "", "ssh", ContainerOptions(container_mounts="/a:/b"))
     with pytest.raises(ConfigError, match="does not run under the slurm backend"):
-        job_container(None, "", "slurm", image=IMAGE, runtime="docker")
+        job_container(
+            None, "", "slurm", ContainerOptions(container=IMAGE, container_runtime="docker")
+        )
     with pytest.raises(ConfigError, match="does not run under the ssh backend"):
-        job_container(None, "", "ssh", image=IMAGE, runtime="pyxis")
+        job_container(None, "", "ssh", ContainerOptions(container=IMAGE, container_runtime="pyxis"))
 
 
 def test_a_bad_container_in_the_hostfile_names_its_line() -> None:
     text = "hosts:\n  - node1\ncontainer:\n  image: base:1\n  mount: /a:/b\n"
     cluster = parse_hostfile(text, "hosts.yaml")
     with pytest.raises(SourceError) as caught:
-        job_container(cluster.container, cluster.container_source, "ssh")
+        job_container(cluster.container, cluster.container_source, "ssh", ContainerOptions())
     assert str(caught.value).startswith("hosts.yaml:3: unknown container key 'mount'")
     with pytest.raises(SourceError, match="hosts.yaml:4: container image must be a value"):
         parse_hostfile("hosts:\n  - node1\ncontainer:\n  image: {a: 1}\n", "hosts.yaml")

@@ -27,6 +27,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "orchestrator.version",
     ),  # fmt: skip
     ("orchestrator.agent",),  # shipped to the nodes as source: the standard library only
+    ("orchestrator.options",),  # the option groups: one model of a launch, every stage's input
     ("orchestrator.hosts",),
     ("orchestrator.plan",),
     ("orchestrator.backends",),
@@ -102,10 +103,12 @@ def test_every_module_is_placed_and_imports_only_downward() -> None:
 
 def test_the_command_line_reaches_the_package_through_the_api_alone() -> None:
     """cli/ parses flags, calls the API, prints: it imports orchestrator.api (and the
-    error types and the version it prints), nothing of the stages below."""
+    option groups its flags are made of, the error types and the version it prints),
+    nothing of the stages below."""
     allowed = (
         "orchestrator.api",
         "orchestrator.cli",
+        "orchestrator.options",
         "orchestrator.errors",
         "orchestrator.version",
     )

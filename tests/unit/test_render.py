@@ -27,8 +27,9 @@ from hypothesis import strategies as st
 
 from orchestrator.agent.cores import Topology
 from orchestrator.hosts.hostfile import parse_hostfile
-from orchestrator.hosts.selection import Selection, select_hosts
+from orchestrator.hosts.selection import select_hosts
 from orchestrator.nodes.probe import probe_script
+from orchestrator.options.choosing import Selection
 from orchestrator.plan.launch_plan import LaunchPlan, NodeFacts, make_plan
 from orchestrator.plan.scripts import (
     command_line,

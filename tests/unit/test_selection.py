@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 
 from orchestrator.errors import ConfigError
 from orchestrator.hosts.hostfile import parse_hostfile
-from orchestrator.hosts.selection import Selection, select_hosts
+from orchestrator.hosts.selection import select_hosts
+from orchestrator.options.choosing import Selection
 from orchestrator.plan.launch_plan import make_plan
 from orchestrator.plan.spec import JobSpec, Program
 

@@ -16,7 +16,8 @@ import pytest
 from orchestrator.cli import main
 from orchestrator.errors import ConfigError
 from orchestrator.hosts.hostfile import parse_hostfile
-from orchestrator.hosts.selection import Selection, select_hosts
+from orchestrator.hosts.selection import select_hosts
+from orchestrator.options.choosing import Selection
 from orchestrator.plan.container import ContainerSpec, parse_mounts
 from orchestrator.plan.scripts import render_template
 from orchestrator.plan.spec import JobSpec, Program
@@ -179,10 +180,11 @@ def test_launch_with_restarts_dry_run_shows_the_c10d_script(tmp_path: Path) -> N
     """Followed like any job (a failing rank is a restart until torchrun gives up)."""
     import io
 
+    from orchestrator.options.running import RunOptions
     from orchestrator.slurm.submit import launch_slurm
     from orchestrator.start.settings import LaunchOptions
 
-    options = LaunchOptions(run_dir=str(tmp_path), run_id="r", argv=ARGV)
+    options = LaunchOptions(run_id="r", argv=ARGV, run=RunOptions(run_dir=str(tmp_path)))
     out = io.BytesIO()
     assert (
         launch_slurm(
@@ -264,21 +266,21 @@ def test_run_rank_has_one_source_for_both_templates() -> None:
 
 
 @pytest.mark.parametrize(
-    ("options", "message"),
+    ("keywords", "message"),
     [
-        (SlurmOptions(), "needs --nodes N"),
-        (SlurmOptions(nodes=0), "--nodes 0: expected a positive number"),
-        (SlurmOptions(nodes=1, time="an hour"), "--time 'an hour'"),
-        (SlurmOptions(nodes=1, partition="a b"), "--partition 'a b'"),
-        (SlurmOptions(nodes=1, job_name="my job"), "--job-name 'my job'"),
-        (SlurmOptions(nodes=1, sbatch_args=("mem=4G",)), "--sbatch-arg 'mem=4G'"),
-        (SlurmOptions(nodes=1, sbatch_args=("--comment=a\nb",)), "one sbatch option on one line"),
-        (SlurmOptions(nodes=1, gpus_per_node=0), "--gpus-per-node 0"),
+        ({}, "needs --nodes N"),
+        ({"nodes": 0}, "--nodes must be a positive integer, got 0 (keyword nodes)"),
+        ({"nodes": 1, "time": "an hour"}, "--time 'an hour'"),
+        ({"nodes": 1, "partition": "a b"}, "--partition 'a b'"),
+        ({"nodes": 1, "job_name": "my job"}, "--job-name 'my job'"),
+        ({"nodes": 1, "sbatch_args": ("mem=4G",)}, "--sbatch-arg 'mem=4G'"),
+        ({"nodes": 1, "sbatch_args": ("--comment=a\nb",)}, "one sbatch option on one line"),
+        ({"nodes": 1, "gpus_per_node": 0}, "--gpus-per-node must be a positive integer, got 0"),
     ],
 )
-def test_bad_options_name_the_flag(options: SlurmOptions, message: str) -> None:
-    with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
-        plan_slurm_job(spec("t.py"), options, "r")
+def test_bad_options_name_the_flag(keywords: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        plan_slurm_job(spec("t.py"), SlurmOptions(**keywords), "r")
 
 
 def test_hostfile_must_agree_with_nodes_and_be_uniform() -> None:
@@ -297,7 +299,7 @@ def test_sync_does_not_apply() -> None:
 
 def test_given_flags_name_the_options() -> None:
     options = SlurmOptions(partition="p", sbatch_args=("--mem=1G",), requeue=True)
-    assert options.given_flags() == ["--partition", "--sbatch-arg", "--requeue"]
+    assert options.given() == ["--partition", "--sbatch-arg", "--requeue"]
 
 
 # --- through the command line ----------------------------------------------------------

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.backends.base import SshOptions
 from orchestrator.backends.ssh.client_config import SshConfig, expand_tokens, resolve
 from orchestrator.errors import SourceError
+from orchestrator.options.reaching import SshOptions
 
 
 @pytest.fixture

@@ -12,10 +12,10 @@ from pathlib import Path
 import paramiko
 import pytest
 
-from orchestrator.backends.base import SshOptions
 from orchestrator.backends.ssh import notices
 from orchestrator.backends.ssh.client_config import SshConfig, resolve
 from orchestrator.backends.ssh.identities import offers
+from orchestrator.options.reaching import SshOptions
 
 pytestmark = pytest.mark.openssh
 

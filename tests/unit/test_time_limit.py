@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from orchestrator.agent.protocol import CommandReader
-from orchestrator.api.keywords import LaunchArgs, build
 from orchestrator.api.launching import render
+from orchestrator.api.request import LaunchArgs, build
 from orchestrator.backends.sessions import Event
 from orchestrator.console.sink import LogSink
 from orchestrator.errors import ConfigError

@@ -21,9 +21,10 @@ from dataclasses import dataclass
 
 import paramiko
 
-from orchestrator.backends.base import DEFAULT_CONNECT_TIMEOUT_S, SshOptions
+from orchestrator.backends.base import DEFAULT_CONNECT_TIMEOUT_S
 from orchestrator.backends.ssh.notices import warn_once
 from orchestrator.errors import SourceError
+from orchestrator.options.reaching import SshOptions
 
 USER_CONFIG = "~/.ssh/config"
 SYSTEM_CONFIG = "/etc/ssh/ssh_config"

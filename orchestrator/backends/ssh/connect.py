@@ -24,7 +24,6 @@ from orchestrator.agent import agent_argv
 from orchestrator.backends.base import (
     MISSING_PYTHON_WORDS,
     IdleAgent,
-    SshOptions,
     writable,
 )
 from orchestrator.backends.ssh.client_config import SshConfig, Target, resolve
@@ -36,6 +35,7 @@ from orchestrator.backends.ssh.transport import close_client, new_transport, set
 from orchestrator.backends.ssh.trust import HostKeyRefused, Trust
 from orchestrator.errors import NodeError
 from orchestrator.hosts.hostfile import Host
+from orchestrator.options.reaching import SshOptions
 
 # paramiko logs a failed handshake (`Exception (client): ...` and a traceback) as records
 # that Python would print raw on stderr; what they mean reaches the user as our NodeError,
@@ -55,7 +55,7 @@ class SshSession:
 
     def __init__(self, options: SshOptions | None = None) -> None:
         self.options = options or SshOptions()
-        self.config = SshConfig(self.options.config_path)
+        self.config = SshConfig(self.options.ssh_config)
         self.trust = Trust()
         self.jumps = Jumps(
             lambda target, open_sock, shown: _handshake(target, self, open_sock, shown)

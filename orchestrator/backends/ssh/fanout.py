@@ -6,10 +6,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-from orchestrator.backends.base import SshOptions
 from orchestrator.backends.ssh.connect import SshSession
 from orchestrator.errors import NodeError, NodeErrors
 from orchestrator.hosts.hostfile import Host
+from orchestrator.options.reaching import SshOptions
 
 
 def connect_all(hosts: Sequence[Host], options: SshOptions | None, on_done=None) -> list:

@@ -9,12 +9,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from orchestrator.backends import close_all, connect_cluster
-from orchestrator.backends.base import NodeConnection, SshOptions
+from orchestrator.backends.base import NodeConnection
 from orchestrator.console.sink import LogSink
 from orchestrator.errors import ConfigError, OrchestratorError
 from orchestrator.hosts.hostfile import Cluster, Host
 from orchestrator.nodes.refill.fetch import fill_gaps
 from orchestrator.nodes.refill.gaps import Gap, rank_files
+from orchestrator.options.reaching import SshOptions
 from orchestrator.plan.launch_plan import NODE_RUNS_DIR, LaunchPlan
 from orchestrator.record.runs import ACTIVE_STATES, DEFAULT_RUN_DIR, RunRecord, controller_alive
 
@@ -122,7 +123,11 @@ def fetch_incomplete(record: RunRecord, say: Callable[[str], None]) -> int:
     gaps = [Gap.from_status(entry, record.status_path) for entry in entries]
     ssh = status.get("ssh_options") or {}
     try:
-        options = SshOptions(**{k: tuple(v) if isinstance(v, list) else v for k, v in ssh.items()})
+        # a record written before the field was named for its flag says config_path
+        named = {("ssh_config" if k == "config_path" else k): v for k, v in ssh.items()}
+        options = SshOptions(
+            **{k: tuple(v) if isinstance(v, list) else v for k, v in named.items()}
+        )
     except TypeError:
         raise ConfigError(f"{record.status_path}: unreadable ssh_options: {ssh!r}") from None
     nodes = list(dict.fromkeys(gap.node for gap in gaps))
