@@ -112,31 +112,13 @@ class Supervisor:
         self.hang: Hang | None = None
         self.metrics.probes(self.nodes, probes or {})
 
-    # --- what callers read and set (the SLURM follower drives a supervisor by hand) -----
+    # --- what callers use (the SLURM follower drives a supervisor by hand) ---------------
 
     @property
     def stopping(self) -> bool:
+        """Whether the run's stop began (what time_limit.Run reads); the rest of the stop's
+        state is the stopper's (`stopper.reason`, `stopper.wall`, `stopper.interrupted_by`)."""
         return self.stopper.stopping
-
-    @property
-    def stop_reason(self) -> str:
-        return self.stopper.reason
-
-    @property
-    def stop_wall(self) -> float | None:
-        return self.stopper.wall
-
-    @stop_wall.setter
-    def stop_wall(self, when: float | None) -> None:
-        self.stopper.wall = when
-
-    @property
-    def interrupted_by(self) -> int | None:
-        return self.stopper.interrupted_by
-
-    @interrupted_by.setter
-    def interrupted_by(self, signum: int | None) -> None:
-        self.stopper.interrupted_by = signum
 
     def interrupt(self, signum: int) -> None:
         """Called from a signal handler: only note it; the loop acts on it."""
@@ -331,7 +313,7 @@ class Supervisor:
         return {
             **self.metrics.status(),
             "stopping": self.stopping,
-            "stop_reason": self.stop_reason or None,
+            "stop_reason": self.stopper.reason or None,
             "restarts": len(self.detector.rounds.restarts(self.detector.gave_up)),
             "restart_causes": self.detector.restart_lines(),
             **nodes_and_ranks(self.nodes, self.ranks.values()),
