@@ -15,6 +15,8 @@ import errno
 import os
 import time
 
+from orchestrator.agent.protocol import Frame
+
 # Type names only, not imported at run time (see processes.py).
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -74,7 +76,7 @@ class DiskWatch:
             self.reported = True
             name = errno.errorcode.get(exc.errno or 0, "EIO")
             payload = self.shown_as.encode()
-            self.outbox.send_masked("W", name, f"{time.time():.6f}", payload=payload)
+            self.outbox.send_masked(Frame.DISK_FAULT, name, f"{time.time():.6f}", payload=payload)
 
     def probe(self) -> bool:
         """Write here now; report a fault found. True if there is one (now or before)."""

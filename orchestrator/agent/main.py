@@ -50,6 +50,7 @@ from orchestrator.agent.protocol import (
     IDLE_S,
     STALL_S,
     CommandReader,
+    Frame,
     beat_intervals,
     frame,
     next_config,
@@ -119,7 +120,7 @@ class Agent:
             )
         proc = self.processes.start(argv, cwd, env)
         self.script_out = PipeLines(proc.stdout)
-        self.outbox.send(frame("S", proc.pid, f"{time.time():.6f}"))
+        self.outbox.send(frame(Frame.STARTED, proc.pid, f"{time.time():.6f}"))
 
     def run(self) -> int:
         become_subreaper()
@@ -134,7 +135,7 @@ class Agent:
             if is_fault(exc):
                 self.disk.report(exc)
             self.outbox.message(f"cannot start: {exc}")
-            self.outbox.send(frame("X", 127, f"{time.time():.6f}"))
+            self.outbox.send(frame(Frame.FINISHED, 127, f"{time.time():.6f}"))
             self.outbox.flush(10)
             return 127
         # The rank files' watch, where there are rank files (a command's step has none).
@@ -170,7 +171,7 @@ class Agent:
         if self.processes.script_rc != 0 and not self.processes.stopping:
             self.disk.probe()  # the script failed by itself: was it its disk?
         self.ranks.mask_files()
-        self.outbox.send(frame("X", self.processes.script_rc, f"{time.time():.6f}"))
+        self.outbox.send(frame(Frame.FINISHED, self.processes.script_rc, f"{time.time():.6f}"))
         self.outbox.flush(10 if self.stdin_open else 2)
         return 0
 
@@ -224,7 +225,7 @@ class Agent:
             # shutdown (a traceback for the signal we sent; "Error waiting on exit barrier"
             # when node 0's torchrun left first), for the node's log, not the console.
             quiet = self.processes.stopping or self.ranks.all_succeeded()
-            self.outbox.send_masked("N", int(quiet), payload=data)
+            self.outbox.send_masked(Frame.SCRIPT_OUTPUT, int(quiet), payload=data)
         self.ranks.ship_output()
         self.ranks.ship_exits()
         self.processes.reap()
@@ -258,7 +259,7 @@ class Agent:
                     break
                 due, deferred = wrote + pause, deferred + 1
             t1, t2 = self.commands.ping
-            self.outbox.send(frame("H", f"{time.time():.6f}", t1, t2))
+            self.outbox.send(frame(Frame.HEARTBEAT, f"{time.time():.6f}", t1, t2))
             self.outbox.write_some()
 
     def samples(self, every: float) -> None:
@@ -276,7 +277,7 @@ class Agent:
             data = json.dumps(sample, separators=(",", ":")).encode()
             if self.beating.is_set():
                 return
-            self.outbox.send(frame("P", payload=data))
+            self.outbox.send(frame(Frame.NODE_SAMPLE, payload=data))
             self.outbox.write_some()  # now, not at the loop's next pass (up to QUIET_S away)
             shipped, shipped_at = sample, now
 
@@ -357,12 +358,10 @@ class Agent:
             folder = os.path.join(self.node_dir or "", FLIGHT_FOLDER)
             for rank, dump in take_dumps(pids, folder, STACK_TIMEOUT_S).items():
                 self.flight_shipped[rank] = time.time()
-                if isinstance(dump, bytes):
-                    self.outbox.send(frame("L", seq, rank, "ok", payload=dump))
-                else:
-                    self.outbox.send(frame("L", seq, rank, "no", payload=dump.encode()))
+                said, data = ("ok", dump) if isinstance(dump, bytes) else ("no", dump.encode())
+                self.outbox.send(frame(Frame.FLIGHT_DUMP, seq, rank, said, payload=data))
         data = json.dumps(list(records.values()), separators=(",", ":")).encode()
-        self.outbox.send(frame("K", seq, payload=data))
+        self.outbox.send(frame(Frame.STACKS, seq, payload=data))
         self.outbox.write_some()
 
     def end_ranks(self, ranks: str) -> None:
@@ -381,7 +380,7 @@ class Agent:
         collective that timed out) since the step began, as `L end` frames."""
         folder = os.path.join(self.node_dir or "", FLIGHT_FOLDER)
         for rank, dump in dumps_left(folder, self.started_wall, self.flight_shipped).items():
-            self.outbox.send(frame("L", "end", rank, "ok", payload=dump))
+            self.outbox.send(frame(Frame.FLIGHT_DUMP, "end", rank, "ok", payload=dump))
 
 
 def main() -> int:

@@ -1,7 +1,8 @@
 """The agent's wire protocol: frames to the controller, commands and step configs from it.
 
 Frames to the controller (stdout): an ASCII header line `TYPE field...`, followed, for
-types with a length field, by exactly that many payload bytes:
+types with a length field, by exactly that many payload bytes. TYPE is one letter, named
+by `Frame`:
   S pid t            started           O rank n + data   rank output (whole lines)
   N q n + data       script output     E rank rc t s     a rank exited (s: 1 if after a stop)
   F rank n + data    rank error file   M n + data        a message from the agent
@@ -38,7 +39,45 @@ import marshal
 import os
 import select
 import time
+from enum import Enum
 
+
+class Frame(str, Enum):
+    """A frame's kind: the one letter that begins its header on the wire."""
+
+    STARTED = "S"  # the node script started
+    RANK_OUTPUT = "O"  # whole lines a rank wrote
+    SCRIPT_OUTPUT = "N"  # whole lines of the node script's own output (torchrun's)
+    RANK_EXITED = "E"
+    ERROR_FILE = "F"  # a rank's error file (torchrun's)
+    MESSAGE = "M"  # a message from the agent
+    HEARTBEAT = "H"
+    FINISHED = "X"  # the step ended; nothing follows
+    DISK_FAULT = "W"  # the node directory cannot be written
+    METRICS = "Q"  # whole JSON lines of a rank's metrics channel
+    NODE_SAMPLE = "P"
+    STACKS = "K"  # the ranks' stacks a `stacks SEQ` asked for
+    FLIGHT_DUMP = "L"  # a rank's flight recorder dump, or why there is none
+    TIME_WARNING = "G"  # the time limit's warning went to the ranks
+
+    def __str__(self) -> str:
+        return self.value  # the letter, in str() and f-strings alike on every Python 3
+
+
+# The kinds whose last header field is a length.
+WITH_PAYLOAD = frozenset(
+    {
+        Frame.RANK_OUTPUT,
+        Frame.SCRIPT_OUTPUT,
+        Frame.ERROR_FILE,
+        Frame.MESSAGE,
+        Frame.DISK_FAULT,
+        Frame.METRICS,
+        Frame.NODE_SAMPLE,
+        Frame.STACKS,
+        Frame.FLIGHT_DUMP,
+    }
+)
 # Heartbeats (agent -> controller `H`, controller -> agent `hb`), both ways: one a second
 # while the clocks are first compared (clocks.py), then steady, between FASTEST_BEAT_S and
 # SLOWEST_BEAT_S: the agent's one per heartbeat_timeout / AGENT_BEATS, so that a beat is
@@ -50,7 +89,6 @@ import time
 # quiet node's P sample, which stands in for a third). A steady H waits while the agent
 # writes other frames (any bytes say it is there), up to BEATS_DEFERRED beats in a row: one
 # still goes out every 4 beats, so the clocks go on being compared while ranks print.
-WITH_PAYLOAD = frozenset("ONFMWQPKL")  # frame types whose last header field is a length
 FIRST_BEATS = 5
 FIRST_BEAT_S = 1.0
 FASTEST_BEAT_S = 0.5
@@ -78,7 +116,7 @@ def beat_intervals(heartbeat_timeout: float, per_timeout: int):
         yield steady
 
 
-def frame(kind: str, *fields: object, payload: bytes | None = None) -> bytes:
+def frame(kind: Frame, *fields: object, payload: bytes | None = None) -> bytes:
     """Encode one frame; `payload` adds its length as the last header field."""
     head = " ".join([kind, *(str(f) for f in fields)])
     if payload is None:

@@ -15,7 +15,7 @@ import contextlib
 import os
 
 from orchestrator.agent.disk import DiskWatch, is_fault
-from orchestrator.agent.protocol import frame
+from orchestrator.agent.protocol import Frame, frame
 from orchestrator.agent.shipping import MAX_PENDING_OUT, READ_CHUNK, Outbox, mask
 
 MAX_LINE = 1 << 20  # a longer line without newline is passed on in pieces of this size
@@ -131,11 +131,13 @@ class NodeRanks:
             self.reported[rank.rank] = line
             if error_file and os.path.isfile(error_file[0]):
                 with open(error_file[0], "rb") as handle:
-                    self.outbox.send_masked("F", rank.rank, payload=handle.read(1 << 16))
+                    self.outbox.send_masked(
+                        Frame.ERROR_FILE, rank.rank, payload=handle.read(1 << 16)
+                    )
             stopped = self.stopped_at is not None and float(when) >= self.stopped_at
             if rc != "0" and not stopped:
                 self.disk.probe()  # a W before the E it may explain
-            self.outbox.send(frame("E", rank.rank, rc, when, int(stopped)))
+            self.outbox.send(frame(Frame.RANK_EXITED, rank.rank, rc, when, int(stopped)))
 
     def drain(self, flush_timeout: float) -> None:
         """Send what the ranks wrote last, in bounded pieces, then any unfinished line."""

@@ -15,7 +15,7 @@ import select
 import threading
 import time
 
-from orchestrator.agent.protocol import frame
+from orchestrator.agent.protocol import Frame, frame
 
 # Type names only, not imported at run time (see processes.py).
 TYPE_CHECKING = False
@@ -50,22 +50,22 @@ class Outbox:
             if self.open:
                 self.data += data
 
-    def send_masked(self, kind: str, *fields: object, payload: bytes) -> None:
+    def send_masked(self, kind: Frame, *fields: object, payload: bytes) -> None:
         self.send(frame(kind, *fields, payload=mask(payload, self.secrets)))
 
     def message(self, text: str) -> None:
-        self.send_masked("M", payload=text.encode())
+        self.send_masked(Frame.MESSAGE, payload=text.encode())
 
     def output(self, rank: int, data: bytes) -> None:
         if data:
             self.outputs += 1
-            self.send_masked("O", rank, payload=data)
+            self.send_masked(Frame.RANK_OUTPUT, rank, payload=data)
 
     def metrics(self, rank: int, data: bytes) -> None:
         """Whole lines of a rank's metrics channel (masked: a program may log anything)."""
         if data:
             self.outputs += 1
-            self.send_masked("Q", rank, payload=data)
+            self.send_masked(Frame.METRICS, rank, payload=data)
 
     def write_some(self) -> None:
         with self.lock:

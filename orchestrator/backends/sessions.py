@@ -16,20 +16,22 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from orchestrator.agent import IDLE_S, agent_start, encode_config
-from orchestrator.agent.protocol import WITH_PAYLOAD
+from orchestrator.agent.protocol import WITH_PAYLOAD, Frame
 from orchestrator.backends.base import AgentChannel, IdleAgent, NodeConnection
 
 REUSE_WITHIN_S = IDLE_S / 2  # an agent idle for longer may be about to leave: start another
 # Heartbeats, node samples and metrics records: each node sends them every few seconds
 # whether anything happens or not, so on a quiet run of N nodes, waking the loop for each
 # would cost N wake-ups every beat. They wait in their session for the loop's next pass.
-ASIDE = frozenset("HPQ")
+ASIDE = frozenset({Frame.HEARTBEAT, Frame.NODE_SAMPLE, Frame.METRICS})
+# The kind of a session's last event when its channel closed: the controller's, no frame.
+CHANNEL_CLOSED = "EOF"
 
 
 @dataclass(frozen=True)
 class Event:
-    """One thing a node said: `kind` is a frame type (see orchestrator.agent.protocol) or
-    "EOF"."""
+    """One thing a node said: `kind` is a frame's (orchestrator.agent.protocol.Frame) or
+    CHANNEL_CLOSED."""
 
     node: int  # index of the node in the plan
     kind: str
@@ -193,14 +195,14 @@ class NodeSession:
                     if kind in ASIDE:
                         self.aside.append(event)
                         continue
-                    self.finished = kind == "X"  # nothing follows until another step
+                    self.finished = kind == Frame.FINISHED  # nothing follows until another step
                     self.events.put(event)
                     if self.finished:
                         return
         except (OSError, EOFError, ValueError) as exc:
-            self.events.put(Event(self.index, "EOF", (), f"{exc}\n".encode()))
+            self.events.put(Event(self.index, CHANNEL_CLOSED, (), f"{exc}\n".encode()))
             return
-        self.events.put(Event(self.index, "EOF", (), self.channel.errors().encode()))
+        self.events.put(Event(self.index, CHANNEL_CLOSED, (), self.channel.errors().encode()))
 
     def close(self) -> None:
         """Keep the agent on its connection for another step when it finished cleanly;

@@ -127,8 +127,8 @@ def run_on_nodes(
     finally:
         for session in sessions:
             session.close()
-    if supervisor.interrupted_by is not None:
-        raise Interrupted(supervisor.interrupted_by, what)
+    if supervisor.stopper.interrupted_by is not None:
+        raise Interrupted(supervisor.stopper.interrupted_by, what)
     results = []
     for node in nodes:
         text = (

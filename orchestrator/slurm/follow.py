@@ -311,7 +311,7 @@ class Follower:
                 "job step on every node (--kill-on-bad-exit)"
             )
             sup.begin_stop(0, f"rank {rank} on {host} failed")
-            sup.stop_wall = when  # ranks that end after it were stopped, not failed
+            sup.stopper.wall = when  # ranks that end after it were stopped, not failed
 
     def _node_exited(self, node: NodeState, code: int, when: float) -> None:
         sup = self.sup
@@ -323,7 +323,7 @@ class Follower:
                 f"{self.job.max_restarts} spent); srun ends the job step on every node"
             )
             sup.begin_stop(0, f"{node.host} failed")
-            sup.stop_wall = when  # ranks that end after it were stopped, not failed
+            sup.stopper.wall = when  # ranks that end after it were stopped, not failed
 
     def _resubmitted(self) -> bool:
         """After the job ended: follow the next job of the run, submitted again after a

@@ -45,7 +45,7 @@ def job_outcome(
                     if sup.ranks[rank].exit_code is None:
                         sup.ranks[rank].state = "killed" if sup.stopping else "unknown"
         if interrupted_by is not None:
-            sup.interrupted_by = interrupted_by
+            sup.stopper.interrupted_by = interrupted_by
     ranks = sup.outcome() if sup is not None else None
     job_code = info.exit_code if info.exit_code else 1
     name = f"SLURM job {job_id}"

@@ -3,8 +3,8 @@ SIGTERM, stop the run on every node; decide the outcome and who failed first.
 
 Runs in the controller's main thread. Reader threads (one per node) put `Event`s on a
 queue; signal handlers only set a flag. Every state change is written to status.json.
-The loop here turns events into reports to the `Detector` and, when it says the run must
-stop, into a stop by the `Stopper`.
+The loop here hands each event to its kind's handler (frame_handlers.py), which turns it
+into a report to the `Detector`; when that says the run must stop, the `Stopper` stops it.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from orchestrator.console.rank_table import summary
 from orchestrator.console.sink import LogSink
 from orchestrator.supervise.detect import Detector
 from orchestrator.supervise.flight_report import with_flight
+from orchestrator.supervise.frame_handlers import handle as handle_event
 from orchestrator.supervise.hangs import Hang, HangWatch
 from orchestrator.supervise.liveness import Liveness
 from orchestrator.supervise.metrics import RunMetrics
@@ -31,7 +32,6 @@ from orchestrator.supervise.state import (
     Outcome,
     RankState,
     describe_exit,
-    disk_error,
     nodes_and_ranks,
 )
 from orchestrator.supervise.stopping import Stopper
@@ -83,9 +83,7 @@ class Supervisor:
         self.heartbeat_timeout = heartbeat_timeout
         self.timed_out = False
         self.on_change = on_change
-        self.stopper = Stopper(
-            nodes, sessions, sink, grace, on_first_stop=lambda: self.on_change(self)
-        )
+        self.stopper = Stopper(nodes, sessions, sink, grace, on_first_stop=self.changed)
         self.detector = Detector(
             nodes,
             ranks,
@@ -114,31 +112,13 @@ class Supervisor:
         self.hang: Hang | None = None
         self.metrics.probes(self.nodes, probes or {})
 
-    # --- what callers read and set (the SLURM follower drives a supervisor by hand) -----
+    # --- what callers use (the SLURM follower drives a supervisor by hand) ---------------
 
     @property
     def stopping(self) -> bool:
+        """Whether the run's stop began (what time_limit.Run reads); the rest of the stop's
+        state is the stopper's (`stopper.reason`, `stopper.wall`, `stopper.interrupted_by`)."""
         return self.stopper.stopping
-
-    @property
-    def stop_reason(self) -> str:
-        return self.stopper.reason
-
-    @property
-    def stop_wall(self) -> float | None:
-        return self.stopper.wall
-
-    @stop_wall.setter
-    def stop_wall(self, when: float | None) -> None:
-        self.stopper.wall = when
-
-    @property
-    def interrupted_by(self) -> int | None:
-        return self.stopper.interrupted_by
-
-    @interrupted_by.setter
-    def interrupted_by(self, signum: int | None) -> None:
-        self.stopper.interrupted_by = signum
 
     def interrupt(self, signum: int) -> None:
         """Called from a signal handler: only note it; the loop acts on it."""
@@ -165,7 +145,7 @@ class Supervisor:
             self.beats.start()
 
     def run(self) -> Outcome:
-        self.on_change(self)
+        self.changed()
         self.start_beating()
         try:
             self._loop()
@@ -176,7 +156,7 @@ class Supervisor:
             self.metrics.close()
         self.sink.flush(drain=True)
         outcome = self.outcome()
-        self.on_change(self)
+        self.changed()
         return outcome
 
     def _beat(self) -> None:
@@ -208,7 +188,7 @@ class Supervisor:
             self.take_aside()  # first: a reader sets a frame aside before it queues the next
             handled = 0
             while event is not None:
-                self.handle(event)
+                handle_event(self, event)
                 handled += 1
                 if handled >= MAX_EVENTS_PER_STEP:
                     break
@@ -221,7 +201,7 @@ class Supervisor:
             self.sink.flush()
             self.metrics.flush()
             if self.metrics.check(time.time(), self.running_ranks, self.nodes):
-                self.on_change(self)
+                self.changed()
             # Events still queued: the controller is behind what the nodes said, and
             # silence it has not read yet is not theirs.
             self.liveness.tick(behind=handled >= MAX_EVENTS_PER_STEP)
@@ -230,68 +210,6 @@ class Supervisor:
                 self.node_lost(node, why, gone)
             self.watch_stacks(time.monotonic())
             self.timed_out = self.deadline.tick(self, self.sink, time.time())  # stops at the limit
-
-    def handle(self, event: Event) -> None:
-        node = self.nodes[event.node]
-        node.heard_wall = max(node.heard_wall, event.at or time.time())
-        kind, fields = event.kind, event.fields
-        if kind == "O":
-            rank = int(fields[0])
-            self.hangs.heard(time.monotonic())
-            self.sink.rank_output(rank, event.data)
-            self.metrics.heard_from(rank, node.heard_wall)
-            if rank in self.ranks and self.ranks[rank].state == "restarting":
-                self.rank_restarted(self.ranks[rank])
-        elif kind == "Q":  # the rank's metrics channel
-            self.hangs.heard(time.monotonic())
-            self.metrics.rank_lines(node, int(fields[0]), event.data, node.heard_wall)
-        elif kind == "P":  # a sample of the node
-            self.metrics.node_sample(node, event.data, node.heard_wall)
-        elif kind == "N":  # q=1: torchrun after a stop or its ranks all exited 0: node log only
-            self.sink.node_output(node.index, event.data, console=fields[:1] != ("1",))
-        elif kind == "H":
-            if len(fields) == 3 and fields[1] != "-":  # t3 t1 t2: one round trip
-                t3, t1, t2 = (float(f) for f in fields)
-                node.clock.exchange(t1, t2, t3, event.at or node.heard_wall)
-        elif kind == "K":  # the stacks a round asked for
-            self.stacks.received(node.index, fields[0], event.data)
-        elif kind == "L" and len(fields) == 3:  # a rank's flight recorder, for that round
-            self.stacks.dumped(*fields, event.data)
-        elif kind == "M":
-            self.sink.node_note(node.host, event.data.decode(errors="replace").strip())
-        elif kind == "S":
-            sent = self.sent_at(node.index)
-            if sent is not None:
-                node.clock.bracket(sent, float(fields[1]), node.heard_wall)
-            node.state, node.pid = "running", int(fields[0])
-            node.started_at = self.on_our_clock(node, float(fields[1]))
-            for rank in node.ranks:
-                self.ranks[rank].state = "running"
-            self.metrics.event("start", node)
-            self.on_change(self)
-        elif kind == "W":  # ERRNO t + the directory: the node cannot write its files
-            what = f"{disk_error(fields[0])} in {event.data.decode(errors='replace')}"
-            when = self.on_our_clock(node, float(fields[1]))
-            self._stop_if(self.detector.node_disk(node, what, when))
-        elif kind == "F":
-            self.ranks[int(fields[0])].error_file = event.data.decode(errors="replace")
-        elif kind == "E":
-            after_stop = fields[3] == "1" if len(fields) > 3 else None
-            when, at = self.on_our_clock(node, float(fields[2])), float(fields[2])
-            warned = self.deadline.after(node.index, at)  # after the time limit's warning
-            self.rank_exited(int(fields[0]), int(fields[1]), when, after_stop, warned)
-        elif kind == "G" and len(fields) == 4:  # the agent sent the time limit's warning
-            self.deadline.signalled_on(node, self.sink, *fields[1:])
-        elif kind == "X":
-            code = int(fields[0]) if fields[0] != "None" else None
-            self.node_exited(node, code, self.on_our_clock(node, float(fields[1])))
-        elif kind == "EOF" and not node.done:
-            detail = event.data.decode(errors="replace").strip()
-            self.node_lost(
-                node,
-                "its agent ended without reporting"
-                + (f": {detail.splitlines()[-1]}" if detail else ""),
-            )
 
     def watch_stacks(self, now: float) -> None:
         """Rounds of stacks: `orchestrator stacks` requests, rounds that ended, hang checks.
@@ -310,7 +228,7 @@ class Supervisor:
                 continue
             if not self.hangs.said_or_restarted(hang, self.detector, self.sessions, now):
                 self.hang = hang
-                self._stop_if(self.detector.hung(hang.summary()))
+                self.stop_if(self.detector.hung(hang.summary()))
         if not self.hangs.waiting(now):
             return
         running = self.running_nodes()
@@ -328,7 +246,7 @@ class Supervisor:
         handled as it would have been at once: it keeps the time it arrived."""
         for session in self.sessions:
             while session.aside:
-                self.handle(session.aside.popleft())
+                handle_event(self, session.aside.popleft())
 
     def overdue_by(self, slack: float) -> bool:
         """Stopping, and every agent should have reported `slack` seconds ago."""
@@ -353,25 +271,30 @@ class Supervisor:
         if code != 0 and not after_stop and not warned and rank in self.ranks:
             node = self.nodes[self.ranks[rank].node]
             self.metrics.event("failed", node, f"rank {rank}: {describe_exit(code)}", rank=rank)
-        self._stop_if(self.detector.rank_exited(rank, code, when, after_stop, warned))
+        self.stop_if(self.detector.rank_exited(rank, code, when, after_stop, warned))
 
     def node_exited(self, node: NodeState, code: int | None, when: float) -> None:
         self.metrics.event("end", node, describe_exit(code))
-        self._stop_if(self.detector.node_exited(node, code, when))
+        self.stop_if(self.detector.node_exited(node, code, when))
 
     def node_lost(self, node: NodeState, why: str, gone: bool = True) -> None:
         self.metrics.event("lost", node, why)
-        self._stop_if(self.detector.node_lost(node, why, gone))
+        self.stop_if(self.detector.node_lost(node, why, gone))
 
     def rank_restarted(self, rank: RankState) -> None:
         """Output after a rank's exit: torchrun started it again."""
         rank.state, rank.exit_code, rank.ended_at = "running", None, None
         self.metrics.event("restart", self.nodes[rank.node], f"rank {rank.rank}", rank=rank.rank)
-        self.on_change(self)
+        self.changed()
 
-    def _stop_if(self, reason: str | None) -> None:
+    def stop_if(self, reason: str | None) -> None:
+        """Stop the run when the detector gives a reason; either way, say what changed."""
         if reason is not None:
             self.begin_stop(self.grace, reason)
+        self.changed()
+
+    def changed(self) -> None:
+        """Tell the caller (status.json) that the run's state changed."""
         self.on_change(self)
 
     # --- the end ------------------------------------------------------------------------
@@ -390,7 +313,7 @@ class Supervisor:
         return {
             **self.metrics.status(),
             "stopping": self.stopping,
-            "stop_reason": self.stop_reason or None,
+            "stop_reason": self.stopper.reason or None,
             "restarts": len(self.detector.rounds.restarts(self.detector.gave_up)),
             "restart_causes": self.detector.restart_lines(),
             **nodes_and_ranks(self.nodes, self.ranks.values()),

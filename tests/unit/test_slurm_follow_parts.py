@@ -238,4 +238,4 @@ def test_an_interrupted_follow_is_stopped_by_its_signal(tmp_path: Path) -> None:
     outcome = job_outcome(7, JobInfo("CANCELLED"), sup, signal.SIGINT, tmp_path / "none")
     assert (outcome.state, outcome.exit_code) == ("stopped", 130)
     assert outcome.summary == "stopped by SIGINT: SLURM job 7 cancelled"
-    assert sup.interrupted_by == signal.SIGINT
+    assert sup.stopper.interrupted_by == signal.SIGINT

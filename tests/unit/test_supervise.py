@@ -327,7 +327,7 @@ def test_an_idle_loop_sleeps_long_yet_a_signal_wakes_it_at_once(tmp_path: Path) 
     with signals_to(sup):
         outcome = sup.run()
     helper.join()
-    assert sup.interrupted_by == signal.SIGINT and outcome.state == "stopped", outcome
+    assert sup.stopper.interrupted_by == signal.SIGINT and outcome.state == "stopped", outcome
     assert took[0] < 0.3 * IDLE_TICK_S, f"the stop went out {took[0]:.2f} s after SIGINT"
 
 
