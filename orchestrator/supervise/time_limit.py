@@ -5,7 +5,7 @@ LIMIT [--signal USR1@SECONDS]`, parsed in orchestrator/plan/deadline.py).
 (status.json's `started_at`, which the closing "after N s" counts from too; with --spares,
 the first attempt's). `warning_s` before the limit it has the agent of every node whose
 ranks run send the signal to each rank's own process (`signal USR1`; torchrun would not pass
-SIGUSR1 on to its workers, so the agent signals them itself: agent/stacks.py `warn_ranks`),
+SIGUSR1 on to its workers, so the agent signals them itself: agent/limit_warning.py `warn_ranks`),
 if the process catches it (its default action would end it; one that does not runs on to
 the limit, as under SLURM, where it inherits "ignore"). Each agent answers `G SIG T SENT
 SKIPPED`, T its own clock just before its first signal: a rank of that node whose exit time
