@@ -14,7 +14,8 @@ from typing import TextIO
 
 from orchestrator.api.keywords import refuse_empty, select, ssh_keywords
 from orchestrator.backends import close_all, connect_cluster
-from orchestrator.check.run import CheckOptions, check_json_path, parse_max_size, run_check
+from orchestrator.check.inputs import CheckOptions, check_json_path, parse_max_size
+from orchestrator.check.run import run_check
 from orchestrator.errors import ConfigError
 from orchestrator.hosts.hostfile import load_hostfile
 from orchestrator.hosts.selection import Selection
