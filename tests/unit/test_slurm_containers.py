@@ -25,7 +25,8 @@ from orchestrator.slurm.containers import (
     slurm_container,
     srun_container_args,
 )
-from orchestrator.slurm.sbatch import SlurmOptions, plan_slurm_job
+from orchestrator.slurm.planning import plan_slurm_job
+from orchestrator.slurm.sbatch import SlurmOptions
 from orchestrator.slurm.submit import prepare_slurm
 
 ARGV = ("orchestrator", "render", "--backend", "slurm")
