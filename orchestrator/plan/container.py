@@ -173,8 +173,11 @@ def job_container(
     --container flags over it (a flag not given keeps the hostfile's value), checked against
     the backend. No image in either: no container, and no other --container flag."""
     given: dict[str, object] = {
-        "image": image, "runtime": runtime, "workdir": workdir, "python": python
-    }  # fmt: skip
+        "image": image,
+        "runtime": runtime,
+        "workdir": workdir,
+        "python": python,
+    }
     if mounts is not None:
         given["mounts"] = parse_mounts(mounts)
     if args:

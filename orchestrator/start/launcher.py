@@ -66,9 +66,14 @@ def run_plan(
     states = states_of(plan)
     nodes, ranks = states.nodes, states.ranks
     sink = console_sink(
-        record.logs_dir, states, console, secrets.mask,
-        color=options.color, fold=options.fold, footer=options.footer,
-    )  # fmt: skip
+        record.logs_dir,
+        states,
+        console,
+        secrets.mask,
+        color=options.color,
+        fold=options.fold,
+        footer=options.footer,
+    )
     backend = "local" if plan.is_local else "ssh"
     base = new_status(
         plan.run_id,
@@ -136,9 +141,14 @@ def run_plan(
     try:
         with signals_to(supervisor):
             starts = agent_starts(
-                plan, scripts, connections, secrets, grace=options.grace,
-                heartbeat_timeout=options.heartbeat_timeout, stall_timeout=options.stall_timeout,
-            )  # fmt: skip
+                plan,
+                scripts,
+                connections,
+                secrets,
+                grace=options.grace,
+                heartbeat_timeout=options.heartbeat_timeout,
+                stall_timeout=options.stall_timeout,
+            )
             if progress is not None:
                 progress.begin("starting", plan.nnodes)
             supervisor.start_beating()
@@ -180,11 +190,17 @@ def run_plan(
             sink.note(line)
     sink.close()
     record_the_end(
-        plan, connections, sink, record, outcome,
+        plan,
+        connections,
+        sink,
+        record,
+        outcome,
         {**base, **supervisor.status(), **recovery_status()},
-        ssh=options.ssh, keep_node_logs=options.keep_node_logs, run_dir=options.run_dir,
+        ssh=options.ssh,
+        keep_node_logs=options.keep_node_logs,
+        run_dir=options.run_dir,
         carry=pool.carry if pool is not None else (lambda left: left),
-    )  # fmt: skip
+    )
     return outcome
 
 

@@ -91,7 +91,7 @@ class FlightReport:
                     "called_at": m.called_at,
                 }
                 for m in self.missing
-            ],  # fmt: skip
+            ],
             "not_dumped": {str(k): v for k, v in self.not_dumped.items()},
             **({"analyser_error": self.analyser_error} if self.analyser_error else {}),
         }
