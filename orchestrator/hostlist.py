@@ -1,6 +1,6 @@
 """SLURM-style host lists: `node[01-04,07]` ranges expanded to host names (the hostfile
-parser's), host names compressed into such a list (the console's), and the check that a host
-name is one.
+parser's), host names compressed into such a list (the console's), a set of ranks named in
+the same notation (`ranks r[5-6] (node[3-4])`), and the check that a host name is one.
 """
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 import ipaddress
 import itertools
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 
 MAX_EXPANDED_HOSTS = 100_000
 
@@ -129,3 +129,24 @@ def _bracket(prefix: str, suffix: str, width: int, numbers: list[int]) -> str:
     if len(numbers) == 1:
         return f"{prefix}{text[0]}{suffix}"
     return f"{prefix}[{','.join(text)}]{suffix}"
+
+
+def name_ranks(
+    ranks: Sequence[int], hosts: Mapping[int, str] | None = None, *, listed: int | None = None
+) -> str:
+    """A set of ranks as the console names it, with their hosts where `hosts` knows them.
+
+    Folded into ranges: `rank 2`, `rank 2 (node3)`, `ranks r[5-6] (node[3-4])`. With
+    `listed` N, each rank beside its host, the first N, then how many more: `rank 1 on a,
+    rank 3 on b and 12 more` (a summary reads which rank ran where at a glance).
+    """
+    hosts = hosts or {}
+    if listed is not None:
+        names = [f"rank {r} on {hosts[r]}" if r in hosts else f"rank {r}" for r in ranks]
+        more = len(names) - listed
+        return ", ".join(names[:listed]) + (f" and {more} more" if more > 0 else "")
+    on = compress_hosts(sorted({hosts[r] for r in ranks if r in hosts}))
+    where = f" ({on})" if on else ""
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}{where}"
+    return f"ranks {compress_hosts(f'r{r}' for r in ranks)}{where}"

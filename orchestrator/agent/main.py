@@ -56,7 +56,7 @@ from orchestrator.agent.protocol import (
     next_config,
     read_config,
 )
-from orchestrator.agent.ranks import NodeRanks
+from orchestrator.agent.ranks import NodeRanks, rank_pids
 from orchestrator.agent.sampling import QUIET_SAMPLE_S, SAMPLE_S, Sampler, differs
 from orchestrator.agent.shipping import Outbox, PipeLines
 from orchestrator.agent.wakeup import QUIET_S, Wakeup, drain
@@ -335,7 +335,7 @@ class Agent:
             elif command == "end":
                 self.end_ranks(str(argument))
             elif command == "signal":  # the time limit's warning, answered by G
-                from orchestrator.agent.stacks import warn_ranks
+                from orchestrator.agent.limit_warning import warn_ranks
 
                 self.outbox.send(warn_ranks(os.getpid(), str(argument)))
             else:
@@ -348,7 +348,7 @@ class Agent:
         import json  # here, not at the top: only a run asked for its stacks needs it
 
         from orchestrator.agent.py_spy import find_py_spy
-        from orchestrator.agent.stacks import rank_pids, take_stacks
+        from orchestrator.agent.stacks import take_stacks
 
         hook_dir = os.path.join(self.node_dir, STACKS_FOLDER) if self.node_dir else ""
         py_spy = None if method == "signal" else find_py_spy()
@@ -367,8 +367,6 @@ class Agent:
     def end_ranks(self, ranks: str) -> None:
         """`end RANK,...`: SIGKILL to those ranks' processes (the rank's own and those it
         started); torchrun sees its workers fail and, with restarts left, starts them again."""
-        from orchestrator.agent.stacks import rank_pids
-
         wanted = {int(r) for r in ranks.split(",") if r.isdigit()}
         for rank, pid in rank_pids(os.getpid()).items():
             if rank in wanted:

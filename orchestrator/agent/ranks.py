@@ -1,4 +1,5 @@
-"""This node's ranks: each one's output file tailed as whole lines, then its exit.
+"""This node's ranks: which process each one is, and each one's output file tailed as whole
+lines, then its exit.
 
 The script's run_rank writes rank-N.out as the rank runs and rank-N.exit (`rc time
 [error_file]` and a newline) when it ends, anew each time torchrun restarts it; the rank
@@ -15,7 +16,9 @@ import contextlib
 import os
 
 from orchestrator.agent.disk import DiskWatch, is_fault
+from orchestrator.agent.processes import children_of
 from orchestrator.agent.protocol import Frame, frame
+from orchestrator.agent.sampling import rank_in_environ
 from orchestrator.agent.shipping import MAX_PENDING_OUT, READ_CHUNK, Outbox, mask
 
 MAX_LINE = 1 << 20  # a longer line without newline is passed on in pieces of this size
@@ -178,3 +181,38 @@ def read_exit(path: str) -> str | None:
     except FileNotFoundError:
         return None
     return text if text.endswith("\n") else None  # else still being written
+
+
+def rank_pids(root_pid: int) -> dict[int, int]:
+    """rank -> the pid of that rank's process, among the descendants of `root_pid`.
+
+    A rank's process is the topmost Python process whose environment holds RANK, searched
+    breadth first: under ours that is torchrun's worker (agent -> bash node script ->
+    torchrun -> bash run_rank (RANK, not Python) -> python train.py), and not what the
+    worker starts with the same RANK (DataLoader workers, compile workers), which sit below
+    it. Where no Python process holds a RANK, the topmost process holding it counts, so the
+    rank still gets a record (saying it is not Python).
+    """
+    found: dict[int, int] = {}
+    other: dict[int, int] = {}
+    level = [root_pid]
+    while level:
+        below: list[int] = []
+        for pid in level:
+            rank = rank_in_environ(pid)
+            if rank is not None and rank not in found:
+                if is_python(pid):
+                    found[rank] = pid
+                else:
+                    other.setdefault(rank, pid)
+            below.extend(children_of(pid))
+        level = below
+    return dict(sorted({**other, **found}.items()))
+
+
+def is_python(pid: int) -> bool:
+    """Whether the process runs a Python interpreter (python, python3, python3.11, ...)."""
+    try:
+        return os.path.basename(os.readlink(f"/proc/{pid}/exe")).startswith("python")
+    except OSError:
+        return False

@@ -48,14 +48,12 @@ Standard library only: this module runs on the nodes too (see orchestrator.agent
 from __future__ import annotations
 
 import os
-import signal
 import threading
 import time
 
-from orchestrator.agent.processes import children_of, own_pid, signal_pid, stat_fields
-from orchestrator.agent.protocol import frame
+from orchestrator.agent.processes import own_pid, stat_fields
 from orchestrator.agent.py_spy import StackError, dump_with_py_spy
-from orchestrator.agent.sampling import cpu_and_rss, rank_in_environ
+from orchestrator.agent.sampling import cpu_and_rss
 
 TYPE_CHECKING = False  # typing's own costs every agent's start: annotations only
 if TYPE_CHECKING:
@@ -330,58 +328,6 @@ def parse_faulthandler(text: str, main_thread: int | None) -> list[dict]:
                 }
             )
     return threads
-
-
-def rank_pids(root_pid: int) -> dict[int, int]:
-    """rank -> the pid of that rank's process, among the descendants of `root_pid`.
-
-    A rank's process is the topmost Python process whose environment holds RANK, searched
-    breadth first: under ours that is torchrun's worker (agent -> bash node script ->
-    torchrun -> bash run_rank (RANK, not Python) -> python train.py), and not what the
-    worker starts with the same RANK (DataLoader workers, compile workers), which sit below
-    it. Where no Python process holds a RANK, the topmost process holding it counts, so the
-    rank still gets a record (saying it is not Python).
-    """
-    found: dict[int, int] = {}
-    other: dict[int, int] = {}
-    level = [root_pid]
-    while level:
-        below: list[int] = []
-        for pid in level:
-            rank = rank_in_environ(pid)
-            if rank is not None and rank not in found:
-                if is_python(pid):
-                    found[rank] = pid
-                else:
-                    other.setdefault(rank, pid)
-            below.extend(children_of(pid))
-        level = below
-    return dict(sorted({**other, **found}.items()))
-
-
-def warn_ranks(root_pid: int, name: str) -> bytes:
-    """`signal USR1|USR2`, the time limit's warning, to each rank's process (`rank_pids`:
-    its Python program, or what run_rank's bash started where it is not Python), never to
-    torchrun, which would not pass it on. Only to a process that catches it: its default
-    action would end the process; one that does not runs on to the limit, as under SLURM.
-    The G frame: this node's clock before the first signal, the ranks sent it, the others."""
-    signum = int(getattr(signal, f"SIG{name}")) if name in ("USR1", "USR2") else 0
-    when, sent, skipped = time.time(), [], []
-    for rank, pid in rank_pids(root_pid).items():
-        targets = [pid] if is_python(pid) else children_of(pid)
-        catching = [p for p in targets if signum and catches(p, signum)]
-        for each in catching:
-            signal_pid(each, signum)
-        (sent if catching else skipped).append(str(rank))
-    return frame("G", name, f"{when:.6f}", ",".join(sent) or "-", ",".join(skipped) or "-")
-
-
-def is_python(pid: int) -> bool:
-    """Whether the process runs a Python interpreter (python, python3, python3.11, ...)."""
-    try:
-        return os.path.basename(os.readlink(f"/proc/{pid}/exe")).startswith("python")
-    except OSError:
-        return False
 
 
 def hook_environment(env: dict[str, str], hook_folder: str, hook_dir: str) -> dict[str, str]:

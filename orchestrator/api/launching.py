@@ -28,10 +28,10 @@ from orchestrator.errors import ConfigError, OrchestratorError
 from orchestrator.hosts.hostfile import load_hostfile
 from orchestrator.nodes.execute import NodeResult, results_table, run_command
 from orchestrator.options.display import ConsoleOptions
-from orchestrator.options.job import JobOptions
 from orchestrator.options.keywords import LaunchArgs, split_keywords
 from orchestrator.options.reaching import SshOptions
 from orchestrator.options.supervision import TASK_GRACE_S, Supervision
+from orchestrator.options.workload import JobOptions
 from orchestrator.plan.scripts import write_rendered
 from orchestrator.slurm.submit import launch_slurm, start_slurm_detached, write_slurm_render
 from orchestrator.start.launcher import launch as launch_attached

@@ -14,7 +14,8 @@ from typing import TextIO
 
 from orchestrator.api.request import select
 from orchestrator.backends import close_all, connect_cluster
-from orchestrator.check.run import CheckOptions, check_json_path, parse_max_size, run_check
+from orchestrator.check.inputs import CheckOptions, check_json_path, parse_max_size
+from orchestrator.check.run import run_check
 from orchestrator.errors import ConfigError
 from orchestrator.hosts.hostfile import load_hostfile
 from orchestrator.nodes.clean import clean_nodes as clean_on_nodes
@@ -22,10 +23,10 @@ from orchestrator.nodes.clean import clean_table, parse_age
 from orchestrator.options.checking import CollectiveOptions
 from orchestrator.options.choosing import Selection
 from orchestrator.options.image import ContainerOptions
-from orchestrator.options.job import JobOptions
 from orchestrator.options.keywords import split_keywords
 from orchestrator.options.reaching import SshOptions
 from orchestrator.options.running import RunOptions
+from orchestrator.options.workload import JobOptions
 from orchestrator.plan.container import job_container
 from orchestrator.record.runs import check_run_id, new_run_id, refuse_existing
 

@@ -22,9 +22,9 @@ from orchestrator.hosts.hostfile import Cluster, load_hostfile
 from orchestrator.hosts.selection import hold_spares, select_hosts
 from orchestrator.options.choosing import Selection
 from orchestrator.options.image import ContainerOptions
-from orchestrator.options.job import JobOptions
 from orchestrator.options.keywords import LaunchArgs
 from orchestrator.options.scheduler import SlurmOptions
+from orchestrator.options.workload import JobOptions
 from orchestrator.plan.container import ContainerSpec, job_container
 from orchestrator.plan.deadline import Deadline, plan_deadline
 from orchestrator.plan.spec import (

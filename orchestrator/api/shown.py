@@ -13,6 +13,14 @@ from orchestrator.sizes import human_bytes, parse_size
 from orchestrator.slurm.segments import describe_segment
 
 __all__ = [
-    "ACTIVE_STATES", "RunView", "controller_alive", "describe_recovery", "describe_segment",
-    "draw", "duration", "human_bytes", "load", "parse_size",
-]  # fmt: skip
+    "ACTIVE_STATES",
+    "RunView",
+    "controller_alive",
+    "describe_recovery",
+    "describe_segment",
+    "draw",
+    "duration",
+    "human_bytes",
+    "load",
+    "parse_size",
+]

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from orchestrator.check.facts import Master, NodeReport
-from orchestrator.check.report import Problem
+from orchestrator.check.results import Problem
 from orchestrator.nodes.probe import MIN_FREE_DISK
 from orchestrator.sizes import human_bytes
 

@@ -1,123 +1,100 @@
-"""`orchestrator check`: what the collectives job reported -> problems that say what to fix,
-and the text tables (the nodes' problems are found by diagnose.py). Pure: no network, no files.
+"""`orchestrator check`'s report: the text tables, the sections printed after each step,
+and the JSON document of --json. Pure: no network, no files.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 
 import orchestrator.sizes as sizes
 from orchestrator.check import measure
 from orchestrator.check.facts import Master, NodeReport
-
-CASES = tuple((op, case) for op in measure.OPS for case in ("scalar", "vector")) + (
-    ("barrier", ""),
-)
+from orchestrator.check.results import CaseRow, JobResult, Problem
+from orchestrator.hosts.hostfile import Cluster
 
 
-@dataclass(frozen=True)
-class Problem:
-    """One thing to fix. `blocks_job`: the collectives job cannot run until it is fixed."""
-
-    where: str  # a host, "rank 3 (host)", or "cluster"
-    text: str
-    blocks_job: bool = True
-    column: str = ""  # the node table column to flag with "!"
-
-    def __str__(self) -> str:
-        return f"{self.where}: {self.text}"
-
-
-# --- the collectives job ---------------------------------------------------------------
+def nodes_section(
+    reports: Sequence[NodeReport],
+    master: Master,
+    problems: Sequence[Problem],
+    backend: str,
+    backend_reason: str,
+) -> str:
+    """After the nodes' facts: the node table, a blank line before it."""
+    return (
+        f"\nNODES (backend {backend}: {backend_reason})\n"
+        f"{node_table(reports, master, problems, backend)}"
+    )
 
 
-@dataclass(frozen=True)
-class CaseRow:
-    op: str
-    case: str
-    expected: str
-    result: str
-    ok: bool
+def job_section(job: JobResult, backend: str, world_size: int, run_id: str) -> str:
+    """After the collectives job: its table of cases, then the bandwidth sweep's."""
+    if job.interrupted:
+        lines = ["", f"COLLECTIVES: interrupted; run {run_id} was stopped on every node"]
+    else:
+        lines = ["", f"COLLECTIVES ({backend}, world size {world_size})"]
+        lines.append(collectives_table(job.rows))
+    if job.bandwidth:
+        lines += [
+            "",
+            f"BANDWIDTH ({backend}, {world_size} ranks; time: mean of the timed "
+            "iterations, averaged over ranks; algbw = size/time, busbw as nccl-tests)",
+            bandwidth_table(job.bandwidth),
+        ]
+    return "\n".join(lines)
 
 
-def collective_results(
-    records: Mapping[int, Sequence[dict]], world_size: int, host_of_rank: Mapping[int, str]
-) -> tuple[list[CaseRow], list[Problem]]:
-    """Per case: did every rank report the exact values? Problems name the rank and op."""
-    rows, problems = [], []
-
-    def who(rank: int) -> str:
-        return f"rank {rank} ({host_of_rank.get(rank, '?')})"
-
-    for rank in range(world_size):
-        for record in records.get(rank, ()):
-            if record.get("kind") == "error":
-                problems.append(
-                    Problem(
-                        who(rank), f"failed during {record.get('phase')}: {record.get('error')}"
-                    )
-                )
-    for op, case in CASES:
-        wrong, missing = [], []
-        for rank in range(world_size):
-            found = [
-                r
-                for r in records.get(rank, ())
-                if r.get("kind") == "result" and r.get("op") == op and r.get("case") == case
-            ]
-            if not found:
-                missing.append(rank)
-                continue
-            record = found[-1]
-            reason = record.get("mismatch") or "reported a wrong result"
-            if case == "scalar" and record.get("got") != measure.expected_scalar(
-                op, rank, world_size
-            ):
-                reason = (
-                    f"got {record.get('got')}, must be "
-                    f"{measure.expected_scalar(op, rank, world_size)}"
-                )
-                record = {**record, "ok": False}
-            if not record.get("ok"):
-                wrong.append(rank)
-                label = f"{op} ({case})" if case else op
-                problems.append(Problem(who(rank), f"{label}: {reason}"))
-        expected = (
-            measure.describe_expected(op, case, world_size)
-            if op != "barrier"
-            else "completes on every rank"
+def result_section(
+    job: JobResult,
+    problems: Sequence[Problem],
+    nodes: int,
+    world_size: int,
+    backend: str,
+    elapsed: float,
+) -> str:
+    """The end of the report: the problems, if any, and the one-line result."""
+    if job.interrupted:
+        return f"\nRESULT: interrupted after {elapsed:.1f} s"
+    if problems:
+        return (
+            f"\n{problems_text(problems)}\n"
+            f"RESULT: FAILED ({len(problems)} problem(s)) in {elapsed:.1f} s"
         )
-        if wrong:
-            result = "WRONG on rank " + ", ".join(map(str, wrong))
-        elif missing:
-            result = "no result from rank " + _ranges(missing)
-        else:
-            result = f"ok on {world_size}/{world_size} ranks"
-        rows.append(CaseRow(op, case, expected, result, not wrong and not missing))
-    return rows, problems
+    return f"\nRESULT: passed ({nodes} node(s), {world_size} rank(s), {backend}) in {elapsed:.1f} s"
 
 
-def bandwidth_rows(records: Sequence[dict], world_size: int) -> list[measure.BandwidthRow]:
-    """Rank 0's bandwidth records, as rows with nccl-tests' algbw and busbw."""
-    rows = []
-    for record in records:
-        if record.get("kind") == "bandwidth" and record.get("seconds", 0) > 0:
-            rows.append(
-                measure.BandwidthRow(
-                    op=record["op"],
-                    size=int(record["size"]),
-                    count=int(record["count"]),
-                    seconds=float(record["seconds"]),
-                    world_size=world_size,
-                    warmup=int(record.get("warmup", 0)),
-                    iters=int(record.get("iters", 0)),
-                )
-            )
-    return rows
-
-
-# --- text ------------------------------------------------------------------------------
+def json_document(
+    cluster: Cluster,
+    *,
+    run_id: str,
+    run_dir: str,
+    reports: Sequence[NodeReport],
+    master: Master,
+    backend: str,
+    backend_reason: str,
+    job: JobResult,
+    problems: Sequence[Problem],
+    world_size: int,
+    elapsed: float,
+) -> dict:
+    """The report as --json writes it."""
+    return {
+        "ok": not problems and not job.interrupted,
+        "elapsed_s": round(elapsed, 3),
+        "hostfile": cluster.path,
+        "selection": cluster.selection or None,
+        "run_id": run_id,
+        "run_dir": run_dir,
+        "job": job.state,
+        "backend": backend,
+        "backend_reason": backend_reason,
+        "world_size": world_size,
+        "master": {"host": master.host, "addr": master.addr, "port": master.port},
+        "nodes": [r.to_dict() for r in reports],
+        "collectives": [row.__dict__ for row in job.rows],
+        "bandwidth": [row.to_dict() for row in job.bandwidth],
+        "problems": [str(p) for p in problems],
+    }
 
 
 def table(rows: Sequence[Sequence[str]], right: Sequence[int] = ()) -> str:
@@ -215,14 +192,3 @@ def problems_text(problems: Sequence[Problem]) -> str:
     lines = [f"PROBLEMS ({len(problems)}):"]
     lines += [f"  - {p}" for p in problems]
     return "\n".join(lines)
-
-
-def _ranges(ranks: Sequence[int]) -> str:
-    parts, start = [], None
-    for i, rank in enumerate(ranks):
-        if start is None:
-            start = rank
-        if i + 1 == len(ranks) or ranks[i + 1] != rank + 1:
-            parts.append(str(start) if start == rank else f"{start}-{rank}")
-            start = None
-    return ", ".join(parts)

@@ -9,21 +9,21 @@
    orchestrator.check.collectives checks the exact per-rank values and times the bandwidth
    sweep; its report lines are read back from runs/<run-id>/logs/rank-N.log.
 
-The report (tables, problems with what to fix, optional JSON) is built by
-orchestrator.check.diagnose and orchestrator.check.report.
+This module drives the steps. What they found is read by orchestrator.check.results and
+orchestrator.check.diagnose (problems with what to fix), and the report printed after each
+step (tables, optional JSON) is written by orchestrator.check.report; the input refused
+before any node is contacted, by orchestrator.check.inputs.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import TextIO
 
-import orchestrator.sizes as sizes
 from orchestrator.backends import close_all, connect_each
 from orchestrator.check import measure
 from orchestrator.check.diagnose import node_problems
@@ -34,56 +34,18 @@ from orchestrator.check.gather import (
     reach_master,
     ssh_rtts,
 )
-from orchestrator.check.report import (
-    CaseRow,
+from orchestrator.check.inputs import CheckOptions
+from orchestrator.check.report import job_section, json_document, nodes_section, result_section
+from orchestrator.check.results import (
+    JobResult,
     Problem,
     bandwidth_rows,
-    bandwidth_table,
     collective_results,
-    collectives_table,
-    node_table,
-    problems_text,
 )
 from orchestrator.errors import ConfigError, NodeError
 from orchestrator.hosts.hostfile import Cluster
-from orchestrator.plan.container import ContainerSpec
 from orchestrator.plan.launch_plan import is_loopback, make_plan
 from orchestrator.plan.spec import JobSpec, Program, forwarded_env, merge_env
-
-
-@dataclass(frozen=True)
-class CheckOptions:
-    run_dir: str
-    run_id: str
-    argv: tuple[str, ...]  # the orchestrator command line, for the run record
-    python: str
-    nproc_per_node: int | None = None
-    master_addr: str | None = None
-    master_port: int | None = None  # None: auto
-    ifname: str | None = None
-    backend: str = "auto"
-    max_size: int | None = None  # None: measure.DEFAULT_MAX_SIZE of the backend
-    skip_bandwidth: bool = False
-    timeout: float = 180.0
-    json_path: str | None = None
-    ssh: object | None = None  # orchestrator.options.reaching.SshOptions
-    forward_env: bool = True
-    container: ContainerSpec | None = None  # --container: the facts and the job in the image
-
-
-@dataclass
-class JobResult:
-    """What the collectives job left: rows per case, rank 0's bandwidth rows, problems."""
-
-    state: str = "not run"
-    exit_code: int = 0
-    rows: list[CaseRow] = field(default_factory=list)
-    bandwidth: list[measure.BandwidthRow] = field(default_factory=list)
-    problems: list[Problem] = field(default_factory=list)
-
-    @property
-    def interrupted(self) -> bool:
-        return self.state == "stopped" and self.exit_code >= 128
 
 
 def run_check(cluster: Cluster, options: CheckOptions, out: TextIO | None = None) -> int:
@@ -132,9 +94,7 @@ def _check(
                 "addresses they can reach, or pass --master-addr",
             )
         )
-    say("")
-    say(f"NODES (backend {backend}: {backend_reason})")
-    say(node_table(reports, master, problems, backend))
+    say(nodes_section(reports, master, problems, backend, backend_reason))
 
     world_size = sum(slots)
     job = JobResult()
@@ -150,52 +110,24 @@ def _check(
             cluster, options, replace(spec, master_port=master.port), backend, connections
         )
         problems += job.problems
-        say("")
-        if job.interrupted:
-            say(f"COLLECTIVES: interrupted; run {options.run_id} was stopped on every node")
-        else:
-            say(f"COLLECTIVES ({backend}, world size {world_size})")
-            say(collectives_table(job.rows))
-        if job.bandwidth:
-            say("")
-            say(
-                f"BANDWIDTH ({backend}, {world_size} ranks; time: mean of the timed "
-                "iterations, averaged over ranks; algbw = size/time, busbw as nccl-tests)"
-            )
-            say(bandwidth_table(job.bandwidth))
+        say(job_section(job, backend, world_size, options.run_id))
     elapsed = time.monotonic() - started
-    say("")
-    if job.interrupted:
-        say(f"RESULT: interrupted after {elapsed:.1f} s")
-    elif problems:
-        say(problems_text(problems))
-        say(f"RESULT: FAILED ({len(problems)} problem(s)) in {elapsed:.1f} s")
-    else:
-        say(
-            f"RESULT: passed ({len(reports)} node(s), {world_size} rank(s), {backend}) in "
-            f"{elapsed:.1f} s"
-        )
+    say(result_section(job, problems, len(reports), world_size, backend, elapsed))
     if options.json_path:
-        write_json(
-            options.json_path,
-            {
-                "ok": not problems and not job.interrupted,
-                "elapsed_s": round(elapsed, 3),
-                "hostfile": cluster.path,
-                "selection": cluster.selection or None,
-                "run_id": options.run_id,
-                "run_dir": options.run_dir,
-                "job": job.state,
-                "backend": backend,
-                "backend_reason": backend_reason,
-                "world_size": world_size,
-                "master": {"host": master.host, "addr": master.addr, "port": master.port},
-                "nodes": [r.to_dict() for r in reports],
-                "collectives": [row.__dict__ for row in job.rows],
-                "bandwidth": [row.to_dict() for row in job.bandwidth],
-                "problems": [str(p) for p in problems],
-            },
+        document = json_document(
+            cluster,
+            run_id=options.run_id,
+            run_dir=options.run_dir,
+            reports=reports,
+            master=master,
+            backend=backend,
+            backend_reason=backend_reason,
+            job=job,
+            problems=problems,
+            world_size=world_size,
+            elapsed=elapsed,
         )
+        write_json(options.json_path, document)
     if job.interrupted:
         return job.exit_code
     return 0 if not problems else 1
@@ -343,41 +275,6 @@ def run_collectives(
                 )
             )
     return job
-
-
-MAX_SWEEP_SIZE = 4 << 30  # every rank holds buffers of this size; beyond it is a typo
-
-
-def parse_max_size(text: str) -> int:
-    """--max-size as bytes: a readable size of at most MAX_SWEEP_SIZE, else ConfigError."""
-    try:
-        size = sizes.parse_size(text)
-    except ValueError as exc:
-        raise ConfigError(f"--max-size: {exc}") from None
-    if size > MAX_SWEEP_SIZE:
-        raise ConfigError(
-            f"--max-size {text!r}: at most {sizes.format_size(MAX_SWEEP_SIZE)} "
-            f"({MAX_SWEEP_SIZE} bytes), as every rank allocates buffers of this "
-            "size; give e.g. 1G"
-        )
-    return size
-
-
-def check_json_path(path: str) -> None:
-    """Refuse a --json FILE that could not be written, before any node is contacted."""
-    folder = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(folder):
-        problem = "is not a folder" if os.path.exists(folder) else "does not exist"
-        raise ConfigError(
-            f"--json {path}: {folder} {problem}; create that folder first or give another path"
-        )
-    if os.path.isdir(path):
-        raise ConfigError(f"--json {path}: is a folder; give a file path")
-    writable = (
-        os.access(path, os.W_OK) if os.path.exists(path) else os.access(folder, os.W_OK | os.X_OK)
-    )
-    if not writable:
-        raise ConfigError(f"--json {path}: cannot write it: permission denied")
 
 
 def write_json(path: str, document: dict) -> None:

@@ -7,8 +7,8 @@ import click
 from orchestrator.api.node_tasks import clean_nodes
 from orchestrator.cli.context import CONTEXT
 from orchestrator.cli.flags import options_of
-from orchestrator.options.job import JobOptions
 from orchestrator.options.reaching import SshOptions
+from orchestrator.options.workload import JobOptions
 
 CLEAN_PYTHON = (
     "Interpreter that runs the node agent on every node. Default: this orchestrator's "

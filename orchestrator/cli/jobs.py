@@ -22,12 +22,12 @@ from orchestrator.cli.hostfile_argument import HostfileOptional, split_hostfile
 from orchestrator.options.choosing import Selection
 from orchestrator.options.display import ConsoleOptions
 from orchestrator.options.image import ContainerOptions
-from orchestrator.options.job import JobOptions
 from orchestrator.options.keywords import LaunchArgs
 from orchestrator.options.reaching import SshOptions
 from orchestrator.options.running import RunOptions
 from orchestrator.options.scheduler import SlurmOptions
 from orchestrator.options.supervision import TASK_GRACE_S, Supervision
+from orchestrator.options.workload import JobOptions
 
 # The SLURM request's flags but --login, which only `launch` takes (render submits nothing).
 SLURM_REQUEST = [name for name in SlurmOptions.__dataclass_fields__ if name != "login"]

@@ -12,9 +12,9 @@ from orchestrator.cli.flags import note, options_of
 from orchestrator.options.checking import CollectiveOptions
 from orchestrator.options.choosing import Selection
 from orchestrator.options.image import ContainerOptions
-from orchestrator.options.job import JobOptions
 from orchestrator.options.reaching import SshOptions
 from orchestrator.options.running import RunOptions
+from orchestrator.options.workload import JobOptions
 
 CHECK_HELPS = {
     "master_addr": "Rendezvous address to test. Default: the first node, as reached by ssh.",

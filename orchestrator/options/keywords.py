@@ -17,11 +17,11 @@ from orchestrator.options.choosing import Selection
 from orchestrator.options.declare import OptionGroup, declared
 from orchestrator.options.display import ConsoleOptions
 from orchestrator.options.image import ContainerOptions
-from orchestrator.options.job import JobOptions
 from orchestrator.options.reaching import SshOptions
 from orchestrator.options.running import RunOptions
 from orchestrator.options.scheduler import SlurmOptions
 from orchestrator.options.supervision import Supervision
+from orchestrator.options.workload import JobOptions
 
 
 def split_keywords(

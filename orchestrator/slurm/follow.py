@@ -29,10 +29,11 @@ from orchestrator.console.sink import LogSink
 from orchestrator.errors import ConfigError, OrchestratorError
 from orchestrator.record.runs import RunRecord, now_iso
 from orchestrator.slurm import client as slurm
+from orchestrator.slurm.batch_script import SCRIPT_NAME
 from orchestrator.slurm.client import SlurmCommands
+from orchestrator.slurm.job import PORT_BASE, PORT_SPAN, SlurmJob
 from orchestrator.slurm.outcome import job_outcome
 from orchestrator.slurm.parse import UNRUNNABLE, JobInfo
-from orchestrator.slurm.sbatch import PORT_BASE, PORT_SPAN, SCRIPT_NAME, SlurmJob
 from orchestrator.slurm.segments import WARNING_FILE, Segments, read_warning
 from orchestrator.slurm.spares import SlurmSpares, job_dir_of
 from orchestrator.slurm.stream import READ_BYTES, AttemptFiles

@@ -33,7 +33,7 @@ ENDINGS: tuple[tuple[str, Callable[[str, bool, bool], bool], str], ...] = (
     ("time-limit", lambda s, w, ok: w and not ok, "its ranks stopped on the time limit's warning"),
     ("completed", lambda s, w, ok: s == "COMPLETED", "completed"),
     ("failed", lambda s, w, ok: True, "failed"),
-)  # fmt: skip
+)
 
 
 def ending(state: str, warned: bool, ranks_ok: bool) -> tuple[str, str]:

@@ -26,8 +26,8 @@ from orchestrator.errors import ConfigError
 from orchestrator.record.bad_nodes import add_bad_node
 from orchestrator.record.recoveries import Recovery
 from orchestrator.slurm.client import SlurmCommands
+from orchestrator.slurm.job import SlurmJob
 from orchestrator.slurm.parse import JobInfo
-from orchestrator.slurm.sbatch import SlurmJob
 from orchestrator.supervise import Outcome
 
 BY_SLURM = "(chosen by SLURM)"

@@ -13,19 +13,16 @@ from typing import BinaryIO
 from orchestrator.console.sink import use_color
 from orchestrator.errors import ConfigError, OrchestratorError
 from orchestrator.hosts.hostfile import Cluster
+from orchestrator.options.scheduler import SlurmOptions
 from orchestrator.plan.scripts import command_line, make_output_dir, plan_yaml
 from orchestrator.plan.spec import JobSpec
 from orchestrator.record.runs import RunRecord, new_status, now_iso
 from orchestrator.slurm import client as slurm
+from orchestrator.slurm.batch_script import SCRIPT_NAME, render_sbatch
 from orchestrator.slurm.client import SlurmCommands
 from orchestrator.slurm.follow import Follower
-from orchestrator.slurm.sbatch import (
-    SCRIPT_NAME,
-    SlurmJob,
-    SlurmOptions,
-    plan_slurm_job,
-    render_sbatch,
-)
+from orchestrator.slurm.job import SlurmJob
+from orchestrator.slurm.planning import plan_slurm_job
 from orchestrator.slurm.spares import SlurmSpares, check_capacity
 from orchestrator.start.detach import run_detached
 from orchestrator.start.settings import LaunchOptions

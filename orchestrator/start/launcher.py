@@ -174,11 +174,17 @@ def run_plan(
             sink.note(line)
     sink.close()
     record_the_end(
-        plan, connections, sink, record, outcome,
+        plan,
+        connections,
+        sink,
+        record,
+        outcome,
         {**base, **supervisor.status(), **recovery_status()},
-        ssh=options.ssh, keep_node_logs=options.run.keep_node_logs, run_dir=options.run.run_dir,
+        ssh=options.ssh,
+        keep_node_logs=options.run.keep_node_logs,
+        run_dir=options.run.run_dir,
         carry=pool.carry if pool is not None else (lambda left: left),
-    )  # fmt: skip
+    )
     return outcome
 
 

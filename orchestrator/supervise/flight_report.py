@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.agent.flight import FOLDER, PREFIX
-from orchestrator.hostlist import compress_hosts
+from orchestrator.hostlist import name_ranks
 from orchestrator.supervise.stack_rounds import StackRounds
 from orchestrator.supervise.state import Outcome
 
@@ -72,7 +72,7 @@ class FlightReport:
         if not self.missing:
             return [f"flight recorder: no collective lacks a rank ({where})"]
         return [
-            f"flight recorder: {ranks_on_hosts(m.missing, hosts)} never joined collective "
+            f"flight recorder: {name_ranks(m.missing, hosts)} never joined collective "
             f"#{m.seq} ({m.collective}, group {m.group}) that the other ranks entered"
             + (f", called at {m.called_at}" if m.called_at else "")
             + f" ({where})"
@@ -91,7 +91,7 @@ class FlightReport:
                     "called_at": m.called_at,
                 }
                 for m in self.missing
-            ],  # fmt: skip
+            ],
             "not_dumped": {str(k): v for k, v in self.not_dumped.items()},
             **({"analyser_error": self.analyser_error} if self.analyser_error else {}),
         }
@@ -196,11 +196,3 @@ def read_report(text: str) -> list[Missing]:
             )
         )
     return found
-
-
-def ranks_on_hosts(ranks: tuple[int, ...], hosts: dict[int, str]) -> str:
-    """`rank 2 (node3)` or `ranks r[2-3] (node[3-4])`."""
-    on = compress_hosts(sorted({hosts[r] for r in ranks if r in hosts}))
-    if len(ranks) == 1:
-        return f"rank {ranks[0]}" + (f" ({on})" if on else "")
-    return f"ranks {compress_hosts(f'r{r}' for r in ranks)}" + (f" ({on})" if on else "")

@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from orchestrator.hostlist import compress_hosts
+from orchestrator.hostlist import name_ranks
 from orchestrator.record.runs import now_iso
 from orchestrator.supervise.flight_report import FlightReport, collect
 from orchestrator.supervise.stack_groups import moved
@@ -161,7 +161,7 @@ class HangWatch:
             if session.index in on_node:
                 session.send(f"end {','.join(str(r) for r in on_node[session.index])}")
         self.note(
-            f"ending {describe_ranks(stuck)} so that torchrun restarts the workers "
+            f"ending {name_ranks(stuck)} so that torchrun restarts the workers "
             f"(restart {used + 1} of --max-restarts {detector.max_restarts})"
         )
         self.heard(now)  # the new workers get a timeout of their own
@@ -182,7 +182,7 @@ class HangWatch:
                 self.working_said = True
                 self.note(
                     f"no rank printed or wrote a metric for {quiet:.0f} s, but "
-                    f"{describe_ranks(went)} moved between two samples "
+                    f"{name_ranks(went)} moved between two samples "
                     f"{interval:.0f} s apart: working silently"
                 )
             return None
@@ -211,10 +211,3 @@ class HangWatch:
         except OSError as error:  # a full disk: the stacks still name the stuck ranks
             return Hang(quiet, second, None, (f"flight recorder: not kept: {error}",))
         return Hang(quiet, second, report, tuple(report.lines(self.rounds.hosts)))
-
-
-def describe_ranks(ranks: list[int]) -> str:
-    """`rank 3` or `ranks r[0-2,5]`, for a note."""
-    if len(ranks) == 1:
-        return f"rank {ranks[0]}"
-    return f"{len(ranks)} ranks ({compress_hosts(f'r{r}' for r in ranks)})"

@@ -130,8 +130,10 @@ class Liveness:
         if stopped:
             alive = alive or session.acknowledged(hb) is True
             if not alive and self.unanswered(index) >= hb / 3:
-                return "its agent did not report back after the stop, and the node does not "\
-                    "answer", True  # fmt: skip
+                return (
+                    "its agent did not report back after the stop, and the node does not answer",
+                    True,
+                )
             if alive and overdue(hb):
                 return "its agent did not report back after the stop (the node answers)", False
             return None

@@ -107,9 +107,15 @@ class StackRounds:
             return None  # a request gets its (empty) answer all the same
         self.seq += 1
         round_ = StackRound(
-            self.seq, why, method, {s.index for s in targets}, time.monotonic(), time.time(),
-            request, flight=flight,
-        )  # fmt: skip
+            self.seq,
+            why,
+            method,
+            {s.index for s in targets},
+            time.monotonic(),
+            time.time(),
+            request,
+            flight=flight,
+        )
         self.open[round_.seq] = round_
         for session in targets:
             session.send(f"stacks {round_.seq} {method}" + (" flight" if flight else ""))

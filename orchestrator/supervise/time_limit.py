@@ -5,7 +5,7 @@ LIMIT [--signal USR1@SECONDS]`, parsed in orchestrator/plan/deadline.py).
 (status.json's `started_at`, which the closing "after N s" counts from too; with --spares,
 the first attempt's). `warning_s` before the limit it has the agent of every node whose
 ranks run send the signal to each rank's own process (`signal USR1`; torchrun would not pass
-SIGUSR1 on to its workers, so the agent signals them itself: agent/stacks.py `warn_ranks`),
+SIGUSR1 on to its workers, so the agent signals them itself: agent/limit_warning.py `warn_ranks`),
 if the process catches it (its default action would end it; one that does not runs on to
 the limit, as under SLURM, where it inherits "ignore"). Each agent answers `G SIG T SENT
 SKIPPED`, T its own clock just before its first signal: a rank of that node whose exit time
@@ -22,6 +22,7 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import Protocol
 
+from orchestrator.hostlist import name_ranks
 from orchestrator.plan.deadline import Deadline
 from orchestrator.record.runs import now_iso
 from orchestrator.supervise.state import NodeState, RankState
@@ -190,11 +191,12 @@ class WarningClock:
                 "with exit code 0 before the limit"
             )
         deaf = sorted(self.not_catching & set(ranks))
+        hosts = {rank: state.host for rank, state in ranks.items()}
         ended = (
             "every rank exited after it"
             if not deaf
             else f"{len(ranks) - len(deaf)} rank(s) exited after it, and the run was stopped: "
-            f"{len(deaf)} do not catch it ({named(deaf, ranks)})"
+            f"{len(deaf)} do not catch it ({name_ranks(deaf, hosts, listed=SHOWN_RANKS)})"
         )
         return (
             f"stopped on the time limit's warning ({self.warned()}): {ended}; a program "
@@ -213,13 +215,6 @@ class WarningClock:
             warning = "no warning signal (--signal none)"
         if not self.at_limit:
             return f"{warning}; no rank was running at the limit"
-        return f"{warning}; still running at the limit (stopped then): " + named(
-            self.at_limit, ranks
-        )
-
-
-def named(chosen: Sequence[int], ranks: dict[int, RankState]) -> str:
-    """ "rank 1 on node1, rank 3 on node2", the first SHOWN_RANKS, then how many more."""
-    names = [f"rank {r} on {ranks[r].host}" if r in ranks else f"rank {r}" for r in chosen]
-    more = len(names) - SHOWN_RANKS
-    return ", ".join(names[:SHOWN_RANKS]) + (f" and {more} more" if more > 0 else "")
+        hosts = {rank: state.host for rank, state in ranks.items()}
+        shown = name_ranks(self.at_limit, hosts, listed=SHOWN_RANKS)
+        return f"{warning}; still running at the limit (stopped then): {shown}"

@@ -69,8 +69,12 @@ ON_WARNING = "the ranks stopped on the time limit's warning"
 
 # (why, when it applies, state, exit code): the first row that applies decides.
 TABLE: tuple[tuple[str, Callable[[Facts], bool], str, Callable[[Facts], int]], ...] = (
-    ("the controller was interrupted", lambda f: f.interrupted_by is not None, "stopped",
-     _interrupted),
+    (
+        "the controller was interrupted",
+        lambda f: f.interrupted_by is not None,
+        "stopped",
+        _interrupted,
+    ),
     ("no rank moved for the hang timeout", lambda f: f.hung, "hung", _one),
     (ON_WARNING, _on_warning, "failed", lambda f: 124),
     ("a rank failed first", lambda f: f.first_fault == "rank", "failed", _fault),
@@ -81,7 +85,7 @@ TABLE: tuple[tuple[str, Callable[[Facts], bool], str, Callable[[Facts], int]], .
     ("a node was lost", lambda f: f.any_lost, "lost", _one),
     ("not every rank ended with exit 0", lambda f: not f.world_succeeded, "failed", _one),
     ("every rank ended with exit 0", lambda f: True, "succeeded", lambda f: 0),
-)  # fmt: skip
+)
 
 
 def verdict(facts: Facts) -> tuple[str, int, str]:

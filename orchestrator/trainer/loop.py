@@ -133,8 +133,9 @@ class Trainer:
         rt, cfg = self.runtime, self.config
         if not applies(cfg.cuda_graphs, rt.device, cfg.grad_accum):
             return False
-        first = s.plan.share(s.plan.global_indices(s.start_step), rt.rank, 0, rt.world_size,
-                             cfg.batch_size)  # fmt: skip
+        first = s.plan.share(
+            s.plan.global_indices(s.start_step), rt.rank, 0, rt.world_size, cfg.batch_size
+        )
         sample, _ = s.feeder.fetch(first)
         s.model.train()
         s.model, failed = graph_module(s.model, sample, s.autocast)

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.agent.ranks import rank_pids
 from orchestrator.agent.stacks import (
     HOOK_FOLDER,
     hook_environment,
-    rank_pids,
     take_stacks,
 )
 from orchestrator.supervise.stack_groups import fold, moved, render_groups

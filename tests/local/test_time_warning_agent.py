@@ -1,7 +1,7 @@
-"""The agent's side of the time limit's warning (orchestrator.agent.stacks.warn_ranks), on
-real processes: the signal goes to each rank's own process that catches it (a Python rank,
-or what a rank's non-Python wrapper started), never to one that would die of it or ignores
-it, and the G frame says when and to whom."""
+"""The agent's side of the time limit's warning (orchestrator.agent.limit_warning.warn_ranks),
+on real processes: the signal goes to each rank's own process that catches it (a Python
+rank, or what a rank's non-Python wrapper started), never to one that would die of it or
+ignores it, and the G frame says when and to whom."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import textwrap
 import time
 from pathlib import Path
 
-from orchestrator.agent.stacks import warn_ranks
+from orchestrator.agent.limit_warning import warn_ranks
 
 RANK = textwrap.dedent("""
     import os, signal, sys, time

@@ -19,12 +19,8 @@ from orchestrator.check import measure
 from orchestrator.check.diagnose import node_problems
 from orchestrator.check.facts import choose_backend
 from orchestrator.check.gather import reach_source
-from orchestrator.check.report import (
-    Problem,
-    bandwidth_table,
-    collective_results,
-    node_table,
-)
+from orchestrator.check.report import bandwidth_table, node_table
+from orchestrator.check.results import Problem, collective_results
 from tests.check_helpers import MASTER, facts, node
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"

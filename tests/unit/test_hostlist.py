@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from orchestrator.hostlist import compress_hosts, expand_range
+from orchestrator.hostlist import compress_hosts, expand_range, name_ranks
 
 
 def split_list(text: str) -> list[str]:
@@ -26,6 +26,16 @@ def test_runs_ranges_padding_and_plain_names() -> None:
     assert compress_hosts(["gpu7"]) == "gpu7"
     assert compress_hosts(["x9", "x10", "x11"]) == "x[9-11]"
     assert compress_hosts(["a-1.lan", "a-2.lan"]) == "a-[1-2].lan"
+
+
+def test_a_set_of_ranks_is_named_one_way_folded_or_listed() -> None:
+    hosts = {0: "node1", 1: "node1", 2: "node2", 5: "node3"}
+    assert name_ranks([3]) == "rank 3"
+    assert name_ranks([2], hosts) == "rank 2 (node2)"
+    assert name_ranks([0, 1, 2, 5], hosts) == "ranks r[0-2,5] (node[1-3])"
+    assert name_ranks([0, 1, 2, 5]) == "ranks r[0-2,5]"
+    assert name_ranks([1, 2, 9], hosts, listed=2) == "rank 1 on node1, rank 2 on node2 and 1 more"
+    assert name_ranks([9], hosts, listed=2) == "rank 9"
 
 
 @given(

@@ -17,6 +17,7 @@ import yaml
 
 from orchestrator.cli import main
 from orchestrator.errors import ConfigError
+from orchestrator.options.scheduler import SlurmOptions
 from orchestrator.plan.container import ContainerSpec, Mount, parse_mounts
 from orchestrator.plan.spec import JobSpec, Program
 from orchestrator.slurm.containers import (
@@ -25,7 +26,7 @@ from orchestrator.slurm.containers import (
     slurm_container,
     srun_container_args,
 )
-from orchestrator.slurm.sbatch import SlurmOptions, plan_slurm_job
+from orchestrator.slurm.planning import plan_slurm_job
 from orchestrator.slurm.submit import prepare_slurm
 
 ARGV = ("orchestrator", "render", "--backend", "slurm")

@@ -18,10 +18,12 @@ from orchestrator.errors import ConfigError
 from orchestrator.hosts.hostfile import parse_hostfile
 from orchestrator.hosts.selection import select_hosts
 from orchestrator.options.choosing import Selection
+from orchestrator.options.scheduler import SlurmOptions
 from orchestrator.plan.container import ContainerSpec, parse_mounts
 from orchestrator.plan.scripts import render_template
 from orchestrator.plan.spec import JobSpec, Program
-from orchestrator.slurm.sbatch import SlurmOptions, plan_slurm_job, render_sbatch
+from orchestrator.slurm.batch_script import render_sbatch
+from orchestrator.slurm.planning import plan_slurm_job
 from orchestrator.slurm.submit import prepare_slurm
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "slurm"

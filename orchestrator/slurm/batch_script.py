@@ -1,0 +1,50 @@
+"""job.sbatch: the SLURM job (`SlurmJob`) as the one script that runs it. Pure.
+
+One sbatch script runs the whole job: `#SBATCH` lines ask for N nodes with one task each;
+the body takes MASTER_ADDR from the allocation, a MASTER_PORT from the job id, and starts
+torchrun on every node with `srun --kill-on-bad-exit=1`, node rank SLURM_NODEID. Each rank
+runs through the same `run_rank` wrapper as the SSH node script (templates/_run_rank.sh.j2).
+
+Under `orchestrator launch`, ORCHESTRATOR_JOB_DIR (a folder of the run record, on a file
+system the nodes share) is written into the script: every node then keeps its ranks'
+output and exit codes in `attempt<restart>/node<SLURM_NODEID>/` there, which the launcher
+follows. Without it (`render`, then `sbatch job.sbatch` by hand) the ranks' output goes to
+the usual slurm-<jobid>.out.
+
+Time limits and preemption (`--time 4:00:00`, orchestrator.plan.deadline): SLURM sends
+SIGUSR1 to the batch script 120 s before the limit (`#SBATCH --signal=B:USR1@120`, or
+`--signal`; with preemption on, at once when the job is preempted); the script writes
+`attempt<restart>/warning` in the job folder and passes the signal through srun to every
+process of the step, where torchrun and the wrappers ignore it and the ranks handle it:
+the bundled trainer, run with `--checkpoint-dir DIR --resume`, saves a checkpoint and
+exits 128+10. `orchestrator launch` then submits the job again (orchestrator.slurm.segments)
+and the trainer resumes from the newest checkpoint in DIR. With `--requeue` the script
+instead runs `scontrol requeue` itself (for a script submitted by hand). A rank of your
+own does the same with a SIGUSR1 handler and its own checkpoints; a rank without a
+handler ignores the signal.
+
+Spares (`--spares N`): the job asks for its nodes only, with `--no-requeue` so that a node
+failure ends it (NODE_FAIL) instead of SLURM requeueing it in place; `launch` then submits
+it again without the failed node (orchestrator.slurm.spares), up to N times. With a
+hostfile the last N hosts are the spares, taken in order; without one, SLURM chooses the
+replacement from the partition, the failed nodes (and the --bad-nodes list) in --exclude.
+"""
+
+from __future__ import annotations
+
+from orchestrator.plan.scripts import render_template
+from orchestrator.slurm.job import PORT_BASE, PORT_SPAN, SlurmJob
+
+SCRIPT_NAME = "job.sbatch"
+
+
+def render_sbatch(job: SlurmJob, command: str) -> str:
+    """The sbatch script of the job, runnable by hand with `sbatch job.sbatch`."""
+    return render_template(
+        "slurm.sbatch.j2",
+        job=job,
+        command=command,
+        script_name=SCRIPT_NAME,
+        port_base=PORT_BASE,
+        port_span=PORT_SPAN,
+    )
