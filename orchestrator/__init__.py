@@ -36,6 +36,7 @@ _API = {
     "NodeErrors": "orchestrator.errors",
     "Interrupted": "orchestrator.errors",
     "RunFailed": "orchestrator.errors",
+    "RunNotReachable": "orchestrator.errors",
 }
 
 __all__ = ["__version__", *_API]

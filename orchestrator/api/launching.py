@@ -30,7 +30,7 @@ from orchestrator.api.keywords import (
     ssh_keywords,
 )
 from orchestrator.api.run_handle import Run
-from orchestrator.errors import ConfigError, OrchestratorError
+from orchestrator.errors import ConfigError, OrchestratorError, error_from_report
 from orchestrator.hosts.hostfile import load_hostfile
 from orchestrator.nodes.execute import NodeResult, results_table, run_command
 from orchestrator.plan.scripts import write_rendered
@@ -86,13 +86,9 @@ def start_attached(request: LaunchRequest, dry_run: bool, out: BinaryIO) -> int:
 
 
 def started_error(report: dict) -> OrchestratorError:
-    """The error a detached start reported, typed by its exit code (2: bad input)."""
-    message, code = str(report["error"]), int(report.get("exit_code") or 1)
-    if code == 2:
-        return ConfigError(message)
-    error = OrchestratorError(message)
-    error.exit_code = code
-    return error
+    """The error a detached start reported, of the type it had there (ConfigError,
+    NodeError, NodeErrors, Interrupted, ...), its message and exit code."""
+    return error_from_report(report)
 
 
 def render(
