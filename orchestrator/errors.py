@@ -87,14 +87,6 @@ class Interrupted(OrchestratorError):
         )
 
 
-class JobFailed(OrchestratorError):
-    """The job ran and did not succeed; the message is the failure summary."""
-
-    def __init__(self, message: str, exit_code: int) -> None:
-        self.exit_code = exit_code
-        super().__init__(message)
-
-
 class RunNotReachable(OrchestratorError):
     """A run that cannot be asked anything now: its controller, the way to its nodes, is
     gone. A runtime condition, exit code 1."""

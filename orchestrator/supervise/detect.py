@@ -228,10 +228,6 @@ class Detector:
         subject = fault.subject
         return subject.node if isinstance(subject, RankState) else subject.index
 
-    def first_failed_rank(self) -> RankState | None:
-        ranks = [f.subject for f in self.faults() if f.kind == "rank"]
-        return ranks[0] if ranks else None  # type: ignore[return-value]
-
     def settle_restarts(self) -> None:
         """At the end: a node script that failed means its torchrun gave up, and ranks that
         failed in the last round failed the run; earlier ones were stopped mid-restart."""
