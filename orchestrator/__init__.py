@@ -7,9 +7,9 @@ The Python API, for a sweep script, a notebook or another tool (see docs/api.md)
     outcome = run.wait()        # .state, .exit_code, .failure (rank, host, last lines)
 
 `launch`, `attach`, `render`, `exec_command`, `check_nodes`, `clean_nodes`, `Run`,
-`RunOutcome`, `Failure` and the errors (`OrchestratorError`, `ConfigError`, `RunFailed`,
-...) are named here and imported on first use: `python -m orchestrator.trainer` on a node
-imports this package without them.
+`RunOutcome`, `RunStatus`, `RunState`, `Failure` and the errors (`OrchestratorError`,
+`ConfigError`, `RunFailed`, ...) are named here and imported on first use: `python -m
+orchestrator.trainer` on a node imports this package without them.
 """
 
 from __future__ import annotations
@@ -27,6 +27,8 @@ _API = {
     "Run": "orchestrator.api.run_handle",
     "RunOutcome": "orchestrator.api.run_handle",
     "Failure": "orchestrator.api.run_handle",
+    "RunStatus": "orchestrator.api.run_handle",
+    "RunState": "orchestrator.api.run_handle",
     "OrchestratorError": "orchestrator.errors",
     "ConfigError": "orchestrator.errors",
     "SourceError": "orchestrator.errors",
@@ -34,6 +36,7 @@ _API = {
     "NodeErrors": "orchestrator.errors",
     "Interrupted": "orchestrator.errors",
     "RunFailed": "orchestrator.errors",
+    "RunNotReachable": "orchestrator.errors",
 }
 
 __all__ = ["__version__", *_API]

@@ -57,6 +57,7 @@ class NodeErrors(OrchestratorError):
 
     def __init__(self, errors: list[NodeError], what: str) -> None:
         self.errors = errors
+        self.what = what
         self.exit_code = max(e.exit_code for e in errors)
         if len(errors) == 1:
             super().__init__(str(errors[0]))
@@ -77,6 +78,8 @@ class Interrupted(OrchestratorError):
     def __init__(self, signum: int, during: str) -> None:
         import signal
 
+        self.signum = signum
+        self.during = during
         self.exit_code = 128 + signum
         super().__init__(
             f"{signal.Signals(signum).name} during {during}; stopped on every "
@@ -84,12 +87,9 @@ class Interrupted(OrchestratorError):
         )
 
 
-class JobFailed(OrchestratorError):
-    """The job ran and did not succeed; the message is the failure summary."""
-
-    def __init__(self, message: str, exit_code: int) -> None:
-        self.exit_code = exit_code
-        super().__init__(message)
+class RunNotReachable(OrchestratorError):
+    """A run that cannot be asked anything now: its controller, the way to its nodes, is
+    gone. A runtime condition, exit code 1."""
 
 
 class RunFailed(OrchestratorError):
@@ -104,3 +104,63 @@ class RunFailed(OrchestratorError):
         super().__init__(
             f"run {outcome.run_id} {outcome.state} (exit code {outcome.exit_code}){where}"
         )
+
+
+# --- errors across a process boundary ------------------------------------------------------
+# A detached controller (start/detach.py) reports why its start failed as one JSON object;
+# the caller raises the same type from it (api/launching.py's started_error).
+
+
+def error_report(error: OrchestratorError) -> dict:
+    """The JSON-able report of `error`: its message, exit code, type, and what rebuilds it."""
+    report: dict = {"error": str(error), "exit_code": error.exit_code}
+    if isinstance(error, NodeErrors):
+        nodes = [_node_fields(e) for e in error.errors]
+        return {**report, "error_type": "NodeErrors", "what": error.what, "nodes": nodes}
+    if isinstance(error, NodeError):
+        return {**report, "error_type": "NodeError", **_node_fields(error)}
+    if isinstance(error, Interrupted):
+        signal = {"signum": error.signum, "during": error.during}
+        return {**report, "error_type": "Interrupted", **signal}
+    if isinstance(error, SourceError):
+        where = {"path": error.path, "line": error.line, "message": error.message}
+        return {**report, "error_type": "SourceError", **where}
+    for kind in (ConfigError, RunNotReachable):
+        if isinstance(error, kind):
+            return {**report, "error_type": kind.__name__}
+    return {**report, "error_type": "OrchestratorError"}
+
+
+def error_from_report(report: dict) -> OrchestratorError:
+    """The error `error_report` described, of the same type, message and exit code. A
+    report without a type (a controller that ended before it could say) is typed by its
+    exit code: 2 is bad input."""
+    message, code = str(report["error"]), int(report.get("exit_code") or 1)
+    kind = report.get("error_type") or ("ConfigError" if code == 2 else "OrchestratorError")
+    try:
+        error = _REBUILD[kind](report, message)
+    except (KeyError, TypeError, ValueError):  # a type or fields this version does not know
+        error = OrchestratorError(message)
+    error.args = (message,)  # word for word what the controller said
+    error.exit_code = code
+    return error
+
+
+def _node_fields(error: NodeError) -> dict:
+    return {"host": error.host, "message": error.message, "exit_code": error.exit_code}
+
+
+def _node_error(fields: dict) -> NodeError:
+    return NodeError(fields["host"], fields["message"], exit_code=int(fields["exit_code"]))
+
+
+# error type -> (report, message) -> the error
+_REBUILD = {
+    "OrchestratorError": lambda r, message: OrchestratorError(message),
+    "ConfigError": lambda r, message: ConfigError(message),
+    "RunNotReachable": lambda r, message: RunNotReachable(message),
+    "SourceError": lambda r, message: SourceError(r["path"], r["line"], r["message"]),
+    "NodeError": lambda r, message: _node_error(r),
+    "NodeErrors": lambda r, message: NodeErrors([_node_error(n) for n in r["nodes"]], r["what"]),
+    "Interrupted": lambda r, message: Interrupted(int(r["signum"]), r["during"]),
+}

@@ -24,7 +24,7 @@ from typing import BinaryIO
 
 from orchestrator.api.request import LaunchRequest, build
 from orchestrator.api.run_handle import Run
-from orchestrator.errors import ConfigError, OrchestratorError
+from orchestrator.errors import ConfigError, OrchestratorError, error_from_report
 from orchestrator.hosts.hostfile import load_hostfile
 from orchestrator.nodes.execute import NodeResult, results_table, run_command
 from orchestrator.options.display import ConsoleOptions
@@ -66,9 +66,13 @@ def start_detached(request: LaunchRequest) -> dict:
     runs (SLURM: once the job is submitted): {"started": True, ...} or {"error": ...}."""
     if request.backend == "slurm":
         return start_slurm_detached(
-            request.cluster, request.spec, request.slurm, request.options,
-            spares=request.spares, exclude=request.exclude,
-        )  # fmt: skip
+            request.cluster,
+            request.spec,
+            request.slurm,
+            request.options,
+            spares=request.spares,
+            exclude=request.exclude,
+        )
     assert request.cluster is not None
     return start_ssh_detached(request.cluster, request.spec, request.options)
 
@@ -77,21 +81,23 @@ def start_attached(request: LaunchRequest, dry_run: bool, out: BinaryIO) -> int:
     """The run driven from this process, its console on `out`; the exit code."""
     if request.backend == "slurm":
         return launch_slurm(
-            request.cluster, request.spec, request.slurm, request.options, dry_run=dry_run,
-            out=out, spares=request.spares, exclude=request.exclude,
-        )  # fmt: skip
+            request.cluster,
+            request.spec,
+            request.slurm,
+            request.options,
+            dry_run=dry_run,
+            out=out,
+            spares=request.spares,
+            exclude=request.exclude,
+        )
     assert request.cluster is not None
     return launch_attached(request.cluster, request.spec, request.options, dry_run=dry_run, out=out)
 
 
 def started_error(report: dict) -> OrchestratorError:
-    """The error a detached start reported, typed by its exit code (2: bad input)."""
-    message, code = str(report["error"]), int(report.get("exit_code") or 1)
-    if code == 2:
-        return ConfigError(message)
-    error = OrchestratorError(message)
-    error.exit_code = code
-    return error
+    """The error a detached start reported, of the type it had there (ConfigError,
+    NodeError, NodeErrors, Interrupted, ...), its message and exit code."""
+    return error_from_report(report)
 
 
 def render(
@@ -114,9 +120,15 @@ def render(
     options = request.options
     if request.backend == "slurm":
         return write_slurm_render(
-            str(out_dir), request.cluster, request.spec, request.slurm, options.run_id,
-            options.argv, request.spares, request.exclude,
-        )  # fmt: skip
+            str(out_dir),
+            request.cluster,
+            request.spec,
+            request.slurm,
+            options.run_id,
+            options.argv,
+            request.spares,
+            request.exclude,
+        )
     assert request.cluster is not None
     if options.deadline.limit_s is not None:
         raise ConfigError(

@@ -10,8 +10,8 @@ from __future__ import annotations
 import secrets
 import time
 
-from orchestrator.errors import ConfigError, OrchestratorError
-from orchestrator.record.runs import FINAL_STATES, RunRecord, controller_alive
+from orchestrator.errors import ConfigError, OrchestratorError, RunNotReachable
+from orchestrator.record.runs import RunRecord, controller_alive
 from orchestrator.supervise.stack_groups import fold, render_groups
 from orchestrator.supervise.stack_rounds import ROUND_TIMEOUT_S, answer_to, ask_for_stacks
 
@@ -22,20 +22,23 @@ ANSWER_WITHIN_S = ROUND_TIMEOUT_S + 8.0
 
 def take_stacks(record: RunRecord, method: str = "auto", timeout: float = ANSWER_WITHIN_S) -> dict:
     """Ask the run's controller for every rank's stacks; stacks.json of the round that
-    answered, with its folder. Raises ConfigError when the run cannot answer."""
-    status = record.read_status()
-    state = status.get("state")
+    answered, with its folder. Raises ConfigError for a run that has ended or runs under
+    SLURM, RunNotReachable when its controller is gone."""
+    current = record.run_status()
+    status = current.document
     where = record.path / "stacks"
-    if state in FINAL_STATES:
+    if current.ended_in_record:
         earlier = f"; stacks taken earlier are in {where}" if where.exists() else ""
-        raise ConfigError(f"run {record.run_id} has ended ({state}): no rank to take{earlier}")
-    if status.get("backend") == "slurm":
+        raise ConfigError(
+            f"run {record.run_id} has ended ({current.recorded_state}): no rank to take{earlier}"
+        )
+    if current.backend == "slurm":
         raise ConfigError(
             f"run {record.run_id} runs under SLURM, where `stacks` does not reach the ranks "
             "yet; on the allocation: srun --overlap --jobid JOBID py-spy dump --pid PID"
         )
-    if not controller_alive(status):
-        raise ConfigError(
+    if not current.controller_alive:
+        raise RunNotReachable(
             f"run {record.run_id}: its controller (pid {status['controller']['pid']}) is gone, "
             "and with it the way to the nodes"
         )
@@ -49,7 +52,7 @@ def take_stacks(record: RunRecord, method: str = "auto", timeout: float = ANSWER
         if answer is not None:
             return answer
         if not controller_alive(record.read_status()):
-            raise OrchestratorError(f"run {record.run_id}: the controller ended before answering")
+            raise RunNotReachable(f"run {record.run_id}: the controller ended before answering")
         time.sleep(0.1)
     raise OrchestratorError(f"run {record.run_id}: no stacks came within {timeout:g} s")
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 import re
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,11 +26,13 @@ from orchestrator.console.reading import (
 )
 from orchestrator.errors import ConfigError, RunFailed
 from orchestrator.nodes.refill import fetch_incomplete
-from orchestrator.record.runs import FINAL_STATES, RunRecord, controller_alive, list_runs
+from orchestrator.record.runs import RunRecord, list_runs, run_status
+from orchestrator.record.states import RunState, RunStatus
 from orchestrator.slurm.client import refresh_status
 
 LAST_LINES = 20  # of the failing rank, in a Failure
 POLL_S = 0.2
+SLURM_POLL_S = 5.0  # how often `wait` asks SLURM about a job no controller follows
 
 
 @dataclass(frozen=True)
@@ -49,14 +51,14 @@ class RunOutcome:
     the command line would give, the summary it printed, and the first failing rank."""
 
     run_id: str
-    state: str
+    state: RunState
     exit_code: int
     summary: str
     failure: Failure | None
 
     @property
     def ok(self) -> bool:
-        return self.state == "succeeded"
+        return self.state == RunState.SUCCEEDED
 
     def check(self) -> RunOutcome:
         """This outcome, or RunFailed where the run did not succeed."""
@@ -76,12 +78,13 @@ class Run:
     def __repr__(self) -> str:
         return f"Run({self.run_id!r}, run_dir={str(self.run_dir)!r})"
 
-    def status(self) -> dict:
-        """status.json as it is now (state, nodes, ranks, metrics, ...); a SLURM run not
-        yet ended with squeue's or sacct's word on its job."""
-        current = self.record.read_status()
-        if current.get("backend") == "slurm" and current.get("state") not in FINAL_STATES:
-            current = refresh_status(self.record, current)
+    def status(self) -> RunStatus:
+        """The run's status as it is now: its state (record/states.py's rule), exit code,
+        summary, ...; `.document` is status.json itself (nodes, ranks, metrics, ...), a
+        SLURM run not yet ended with squeue's or sacct's word on its job."""
+        current = self.record.run_status()
+        if current.backend == "slurm" and not current.ended_in_record:
+            return run_status(refresh_status(self.record, dict(current.document)))
         return current
 
     def stacks(self, method: str = "auto") -> dict:
@@ -90,43 +93,45 @@ class Run:
         return take_stacks(self.record, method)
 
     @property
-    def state(self) -> str:
-        status = self.status()
-        return self.ended_state(status) or str(status.get("state"))
-
-    @staticmethod
-    def ended_state(status: dict) -> str | None:
-        """The final state, or `lost` where the controller is gone without one; else None."""
-        if status.get("state") in FINAL_STATES:
-            return str(status["state"])
-        return None if controller_alive(status) else "lost"
+    def state(self) -> RunState | None:
+        """The state now; None only where the record names none we know."""
+        return self.status().state
 
     def done(self) -> bool:
-        return self.ended_state(self.record.read_status()) is not None
+        current = self.record.run_status()
+        if current.asks_slurm:  # no controller follows the job: SLURM knows its end
+            current = self.status()
+        return current.ended
 
     def wait(self, timeout: float | None = None) -> RunOutcome:
         """Block until the run ends (TimeoutError after `timeout` seconds); how it ended."""
         deadline = None if timeout is None else time.monotonic() + timeout
+        slurm_asked = None
         while True:
-            status = self.record.read_status()  # the controller keeps it current
-            state = self.ended_state(status)
-            if state is not None:
-                return self.outcome(status, state)
+            current = self.record.run_status()  # the controller keeps it current
+            if current.asks_slurm and (
+                slurm_asked is None or time.monotonic() - slurm_asked >= SLURM_POLL_S
+            ):
+                slurm_asked = time.monotonic()
+                current = self.status()
+            if current.ended:
+                return self.outcome(current)
             if deadline is not None and time.monotonic() >= deadline:
                 raise TimeoutError(
-                    f"run {self.run_id} still {status.get('state')} after {timeout:g} s"
+                    f"run {self.run_id} still {current.document.get('state')} after {timeout:g} s"
                 )
             time.sleep(POLL_S)
 
-    def outcome(self, status: dict, state: str) -> RunOutcome:
-        code = status.get("exit_code")
+    def outcome(self, status: RunStatus) -> RunOutcome:
+        """How an ended run ended (`status.ended`)."""
+        code = status.exit_code
         if code is None:
-            code = 0 if state == "succeeded" else 1
+            code = 0 if status.state == RunState.SUCCEEDED else 1
         return RunOutcome(
-            self.run_id, state, int(code), str(status.get("summary") or ""), self.failure(status)
+            self.run_id, status.state, code, status.summary, self.failure(status.document)
         )
 
-    def failure(self, status: dict) -> Failure | None:
+    def failure(self, status: Mapping) -> Failure | None:
         """The first rank to fail (by when it ended), with its last lines."""
         failed = [r for r in status.get("ranks") or [] if r.get("state") == "failed"]
         if not failed:
@@ -196,8 +201,11 @@ def log_bytes(
             raise ConfigError(f"--grep {grep!r} is not a valid regular expression: {exc}") from None
     keep = line_filter(grep, node)
     chosen = keep if grep or node else None
-    lines = (line for line in raw_lines(record, rank, following, tail, torchrun_reports, chosen)
-             if not line or keep(line))  # fmt: skip
+    lines = (
+        line
+        for line in raw_lines(record, rank, following, tail, torchrun_reports, chosen)
+        if not line or keep(line)
+    )
     if fold and rank is None:
         return fold_lines(lines, time.monotonic if following else None)
     return lines
@@ -221,8 +229,8 @@ def raw_lines(
     else:
         path = record.logs_dir / "combined.log"
 
-    def done() -> bool:
-        return Run.ended_state(record.read_status()) is not None
+    def done() -> bool:  # nobody writes the log any more
+        return not record.run_status().being_written
 
     reports = NodeReports() if rank is None and not torchrun_reports else None
     if tail is not None:

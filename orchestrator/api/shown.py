@@ -1,21 +1,20 @@
 """What the command line shows of runs, as it takes it from the stages below: the per-rank
 table of `top` (console/rank_table), the plot (console/plot), the sizes and durations it
-writes, and the states a run record knows. Named here so that `cli/` reaches the rest of
-the package through the API alone (tests/unit/test_layout.py)."""
+writes, and a run's state as a reader of its record sees it (record/states.py). Named here
+so that `cli/` reaches the rest of the package through the API alone
+(tests/unit/test_layout.py)."""
 
 from __future__ import annotations
 
 from orchestrator.console.plot import draw, load
 from orchestrator.console.rank_table import RunView, duration
 from orchestrator.record.recoveries import describe_recovery
-from orchestrator.record.runs import ACTIVE_STATES, controller_alive
+from orchestrator.record.runs import run_status
 from orchestrator.sizes import human_bytes, parse_size
 from orchestrator.slurm.segments import describe_segment
 
 __all__ = [
-    "ACTIVE_STATES",
     "RunView",
-    "controller_alive",
     "describe_recovery",
     "describe_segment",
     "draw",
@@ -23,4 +22,5 @@ __all__ = [
     "human_bytes",
     "load",
     "parse_size",
+    "run_status",
 ]

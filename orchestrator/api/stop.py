@@ -12,21 +12,21 @@ import signal
 import time
 
 from orchestrator.errors import OrchestratorError
-from orchestrator.record.runs import FINAL_STATES, RunRecord, controller_alive
+from orchestrator.record.runs import RunRecord
 
 
 def stop_run(record: RunRecord, wait_s: float, say=print) -> int:
     """Ask the run's controller to stop it everywhere and wait for the end; exit code."""
-    status = record.read_status()
-    state = status.get("state")
-    if state in FINAL_STATES:
-        say(f"run {record.run_id} already ended: {state}")
+    current = record.run_status()
+    status = dict(current.document)
+    if current.ended_in_record:
+        say(f"run {record.run_id} already ended: {current.recorded_state}")
         return 0
-    if status.get("backend") == "slurm":
+    if current.backend == "slurm":
         from orchestrator.slurm.client import cancel_run
 
         return cancel_run(record, status, say)
-    if not controller_alive(status):
+    if not current.controller_alive:  # lost: said as what it means here
         say(
             f"run {record.run_id}: its controller (pid {status['controller']['pid']}) is gone; "
             "its nodes stop their part by themselves once they lose contact with it"
@@ -40,11 +40,11 @@ def stop_run(record: RunRecord, wait_s: float, say=print) -> int:
     say(f"run {record.run_id}: asked controller (pid {pid}) to stop it on every node")
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
-        status = record.read_status()
-        if status.get("state") in FINAL_STATES:
-            say(f"run {record.run_id}: {status['state']}")
+        current = record.run_status()
+        if current.ended_in_record:
+            say(f"run {record.run_id}: {current.recorded_state}")
             return 0
-        if not controller_alive(status):
+        if not current.controller_alive:
             say(f"run {record.run_id}: controller ended")
             return 0
         time.sleep(0.2)

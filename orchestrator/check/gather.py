@@ -21,7 +21,7 @@ from importlib import resources
 
 from orchestrator.backends.base import NodeConnection
 from orchestrator.check.facts import Master, NodeReport
-from orchestrator.errors import NodeError, OrchestratorError
+from orchestrator.errors import NodeError
 from orchestrator.hosts.hostfile import Cluster
 from orchestrator.nodes.execute import NodeResult, run_on_nodes
 from orchestrator.nodes.probe import parse_probe_output, probe_time_limit
@@ -31,10 +31,6 @@ from orchestrator.plan.spec import DEFAULT_MASTER_PORT
 
 RTT_SAMPLES = 5
 REACH_TIMEOUT_S = 5.0
-
-
-class Interrupted(OrchestratorError):
-    exit_code = 130
 
 
 # --- step 0: connections ----------------------------------------------------------------
@@ -118,8 +114,9 @@ def run_each(
     connections: list, pythons: list[str], argvs: dict[int, list[str]], time_limit: float, tag: str
 ) -> dict[int, NodeResult]:
     """run_on_nodes over the nodes in `argvs` (agents tagged with the run id); a node whose
-    agent cannot even start gets a failed result instead of ending the check. Ctrl-C stops
-    every node and the check."""
+    agent cannot even start gets a failed result instead of ending the check. Ctrl-C or
+    SIGTERM stops every node and the check: run_on_nodes raises errors.Interrupted (exit
+    128 + the signal's number)."""
     results: dict[int, NodeResult] = {}
     pending = dict(argvs)
     while pending:
@@ -139,10 +136,6 @@ def run_each(
             results[failed] = NodeResult(exc.host, None, "", "lost", exc.message)
             del pending[failed]
             continue
-        if any(r.state == "stopped" for r in done) and not any(
-            "time limit" in r.detail for r in done
-        ):
-            raise Interrupted("interrupted; stopped the check on every node")
         results.update(zip(order, done, strict=True))
         break
     return results

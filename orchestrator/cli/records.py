@@ -78,7 +78,7 @@ def status(run_id, run_dir, as_json):
     from orchestrator.api.run_handle import Run
     from orchestrator.cli.views import status_text
 
-    current = Run(run_id, run_dir).status()
+    current = Run(run_id, run_dir).status().document
     click.echo(json.dumps(current, indent=2) if as_json else status_text(current))
     return 0
 

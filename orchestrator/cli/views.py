@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-from orchestrator.api.shown import ACTIVE_STATES, controller_alive
+from orchestrator.api.shown import run_status
 
 
-def effective_state(status: dict) -> str:
-    """The recorded state, or 'lost' when an active run's controller is gone."""
-    state = status.get("state", "?")
-    if state in ACTIVE_STATES and status.get("backend") != "slurm" and not controller_alive(status):
-        return "lost"
-    return state
+def shown_state(status: dict) -> str:
+    """The state a reader sees (record/states.py's one rule: `lost` where an SSH or local
+    run's controller is gone before its end), or the record's own word for one unknown."""
+    state = run_status(status).state
+    return str(state) if state is not None else str(status.get("state", "?"))
 
 
 def _table(rows: list[list[str]]) -> str:
@@ -27,7 +26,7 @@ def _code(value: object) -> str:
 
 def status_text(status: dict) -> str:
     lines = [
-        f"run {status.get('run_id')}: {effective_state(status)}"
+        f"run {status.get('run_id')}: {shown_state(status)}"
         + (f" (exit code {status['exit_code']})" if status.get("exit_code") is not None else ""),
         f"  backend {status.get('backend')}, {status.get('nnodes')} node(s), "
         f"{status.get('world_size')} rank(s), master {status.get('master')}",
@@ -114,7 +113,7 @@ def runs_table(runs: list[tuple[str, dict]], run_dir: str) -> str:
     rows += [
         [
             run_id,
-            effective_state(s),
+            shown_state(s),
             str(s.get("backend")),
             str(s.get("nnodes")),
             str(s.get("world_size")),

@@ -29,7 +29,8 @@ from dataclasses import dataclass, field, replace
 
 from orchestrator.errors import ConfigError
 from orchestrator.hostlist import compress_hosts
-from orchestrator.record.runs import FINAL_STATES, RunRecord
+from orchestrator.record.runs import RunRecord
+from orchestrator.record.states import RunState
 
 SLOW_WORK = 1.5  # average work above this times the median: shown first (as stragglers)
 SMOOTH = 0.2  # the weight of a rank's newest work in its average (one record a second)
@@ -197,7 +198,8 @@ class RunView:
         return "\n".join([line, *hang_lines(self.status.get("hang"))])
 
     def ended(self) -> bool:
-        return self.status.get("state") in FINAL_STATES
+        state = RunState.parse(self.status.get("state"))
+        return state is not None and state.is_final
 
 
 def summary(

@@ -20,11 +20,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from orchestrator.errors import ConfigError
+from orchestrator.record.states import RunState, RunStatus
 
 DEFAULT_RUN_DIR = "runs"
 RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
-ACTIVE_STATES = frozenset({"starting", "queued", "running", "stopping"})  # queued: SLURM
-FINAL_STATES = frozenset({"succeeded", "failed", "stopped", "lost", "hung"})
 
 
 def now_iso(when: float | None = None) -> str:
@@ -46,7 +45,7 @@ def new_status(
     return {
         "run_id": run_id,
         "backend": backend,
-        "state": "starting",
+        "state": RunState.STARTING,
         "command": command,
         "program": program,
         "nnodes": nnodes,
@@ -140,6 +139,10 @@ class RunRecord:
             )
         return cls(path)
 
+    def run_status(self) -> RunStatus:
+        """status.json as read now, its state as a reader sees it (record/states.py)."""
+        return run_status(self.read_status())
+
     def read_status(self) -> dict:
         try:
             status = json.loads(self.status_path.read_text(encoding="utf-8"))
@@ -200,3 +203,8 @@ def controller_alive(status: dict) -> bool:
     controller = status.get("controller") or {}
     pid, started = controller.get("pid"), controller.get("start_time")
     return bool(pid) and started is not None and process_start_time(pid) == started
+
+
+def run_status(status: dict) -> RunStatus:
+    """The typed view of a status.json document, its controller looked up now."""
+    return RunStatus.of(status, controller_alive(status))

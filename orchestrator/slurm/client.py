@@ -15,7 +15,8 @@ import subprocess
 import time
 
 from orchestrator.errors import ConfigError, OrchestratorError
-from orchestrator.record.runs import FINAL_STATES, RunRecord, controller_alive, now_iso
+from orchestrator.record.runs import RunRecord, controller_alive, now_iso, run_status
+from orchestrator.record.states import RunState
 from orchestrator.slurm.parse import (
     JobInfo,
     parse_job_id,
@@ -242,15 +243,12 @@ def cancel_run(record: RunRecord, status: dict, say=print, wait_s: float = 120.0
         say(f"run {record.run_id}: SLURM job {job_id} still listed by squeue after {wait_s:g} s")
         return 1
     deadline = time.monotonic() + 15
-    while (
-        controller_alive(status)
-        and status.get("state") not in FINAL_STATES
-        and time.monotonic() < deadline
-    ):  # the launcher following it records the end
-        time.sleep(0.2)
-        status = record.read_status()
-    if status.get("state") not in FINAL_STATES:
-        record.write_status(final_status(status, info))
+    current = run_status(status)
+    while current.being_written and time.monotonic() < deadline:
+        time.sleep(0.2)  # the launcher following it records the end
+        current = record.run_status()
+    if not current.ended_in_record:
+        record.write_status(final_status(dict(current.document), info))
     say(
         f"run {record.run_id}: {record.read_status().get('state')} (SLURM job {job_id} "
         f"{info.state})"
@@ -260,8 +258,10 @@ def cancel_run(record: RunRecord, status: dict, say=print, wait_s: float = 120.0
 
 def final_status(status: dict, info: JobInfo) -> dict:
     """The status of a run whose job ended while nobody followed it."""
-    state = {"COMPLETED": "succeeded", "CANCELLED": "stopped"}.get(info.state, "failed")
-    code = 0 if state == "succeeded" else (info.exit_code or 1)
+    state = {"COMPLETED": RunState.SUCCEEDED, "CANCELLED": RunState.STOPPED}.get(
+        info.state, RunState.FAILED
+    )
+    code = 0 if state == RunState.SUCCEEDED else (info.exit_code or 1)
     return {
         **status,
         "state": state,
@@ -271,7 +271,7 @@ def final_status(status: dict, info: JobInfo) -> dict:
         "summary": status.get("summary")
         or (
             None
-            if state == "succeeded"
+            if state == RunState.SUCCEEDED
             else f"SLURM job {status.get('slurm_job_id')} ended {info.state}"
         ),
     }
@@ -281,7 +281,7 @@ def refresh_status(record: RunRecord, status: dict) -> dict:
     """For `status RUN`: SLURM's word on an unfinished run; recorded once its job ended
     and no launcher follows it any more."""
     job_id = status.get("slurm_job_id")
-    if job_id is None or status.get("state") in FINAL_STATES:
+    if job_id is None or run_status(status).ended_in_record:
         return status
     commands = SlurmCommands(status.get("slurm_login"))
     try:

@@ -28,6 +28,7 @@ from orchestrator.console.footer import Footer
 from orchestrator.console.sink import LogSink
 from orchestrator.errors import ConfigError, OrchestratorError
 from orchestrator.record.runs import RunRecord, now_iso
+from orchestrator.record.states import RunState
 from orchestrator.slurm import client as slurm
 from orchestrator.slurm.batch_script import SCRIPT_NAME
 from orchestrator.slurm.client import SlurmCommands
@@ -90,9 +91,10 @@ class Follower:
 
     def write_status(self, sup: Supervisor | None = None, **extra: object) -> None:
         sup = sup or self.sup
-        state = "queued" if self.info.state not in ("RUNNING", "COMPLETING") else "running"
+        running = self.info.state in ("RUNNING", "COMPLETING")
+        state = RunState.RUNNING if running else RunState.QUEUED
         if (sup is not None and sup.stopping) or self.interrupted_by:
-            state = "stopping"
+            state = RunState.STOPPING
         self.record.write_status(
             {
                 **self.base,
@@ -118,7 +120,10 @@ class Follower:
             self.note(f"error: {exc}")
             self.sink.close()
             self.write_status(
-                state="failed", exit_code=exc.exit_code, ended_at=now_iso(), summary=str(exc)
+                state=RunState.FAILED,
+                exit_code=exc.exit_code,
+                ended_at=now_iso(),
+                summary=str(exc),
             )
             raise
         finally:

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from orchestrator.console.reading import last_lines_of
+from orchestrator.record.states import RunState
 from orchestrator.slurm.parse import JobInfo
 from orchestrator.supervise import Outcome, Supervisor, describe_exit
 
@@ -51,16 +52,19 @@ def job_outcome(
     name = f"SLURM job {job_id}"
     if interrupted_by is not None:
         signame = signal.Signals(interrupted_by).name
-        return Outcome("stopped", 128 + interrupted_by, f"stopped by {signame}: {name} cancelled")
-    if info.state == "COMPLETED" and (ranks is None or ranks.state == "succeeded"):
-        return ranks or Outcome("succeeded", 0)  # the ranks' says which restarts it took
+        stopped = f"stopped by {signame}: {name} cancelled"
+        return Outcome(RunState.STOPPED, 128 + interrupted_by, stopped)
+    if info.state == "COMPLETED" and (ranks is None or ranks.state == RunState.SUCCEEDED):
+        return ranks or Outcome(RunState.SUCCEEDED, 0)  # the ranks' says which restarts it took
     if info.state in JOB_ENDINGS:
         summary = f"job ended: {name} ended {info.state}: {JOB_ENDINGS[info.state]}"
         if ranks is not None and ranks.summary:
             summary += "\n" + ranks.summary
-        return Outcome("stopped" if info.state == "CANCELLED" else "failed", job_code, summary)
+        ended = RunState.STOPPED if info.state == "CANCELLED" else RunState.FAILED
+        return Outcome(ended, job_code, summary)
     started = sup is not None and any(n.started_at is not None for n in sup.nodes)
-    if ranks is not None and started and (ranks.state != "succeeded" or info.state == "UNKNOWN"):
+    unsettled = info.state == "UNKNOWN"
+    if ranks is not None and started and (ranks.state != RunState.SUCCEEDED or unsettled):
         return ranks
     tail = [line.decode(errors="replace").rstrip("\n") for line in last_lines_of(batch_output, 20)]
     lines = [
@@ -70,4 +74,4 @@ def job_outcome(
     if tail:
         lines += [f"last {len(tail)} line(s) of {batch_output}:"]
         lines += [f"  {line}" for line in tail]
-    return Outcome("failed", job_code, "\n".join(lines))
+    return Outcome(RunState.FAILED, job_code, "\n".join(lines))

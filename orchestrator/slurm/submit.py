@@ -17,6 +17,7 @@ from orchestrator.options.scheduler import SlurmOptions
 from orchestrator.plan.scripts import command_line, make_output_dir, plan_yaml
 from orchestrator.plan.spec import JobSpec
 from orchestrator.record.runs import RunRecord, new_status, now_iso
+from orchestrator.record.states import RunState
 from orchestrator.slurm import client as slurm
 from orchestrator.slurm.batch_script import SCRIPT_NAME, render_sbatch
 from orchestrator.slurm.client import SlurmCommands
@@ -191,7 +192,7 @@ def _submit_and_follow(
         record.write_status(
             {
                 **base,
-                "state": "failed",
+                "state": RunState.FAILED,
                 "exit_code": exc.exit_code,
                 "ended_at": now_iso(),
                 "summary": str(exc),
@@ -201,7 +202,7 @@ def _submit_and_follow(
             commands.close()
         raise
     base["slurm_job_id"] = job_id
-    record.write_status({**base, "state": "queued"})
+    record.write_status({**base, "state": RunState.QUEUED})
     color = use_color(sys.stdout, options.console.color) if console is not None else False
 
     def resubmit(new_job: SlurmJob, number: int) -> int:

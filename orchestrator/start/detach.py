@@ -26,7 +26,7 @@ import sys
 import traceback
 from collections.abc import Callable
 
-from orchestrator.errors import OrchestratorError
+from orchestrator.errors import OrchestratorError, error_report
 
 Report = Callable[[dict], None]
 
@@ -35,7 +35,8 @@ def run_detached(target: str, args: tuple, log_path: str) -> dict:
     """Run `target(*args, report)` in a new, detached process; return its first report.
 
     The report is {"started": True, ...} once the job runs, or {"error": message,
-    "exit_code": n} when it could not start.
+    "exit_code": n, ...} when it could not start: an OrchestratorError's report names its
+    type and what rebuilds it (errors.error_report).
     """
     os.makedirs(os.path.dirname(log_path) or ".", exist_ok=True)
     with open(log_path, "ab") as log:
@@ -103,7 +104,7 @@ def main(log_path: str) -> int:
         code = work(*args, report)
         report({"error": "the run ended before all nodes started", "exit_code": code})
     except OrchestratorError as exc:
-        report({"error": str(exc), "exit_code": exc.exit_code})
+        report(error_report(exc))
         code = exc.exit_code
     except BaseException:  # a bug: keep the traceback where the user can find it
         traceback.print_exc()

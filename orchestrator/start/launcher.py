@@ -28,6 +28,7 @@ from orchestrator.plan.scripts import (
 )
 from orchestrator.plan.spec import JobSpec
 from orchestrator.record.runs import RunRecord, new_status, now_iso
+from orchestrator.record.states import RunState
 from orchestrator.start.attempt import (
     agent_starts,
     console_sink,
@@ -89,7 +90,7 @@ def run_plan(
 
     def on_change(sup: Supervisor) -> None:
         nonlocal started_nodes
-        state = "stopping" if sup.stopping else "running"
+        state = RunState.STOPPING if sup.stopping else RunState.RUNNING
         record.write_status({**base, "state": state, **sup.status(), **recovery_status()})
         if started_nodes:
             return
@@ -144,7 +145,7 @@ def run_plan(
                         **base,
                         **supervisor.status(),
                         **recovery_status(),
-                        "state": "failed",
+                        "state": RunState.FAILED,
                         "exit_code": exc.exit_code,
                         "ended_at": now_iso(),
                         "summary": str(exc),
@@ -161,7 +162,7 @@ def run_plan(
     elapsed = time.monotonic() - (pool.started if pool is not None else started)
     relaunch = pool is not None and pool.will_replace(outcome)
     if relaunch:
-        outcome = replace(outcome, state="recovering")
+        outcome = replace(outcome, state=RunState.RECOVERING)
         sink.note(outcome.summary)
         sink.note(
             f"attempt {plan.attempt} ended by a node fault after {elapsed:.1f} s: a spare "
@@ -282,18 +283,19 @@ def _launch(
                 pool,
                 progress,
             )
-            if outcome.state != "recovering":
+            if outcome.state != RunState.RECOVERING:
                 pool.recover(outcome.node_fault, None)  # no spare: the bad-node list only
                 return outcome.exit_code
             try:
                 probe = preflight_probe(spec, options, progress) if options.run.preflight else None
                 pool.recover(outcome.node_fault, probe)
             except OrchestratorError as exc:  # no spare passed its probe, or Ctrl-C
+                ended = RunState.STOPPED if isinstance(exc, Interrupted) else RunState.FAILED
                 record.write_status(
                     {
                         **record.read_status(),
                         **pool.status(),
-                        "state": "stopped" if isinstance(exc, Interrupted) else "failed",
+                        "state": ended,
                         "exit_code": exc.exit_code,
                         "ended_at": now_iso(),
                         "summary": f"{outcome.summary}\n{exc}",

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from orchestrator.record.states import RunState
 from orchestrator.supervise.restarts import Rounds, describe_restart
 from orchestrator.supervise.state import (
     NodeFault,
@@ -227,10 +228,6 @@ class Detector:
         subject = fault.subject
         return subject.node if isinstance(subject, RankState) else subject.index
 
-    def first_failed_rank(self) -> RankState | None:
-        ranks = [f.subject for f in self.faults() if f.kind == "rank"]
-        return ranks[0] if ranks else None  # type: ignore[return-value]
-
     def settle_restarts(self) -> None:
         """At the end: a node script that failed means its torchrun gave up, and ranks that
         failed in the last round failed the run; earlier ones were stopped mid-restart."""
@@ -302,7 +299,7 @@ class Detector:
         elif facts.hung:
             summary = self.hang_summary or ""
         elif warning is not None and (why == ON_WARNING or facts.all_exited_after_warning):
-            summary = warning.ended_summary(self.ranks, succeeded=state == "succeeded")
+            summary = warning.ended_summary(self.ranks, succeeded=state == RunState.SUCCEEDED)
         elif first is not None and first.kind == "rank":
             summary = self.rank_summary(first.subject)  # type: ignore[arg-type]
         elif first is not None:
@@ -310,10 +307,10 @@ class Detector:
         elif timed_out:
             summary = f"stopped: {self.stopper.reason}"
             summary += f"; {warning.limit_summary(self.ranks)}" if warning is not None else ""
-        elif state == "lost":
+        elif state == RunState.LOST:
             lost = min((n for n in self.nodes if n.state == "lost"), key=lambda n: n.heard_wall)
             summary = self.node_summary(lost)
-        elif state == "failed":
+        elif state == RunState.FAILED:
             summary = self.incomplete_summary()
         else:
             summary = ""

@@ -10,6 +10,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from orchestrator.record.runs import now_iso
+from orchestrator.record.states import RunState
 from orchestrator.supervise.clocks import NodeClock
 
 
@@ -59,7 +60,7 @@ class NodeFault:
 
 @dataclass
 class Outcome:
-    state: str  # succeeded, failed, stopped, lost
+    state: RunState  # final: succeeded, failed, stopped, lost, hung
     exit_code: int
     summary: str = ""
     node_fault: NodeFault | None = None  # set only when the first fault was a node's
@@ -67,8 +68,8 @@ class Outcome:
     def closing_lines(self, run_id: str, elapsed: float, logs_dir: object) -> list[str]:
         """What the console says last: the summary (on success, the restarts it took),
         then how the run ended."""
-        lines = [self.summary] if self.summary or self.state != "succeeded" else []
-        if self.state == "succeeded":
+        lines = [self.summary] if self.summary or self.state != RunState.SUCCEEDED else []
+        if self.state == RunState.SUCCEEDED:
             return [*lines, f"run {run_id} succeeded in {elapsed:.1f} s"]
         return [
             *lines,

@@ -20,6 +20,8 @@ import signal
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from orchestrator.record.states import RunState
+
 FAULT_KINDS = ("rank", "disk", "lost", "script")  # what can fail first; see Detector.faults
 
 
@@ -68,27 +70,27 @@ ON_WARNING = "the ranks stopped on the time limit's warning"
 
 
 # (why, when it applies, state, exit code): the first row that applies decides.
-TABLE: tuple[tuple[str, Callable[[Facts], bool], str, Callable[[Facts], int]], ...] = (
+TABLE: tuple[tuple[str, Callable[[Facts], bool], RunState, Callable[[Facts], int]], ...] = (
     (
         "the controller was interrupted",
         lambda f: f.interrupted_by is not None,
-        "stopped",
+        RunState.STOPPED,
         _interrupted,
     ),
-    ("no rank moved for the hang timeout", lambda f: f.hung, "hung", _one),
-    (ON_WARNING, _on_warning, "failed", lambda f: 124),
-    ("a rank failed first", lambda f: f.first_fault == "rank", "failed", _fault),
-    ("a node's disk failed first", lambda f: f.first_fault == "disk", "failed", _one),
-    ("a node was lost first", lambda f: f.first_fault == "lost", "lost", _one),
-    ("a node script failed first", lambda f: f.first_fault == "script", "failed", _fault),
-    ("the time limit stopped it", lambda f: f.timed_out, "failed", lambda f: 124),
-    ("a node was lost", lambda f: f.any_lost, "lost", _one),
-    ("not every rank ended with exit 0", lambda f: not f.world_succeeded, "failed", _one),
-    ("every rank ended with exit 0", lambda f: True, "succeeded", lambda f: 0),
+    ("no rank moved for the hang timeout", lambda f: f.hung, RunState.HUNG, _one),
+    (ON_WARNING, _on_warning, RunState.FAILED, lambda f: 124),
+    ("a rank failed first", lambda f: f.first_fault == "rank", RunState.FAILED, _fault),
+    ("a node's disk failed first", lambda f: f.first_fault == "disk", RunState.FAILED, _one),
+    ("a node was lost first", lambda f: f.first_fault == "lost", RunState.LOST, _one),
+    ("a node script failed first", lambda f: f.first_fault == "script", RunState.FAILED, _fault),
+    ("the time limit stopped it", lambda f: f.timed_out, RunState.FAILED, lambda f: 124),
+    ("a node was lost", lambda f: f.any_lost, RunState.LOST, _one),
+    ("not every rank ended with exit 0", lambda f: not f.world_succeeded, RunState.FAILED, _one),
+    ("every rank ended with exit 0", lambda f: True, RunState.SUCCEEDED, lambda f: 0),
 )
 
 
-def verdict(facts: Facts) -> tuple[str, int, str]:
+def verdict(facts: Facts) -> tuple[RunState, int, str]:
     """(state, exit code, the table row's reason) for a run with these facts."""
     for why, applies, state, code in TABLE:
         if applies(facts):

@@ -64,7 +64,7 @@ def test_a_failing_run_driven_from_python(tmp_path: Path, monkeypatch) -> None:
     with pytest.raises(orchestrator.RunFailed, match="rank 1 on localhost"):
         outcome.check()
     assert "rank 1 gives up" in list(run.logs(rank=1))
-    assert run.status()["state"] == "failed"
+    assert run.status().state == "failed"
     assert_nothing_left("fails")
 
 

@@ -16,8 +16,6 @@ from hypothesis import strategies as st
 
 from orchestrator.errors import ConfigError
 from orchestrator.record.runs import (
-    ACTIVE_STATES,
-    FINAL_STATES,
     RunRecord,
     check_run_id,
     controller_alive,
@@ -26,6 +24,7 @@ from orchestrator.record.runs import (
     now_iso,
     process_start_time,
 )
+from orchestrator.record.states import RunState
 
 
 def test_create_makes_the_folder_and_logs(tmp_path) -> None:
@@ -196,7 +195,6 @@ def test_start_time_of_a_process_with_spaces_and_parens_in_its_name(tmp_path) ->
 
 
 def test_states_and_timestamps() -> None:
-    assert not ACTIVE_STATES & FINAL_STATES
-    assert {"running", "succeeded", "failed"} <= ACTIVE_STATES | FINAL_STATES
+    assert {"running", "succeeded", "failed"} <= {state.value for state in RunState}
     assert now_iso(0) == "1970-01-01T00:00:00.000Z"
     assert now_iso().endswith("Z")

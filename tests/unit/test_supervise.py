@@ -119,7 +119,8 @@ def test_first_failure_is_by_exit_time_not_report_order() -> None:
     # Reported later, but it ended earlier, before the stop: a failure, and the first.
     assert det.rank_exited(1, 2, now - 2) is None
     assert det.ranks[1].state == "failed"
-    assert det.first_failed_rank().rank == 1
+    first = det.faults()[0]  # the verdict's first fault
+    assert first.kind == "rank" and first.subject.rank == 1
     outcome = det.outcome()
     assert (outcome.state, outcome.exit_code) == ("failed", 2)
     assert "rank 1 (local rank 1) on a ended with exit code 2" in outcome.summary

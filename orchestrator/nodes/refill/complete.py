@@ -17,7 +17,8 @@ from orchestrator.nodes.refill.fetch import fill_gaps
 from orchestrator.nodes.refill.gaps import Gap, rank_files
 from orchestrator.options.reaching import SshOptions
 from orchestrator.plan.launch_plan import NODE_RUNS_DIR, LaunchPlan
-from orchestrator.record.runs import ACTIVE_STATES, DEFAULT_RUN_DIR, RunRecord, controller_alive
+from orchestrator.record.runs import DEFAULT_RUN_DIR, RunRecord, controller_alive
+from orchestrator.record.states import RunState
 
 
 @dataclass(frozen=True)
@@ -106,7 +107,8 @@ def fetch_incomplete(record: RunRecord, say: Callable[[str], None]) -> int:
     incomplete from the nodes' copies, and take them off the list."""
     status = record.read_status()
     entries = status.get("incomplete_logs") or []
-    running = status.get("state") in ACTIVE_STATES
+    state = RunState.parse(status.get("state"))
+    running = state is not None and not state.is_final
     if running and controller_alive(status):
         raise ConfigError(f"run {record.run_id} is still running; fetch once it has ended")
     if running and not entries:
