@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import BinaryIO
 
@@ -30,7 +31,7 @@ from orchestrator.nodes.execute import NodeResult, results_table, run_command
 from orchestrator.options.display import ConsoleOptions
 from orchestrator.options.keywords import LaunchArgs, split_keywords
 from orchestrator.options.reaching import SshOptions
-from orchestrator.options.supervision import TASK_GRACE_S, Supervision
+from orchestrator.options.supervision import NODE_TASKS, Supervision
 from orchestrator.options.workload import JobOptions
 from orchestrator.plan.scripts import write_rendered
 from orchestrator.slurm.submit import launch_slurm, start_slurm_detached, write_slurm_render
@@ -166,7 +167,7 @@ def exec_command(
     `color`, `fold` and the ssh flags)."""
     parts = split_keywords("exec", keywords, EXEC_GROUPS, EXEC_KEYWORDS)
     job = JobOptions(**parts["job"])
-    supervision = Supervision(**{"grace": TASK_GRACE_S, **parts["supervision"]})
+    supervision = replace(NODE_TASKS, **parts["supervision"])
     if timeout is not None and timeout < 0:
         raise ConfigError(f"--timeout must be 0 or more, got {timeout:g} (keyword timeout)")
     cluster = load_hostfile(str(hostfile))

@@ -91,6 +91,6 @@ class Supervision(OptionGroup):
 
 
 # Work on the nodes that is not a job (exec's command, probes, cleaning): its processes get
-# less time between SIGTERM and SIGKILL than a job's ranks.
+# less time between SIGTERM and SIGKILL than a job's ranks, and no hang checks (no ranks).
 TASK_GRACE_S = 5.0
-NODE_TASKS = Supervision(grace=TASK_GRACE_S)
+NODE_TASKS = Supervision(grace=TASK_GRACE_S, hang_timeout=0)

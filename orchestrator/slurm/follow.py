@@ -27,6 +27,7 @@ from orchestrator.agent.ranks import RankFile
 from orchestrator.console.footer import Footer
 from orchestrator.console.sink import LogSink
 from orchestrator.errors import ConfigError, OrchestratorError
+from orchestrator.options.supervision import Supervision
 from orchestrator.record.runs import RunRecord, now_iso
 from orchestrator.record.states import RunState
 from orchestrator.slurm import client as slurm
@@ -40,7 +41,6 @@ from orchestrator.slurm.spares import SlurmSpares, job_dir_of
 from orchestrator.slurm.stream import READ_BYTES, AttemptFiles
 from orchestrator.supervise import NodeState, Outcome, RankState, Supervisor, describe_exit
 from orchestrator.supervise.stopping import STOP_SIGNALS
-from orchestrator.supervise.stragglers import RATIO, WINDOW_S
 
 POLL_S = 1.0  # squeue at most this often
 FILES_S = 0.1  # rank files this often
@@ -62,7 +62,7 @@ class Follower:
         spares: SlurmSpares | None = None,
         fold: bool = True,
         footer: bool = True,
-        stragglers: tuple[float, float] = (RATIO, WINDOW_S),
+        stragglers: tuple[float, float] = Supervision().stragglers,
         submit: Callable[[SlurmJob, int], int] | None = None,
     ) -> None:
         self.job, self.record, self.commands, self.job_id = job, record, commands, job_id
@@ -258,13 +258,12 @@ class Follower:
             [],
             queue.Queue(),
             self.sink,
-            grace=0,
-            heartbeat_timeout=0,
+            # the files are followed, not agents: no beats, nothing of ours to signal
+            Supervision(grace=0, heartbeat_timeout=0, hang_timeout=0, stragglers=self.stragglers),
             stop_on_failure=False,
             max_restarts=job.max_restarts,
             on_change=lambda sup: self.write_status(sup),
             metrics_path=self.record.metrics_path,
-            stragglers=self.stragglers,
         )
         if self.interrupted_by is not None:
             self.sup.begin_stop(

@@ -117,16 +117,12 @@ def run_plan(
         sessions,
         events,
         sink,
-        grace=options.supervision.grace,
-        heartbeat_timeout=options.supervision.heartbeat_timeout,
-        stall_timeout=options.supervision.stall_timeout,
+        options.supervision,
         deadline=WarningClock.of(options.deadline, limit_from),
         max_restarts=plan.max_restarts,
         on_change=on_change,
         metrics_path=record.metrics_path,
         probes=pool.new_probes() if pool is not None else None,
-        stragglers=options.supervision.stragglers,
-        hang_timeout=options.supervision.hang_timeout,
         record_dir=record.path,
     )
     started = time.monotonic()

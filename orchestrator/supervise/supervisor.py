@@ -20,6 +20,7 @@ from orchestrator.agent.protocol import CONTROLLER_BEATS, beat_intervals
 from orchestrator.backends.sessions import Event, NodeSession
 from orchestrator.console.rank_table import summary
 from orchestrator.console.sink import LogSink
+from orchestrator.options.supervision import Supervision
 from orchestrator.supervise.detect import Detector
 from orchestrator.supervise.flight_report import with_flight
 from orchestrator.supervise.frame_handlers import handle as handle_event
@@ -35,7 +36,7 @@ from orchestrator.supervise.state import (
     nodes_and_ranks,
 )
 from orchestrator.supervise.stopping import Stopper
-from orchestrator.supervise.stragglers import RATIO, WINDOW_S, Stragglers
+from orchestrator.supervise.stragglers import Stragglers
 from orchestrator.supervise.time_limit import WarningClock
 
 MAX_EVENTS_PER_STEP = 256  # then flush and look at heartbeats and signals again
@@ -60,30 +61,26 @@ class Supervisor:
         sessions: Sequence[NodeSession],
         events: queue.Queue[Event | None],  # None: only a wake-up (see wake)
         sink: LogSink,
+        supervision: Supervision,
         *,
-        grace: float,
-        heartbeat_timeout: float,
         stop_on_failure: bool = True,
         time_limit: float | None = None,  # seconds from now (or a deadline, which holds one)
         deadline: WarningClock | None = None,  # a time limit and the warning before it
         max_restarts: int = 0,
-        stall_timeout: float = 600.0,
         on_change: Callable[[Supervisor], None] = lambda sup: None,
         metrics_path: Path | None = None,
         probes: dict[int, tuple[float, float]] | None = None,
-        stragglers: tuple[float, float] = (RATIO, WINDOW_S),  # --stragglers RATIO,SECONDS
-        hang_timeout: float = 0.0,  # --hang-timeout; 0: no hang checks
         record_dir: Path | None = None,  # where stacks are kept and requested (stack_rounds)
     ) -> None:
         self.events = events
         self.sink = sink
         self.ended = threading.Event()  # the run is over: no more heartbeats
         self.beats: threading.Thread | None = None
-        self.grace = grace
-        self.heartbeat_timeout = heartbeat_timeout
+        self.grace = supervision.grace
+        self.heartbeat_timeout = supervision.heartbeat_timeout
         self.timed_out = False
         self.on_change = on_change
-        self.stopper = Stopper(nodes, sessions, sink, grace, on_first_stop=self.changed)
+        self.stopper = Stopper(nodes, sessions, sink, self.grace, on_first_stop=self.changed)
         self.detector = Detector(
             nodes,
             ranks,
@@ -100,15 +97,21 @@ class Supervisor:
         self.deadline = self.detector.warning = clock
         self.sessions = sessions  # the caller may still be adding to it while nodes start
         self.session_of: dict[int, NodeSession] = {}
-        self.liveness = Liveness(self.nodes, sessions, sink.note, heartbeat_timeout, stall_timeout)
+        self.liveness = Liveness(
+            self.nodes,
+            sessions,
+            sink.note,
+            supervision.heartbeat_timeout,
+            supervision.stall_timeout,
+        )
         hosts = {r.rank: r.host for r in ranks}
-        ratio, window_s = stragglers
+        ratio, window_s = supervision.stragglers
         self.metrics = RunMetrics(
             metrics_path, hosts, sink.note, Stragglers(hosts, ratio=ratio, window_s=window_s)
         )
         node_hosts = {node.index: node.host for node in self.nodes}
         self.stacks = StackRounds(sessions, hosts, node_hosts, record_dir, sink.note)
-        self.hangs = HangWatch(self.stacks, hang_timeout, sink.note, time.monotonic())
+        self.hangs = HangWatch(self.stacks, supervision.hang_timeout, sink.note, time.monotonic())
         self.hang: Hang | None = None
         self.metrics.probes(self.nodes, probes or {})
 

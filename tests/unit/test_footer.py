@@ -15,6 +15,7 @@ from orchestrator.console.footer import PREFIX, Footer
 from orchestrator.console.progress import CLEAR
 from orchestrator.console.rank_table import duration, summary
 from orchestrator.console.sink import LogSink
+from orchestrator.options.supervision import Supervision
 from orchestrator.supervise import NodeState, RankState, Supervisor
 
 
@@ -128,9 +129,13 @@ def footer_of(tmp_path: Path, hang_timeout: float, quiet: float) -> str:
     ranks = [RankState(r, 0, r, "a") for r in range(2)]
     sink = LogSink(tmp_path, {0: "r0", 1: "r1"}, {0: "a"}, None, False)
     sup = Supervisor(
-        nodes, ranks, [], queue.Queue(), sink, grace=1, heartbeat_timeout=0,
-        hang_timeout=hang_timeout,
-    )  # fmt: skip
+        nodes,
+        ranks,
+        [],
+        queue.Queue(),
+        sink,
+        Supervision(grace=1, heartbeat_timeout=0, hang_timeout=hang_timeout),
+    )
     for rank in (0, 1):
         sup.metrics.heard_from(rank, time.time() - quiet - rank)
     sup.hangs.heard(time.monotonic() - quiet)

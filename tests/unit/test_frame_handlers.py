@@ -14,6 +14,7 @@ import pytest
 from orchestrator.agent.protocol import WITH_PAYLOAD, Frame, frame
 from orchestrator.backends.sessions import CHANNEL_CLOSED, Event, FrameParser
 from orchestrator.console.sink import LogSink
+from orchestrator.options.supervision import Supervision
 from orchestrator.supervise import NodeState, RankState, Supervisor
 from orchestrator.supervise.frame_handlers import HANDLERS, handle
 
@@ -41,7 +42,14 @@ def supervisor(tmp_path: Path) -> Supervisor:
     nodes = [NodeState(0, "a", (0, 1))]
     ranks = [RankState(r, 0, r, "a") for r in range(2)]
     sink = LogSink(tmp_path, {0: "r0", 1: "r1"}, {0: "a"}, None, False)
-    return Supervisor(nodes, ranks, [], queue.Queue(), sink, grace=3, heartbeat_timeout=30)
+    return Supervisor(
+        nodes,
+        ranks,
+        [],
+        queue.Queue(),
+        sink,
+        Supervision(grace=3, heartbeat_timeout=30, hang_timeout=0),
+    )
 
 
 def test_the_wire_letters_are_the_protocols() -> None:

@@ -17,6 +17,7 @@ from orchestrator.agent.protocol import WITH_PAYLOAD, frame
 from orchestrator.agent.sampling import differs, parse_apps, parse_gpus
 from orchestrator.backends.sessions import FrameParser
 from orchestrator.console.rank_table import RunView, duration, stuck_ranks
+from orchestrator.options.supervision import Supervision
 from orchestrator.record.runs import RunRecord
 from orchestrator.supervise.metrics import RunMetrics
 from orchestrator.supervise.stack_groups import fold, render_groups
@@ -56,7 +57,12 @@ def test_the_rule_is_the_users_and_a_bad_one_is_refused(tmp_path: Path) -> None:
     nodes, ranks = [NodeState(0, "n0", (0, 1))], [RankState(r, 0, r, "n0") for r in (0, 1)]
     sink = LogSink(None, {0: "n0 r0", 1: "n0 r1"}, {0: "n0"}, None, False)
     sup = Supervisor(
-        nodes, ranks, [], queue.Queue(), sink, grace=1, heartbeat_timeout=0, stragglers=(3.0, 60)
+        nodes,
+        ranks,
+        [],
+        queue.Queue(),
+        sink,
+        Supervision(grace=1, heartbeat_timeout=0, stragglers=(3.0, 60), hang_timeout=0),
     )
     assert (sup.metrics.stragglers.ratio, sup.metrics.stragglers.window_s) == (3.0, 60)
     for bad in ("1,20", "2", "x,20", "1.5,0"):

@@ -27,6 +27,7 @@ from orchestrator.backends.base import IdleAgent
 from orchestrator.backends.sessions import NodeSession, start_sessions
 from orchestrator.backends.ssh.connect import SshChannel, tcp_acks
 from orchestrator.console.sink import LogSink
+from orchestrator.options.supervision import Supervision
 from orchestrator.supervise import NodeState, Supervisor
 from orchestrator.supervise.stopping import Stopper
 
@@ -174,7 +175,13 @@ def test_heartbeats_and_samples_reach_the_run_without_waking_the_loop(tmp_path: 
     sink = LogSink(tmp_path, {}, {0: "a"}, None, False)
     metrics = tmp_path / "metrics.jsonl"
     sup = Supervisor(
-        nodes, [], [session], events, sink, grace=3, heartbeat_timeout=30, metrics_path=metrics
+        nodes,
+        [],
+        [session],
+        events,
+        sink,
+        Supervision(grace=3, heartbeat_timeout=30, hang_timeout=0),
+        metrics_path=metrics,
     )
     sup.take_aside()
     best = nodes[0].clock.best()

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.console.sink import LogSink
+from orchestrator.options.supervision import Supervision
 from orchestrator.slurm.outcome import job_outcome
 from orchestrator.slurm.parse import JobInfo
 from orchestrator.slurm.stream import AttemptFiles, read_fields
@@ -36,8 +37,7 @@ def supervisor(
         [],
         queue.Queue(),
         sink,
-        grace=0,
-        heartbeat_timeout=0,
+        Supervision(grace=0, heartbeat_timeout=0, hang_timeout=0),
         stop_on_failure=False,
         max_restarts=max_restarts,
     )

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from orchestrator.backends.sessions import Event
 from orchestrator.console.sink import LogSink
+from orchestrator.options.supervision import Supervision
 from orchestrator.supervise import NodeState, RankState, Supervisor, describe_exit
 from orchestrator.supervise.detect import Detector
 from orchestrator.supervise.state import Outcome
@@ -280,8 +281,7 @@ def test_loop_stops_every_node_when_a_rank_fails(tmp_path: Path) -> None:
         sessions,
         events,
         sink,
-        grace=3,
-        heartbeat_timeout=30,
+        Supervision(grace=3, heartbeat_timeout=30, hang_timeout=0),
         on_change=lambda s: states.append("stopping" if s.stopping else "running"),
     )
     now = time.time()
@@ -306,7 +306,14 @@ def test_an_idle_loop_sleeps_long_yet_a_signal_wakes_it_at_once(tmp_path: Path) 
     sessions = [FakeSession(0), FakeSession(1)]
     events: queue.Queue[Event | None] = queue.Queue()
     sink = LogSink(tmp_path, {r: f"r{r}" for r in range(4)}, {0: "a", 1: "b"}, None, False)
-    sup = Supervisor(nodes, ranks, sessions, events, sink, grace=3, heartbeat_timeout=60)
+    sup = Supervisor(
+        nodes,
+        ranks,
+        sessions,
+        events,
+        sink,
+        Supervision(grace=3, heartbeat_timeout=60, hang_timeout=0),
+    )
     assert sup._pause() == IDLE_TICK_S == 2.0  # nothing happens: one wake-up in 2 s
     now = time.time()
     for node in (0, 1):
@@ -337,7 +344,14 @@ def test_loop_takes_a_w_frame_for_the_nodes_disk(tmp_path: Path) -> None:
     sessions = [FakeSession(0), FakeSession(1)]
     events: queue.Queue[Event] = queue.Queue()
     sink = LogSink(tmp_path, {r: f"r{r}" for r in range(4)}, {0: "a", 1: "b"}, None, False)
-    sup = Supervisor(nodes, ranks, sessions, events, sink, grace=3, heartbeat_timeout=30)
+    sup = Supervisor(
+        nodes,
+        ranks,
+        sessions,
+        events,
+        sink,
+        Supervision(grace=3, heartbeat_timeout=30, hang_timeout=0),
+    )
     now = time.time()
     for node in (0, 1):
         events.put(Event(node, "S", (str(100 + node), f"{now:.6f}")))
@@ -442,8 +456,7 @@ def test_loop_counts_a_restart_and_sees_the_rank_again(tmp_path: Path) -> None:
         [FakeSession(0), FakeSession(1)],
         events,
         sink,
-        grace=3,
-        heartbeat_timeout=30,
+        Supervision(grace=3, heartbeat_timeout=30, hang_timeout=0),
         max_restarts=1,
         on_change=lambda s: seen.append(s.status()),
     )

@@ -19,6 +19,7 @@ from orchestrator.api.request import LaunchArgs, build
 from orchestrator.backends.sessions import Event
 from orchestrator.console.sink import LogSink
 from orchestrator.errors import ConfigError
+from orchestrator.options.supervision import Supervision
 from orchestrator.plan.deadline import Deadline
 from orchestrator.supervise import NodeState, Supervisor
 from orchestrator.supervise.detect import Detector
@@ -176,7 +177,13 @@ def supervise(tmp_path: Path, agents) -> tuple[Supervisor, object, list[FakeSess
     sink = LogSink(tmp_path, {r: f"r{r}" for r in range(4)}, {0: "a", 1: "b"}, None, False)
     clock = WarningClock(1.5, ("USR1", 1), started_wall=time.time())
     sup = Supervisor(
-        nodes, ranks, sessions, events, sink, grace=3, heartbeat_timeout=30, deadline=clock
+        nodes,
+        ranks,
+        sessions,
+        events,
+        sink,
+        Supervision(grace=3, heartbeat_timeout=30, hang_timeout=0),
+        deadline=clock,
     )
     now = time.time()
     for node in (0, 1):
