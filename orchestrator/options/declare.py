@@ -126,7 +126,7 @@ def checked_one(keyword: str, flag: Flag, value: Any) -> Any:
     elif flag.kind is str and flag.parse is None and not isinstance(value, str):
         raise refused(keyword, flag, value, "expected text")
     if flag.nonblank and isinstance(value, str) and not value.strip():
-        raise ConfigError(f"{flag.flag_for(keyword)} must not be empty")
+        raise keyword_error(keyword, f"{flag.flag_for(keyword)} must not be empty")
     if flag.choices and value not in flag.choices:
         raise refused(keyword, flag, value, f"choose one of {', '.join(flag.choices)}")
     return value

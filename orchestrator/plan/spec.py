@@ -1,6 +1,5 @@
-"""The job spec: what to run and how, as given on the command line; one frozen value.
-
-Everything here is validated at construction with `ConfigError`s that name the flag.
+"""The job spec: what to run and how, made of the job's flags (orchestrator/options/
+workload.py, where each flag is checked) once the environment is read; one frozen value.
 """
 
 from __future__ import annotations
@@ -135,36 +134,12 @@ class JobSpec:
     max_restarts: int = 0  # torchrun's --max-restarts: worker-group restarts per node
     container: ContainerSpec | None = None  # --container: torchrun and the ranks in an image
 
-    def __post_init__(self) -> None:
-        if self.max_restarts < 0:
-            raise ConfigError(f"--max-restarts must be 0 or more, got {self.max_restarts}")
-        if self.nproc_per_node is not None and self.nproc_per_node <= 0:
-            raise ConfigError(
-                f"--nproc-per-node must be a positive integer, got {self.nproc_per_node}"
-            )
-        if self.master_port is not None and not 1 <= self.master_port <= 65535:
-            raise ConfigError(
-                f"--master-port must be from 1 to 65535 (or 'auto'), got {self.master_port}"
-            )
-
     @property
     def env_dict(self) -> dict[str, str]:
         return dict(self.env)
 
     def is_secret(self, name: str) -> bool:
         return name in self.secret_names or bool(SECRET_NAME.search(name))
-
-
-def parse_master_port(value: str | int | None) -> int | None:
-    """`--master-port`: a number from 1 to 65535, or 'auto' (None)."""
-    if value is None or (isinstance(value, str) and value.strip().lower() == "auto"):
-        return None
-    text = str(value).strip()
-    if not re.fullmatch(r"[0-9]+", text) or not 1 <= int(text) <= 65535:
-        raise ConfigError(
-            f"--master-port must be a number from 1 to 65535 or 'auto', got {value!r}"
-        )
-    return int(text)
 
 
 def parse_env_assignments(items: Iterable[str], flag: str = "--env") -> list[tuple[str, str]]:

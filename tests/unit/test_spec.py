@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from orchestrator.errors import ConfigError, SourceError
+from orchestrator.options.workload import JobOptions
 from orchestrator.plan.spec import (
     BUNDLED_TRAINER,
     JobSpec,
@@ -15,8 +16,12 @@ from orchestrator.plan.spec import (
     load_env_file,
     merge_env,
     parse_env_assignments,
-    parse_master_port,
 )
+
+
+def parse_master_port(value):
+    """--master-port as its group reads it (None: auto)."""
+    return JobOptions(master_port=value).master_port
 
 
 def spec(**changes) -> JobSpec:
@@ -93,12 +98,12 @@ def test_master_port_is_an_int_in_range_or_a_config_error(value) -> None:
     assert port is None or (isinstance(port, int) and 1 <= port <= 65535)
 
 
-def test_jobspec_validates_nproc_and_port() -> None:
+def test_the_job_group_validates_nproc_and_port() -> None:
     with pytest.raises(ConfigError, match="--nproc-per-node must be a positive integer"):
-        spec(nproc_per_node=0)
-    with pytest.raises(ConfigError, match="--master-port must be from 1 to 65535"):
-        spec(master_port=70000)
-    assert spec(nproc_per_node=2, master_port=1).nproc_per_node == 2
+        JobOptions(nproc_per_node=0)
+    with pytest.raises(ConfigError, match="--master-port must be a number from 1 to 65535"):
+        JobOptions(master_port=70000)
+    assert JobOptions(nproc_per_node=2, master_port=1).nproc_per_node == 2
 
 
 def test_jobspec_is_frozen() -> None:
