@@ -47,6 +47,8 @@ from orchestrator.agent.protocol import (
     AGENT_BEATS,
     BEATS_DEFERRED,
     FIRST_BEATS,
+    GRACE_S,
+    HEARTBEAT_TIMEOUT_S,
     IDLE_S,
     STALL_S,
     CommandReader,
@@ -104,7 +106,7 @@ class Agent:
         if self.ranks.stopped_at is None:  # ranks that end from now on were stopped
             self.ranks.stopped_at = time.time()
         self.processes.begin_stop(
-            float(self.config.get("grace", 10)) if grace is None else grace, reason
+            float(self.config.get("grace", GRACE_S)) if grace is None else grace, reason
         )
 
     def start(self) -> None:
@@ -142,7 +144,7 @@ class Agent:
         self.wakeup = Wakeup(self.node_dir if self.ranks.files else None)
         if self.wakeup.files is not None:
             # What only a pass notices (a silent controller) must not wait much longer.
-            timeout = float(self.config.get("heartbeat_timeout", 30))
+            timeout = float(self.config.get("heartbeat_timeout", HEARTBEAT_TIMEOUT_S))
             longest = min(QUIET_S, timeout / 4) if timeout > 0 else QUIET_S
             self.quiet_wait = max(IDLE_POLL_S, longest)
         threads = [threading.Thread(target=self.heartbeats, name="heartbeats", daemon=True)]
@@ -248,7 +250,7 @@ class Agent:
     def heartbeats(self) -> None:
         """H from a thread of its own, whatever the loop is doing (protocol.beat_intervals);
         a steady one waits `pause` after the last bytes written, BEATS_DEFERRED times at most."""
-        timeout = float(self.config.get("heartbeat_timeout", 30))
+        timeout = float(self.config.get("heartbeat_timeout", HEARTBEAT_TIMEOUT_S))
         for number, pause in enumerate(beat_intervals(timeout, AGENT_BEATS)):
             due, deferred = time.monotonic() + pause, 0
             while True:
@@ -285,7 +287,7 @@ class Agent:
         """No word from the controller for the heartbeat timeout: stop, unless its host
         still answers (a busy or stalled controller, not a gone one); then wait up to the
         stall timeout."""
-        timeout = float(self.config.get("heartbeat_timeout", 30))
+        timeout = float(self.config.get("heartbeat_timeout", HEARTBEAT_TIMEOUT_S))
         silent = now - self.last_hb_in
         if timeout <= 0 or silent <= timeout or self.processes.stopping:
             return

@@ -96,6 +96,11 @@ SLOWEST_BEAT_S = 15.0
 AGENT_BEATS = 3  # per heartbeat timeout
 CONTROLLER_BEATS = 2
 BEATS_DEFERRED = 3
+# The supervision a config that does not say gets: the launch's own defaults (--grace,
+# --heartbeat-timeout, --stall-timeout; orchestrator/options/supervision.py takes them from
+# here, so the two sides of the protocol hold one number each).
+GRACE_S = 10.0  # between SIGTERM and SIGKILL on a stop
+HEARTBEAT_TIMEOUT_S = 30.0  # a controller silent this long (and not answering) is gone
 STALL_S = 600.0  # how long a silent controller whose host answers is waited for
 # How long a finished agent waits for the controller's next step. The launch's preflight
 # ends once its slowest node answers, and planning follows: at 250 nodes on a loaded

@@ -26,6 +26,7 @@ from orchestrator.console.reading import (
 )
 from orchestrator.errors import ConfigError, RunFailed
 from orchestrator.nodes.refill import fetch_incomplete
+from orchestrator.options.running import DEFAULT_RUN_DIR
 from orchestrator.record.runs import RunRecord, list_runs, run_status
 from orchestrator.record.states import RunState, RunStatus
 from orchestrator.slurm.client import refresh_status
@@ -70,7 +71,7 @@ class RunOutcome:
 class Run:
     """A launched run, by its record. See the module docstring."""
 
-    def __init__(self, run_id: str, run_dir: str | Path = "runs") -> None:
+    def __init__(self, run_id: str, run_dir: str | Path = DEFAULT_RUN_DIR) -> None:
         self.record = RunRecord.open(run_dir, run_id)  # ConfigError where there is none
         self.run_id = run_id
         self.run_dir = Path(run_dir)
@@ -161,7 +162,7 @@ class Run:
         return fetch_incomplete(self.record, say)
 
 
-def attach(run_id: str, run_dir: str | Path = "runs") -> Run:
+def attach(run_id: str, run_dir: str | Path = DEFAULT_RUN_DIR) -> Run:
     """The run `run_id` of `run_dir`, running, detached or ended."""
     return Run(run_id, run_dir)
 
@@ -247,6 +248,6 @@ def raw_lines(
     return itertools.chain(head, rest)
 
 
-def runs_in(run_dir: str | Path = "runs") -> list[tuple[str, dict]]:
+def runs_in(run_dir: str | Path = DEFAULT_RUN_DIR) -> list[tuple[str, dict]]:
     """(run id, status) of every run in `run_dir`, oldest first (`orchestrator runs`)."""
     return list_runs(run_dir)

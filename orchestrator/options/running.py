@@ -11,6 +11,7 @@ from orchestrator.sizes import parse_size
 BACKENDS = ("auto", "local", "ssh", "slurm")
 # Less free space where a node keeps its runs is worth a warning in the preflight.
 MIN_FREE_DISK = "1G"
+DEFAULT_RUN_DIR = "runs"  # where run records are kept: launch's --run-dir, attach(), runs()
 
 
 def size(value: str | int) -> int:
@@ -37,7 +38,7 @@ class RunOptions(OptionGroup):
         "Name of the run. Default: the time and a random suffix, e.g. 20261122-153012-a3f9.",
         metavar="NAME",
     )
-    run_dir: str = option("runs", "Where run records are kept.", metavar="DIR")
+    run_dir: str = option(DEFAULT_RUN_DIR, "Where run records are kept.", metavar="DIR")
     preflight: bool = option(
         True,
         "Skip probing the nodes (python, torch, interface, port) before starting.",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from orchestrator.agent.protocol import GRACE_S, HEARTBEAT_TIMEOUT_S, STALL_S
 from orchestrator.options.declare import OptionGroup, option
 
 # A rank is a straggler when its own step work, averaged over WINDOW_S, stays above RATIO
@@ -40,14 +41,14 @@ class Supervision(OptionGroup):
     """How a started run is watched, judged and stopped."""
 
     grace: float = option(
-        10.0,
+        GRACE_S,
         "On a failure or Ctrl-C, how long ranks get between SIGTERM and SIGKILL.",
         metavar="SECONDS",
         kind=float,
         minimum=0,
     )
     heartbeat_timeout: float = option(
-        30.0,
+        HEARTBEAT_TIMEOUT_S,
         "A node whose agent is silent this long and whose sshd does not answer an SSH "
         "keepalive either is lost (the run stops); a node that hears nothing from the "
         "orchestrator this long, and whose connection's other end does not answer, stops its "
@@ -57,7 +58,7 @@ class Supervision(OptionGroup):
         minimum=0,
     )
     stall_timeout: float = option(
-        600.0,
+        STALL_S,
         "A node whose agent is silent but whose sshd still answers is busy, not lost: it is "
         "waited for this long before it counts as lost (and an agent waits as long for a "
         "silent orchestrator whose host still answers).",

@@ -22,7 +22,6 @@ from pathlib import Path
 from orchestrator.errors import ConfigError
 from orchestrator.record.states import RunState, RunStatus
 
-DEFAULT_RUN_DIR = "runs"
 RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 
 

@@ -16,8 +16,9 @@ from orchestrator.hosts.hostfile import Cluster, Host
 from orchestrator.nodes.refill.fetch import fill_gaps
 from orchestrator.nodes.refill.gaps import Gap, rank_files
 from orchestrator.options.reaching import SshOptions
+from orchestrator.options.running import DEFAULT_RUN_DIR
 from orchestrator.plan.launch_plan import NODE_RUNS_DIR, LaunchPlan
-from orchestrator.record.runs import DEFAULT_RUN_DIR, RunRecord, controller_alive
+from orchestrator.record.runs import RunRecord, controller_alive
 from orchestrator.record.states import RunState
 
 
