@@ -39,9 +39,8 @@ SLURM_REQUEST = [name for name in SlurmOptions.__dataclass_fields__ if name != "
 @options_of(JobOptions)
 @options_of(ContainerOptions)
 @options_of(Selection)
-@options_of(RunOptions, ["backend"])
+@options_of(RunOptions)
 @options_of(SlurmOptions)
-@options_of(RunOptions, ["run_id", "run_dir"])
 @options_of(SshOptions)
 @click.option(
     "--dry-run",
@@ -54,7 +53,6 @@ SLURM_REQUEST = [name for name in SlurmOptions.__dataclass_fields__ if name != "
     help="Return once the job runs on every node; a background controller "
     "supervises it. Use `logs RUN -f`, `status RUN` and `stop RUN` later.",
 )
-@options_of(RunOptions, ["preflight", "min_free_disk", "keep_node_logs"])
 @options_of(Supervision)
 @options_of(ConsoleOptions)
 def launch(hostfile, program, dry_run, detach, **keywords):
