@@ -10,7 +10,7 @@ import signal
 import time
 
 from orchestrator.agent.processes import children_of, signal_pid
-from orchestrator.agent.protocol import frame
+from orchestrator.agent.protocol import Frame, frame
 from orchestrator.agent.ranks import is_python, rank_pids
 from orchestrator.agent.stacks import catches
 
@@ -29,4 +29,6 @@ def warn_ranks(root_pid: int, name: str) -> bytes:
         for each in catching:
             signal_pid(each, signum)
         (sent if catching else skipped).append(str(rank))
-    return frame("G", name, f"{when:.6f}", ",".join(sent) or "-", ",".join(skipped) or "-")
+    return frame(
+        Frame.TIME_WARNING, name, f"{when:.6f}", ",".join(sent) or "-", ",".join(skipped) or "-"
+    )
