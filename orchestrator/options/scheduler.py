@@ -14,6 +14,21 @@ _NAME_LIST = re.compile(r"^[A-Za-z0-9_.+-]+(,[A-Za-z0-9_.+-]+)*$")
 _JOB_NAME = re.compile(r"^[A-Za-z0-9_.+:@%=-]{1,200}$")
 
 
+def time_limit_alias(text: str) -> str:
+    """--time-limit's value, for --time: SLURM's forms, except a bare number. The name reads
+    as seconds (as every *-timeout flag here and exec's --timeout take), SLURM's forms make
+    it minutes: refused, with the two ways to write what was meant."""
+    number = text.strip()
+    if number.isascii() and number.isdigit() and int(number) > 0:
+        seconds = f"{int(number) // 60}:{int(number) % 60:02d}"
+        raise ValueError(
+            "a bare number is ambiguous here (seconds, or SLURM's minutes?); write "
+            f"--time {seconds} for {int(number)} s or --time {int(number)} for {int(number)} "
+            "minutes (SLURM's forms)"
+        )
+    return text
+
+
 def name_list(text: str) -> str:
     if not _NAME_LIST.match(text):
         raise ValueError("expected a name (or a comma-separated list)")
@@ -57,6 +72,8 @@ class SlurmOptions(OptionGroup):
         "submitted again (see --max-resubmits).",
         metavar="LIMIT",
         aliases=("--time-limit",),
+        alias_parse=time_limit_alias,
+        alias_help="--time, except a bare number (seconds or minutes?), which is refused.",
     )
     account: str | None = option(
         None, "[slurm] Account to charge.", metavar="NAME", parse=name_list

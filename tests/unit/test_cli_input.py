@@ -204,6 +204,17 @@ MORE_BAD = {  # run in this process through orchestrator.cli.main
         ("render", "two_remote.txt", "-o", "out-noif", "--ifname", ""),
         ("--ifname must not be empty",),
     ),
+    "--time-limit with a bare number": Case(
+        launch("local.txt", "--time-limit", "150"),
+        ("--time-limit '150'", "--time 2:30 for 150 s or --time 150 for 150 minutes"),
+    ),
+    "render: --time-limit with a bare number": Case(
+        ("render", "local.txt", "-o", "out-tl", "--time-limit=45"),
+        ("--time-limit '45'", "--time 0:45 for 45 s"),
+    ),
+    "--time and --time-limit": Case(
+        launch("local.txt", "--time-limit", "2:30", "--time", "5"), ("not both",)
+    ),
     "exec: empty --python": Case(
         ("exec", "local.txt", "--python", "", "--", "true"), ("--python must not be empty",)
     ),
@@ -431,6 +442,37 @@ def test_dry_run_prints_the_plan_and_starts_nothing(results, workdir: Path) -> N
     syntax = subprocess.run(["bash", "-n"], input=script, text=True, capture_output=True)
     assert syntax.returncode == 0, syntax.stderr
     assert not (workdir / "runs").exists()  # --dry-run writes no run record
+
+
+@pytest.mark.parametrize(
+    ("flags", "limit"),
+    [
+        (("--time", "150"), "9000 s"),
+        (("--time-limit", "2:30"), "150 s"),
+        (("--time", "2:30"), "150 s"),
+    ],
+)
+def test_time_limit_is_time_but_for_a_bare_number(
+    workdir: Path, capsys, monkeypatch, flags: tuple[str, str], limit: str
+) -> None:
+    from orchestrator.cli import main
+
+    monkeypatch.chdir(workdir)
+    with pytest.raises(SystemExit) as info:
+        main([*launch("local.txt", "--no-forward-env", *flags), "--", "train.py"])
+    out = capsys.readouterr().out
+    assert info.value.code == 0
+    assert f"\n# time limit {limit}; SIGUSR1 to every rank" in out
+
+
+def test_a_bare_time_limit_is_refused_in_one_line(workdir: Path, capsys, monkeypatch) -> None:
+    from orchestrator.cli import main
+
+    monkeypatch.chdir(workdir)
+    with pytest.raises(SystemExit) as info:
+        main(list(launch("local.txt", "--time-limit", "150")))
+    assert info.value.code == 2
+    assert len(capsys.readouterr().err.splitlines()) == 1
 
 
 def test_render_writes_plan_and_one_executable_script_per_node(results, workdir: Path) -> None:

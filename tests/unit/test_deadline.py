@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from orchestrator.errors import ConfigError
+from orchestrator.options.scheduler import time_limit_alias
 from orchestrator.plan.deadline import (
     Deadline,
     default_warning,
@@ -82,3 +83,22 @@ def test_a_limit_brings_a_warning_unless_told_otherwise() -> None:
 def test_a_warning_as_long_as_the_limit_is_refused() -> None:
     with pytest.raises(ConfigError, match=r"--signal USR1@60 with --time 1 \(60 s\).*default"):
         plan_deadline("1", "USR1@60")
+
+
+@pytest.mark.parametrize(
+    ("value", "as_seconds"), [("150", "2:30"), ("45", "0:45"), ("7200", "120:00"), (" 90 ", "1:30")]
+)
+def test_time_limit_refuses_a_bare_number_naming_both_meanings(value: str, as_seconds: str) -> None:
+    number = value.strip()
+    with pytest.raises(ValueError) as info:
+        time_limit_alias(value)
+    message = str(info.value)
+    assert f"--time {as_seconds} for {number} s or --time {number} for {number} minutes" in message
+    assert limit_seconds(as_seconds) == int(number)  # the form offered means what it says
+    assert "\n" not in message
+
+
+@pytest.mark.parametrize("value", ["2:30", "4:00:00", "1-0", "1-2:03:04", "UNLIMITED", " 0:40 "])
+def test_time_limit_takes_every_other_form_as_time_does(value: str) -> None:
+    assert time_limit_alias(value) == value
+    assert plan_deadline(time_limit_alias(value), None) == plan_deadline(value, None)
