@@ -68,8 +68,16 @@ def launch_args(workdir: Path, hostfile: Path, run_id: str, *rest: str) -> list[
     ]
 
 
+def torchrun_folders(cluster) -> list[set[str]]:
+    """Each node's torchelastic_* folders, where torchrun makes one when not given --log-dir
+    (its login's temporary folder, as the node's torchrun sees it)."""
+    command = 'ls -d "${TMPDIR:-/tmp}"/torchelastic_* 2>/dev/null'
+    return [set(cluster.ssh_run(node, command)[1].split()) for node in cluster.nodes]
+
+
 def test_six_rank_ddp_job_across_three_nodes(cluster, workdir: Path) -> None:
     hostfile = cluster.write_hostfile(workdir / "cluster.txt", slots=2)
+    before = torchrun_folders(cluster)
     done = cli(cluster, workdir, *launch_args(workdir, hostfile, "ddp6", "--", "ddp.py"))
     assert done.returncode == 0, done.stdout + done.stderr
     master = cluster.nodes[0].address
@@ -92,6 +100,9 @@ def test_six_rank_ddp_job_across_three_nodes(cluster, workdir: Path) -> None:
     assert status["backend"] == "ssh" and status["state"] == "succeeded"
     assert [n["state"] for n in status["nodes"]] == ["succeeded"] * 3
     assert_nothing_left("ddp6")
+    after = torchrun_folders(cluster)
+    gained = [sorted(now - was) for was, now in zip(before, after, strict=True)]
+    assert gained == [[]] * 3, f"torchrun's folders left on the nodes: {gained}"
 
 
 def test_interface_is_chosen_per_node(make_cluster, tmp_path: Path) -> None:

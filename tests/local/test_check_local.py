@@ -4,6 +4,7 @@ without the namespace lab, plus its bad-input handling."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,13 +14,16 @@ import pytest
 from orchestrator.check import measure
 
 
-def orchestrator(*args: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
+def orchestrator(
+    *args: str, cwd: Path, timeout: float = 300, env: dict | None = None
+) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "orchestrator", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
         cwd=cwd,
+        env=env,
     )
 
 
@@ -63,6 +67,8 @@ def test_bad_input_exits_2_before_touching_a_node(
 @pytest.mark.slow
 def test_check_passes_on_localhost(tmp_path: Path) -> None:
     (tmp_path / "hosts.txt").write_text("localhost slots=2\n")
+    temp = tmp_path / "tmp"  # where torchrun would make its torchelastic_* folder if not told
+    temp.mkdir()
     done = orchestrator(
         "check",
         "hosts.txt",
@@ -73,6 +79,7 @@ def test_check_passes_on_localhost(tmp_path: Path) -> None:
         "--run-id",
         "local-check",
         cwd=tmp_path,
+        env={**os.environ, "TMPDIR": str(temp)},
     )
     assert done.returncode == 0, done.stdout + done.stderr
     report = json.loads((tmp_path / "report.json").read_text())
@@ -84,3 +91,4 @@ def test_check_passes_on_localhost(tmp_path: Path) -> None:
     assert "[0, 1] on every rank" in done.stdout
     runs = orchestrator("runs", cwd=tmp_path)
     assert "local-check" in runs.stdout and "succeeded" in runs.stdout
+    assert list(temp.glob("torchelastic_*")) == [], "torchrun left its folder in TMPDIR"

@@ -73,7 +73,7 @@ def write(tmp_path: Path, name: str, text: str) -> Path:
     return path
 
 
-def launch(tmp_path: Path, run_id: str, *args: str, timeout: float = 240):
+def launch(tmp_path: Path, run_id: str, *args: str, timeout: float = 240, env=None):
     return run_cli(
         [
             "launch",
@@ -87,12 +87,17 @@ def launch(tmp_path: Path, run_id: str, *args: str, timeout: float = 240):
             *args,
         ],
         cwd=tmp_path,
+        env=env,
         timeout=timeout,
     )
 
 
 def test_bundled_trainer_trains_and_the_run_is_recorded(tmp_path: Path) -> None:
-    done = launch(tmp_path, "demo")
+    # A temporary folder of this run's own, where torchrun would make its torchelastic_*
+    # folder if not given one (this machine's /tmp is shared with other runs, the lab's too).
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    done = launch(tmp_path, "demo", env={**os.environ, "TMPDIR": str(temp)})
     assert done.returncode == 0, done.stdout + done.stderr
     out = done.stdout
     losses = [
@@ -123,6 +128,9 @@ def test_bundled_trainer_trains_and_the_run_is_recorded(tmp_path: Path) -> None:
     combined = (record / "logs" / "combined.log").read_text()
     assert re.search(r"^\[localhost r0\] done: ", combined, re.M)
     assert_nothing_left("demo")
+    # torchrun kept its own folder in the node's copy of the run, removed with it
+    assert list(temp.glob("torchelastic_*")) == [], "torchrun left its folder in TMPDIR"
+    assert not (Path(os.environ["HOME"]) / ".orchestrator" / "runs" / "demo").exists()
 
 
 def test_user_script_with_arguments_runs_under_torchrun(tmp_path: Path) -> None:

@@ -466,7 +466,7 @@ def test_node_script_runs_with_the_plan_env_workdir_and_argv(tmp_path) -> None:
     assert env[b"NCCL_SOCKET_IFNAME"] == b"lo" and env[b"ORCHESTRATOR_RUN_ID"] == b"r1"
     assert pwd == str(tmp_path / "work dir")
     python = plan.nodes[0].python.encode()
-    assert argv[:8] == [
+    assert argv[:9] == [
         b"-m",
         b"torch.distributed.run",
         b"--nnodes=1",
@@ -474,6 +474,7 @@ def test_node_script_runs_with_the_plan_env_workdir_and_argv(tmp_path) -> None:
         b"--nproc_per_node=1",
         b"--master_addr=127.0.0.1",
         b"--master_port=29500",
+        f"--log-dir={node_dir}/torchrun".encode(),
         b"--no-python",
     ]
     assert argv[-len(NASTY) - 3 :] == [python, b"-u", b"train.py", *(a.encode() for a in NASTY)]
@@ -496,6 +497,20 @@ def test_env_values_and_args_arrive_byte_identical(tmp_path_factory, values, arg
     assert result.returncode == 3, result.stderr.decode()
     assert [env[name.encode()] for name, _ in pairs] == [v.encode() for v in values]
     assert argv[len(argv) - len(args) :] == [a.encode() for a in args]
+
+
+@pytest.mark.parametrize("node_dir", ["node dir", ""])
+def test_torchrun_keeps_its_files_in_the_node_directory(tmp_path, node_dir: str) -> None:
+    """torchrun's own folder (--log-dir) is in the node directory, one argument whatever its
+    name; run by hand (no node directory), torchrun keeps its default."""
+    folder = tmp_path / node_dir if node_dir else None
+    if folder is not None:
+        folder.mkdir()
+    extra = {"ORCHESTRATOR_NODE_DIR": str(folder) if folder else ""}
+    result, _, _, argv, _, _ = run_node_script(tmp_path, [], [], extra_env=extra)
+    assert result.returncode == 3, result.stderr.decode()
+    wanted = [f"--log-dir={folder}/torchrun".encode()] if folder else []
+    assert [arg for arg in argv if arg.startswith(b"--log")] == wanted
 
 
 @pytest.mark.parametrize("by_the_agent", [True, False])

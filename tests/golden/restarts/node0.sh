@@ -28,6 +28,8 @@ orchestrator_node() {
 
     cd /srv/proj
 
+    # torchrun's own files (the ranks' error files) go in the node directory, and with it;
+    # without --log-dir it leaves a torchelastic_* folder in /tmp. By hand: torchrun's default.
     # torchrun of the node's interpreter, restarting the workers after a failure up to
     # 2 time(s). Restarts need the c10d rendezvous (hosted by node 0 at
     # MASTER_ADDR:MASTER_PORT): with the static one, a node restarts alone and its new
@@ -41,6 +43,7 @@ orchestrator_node() {
         --nnodes=3 --nproc_per_node=2 --max-restarts=2 \
         --rdzv-backend=c10d --rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT" --rdzv-id=golden-restarts \
         --rdzv-conf=is_host=1 --local-addr="$MASTER_ADDR" \
+        ${ORCHESTRATOR_NODE_DIR:+--log-dir="$ORCHESTRATOR_NODE_DIR/torchrun"} \
         --no-python bash -c 'run_rank "$@"' run_rank \
         /usr/bin/python3 -u -m orchestrator.trainer --checkpoint-dir ckpt --resume
 }

@@ -29,6 +29,8 @@ orchestrator_node() {
     cd /srv/proj
 
     # torchrun runs through orchestrator_torchrun (below): it joins once node 0's store answers.
+    # torchrun's own files (the ranks' error files) go in the node directory, and with it;
+    # without --log-dir it leaves a torchelastic_* folder in /tmp. By hand: torchrun's default.
     # torchrun of the node's interpreter, restarting the workers after a failure up to
     # 2 time(s). Restarts need the c10d rendezvous (hosted by node 0 at
     # MASTER_ADDR:MASTER_PORT): with the static one, a node restarts alone and its new
@@ -42,6 +44,7 @@ orchestrator_node() {
         --nnodes=3 --nproc_per_node=2 --max-restarts=2 \
         --rdzv-backend=c10d --rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT" --rdzv-id=golden-restarts \
         --rdzv-conf=is_host=0 --local-addr="$MASTER_ADDR~node00001" \
+        ${ORCHESTRATOR_NODE_DIR:+--log-dir="$ORCHESTRATOR_NODE_DIR/torchrun"} \
         --no-python bash -c 'run_rank "$@"' run_rank \
         /usr/bin/python3 -u -m orchestrator.trainer --checkpoint-dir ckpt --resume
 }

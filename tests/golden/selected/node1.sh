@@ -36,11 +36,14 @@ orchestrator_node() {
     cd /home/user/proj
 
     # torchrun runs through orchestrator_torchrun (below): it joins once node 0's store answers.
+    # torchrun's own files (the ranks' error files) go in the node directory, and with it;
+    # without --log-dir it leaves a torchelastic_* folder in /tmp. By hand: torchrun's default.
     # torchrun of the node's interpreter, static rendezvous at MASTER_ADDR:MASTER_PORT; every
     # rank runs through run_rank (below).
     exec /usr/bin/python3 -c "$orchestrator_torchrun" \
         --nnodes=2 --node_rank=1 --nproc_per_node=2 \
         --master_addr="$MASTER_ADDR" --master_port="$MASTER_PORT" \
+        ${ORCHESTRATOR_NODE_DIR:+--log-dir="$ORCHESTRATOR_NODE_DIR/torchrun"} \
         --no-python bash -c 'run_rank "$@"' run_rank \
         /usr/bin/python3 -u -m orchestrator.trainer
 }

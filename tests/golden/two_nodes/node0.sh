@@ -27,11 +27,14 @@ orchestrator_node() {
 
     cd '/srv/my project'
 
+    # torchrun's own files (the ranks' error files) go in the node directory, and with it;
+    # without --log-dir it leaves a torchelastic_* folder in /tmp. By hand: torchrun's default.
     # torchrun of the node's interpreter, static rendezvous at MASTER_ADDR:MASTER_PORT; every
     # rank runs through run_rank (below).
     exec /usr/bin/python3 -m torch.distributed.run \
         --nnodes=2 --node_rank=0 --nproc_per_node=2 \
         --master_addr="$MASTER_ADDR" --master_port="$MASTER_PORT" \
+        ${ORCHESTRATOR_NODE_DIR:+--log-dir="$ORCHESTRATOR_NODE_DIR/torchrun"} \
         --no-python bash -c 'run_rank "$@"' run_rank \
         /usr/bin/python3 -u -m mypkg.train --lr 0.1 --name 'it'"'"'s a $test'
 }

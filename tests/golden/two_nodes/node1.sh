@@ -34,11 +34,14 @@ orchestrator_node() {
     cd '/srv/my project'
 
     # torchrun runs through orchestrator_torchrun (below): it joins once node 0's store answers.
+    # torchrun's own files (the ranks' error files) go in the node directory, and with it;
+    # without --log-dir it leaves a torchelastic_* folder in /tmp. By hand: torchrun's default.
     # torchrun of the node's interpreter, static rendezvous at MASTER_ADDR:MASTER_PORT; every
     # rank runs through run_rank (below).
     exec /opt/conda/bin/python -c "$orchestrator_torchrun" \
         --nnodes=2 --node_rank=1 --nproc_per_node=2 \
         --master_addr="$MASTER_ADDR" --master_port="$MASTER_PORT" \
+        ${ORCHESTRATOR_NODE_DIR:+--log-dir="$ORCHESTRATOR_NODE_DIR/torchrun"} \
         --no-python bash -c 'run_rank "$@"' run_rank \
         /opt/conda/bin/python -u -m mypkg.train --lr 0.1 --name 'it'"'"'s a $test'
 }
