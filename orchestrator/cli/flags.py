@@ -11,7 +11,6 @@ from typing import Any
 
 import click
 
-from orchestrator.errors import ConfigError
 from orchestrator.options.declare import Flag, OptionGroup, declared
 from orchestrator.options.display import ConsoleOptions
 from orchestrator.options.running import RunOptions
@@ -65,45 +64,7 @@ def click_option(
             multiple=flag.repeat,
             show_default=flag.show_default and default not in (None, ()),
         )
-    if flag.alias_parse is not None:
-        return checked_aliases(keyword, flag, settings)
     return click.option(*names, **settings)
-
-
-def checked_aliases(keyword: str, flag: Flag, settings: dict[str, Any]) -> Decorator:
-    """The field's option without its aliases, and each alias an option of its own whose
-    value `flag.alias_parse` checks before it stands for the field's (--time-limit). click
-    takes the options given before those left out, so an alias given is seen first."""
-    primary = flag.flag_for(keyword)
-    given = f"orchestrator.alias.{keyword}"  # ctx.meta: the value an alias gave
-
-    def by_alias(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
-        if value is None:
-            return
-        if ctx.params.get(keyword) is not None or given in ctx.meta:
-            raise click.UsageError(f"give {primary} or {param.opts[0]}, not both", ctx)
-        try:
-            ctx.meta[given] = flag.alias_parse(value)  # type: ignore[misc]
-        except ValueError as exc:
-            raise ConfigError(f"{param.opts[0]} {value!r}: {exc}") from None
-
-    def field_value(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
-        if value is not None and given in ctx.meta:
-            raise click.UsageError(f"give {primary} or {', '.join(flag.aliases)}, not both", ctx)
-        return ctx.meta.get(given) if value is None else value
-
-    options = [click.option(primary, keyword, callback=field_value, **settings)]
-    options += [
-        click.option(
-            alias,
-            metavar=flag.metavar,
-            expose_value=False,
-            callback=by_alias,
-            help=flag.alias_help,
-        )
-        for alias in flag.aliases
-    ]
-    return lambda func: functools.reduce(lambda f, option: option(f), reversed(options), func)
 
 
 run_dir_option = options_of(RunOptions, ["run_dir"])

@@ -34,11 +34,6 @@ class Flag:
     parse: Callable[[str], Any] | None = None  # text (as typed) -> the field's value
     show_default: bool = True
     nonblank: bool = False  # '' (or blanks) is refused, never taken as not given
-    # On the command line, a value given by one of `aliases` goes through this first (text ->
-    # text; ValueError: refused), and each alias has a help line of its own: --time-limit,
-    # which refuses a bare number. For fields whose default is None.
-    alias_parse: Callable[[str], str] | None = None
-    alias_help: str = ""
 
     def flag_for(self, keyword: str) -> str:
         return self.name or "--" + keyword.replace("_", "-")

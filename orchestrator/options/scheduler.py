@@ -18,6 +18,8 @@ def time_limit_alias(text: str) -> str:
     """--time-limit's value, for --time: SLURM's forms, except a bare number. The name reads
     as seconds (as every *-timeout flag here and exec's --timeout take), SLURM's forms make
     it minutes: refused, with the two ways to write what was meant."""
+    if not isinstance(text, str):
+        raise ValueError("expected a time limit as text, e.g. '4:00:00'")
     number = text.strip()
     if number.isascii() and number.isdigit() and int(number) > 0:
         seconds = f"{int(number) // 60}:{int(number) % 60:02d}"
@@ -71,10 +73,13 @@ class SlurmOptions(OptionGroup):
         "run is stopped at the limit (exit 124); under SLURM a job that reaches it is "
         "submitted again (see --max-resubmits).",
         metavar="LIMIT",
-        aliases=("--time-limit",),
-        alias_parse=time_limit_alias,
-        alias_help="--time, except a bare number (seconds or minutes?), which is refused.",
     )
+    time_limit: str | None = option(
+        None,
+        "--time, except a bare number (seconds or minutes?), which is refused.",
+        metavar="LIMIT",
+        parse=time_limit_alias,
+    )  # read into `time`, then None
     account: str | None = option(
         None, "[slurm] Account to charge.", metavar="NAME", parse=name_list
     )
@@ -129,6 +134,14 @@ class SlurmOptions(OptionGroup):
         "be on a file system the cluster shares (same path).",
         metavar="HOST",
     )  # submit and query over SSH on this login node
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.time_limit is not None:
+            if self.time is not None:
+                raise ConfigError("give --time or --time-limit, not both")
+            object.__setattr__(self, "time", self.time_limit)
+            object.__setattr__(self, "time_limit", None)
 
     def refuse_for_ssh(self) -> None:
         """Over SSH: no SLURM-only flag may be given (--time and --signal serve both)."""

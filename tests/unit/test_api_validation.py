@@ -50,6 +50,7 @@ NAMED = [
     ("min_free_disk", "lots"),
     ("partition", "a b"),
     ("sbatch_args", ("mem=4G",)),
+    ("time_limit", "150"),  # seconds or minutes? refused, with both ways to write it
 ]
 
 
