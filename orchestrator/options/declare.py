@@ -73,11 +73,12 @@ class OptionGroup:
             object.__setattr__(self, item.name, value)
 
     def given(self) -> list[str]:
-        """The flags given a value other than their default (for messages)."""
+        """The flags given a value other than their default (for messages); a default as
+        typed ('auto', '1G') compares as read."""
         return [
             flag.flag_for(item.name)
             for item, flag in declared(self)
-            if getattr(self, item.name) != item.default
+            if getattr(self, item.name) != checked(item.name, flag, item.default)
         ]
 
 

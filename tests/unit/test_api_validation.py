@@ -96,3 +96,12 @@ def test_a_port_given_as_a_number_is_refused_too(tmp_path: Path) -> None:
         ConfigError, match=r"--master-port must be .*got 70000 \(keyword master_port\)"
     ):
         orchestrator.launch(HOSTFILE, run_dir=str(tmp_path), master_port=70000)
+
+
+def test_a_group_says_which_flags_were_given_defaults_as_typed_or_not() -> None:
+    from orchestrator.options.running import RunOptions
+    from orchestrator.options.workload import JobOptions
+
+    assert JobOptions().given() == [] and RunOptions().given() == []
+    assert JobOptions(master_port="auto", nproc_per_node=2).given() == ["--nproc-per-node"]
+    assert RunOptions(min_free_disk="2G").given() == ["--min-free-disk"]
