@@ -132,13 +132,18 @@ def _bracket(prefix: str, suffix: str, width: int, numbers: list[int]) -> str:
 
 
 def name_ranks(
-    ranks: Sequence[int], hosts: Mapping[int, str] | None = None, *, listed: int | None = None
+    ranks: Sequence[int],
+    hosts: Mapping[int, str] | None = None,
+    *,
+    listed: int | None = None,
+    counted: bool = False,
 ) -> str:
     """A set of ranks as the console names it, with their hosts where `hosts` knows them.
 
-    Folded into ranges: `rank 2`, `rank 2 (node3)`, `ranks r[5-6] (node[3-4])`. With
-    `listed` N, each rank beside its host, the first N, then how many more: `rank 1 on a,
-    rank 3 on b and 12 more` (a summary reads which rank ran where at a glance).
+    Folded into ranges: `rank 2`, `rank 2 (node3)`, `ranks r[5-6] (node[3-4])`; `counted`,
+    for a note without hosts: `4 ranks (r[0-2,5])`. With `listed` N, each rank beside its
+    host, the first N, then how many more: `rank 1 on a, rank 3 on b and 12 more` (a summary
+    reads which rank ran where at a glance).
     """
     hosts = hosts or {}
     if listed is not None:
@@ -149,4 +154,7 @@ def name_ranks(
     where = f" ({on})" if on else ""
     if len(ranks) == 1:
         return f"rank {ranks[0]}{where}"
-    return f"ranks {compress_hosts(f'r{r}' for r in ranks)}{where}"
+    folded = compress_hosts(f"r{r}" for r in ranks)
+    if counted:
+        return f"{len(ranks)} ranks ({folded}){where}"
+    return f"ranks {folded}{where}"

@@ -161,7 +161,7 @@ class HangWatch:
             if session.index in on_node:
                 session.send(f"end {','.join(str(r) for r in on_node[session.index])}")
         self.note(
-            f"ending {name_ranks(stuck)} so that torchrun restarts the workers "
+            f"ending {name_ranks(stuck, counted=True)} so that torchrun restarts the workers "
             f"(restart {used + 1} of --max-restarts {detector.max_restarts})"
         )
         self.heard(now)  # the new workers get a timeout of their own
@@ -182,7 +182,7 @@ class HangWatch:
                 self.working_said = True
                 self.note(
                     f"no rank printed or wrote a metric for {quiet:.0f} s, but "
-                    f"{name_ranks(went)} moved between two samples "
+                    f"{name_ranks(went, counted=True)} moved between two samples "
                     f"{interval:.0f} s apart: working silently"
                 )
             return None

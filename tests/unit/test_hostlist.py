@@ -34,6 +34,8 @@ def test_a_set_of_ranks_is_named_one_way_folded_or_listed() -> None:
     assert name_ranks([2], hosts) == "rank 2 (node2)"
     assert name_ranks([0, 1, 2, 5], hosts) == "ranks r[0-2,5] (node[1-3])"
     assert name_ranks([0, 1, 2, 5]) == "ranks r[0-2,5]"
+    assert name_ranks([0, 1, 2, 5], counted=True) == "4 ranks (r[0-2,5])"  # the hang notes
+    assert name_ranks([3], counted=True) == "rank 3"
     assert name_ranks([1, 2, 9], hosts, listed=2) == "rank 1 on node1, rank 2 on node2 and 1 more"
     assert name_ranks([9], hosts, listed=2) == "rank 9"
 
