@@ -28,6 +28,7 @@ from orchestrator.api.run_handle import Run
 from orchestrator.errors import ConfigError, OrchestratorError, error_from_report
 from orchestrator.hosts.hostfile import load_hostfile
 from orchestrator.nodes.execute import NodeResult, results_table, run_command
+from orchestrator.options.declare import keywords_of
 from orchestrator.options.display import ConsoleOptions
 from orchestrator.options.keywords import LaunchArgs, split_keywords
 from orchestrator.options.reaching import SshOptions
@@ -150,7 +151,7 @@ EXEC_GROUPS = {
     "console": ConsoleOptions,
     "ssh": SshOptions,
 }
-EXEC_KEYWORDS = ("python", "grace", "color", "fold", *SshOptions.__dataclass_fields__)
+EXEC_KEYWORDS = ("python", "grace", "color", "fold", *keywords_of(SshOptions))
 
 
 def exec_command(

@@ -22,6 +22,7 @@ from orchestrator.nodes.clean import clean_nodes as clean_on_nodes
 from orchestrator.nodes.clean import clean_table, parse_age
 from orchestrator.options.checking import CollectiveOptions
 from orchestrator.options.choosing import Selection
+from orchestrator.options.declare import keywords_of
 from orchestrator.options.image import ContainerOptions
 from orchestrator.options.keywords import split_keywords
 from orchestrator.options.reaching import SshOptions
@@ -46,9 +47,9 @@ CHECK_KEYWORDS = (
     *CHECK_HOSTS,
     "run_id",
     "run_dir",
-    *CollectiveOptions.__dataclass_fields__,
-    *ContainerOptions.__dataclass_fields__,
-    *SshOptions.__dataclass_fields__,
+    *keywords_of(CollectiveOptions),
+    *keywords_of(ContainerOptions),
+    *keywords_of(SshOptions),
 )
 
 
@@ -99,7 +100,7 @@ def check_nodes(
 
 
 CLEAN_GROUPS = {"job": JobOptions, "ssh": SshOptions}
-CLEAN_KEYWORDS = ("python", *SshOptions.__dataclass_fields__)
+CLEAN_KEYWORDS = ("python", *keywords_of(SshOptions))
 
 
 def clean_nodes(

@@ -56,6 +56,11 @@ def declared(group: type | object) -> Iterator[tuple[dataclasses.Field, Flag]]:
             yield item, flag
 
 
+def keywords_of(group: type | object) -> tuple[str, ...]:
+    """The keywords (field names) of a group's options, in declaration order."""
+    return tuple(item.name for item, _ in declared(group))
+
+
 def flag_name(group: type | object, keyword: str) -> str:
     """The flag of `keyword` in `group` (`--heartbeat-timeout` for heartbeat_timeout)."""
     for item, flag in declared(group):

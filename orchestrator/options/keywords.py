@@ -14,7 +14,7 @@ from typing import Any
 
 from orchestrator.errors import ConfigError
 from orchestrator.options.choosing import Selection
-from orchestrator.options.declare import OptionGroup, declared
+from orchestrator.options.declare import OptionGroup, keywords_of
 from orchestrator.options.display import ConsoleOptions
 from orchestrator.options.image import ContainerOptions
 from orchestrator.options.reaching import SshOptions
@@ -33,10 +33,10 @@ def split_keywords(
     """`keywords` by the name of the group each belongs to (of the groups' fields, `only`
     those a command takes); an unknown one is refused with the ones that are."""
     owner = {
-        item.name: name
+        keyword: name
         for name, group in groups.items()
-        for item, _ in declared(group)
-        if only is None or item.name in only
+        for keyword in keywords_of(group)
+        if only is None or keyword in only
     }
     unknown = sorted(set(keywords) - set(owner))
     if unknown:

@@ -3,8 +3,8 @@
 In synchronous data-parallel training every rank's step lasts as long as the slowest one's,
 so step time names nobody. What differs is each rank's own work: its step minus the time
 it waited in collectives for the others (the bundled trainer reports it as `work_s`, see
-orchestrator.trainer.reporting). A rank whose work, averaged over the last WINDOW_S
-seconds, stays above RATIO times the median of the other ranks' is named once:
+orchestrator.trainer.reporting). A rank whose work, averaged over the last window
+(--stragglers RATIO,SECONDS), stays above RATIO times the median of the other ranks' is named once:
 
     straggler: rank 37 on ceon19, its step work 2.1x the median for 30 s
 
@@ -24,8 +24,7 @@ from dataclasses import dataclass
 
 from orchestrator.options.supervision import STRAGGLER_RATIO, STRAGGLER_WINDOW_S
 
-RATIO, WINDOW_S = STRAGGLER_RATIO, STRAGGLER_WINDOW_S  # --stragglers' default
-MIN_COVER = 0.5  # a rank's window must span at least this share of WINDOW_S to count
+MIN_COVER = 0.5  # a rank's window must span at least this share of its window to count
 SILENT_RATIO = 4.0
 SILENT_MIN_S = 30.0
 SPOKEN = 3
@@ -68,8 +67,8 @@ class Stragglers:
     def __init__(
         self,
         hosts: dict[int, str],
-        ratio: float = RATIO,
-        window_s: float = WINDOW_S,
+        ratio: float = STRAGGLER_RATIO,
+        window_s: float = STRAGGLER_WINDOW_S,
         silent_ratio: float = SILENT_RATIO,
         silent_min_s: float = SILENT_MIN_S,
     ) -> None:

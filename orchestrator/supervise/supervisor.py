@@ -76,11 +76,10 @@ class Supervisor:
         self.sink = sink
         self.ended = threading.Event()  # the run is over: no more heartbeats
         self.beats: threading.Thread | None = None
-        self.grace = supervision.grace
-        self.heartbeat_timeout = supervision.heartbeat_timeout
+        self.supervision = supervision
         self.timed_out = False
         self.on_change = on_change
-        self.stopper = Stopper(nodes, sessions, sink, self.grace, on_first_stop=self.changed)
+        self.stopper = Stopper(nodes, sessions, sink, supervision.grace, on_first_stop=self.changed)
         self.detector = Detector(
             nodes,
             ranks,
@@ -168,7 +167,7 @@ class Supervisor:
         in a thread of its own: a write the kernel holds (seen at 250 nodes with the
         machine out of memory) holds that round only, and the next round skips the node
         whose heartbeat is still being written (NodeSession.send)."""
-        for pause in beat_intervals(self.heartbeat_timeout, CONTROLLER_BEATS):
+        for pause in beat_intervals(self.supervision.heartbeat_timeout, CONTROLLER_BEATS):
             if self.ended.wait(pause):
                 return
             self.stopper.heartbeat_round()
@@ -178,8 +177,8 @@ class Supervisor:
         if self.stopping or self.sink.holding():
             return TICK_S
         idle = IDLE_TICK_S if self.sink.footer is None else FOOTER_TICK_S
-        if self.heartbeat_timeout > 0:
-            idle = min(idle, self.heartbeat_timeout / 6)
+        if self.supervision.heartbeat_timeout > 0:
+            idle = min(idle, self.supervision.heartbeat_timeout / 6)
         return max(TICK_S, min(idle, self.deadline.wait(time.time())))
 
     def _loop(self) -> None:
@@ -235,7 +234,11 @@ class Supervisor:
         if not self.hangs.waiting(now):
             return
         running = self.running_nodes()
-        limit = self.heartbeat_timeout if self.heartbeat_timeout > 0 else float("inf")
+        limit = (
+            self.supervision.heartbeat_timeout
+            if self.supervision.heartbeat_timeout > 0
+            else float("inf")
+        )
         answering = all(time.time() - n.heard_wall < limit for n in self.nodes)
         everyone = len(running) == len(self.nodes) and answering and not self.stopping
         self.hangs.tick(now, running, everyone)
@@ -293,7 +296,7 @@ class Supervisor:
     def stop_if(self, reason: str | None) -> None:
         """Stop the run when the detector gives a reason; either way, say what changed."""
         if reason is not None:
-            self.begin_stop(self.grace, reason)
+            self.begin_stop(self.supervision.grace, reason)
         self.changed()
 
     def changed(self) -> None:
