@@ -20,6 +20,7 @@ from orchestrator.cli.context import CONTEXT
 from orchestrator.cli.flags import note, options_of
 from orchestrator.cli.hostfile_argument import HostfileOptional, split_hostfile
 from orchestrator.options.choosing import Selection
+from orchestrator.options.declare import keywords_of
 from orchestrator.options.display import ConsoleOptions
 from orchestrator.options.image import ContainerOptions
 from orchestrator.options.keywords import LaunchArgs
@@ -30,7 +31,7 @@ from orchestrator.options.supervision import TASK_GRACE_S, Supervision
 from orchestrator.options.workload import JobOptions
 
 # The SLURM request's flags but --login, which only `launch` takes (render submits nothing).
-SLURM_REQUEST = [name for name in SlurmOptions.__dataclass_fields__ if name != "login"]
+SLURM_REQUEST = [name for name in keywords_of(SlurmOptions) if name != "login"]
 
 
 @click.command(cls=HostfileOptional, context_settings=CONTEXT)
@@ -135,7 +136,7 @@ EXEC_GRACE = "On Ctrl-C, time between SIGTERM and SIGKILL."
 @options_of(Supervision, ["grace"], helps={"grace": EXEC_GRACE}, defaults={"grace": TASK_GRACE_S})
 @click.option(
     "--timeout",
-    type=click.FloatRange(min=0),
+    type=float,  # its bound is exec_command's, checked there for the API alike
     default=None,
     metavar="SECONDS",
     help="Stop the command everywhere after this long.",

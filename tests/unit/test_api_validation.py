@@ -105,3 +105,15 @@ def test_a_group_says_which_flags_were_given_defaults_as_typed_or_not() -> None:
     assert JobOptions().given() == [] and RunOptions().given() == []
     assert JobOptions(master_port="auto", nproc_per_node=2).given() == ["--nproc-per-node"]
     assert RunOptions(min_free_disk="2G").given() == ["--min-free-disk"]
+
+
+def test_exec_refuses_a_negative_timeout_alike(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(ConfigError) as refused:
+        orchestrator.exec_command(HOSTFILE, "true", timeout=-1)
+    assert str(refused.value) == "--timeout must be 0 or more, got -1 (keyword timeout)"
+    with pytest.raises(SystemExit) as exited:
+        main(["exec", HOSTFILE, "--timeout", "-1", "--", "true"])
+    assert exited.value.code == 2
+    assert capsys.readouterr().err == f"orchestrator: error: {refused.value}\n"
