@@ -15,20 +15,21 @@ from importlib import resources
 from importlib.util import MAGIC_NUMBER
 
 from orchestrator.agent.loader import compile_module
-from orchestrator.agent.protocol import length_prefixed
+from orchestrator.agent.protocol import encode_config, length_prefixed
 
 # Run by the node's interpreter: read a length-prefixed source from stdin and execute it.
+# Double quotes only: a shell's single quotes then carry it as it is (job.sbatch).
 BOOTSTRAP = (
     "import os\n"
     "def read_exact(n):\n"
-    "    data = b''\n"
+    '    data = b""\n'
     "    while len(data) < n:\n"
     "        chunk = os.read(0, n - len(data))\n"
     "        if not chunk:\n"
-    "            raise SystemExit('orchestrator agent: the controller went away')\n"
+    '            raise SystemExit("orchestrator agent: the controller went away")\n'
     "        data += chunk\n"
     "    return data\n"
-    "exec(compile(read_exact(int(read_exact(8))), 'orchestrator-agent', 'exec'))\n"
+    'exec(compile(read_exact(int(read_exact(8))), "orchestrator-agent", "exec"))\n'
 )
 
 # The agent's modules as they run on the node, each after those it imports.
@@ -49,6 +50,9 @@ NODE_MODULES = (
     "wakeup",
     "main",
 )
+
+# Under SLURM, the batch script's task on each node runs keeper.py's main (after the rest).
+IN_ALLOCATION = (*NODE_MODULES, "keeper")
 
 _AGENT_START: bytes | None = None
 
@@ -89,6 +93,21 @@ def agent_start() -> bytes:
             )
         )
     return _AGENT_START
+
+
+def slurm_bundle(config: dict) -> bytes:
+    """What the batch script feeds BOOTSTRAP on every node (slurm.sbatch.j2): the loader,
+    the agent's modules with keeper.py last, as source only (the nodes' interpreter may
+    not be this one; a node compiles them in some 30 ms), then the step's config."""
+    package = resources.files(__package__)
+    sources = [
+        (f"{__package__}.{name}", package.joinpath(f"{name}.py").read_text())
+        for name in IN_ALLOCATION
+    ]
+    loader = package.joinpath("loader.py").read_text()
+    loader += "\nsys.exit(install(read_modules(read_exact)).main())\n"
+    parts = (loader.encode(), b"source", marshal.dumps([], 4), marshal.dumps(sources, 4))
+    return b"".join(map(length_prefixed, parts)) + encode_config(config)
 
 
 @cache

@@ -129,7 +129,7 @@ def script_command(config: dict, node_dir: str | None) -> tuple[list[str], str, 
     if node_dir:
         env["ORCHESTRATOR_NODE_DIR"] = node_dir
     if config.get("script") is None:
-        return config["argv"], node_dir or os.path.expanduser("~"), env
+        return config["argv"], config.get("cwd") or node_dir or os.path.expanduser("~"), env
     assert node_dir is not None
     path = os.path.join(node_dir, config["script_name"])
     with open(path, "w", encoding="utf-8") as handle:

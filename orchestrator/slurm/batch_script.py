@@ -32,10 +32,16 @@ replacement from the partition, the failed nodes (and the --bad-nodes list) in -
 
 from __future__ import annotations
 
+import base64
+import gzip
+
+from orchestrator.agent.bootstrap import BOOTSTRAP, slurm_bundle, stack_hook_source
+from orchestrator.agent.protocol import GRACE_S
 from orchestrator.plan.scripts import render_template
 from orchestrator.slurm.job import PORT_BASE, PORT_SPAN, SlurmJob
 
 SCRIPT_NAME = "job.sbatch"
+CODE_LINE = 76  # base64 characters per line of the agent's code in the script
 
 
 def render_sbatch(job: SlurmJob, command: str) -> str:
@@ -47,4 +53,39 @@ def render_sbatch(job: SlurmJob, command: str) -> str:
         script_name=SCRIPT_NAME,
         port_base=PORT_BASE,
         port_span=PORT_SPAN,
+        agent_boot=BOOTSTRAP,
+        agent_code=agent_code(job),
+        agent_python=agent_python(job),
+        node_part=node_part(job),
     )
+
+
+def node_part(job: SlurmJob) -> str:
+    """The shell function that runs a node's part (torchrun), which the agent starts."""
+    container = job.container
+    return (
+        "orchestrator_apptainer"
+        if container and container.spec.runtime == "apptainer"
+        else "orchestrator_node"
+    )
+
+
+def agent_python(job: SlurmJob) -> str:
+    """The interpreter the node agent runs with: the job's, except where the job's is inside
+    an apptainer image, whose agent runs outside it (the node's python3)."""
+    return "python3" if node_part(job) == "orchestrator_apptainer" else job.python
+
+
+def agent_code(job: SlurmJob) -> str:
+    """The node agent (its modules and its config), gzipped, in base64 lines."""
+    config = {
+        "run_id": job.run_id,
+        "argv": ["bash", "-c", node_part(job)],
+        # The nodes' files carry the ranks' output and exits to the launcher (stream.py);
+        # the agent is there for what only a process beside the ranks can do.
+        "ranks": [],
+        "grace": GRACE_S,
+        "stack_hook": stack_hook_source(),
+    }
+    text = base64.b64encode(gzip.compress(slurm_bundle(config), mtime=0)).decode()
+    return "\n".join(text[i : i + CODE_LINE] for i in range(0, len(text), CODE_LINE))

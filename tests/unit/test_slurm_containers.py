@@ -85,7 +85,7 @@ def test_pyxis_flags_reach_the_srun_line_quoted() -> None:
         "--container-mounts=/home/alice/project:/home/alice/project,"
         "/runs/r/nodes:/runs/r/nodes,/data:/data:ro" in srun
     )
-    assert srun.endswith("--container-workdir=/home/alice/project bash -c orchestrator_node")
+    assert srun.endswith("--container-workdir=/home/alice/project bash -c orchestrator_agent")
     assert 'mkdir -p "$ORCHESTRATOR_JOB_DIR"' in script  # mounted: it must exist first
     assert "apptainer" not in script
 
@@ -127,7 +127,7 @@ def test_apptainer_keeps_the_environment_and_gets_the_gpus_where_there_are() -> 
     )
     assert "bash -c \"$(declare -fx)\"$'\\norchestrator_node'" in script
     assert script.endswith(
-        "--ntasks-per-node=1 bash -c orchestrator_apptainer &\n"
+        "--ntasks-per-node=1 bash -c orchestrator_agent &\n"
         'orchestrator_srun=$!\nrc=0\nwhile :; do\n    wait "$orchestrator_srun" && rc=0 || '
         'rc=$?\n    kill -0 "$orchestrator_srun" 2>/dev/null || break  # a trapped signal '
         'ended the wait early\ndone\nexit "$rc"\n'
@@ -263,6 +263,9 @@ exec env -i "${crossing[@]}" "$@"
 # The image's python: as torchrun, start the rank's command once as rank 0; as the rank,
 # write where it ran and its arguments.
 FAKE_PYTHON = """#!/bin/bash
+if [ "$1" = -I ]; then  # the node agent: run by this machine's interpreter
+    exec python3 "$@"
+fi
 if [ "$1" = -m ]; then
     while [ "$1" != --no-python ]; do shift; done
     shift

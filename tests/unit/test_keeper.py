@@ -1,0 +1,90 @@
+"""The node agent as the SLURM batch script runs it (orchestrator.agent.keeper), on this
+machine without SLURM: the bundle job.sbatch pipes into the node's interpreter, the stream
+it keeps for a controller that comes late, and the dial a controller runs through srun."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from orchestrator.agent import BOOTSTRAP
+from orchestrator.agent.bootstrap import slurm_bundle
+from orchestrator.agent.keeper import DIAL, KEPT_BYTES, Stream, socket_path
+from orchestrator.agent.protocol import Frame, frame
+from orchestrator.backends.sessions import FrameParser
+
+
+def test_the_stream_keeps_whole_frames_and_says_what_a_late_reader_lost(monkeypatch) -> None:
+    stream = Stream()
+    shown = stream.add(frame(Frame.SCRIPT_OUTPUT, 0, payload=b"torchrun says\n")[:9])
+    assert shown == []  # the payload is not whole yet
+    rest = frame(Frame.SCRIPT_OUTPUT, 0, payload=b"torchrun says\n")[9:]
+    shown = stream.add(rest + frame(Frame.HEARTBEAT, "1.0", "-", "-"))
+    assert shown == [("N", b"torchrun says\n")]
+    assert stream.since(0) == (0, 0) and stream.since(10**9) == (stream.end, 0)
+    monkeypatch.setattr("orchestrator.agent.keeper.KEPT_BYTES", 40)
+    big = frame(Frame.RANK_OUTPUT, 3, payload=b"x" * 30 + b"\n")
+    stream.add(big)
+    assert stream.end - stream.base == len(big)  # the oldest whole frames went
+    assert stream.since(0) == (stream.base, stream.base)
+    parsed = FrameParser().feed(bytes(stream.kept))  # what is left starts at a frame
+    assert parsed == [("O", ("3",), b"x" * 30 + b"\n")]
+    assert KEPT_BYTES >= 1 << 20
+
+
+def test_the_agent_runs_alone_and_a_controller_that_comes_late_gets_it_all(tmp_path: Path) -> None:
+    job_dir = tmp_path / "job"
+    env = {
+        **os.environ,
+        "SLURM_JOB_ID": f"9{os.getpid()}",
+        "SLURM_NODEID": "0",
+        "SLURM_RESTART_COUNT": "0",
+        "ORCHESTRATOR_JOB_DIR": str(job_dir),
+    }
+    script = 'echo started; read -t 60 line < "$ORCHESTRATOR_NODE_DIR/fifo"; echo done; exit 3'
+    config = {"argv": ["bash", "-c", script], "ranks": [], "grace": 1.0}
+    node_dir = job_dir / "attempt0" / "node0"
+    node_dir.mkdir(parents=True)
+    os.mkfifo(node_dir / "fifo")
+    keeper = subprocess.Popen(
+        [sys.executable, "-I", "-S", "-u", "-c", BOOTSTRAP, "orchestrator-agent", "t"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        cwd=tmp_path,
+    )
+    keeper.stdin.write(slurm_bundle(config))
+    keeper.stdin.close()
+    path = socket_path(env["SLURM_JOB_ID"], 0, 0)
+    try:
+        time.sleep(1.5)  # the agent runs with nobody connected; what it says is kept
+        dial = subprocess.Popen(
+            [sys.executable, "-I", "-S", "-u", "-c", DIAL, path, "0", "10"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+        )
+        dial.stdin.write(b"stacks 1 signal\n")  # a command reaches the agent
+        dial.stdin.flush()
+        time.sleep(1.0)
+        with open(node_dir / "fifo", "w") as fifo:
+            fifo.write("go\n")
+        out = dial.stdout.read()  # to the end of the stream: stdin stays open (closed, the
+        assert keeper.wait(timeout=30) == 3  # dial leaves); the script's code, for srun
+        dial.stdin.close()
+        dial.wait(timeout=10)
+    finally:
+        keeper.kill()
+    head, _, frames = out.partition(b"\n")
+    assert head == b"at 0 0"
+    kinds = [kind for kind, _, _ in FrameParser().feed(frames)]
+    assert kinds[0] == "S" and kinds[-1] == "X" and "K" in kinds, kinds
+    parsed = FrameParser().feed(frames)
+    output = b"".join(data for kind, _, data in parsed if kind == "N")
+    assert output == b"started\ndone\n"
+    assert [fields for kind, fields, _ in parsed if kind == "X"][0][0] == "3"
+    assert not os.path.exists(path)  # the socket goes with the agent
+    assert keeper.stdout.read() == b""  # with a job folder, nothing for SLURM's output file
