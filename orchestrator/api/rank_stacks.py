@@ -1,7 +1,7 @@
 """`orchestrator stacks RUN`: every rank's stacks, taken now by the run's own node agents.
 
-The request goes through the run record to the run's controller (attached or detached, SSH
-or local), which asks every node at once and writes the answer to runs/<run-id>/stacks/
+The request goes through the run record to the run's controller (attached or detached, SSH,
+local or SLURM), which asks every node at once and writes the answer to runs/<run-id>/stacks/
 (supervise/stack_rounds.py); here we wait for it and fold it for reading.
 """
 
@@ -22,8 +22,8 @@ ANSWER_WITHIN_S = ROUND_TIMEOUT_S + 8.0
 
 def take_stacks(record: RunRecord, method: str = "auto", timeout: float = ANSWER_WITHIN_S) -> dict:
     """Ask the run's controller for every rank's stacks; stacks.json of the round that
-    answered, with its folder. Raises ConfigError for a run that has ended or runs under
-    SLURM, RunNotReachable when its controller is gone."""
+    answered, with its folder. Raises ConfigError for a run that has ended,
+    RunNotReachable when its controller is gone."""
     current = record.run_status()
     status = current.document
     where = record.path / "stacks"
@@ -31,11 +31,6 @@ def take_stacks(record: RunRecord, method: str = "auto", timeout: float = ANSWER
         earlier = f"; stacks taken earlier are in {where}" if where.exists() else ""
         raise ConfigError(
             f"run {record.run_id} has ended ({current.recorded_state}): no rank to take{earlier}"
-        )
-    if current.backend == "slurm":
-        raise ConfigError(
-            f"run {record.run_id} runs under SLURM, where `stacks` does not reach the ranks "
-            "yet; on the allocation: srun --overlap --jobid JOBID py-spy dump --pid PID"
         )
     if not current.controller_alive:
         raise RunNotReachable(

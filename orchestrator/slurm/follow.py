@@ -23,7 +23,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import BinaryIO
 
+from orchestrator.agent.protocol import Frame
 from orchestrator.agent.ranks import RankFile
+from orchestrator.backends.sessions import CHANNEL_CLOSED, Event, NodeSession
 from orchestrator.console.footer import Footer
 from orchestrator.console.sink import LogSink
 from orchestrator.errors import ConfigError, OrchestratorError
@@ -31,7 +33,8 @@ from orchestrator.options.supervision import Supervision
 from orchestrator.record.runs import RunRecord, now_iso
 from orchestrator.record.states import RunState
 from orchestrator.slurm import client as slurm
-from orchestrator.slurm.batch_script import SCRIPT_NAME
+from orchestrator.slurm.agents import reach_agents
+from orchestrator.slurm.batch_script import SCRIPT_NAME, agent_python
 from orchestrator.slurm.client import SlurmCommands
 from orchestrator.slurm.job import PORT_BASE, PORT_SPAN, SlurmJob
 from orchestrator.slurm.outcome import job_outcome
@@ -40,11 +43,17 @@ from orchestrator.slurm.segments import WARNING_FILE, Segments, read_warning
 from orchestrator.slurm.spares import SlurmSpares, job_dir_of
 from orchestrator.slurm.stream import READ_BYTES, AttemptFiles
 from orchestrator.supervise import NodeState, Outcome, RankState, Supervisor, describe_exit
+from orchestrator.supervise.frame_handlers import handle as handle_event
 from orchestrator.supervise.stopping import STOP_SIGNALS
 
 POLL_S = 1.0  # squeue at most this often
 FILES_S = 0.1  # rank files this often
 UNREACHABLE_GRACE_S = 120.0  # how long squeue may fail before the launcher gives up
+# What the follower takes from the node agents; the ranks' output, metrics and exits, and
+# the nodes' starts and ends, it reads from the nodes' files (stream.py).
+FROM_AGENTS = frozenset(
+    {Frame.STACKS, Frame.FLIGHT_DUMP, Frame.MESSAGE, Frame.HEARTBEAT, Frame.NODE_SAMPLE}
+)
 
 
 class Follower:
@@ -62,7 +71,7 @@ class Follower:
         spares: SlurmSpares | None = None,
         fold: bool = True,
         footer: bool = True,
-        stragglers: tuple[float, float] = Supervision().stragglers,
+        supervision: Supervision | None = None,
         submit: Callable[[SlurmJob, int], int] | None = None,
     ) -> None:
         self.job, self.record, self.commands, self.job_id = job, record, commands, job_id
@@ -71,7 +80,11 @@ class Follower:
         self.first_job_dir = job.job_dir
         self.base, self.console, self.color, self.fold = base, console, color, fold
         self.footer = Footer.on(console) if footer else None  # once ranks run
-        self.stragglers = stragglers  # --stragglers RATIO,SECONDS
+        # --grace, --hang-timeout and --stragglers hold; the agents need no heartbeats from
+        # us (the job is SLURM's), and SLURM watches the nodes.
+        self.supervision = replace(supervision or Supervision(), heartbeat_timeout=0)
+        self.events: queue.Queue[Event | None] = queue.Queue()
+        self.sessions: list[NodeSession] = []
         self.sink = LogSink(record.logs_dir, {}, {}, console, color, fold=fold)
         self.sup: Supervisor | None = None
         self.info = JobInfo(state="PENDING")
@@ -187,7 +200,7 @@ class Follower:
                 self.note(f"{name} again: killing SLURM job {self.job_id} now")
                 slurm.cancel(self.commands, self.job_id, kill=True)
             if self.sup is not None and not self.sup.stopping:
-                self.sup.begin_stop(0, f"{name} to the orchestrator")
+                self.sup.begin_stop(self.supervision.grace, f"{name} to the orchestrator")
             self.write_status()
 
     def _on_info(self, info: JobInfo) -> None:
@@ -252,28 +265,41 @@ class Follower:
         )
         port = job.master_port or PORT_BASE + self.job_id % PORT_SPAN
         self.base.update(master=f"{job.master_addr or hosts[0]}:{port}", attempt=details.restarts)
+        self.events = queue.Queue()
         self.sup = Supervisor(
             nodes,
             ranks,
-            [],
-            queue.Queue(),
+            self.sessions,
+            self.events,
             self.sink,
-            # the files are followed, not agents: no beats, nothing of ours to signal
-            Supervision(grace=0, heartbeat_timeout=0, hang_timeout=0, stragglers=self.stragglers),
+            self.supervision,
             stop_on_failure=False,
             max_restarts=job.max_restarts,
             on_change=lambda sup: self.write_status(sup),
             metrics_path=self.record.metrics_path,
+            record_dir=self.record.path,
         )
+        if self.commands.login:
+            self.note(
+                "the node agents are not reached over --login yet: no stacks or hang checks "
+                "for this job (run `orchestrator launch` where srun works for them)"
+            )
+        else:
+            python = agent_python(job)
+            self.sessions += reach_agents(self.job_id, details.restarts, hosts, python, self.events)
         if self.interrupted_by is not None:
             self.sup.begin_stop(
-                0, f"{signal.Signals(self.interrupted_by).name} to the orchestrator"
+                self.supervision.grace,
+                f"{signal.Signals(self.interrupted_by).name} to the orchestrator",
             )
 
     def _close_attempt(self) -> None:
         """The attempt followed ended (requeued, or a new job submitted): its files are done."""
         if self.files is not None:
             self.files.close()
+        for session in self.sessions:
+            session.channel.close()
+        self.sessions = []  # the next attempt's supervisor gets a list of its own
         self.files, self.sup = None, None
 
     # --- files --------------------------------------------------------------------------
@@ -284,11 +310,37 @@ class Follower:
             self.sink.note(f"batch: {line}")
         if self.sup is not None and self.files is not None:
             self.files.pump(self.sink, self.sup, self._rank_exited, self._node_exited)
+            self._hear_agents(self.sup)
             self.sup.metrics.flush()
             if self.sup.metrics.check(time.time(), self.sup.running_ranks, self.sup.nodes):
                 self.write_status(self.sup)
             self.sink.update_footer(self.sup.footer_text)
         self.sink.flush()
+
+    def _hear_agents(self, sup: Supervisor) -> None:
+        """What the node agents said (stacks, flight recorder dumps, node samples, their
+        messages); then rounds of stacks, `orchestrator stacks` requests and hang checks,
+        as over SSH. A hang found is said, and the job cancelled: it ends `hung`."""
+        sup.take_aside()
+        while True:
+            try:
+                event = self.events.get_nowait()
+            except queue.Empty:
+                break
+            if event is None:
+                continue
+            if event.kind in FROM_AGENTS:
+                handle_event(sup, event)
+            elif event.kind == CHANNEL_CLOSED and not (sup.nodes[event.node].done or sup.stopping):
+                why = event.data.decode(errors="replace").strip() or "it ended"
+                self.sink.node_note(
+                    sup.nodes[event.node].host, f"its agent's channel closed: {why}"
+                )
+        sup.watch_stacks(time.monotonic())
+        if sup.hang is not None and not sup.stopping:
+            sup.begin_stop(self.supervision.grace, "the job hangs")  # ranks end stopped, not failed
+            self.note(f"cancelling SLURM job {self.job_id}: it hangs (scancel)")
+            slurm.cancel(self.commands, self.job_id)
 
     def _check_warning(self) -> None:
         """The script's warning file: the ranks were sent the time limit's (or a
@@ -315,7 +367,7 @@ class Follower:
                 f"rank {rank} on {host} ended with {describe_exit(code)}; srun ends the "
                 "job step on every node (--kill-on-bad-exit)"
             )
-            sup.begin_stop(0, f"rank {rank} on {host} failed")
+            sup.begin_stop(self.supervision.grace, f"rank {rank} on {host} failed")
             sup.stopper.wall = when  # ranks that end after it were stopped, not failed
 
     def _node_exited(self, node: NodeState, code: int, when: float) -> None:
@@ -327,7 +379,7 @@ class Follower:
                 f"{node.host}: torchrun gave up ({describe_exit(code)}, --max-restarts "
                 f"{self.job.max_restarts} spent); srun ends the job step on every node"
             )
-            sup.begin_stop(0, f"{node.host} failed")
+            sup.begin_stop(self.supervision.grace, f"{node.host} failed")
             sup.stopper.wall = when  # ranks that end after it were stopped, not failed
 
     def _resubmitted(self) -> bool:

@@ -22,10 +22,13 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from orchestrator.agent.protocol import Frame
 from orchestrator.agent.ranks import RankFile
+from orchestrator.backends.sessions import Event
 from orchestrator.console.sink import LogSink
 from orchestrator.supervise import NodeState, Supervisor
 from orchestrator.supervise.clocks import NodeClock
+from orchestrator.supervise.frame_handlers import handle as handle_event
 
 READ_BYTES = 1 << 20  # per file and pump
 
@@ -73,15 +76,16 @@ class AttemptFiles:
         happened, through `rank_exited(rank, code, when)`), then node exits (through
         `node_exited(node, code, when)`)."""
         now = time.time()
-        for rank, rank_file in self.rank_files.items():
-            if data := rank_file.read_lines(READ_BYTES):
-                sink.rank_output(rank, data)
-                sup.metrics.heard_from(rank, now)
-                if sup.ranks[rank].state == "restarting":  # output again: torchrun restarted it
-                    sup.rank_restarted(sup.ranks[rank])
-        for rank, metrics_file in self.metrics_files.items():
-            if data := metrics_file.read_lines(READ_BYTES):
-                sup.metrics.rank_lines(sup.nodes[sup.ranks[rank].node], rank, data, now)
+        # Lines and metrics as an agent's frames would bring them (frame_handlers.py): the
+        # same console, hang clock and restarts whichever way they came.
+        for kind, files in (
+            (Frame.RANK_OUTPUT, self.rank_files),
+            (Frame.METRICS, self.metrics_files),
+        ):
+            for rank, tail in files.items():
+                if data := tail.read_lines(READ_BYTES):
+                    event = Event(sup.ranks[rank].node, kind, (str(rank),), data, now)
+                    handle_event(sup, event)
         self.clock.measure()
         for node in sup.nodes:
             start_file = self.node_dir(node.index) / "node.start"

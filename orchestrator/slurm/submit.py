@@ -228,7 +228,7 @@ def _submit_and_follow(
         spares,
         fold=options.console.fold,
         footer=options.console.footer,
-        stragglers=options.supervision.stragglers,
+        supervision=options.supervision,
         submit=resubmit,
     )
     if spares is not None:

@@ -1,0 +1,141 @@
+"""The launcher's way to a SLURM job's node agents: through SLURM itself.
+
+Each node's agent (orchestrator.agent.keeper) listens on a Unix socket on its node. The
+launcher reaches it with one `srun --overlap --jobid JOB --nodelist NODE --ntasks 1` per
+node, a step of the job that shares its allocation and runs `keeper.DIAL` there: SLURM
+carries that step's stdin and stdout as an SSH channel carries an agent's, so the agent's
+protocol runs over it unchanged, and a `NodeSession` reads its frames into `Event`s.
+
+Why srun: it needs nothing the job does not already have (no port open on the login node
+or the nodes, no file system shared with them), it is authenticated and placed by SLURM
+(the node's own slurmd starts the step, as the user), and it works from wherever the user
+can run srun. One step per node rather than one for the whole job, because srun gives each
+task's stdin to one task and merges their stdout by lines, while the protocol's frames
+carry payloads of any bytes; a step costs the launcher one srun process (a few MB).
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import subprocess
+from collections.abc import Sequence
+
+from orchestrator.agent.keeper import DIAL, socket_path
+from orchestrator.backends.base import IdleAgent, writable
+from orchestrator.backends.sessions import Event, NodeSession
+
+DIAL_WAIT_S = 120.0  # how long the dial waits on the node for its agent's socket
+
+
+class SrunChannel:
+    """A node agent's stream through `srun --overlap`: what its keeper sends from `offset`."""
+
+    def __init__(self, argv: list[str]) -> None:
+        self.proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            bufsize=0,
+            start_new_session=True,  # Ctrl-C is the launcher's to handle (scancel)
+        )
+        self.head = b""
+        self.at: tuple[int, int] | None = None  # (offset, bytes lost) once the keeper said
+
+    def write(self, data: bytes) -> None:
+        try:
+            self.proc.stdin.write(data)  # type: ignore[union-attr]
+        except (OSError, ValueError):
+            pass  # srun has ended; its output's end says so
+
+    def ready(self) -> bool:
+        return writable(self.proc.stdin)
+
+    def read(self, size: int) -> bytes:
+        """The agent's bytes, after the keeper's first line (`at OFFSET LOST`)."""
+        fd = self.proc.stdout.fileno()  # type: ignore[union-attr]
+        while self.at is None:
+            chunk = os.read(fd, size)
+            if not chunk:
+                return b""
+            self.head += chunk
+            line, newline, rest = self.head.partition(b"\n")
+            if newline:
+                words = line.split()
+                numbers = [int(w) for w in words[1:3] if w.isdigit()]
+                self.at = (numbers + [0, 0])[0], (numbers + [0, 0])[1]
+                self.head = b""
+                if rest:
+                    return rest
+        return os.read(fd, size)
+
+    def errors(self) -> str:
+        try:
+            return self.proc.stderr.read().decode(errors="replace")  # type: ignore[union-attr]
+        except (OSError, ValueError):
+            return ""
+
+    def close(self) -> None:
+        """End the step on the node (the agent goes on: it belongs to the job)."""
+        try:
+            self.proc.stdin.close()  # type: ignore[union-attr]
+        except OSError:
+            pass
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+class AllocationNode:
+    """A node of the allocation as a session's connection: SLURM watches the node itself
+    (a node that stops answering its slurmd fails the job, NODE_FAIL)."""
+
+    def __init__(self, host: str) -> None:
+        self.host = self.address = host
+        self.idle_agent: IdleAgent | None = None
+
+    def answers(self) -> bool:
+        return True
+
+    def acknowledged(self, within: float) -> bool | None:
+        return None
+
+
+def dial_argv(job_id: int, restart: int, node: int, host: str, python: str) -> list[str]:
+    """srun's command line for node `node` (`host`) of attempt `restart` of the job."""
+    return [
+        "srun",
+        "--overlap",
+        f"--jobid={job_id}",
+        f"--nodelist={host}",
+        "--nodes=1",
+        "--ntasks=1",
+        "--quiet",
+        "--unbuffered",  # frames as they come: srun holds a task's output back to a newline
+        f"--job-name=orchestrator-dial-{node}",
+        python,
+        "-I",
+        "-S",
+        "-u",
+        "-c",
+        DIAL,
+        socket_path(job_id, restart, node),
+        "0",
+        f"{DIAL_WAIT_S:g}",
+    ]
+
+
+def reach_agents(
+    job_id: int, restart: int, hosts: Sequence[str], python: str, events: queue.Queue[Event]
+) -> list[NodeSession]:
+    """A session to every node's agent, each reading its frames into `events`."""
+    sessions = []
+    for index, host in enumerate(hosts):
+        channel = SrunChannel(dial_argv(job_id, restart, index, host, python))
+        session = NodeSession(index, AllocationNode(host), channel, events)  # type: ignore[arg-type]
+        session.thread.start()
+        sessions.append(session)
+    return sessions
