@@ -35,7 +35,7 @@ def record(rank: int, function: str, line: int, ticks: int = 0) -> dict:
         "threads": [{"name": "MainThread", "id": 1, "idle": True, "frames": frames}],
         "taken_at": 0.0,
         "pause_s": 0.001,
-        "cpu_ticks": ticks,
+        "main_cpu_ticks": ticks,
         "error": None,
     }
 
