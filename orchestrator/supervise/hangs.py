@@ -25,9 +25,10 @@ The default timeout, 300 s: half of NCCL's own collective timeout (600 s), so a 
 named, with its stacks, well before torch's watchdog kills the job and names whichever rank
 timed out first; and longer than what real jobs spend without a step on purpose (a
 checkpoint written to a slow file system, an evaluation pass), which the second sample
-usually tells apart anyway. A check costs each rank two stacks (with py-spy, about a
-millisecond stopped each; the py-spy call takes 10-30 ms of the node's CPU) and two reads of
-its main thread's CPU (/proc/PID/task/PID/stat and schedstat).
+usually tells apart anyway. A check costs each rank two stacks and two reads of its main
+thread's CPU (/proc/PID/task/PID/stat and schedstat): with py-spy, about 25 ms of the node's
+CPU and the rank stopped about a millisecond a stack on an idle core
+(benchmarks/hang_check_cost.py).
 """
 
 from __future__ import annotations
