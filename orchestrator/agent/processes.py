@@ -207,11 +207,13 @@ def tree_of(root: int, children: Callable[[int], list[int]] = children_of) -> li
     return found
 
 
-def stat_fields(pid: int) -> list[bytes] | None:
-    """/proc/PID/stat from its third field on (the state letter: R, S, Z, ...), past the
-    command name, which may hold spaces and parentheses; None if the process is gone."""
+def stat_fields(pid: int, task: int | None = None) -> list[bytes] | None:
+    """/proc/PID/stat (one thread's, /proc/PID/task/TASK/stat, where `task` is given) from
+    its third field on (the state letter: R, S, Z, ...), past the command name, which may
+    hold spaces and parentheses; None if the process (or thread) is gone."""
+    path = f"/proc/{pid}/stat" if task is None else f"/proc/{pid}/task/{task}/stat"
     try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
+        with open(path, "rb") as handle:
             stat = handle.read()
     except OSError:
         return None

@@ -43,18 +43,22 @@ def dump_with_py_spy(py_spy: str, pid: int, timeout: float) -> tuple[list[dict],
     if result.returncode != 0:
         raise StackError(py_spy_failure(result.stderr.decode(errors="replace")))
     try:
-        threads = [py_spy_thread(entry) for entry in json.loads(result.stdout)]
+        threads = [py_spy_thread(entry, pid) for entry in json.loads(result.stdout)]
     except (ValueError, TypeError, KeyError, AttributeError) as error:
         raise StackError(f"unreadable output ({error})") from None
     return threads, took
 
 
-def py_spy_thread(entry: dict) -> dict:
-    """One thread of py-spy's JSON as a record's thread."""
-    active = entry.get("active")
+def py_spy_thread(entry: dict, pid: int) -> dict:
+    """One thread of py-spy's JSON as a record's thread: the main one is that whose kernel
+    thread id (`os_thread_id`) is the process's pid (by name where py-spy gives no such id;
+    a program may rename its main thread)."""
+    active, tid = entry.get("active"), entry.get("os_thread_id")
+    name = entry.get("thread_name")
     return {
-        "name": entry.get("thread_name"),
+        "name": name,
         "id": entry.get("thread_id"),
+        "main": tid == pid if tid is not None else name == "MainThread",
         "idle": None if active is None else not active,
         "frames": [
             {"function": f["name"], "file": f["filename"], "line": f.get("line")}

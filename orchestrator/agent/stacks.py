@@ -6,18 +6,23 @@ and the controller's hang check read, see orchestrator.supervise.stack_groups):
 
     {"rank": 3, "pid": 1234, "method": "py-spy" | "signal" | None,
      "threads": [{"name": "MainThread" | None, "id": 139692972841856 | None,
-                  "idle": True | False | None,
+                  "main": True | False, "idle": True | False | None,
                   "frames": [{"function": "step", "file": "/w/train.py", "line": 30}, ...]}],
-     "taken_at": 1764312345.6, "pause_s": 0.012 | None, "cpu_ticks": 4567 | None,
-     "cpu_wanted_ns": 45670000000 | None, "error": None | "py-spy: ...; stack hook: ..."}
+     "taken_at": 1764312345.6, "pause_s": 0.012 | None, "main_cpu_ticks": 4567 | None,
+     "main_cpu_wanted_ns": 45670000000 | None, "error": None | "py-spy: ...; stack hook: ..."}
 
 Frames are innermost first. A thread's "id" is Python's thread ident (pthread_t), which both
 ways report; "name" is known for every thread with py-spy, for the main thread only with the
-signal. "cpu_ticks" (utime + stime from /proc/PID/stat, read just before the stack) lets two
-records taken some seconds apart tell a rank that burns CPU from one that waits;
-"cpu_wanted_ns" (its live threads' time on a core plus time waiting for one, from
-/proc/PID/task/TID/schedstat; None where the kernel keeps no such file) tells the same on a
-node so loaded that a busy rank gets little of a core: it wanted the core all the same.
+signal. "main" marks the process's main thread, the one the hang check judges a rank by
+(orchestrator.supervise.stack_groups.moved), whatever its name: py-spy gives each thread's
+kernel thread id, and the main thread's is the process's pid; the hook names the main
+thread's ident in its ready file. "main_cpu_ticks" (the main thread's utime + stime, from
+/proc/PID/task/PID/stat, read just before the stack) lets two records taken some seconds
+apart tell a main thread that burns CPU from one that waits, whatever the rank's other
+threads (a logger, a watchdog) burn; "main_cpu_wanted_ns" (its time on a core plus time
+waiting for one, from /proc/PID/task/PID/schedstat; None where the kernel keeps no such
+file) tells the same on a node so loaded that a busy rank gets little of a core: it wanted
+the core all the same. Reading them costs two small files a rank.
 "method" is None, and "threads" empty, when neither way worked; "error" says why.
 
 Two ways, the first that works:
@@ -53,7 +58,6 @@ import time
 
 from orchestrator.agent.processes import own_pid, stat_fields
 from orchestrator.agent.py_spy import StackError, dump_with_py_spy
-from orchestrator.agent.sampling import cpu_and_rss
 
 TYPE_CHECKING = False  # typing's own costs every agent's start: annotations only
 if TYPE_CHECKING:
@@ -85,7 +89,7 @@ def take_stacks(
     return each_rank(
         ranks,
         lambda rank, pid: take_one(rank, pid, hook_dir, py_spy, timeout),
-        lambda rank, pid, why: {**empty_record(rank, pid, None), "error": why},
+        lambda rank, pid, why: {**empty_record(rank, pid), "error": why},
     )
 
 
@@ -115,12 +119,12 @@ def each_rank(
 
 def take_one(rank: int, pid: int, hook_dir: str, py_spy: str | None, timeout: float) -> dict:
     """One rank's record: py-spy first, then the signal hook."""
-    used = cpu_and_rss(pid)
-    record = empty_record(rank, pid, used[0] if used else None)
-    record["cpu_wanted_ns"] = cpu_wanted_ns(pid)
+    record = empty_record(rank, pid)
+    used = main_thread_cpu(pid)
     if used is None:
         record["error"] = f"process {pid} has ended"
         return record
+    record["main_cpu_ticks"], record["main_cpu_wanted_ns"] = used
     reasons = []
     if py_spy:
         try:
@@ -153,7 +157,7 @@ def not_ours(threads: list[dict]) -> list[dict]:
     return [thread for thread in threads if not ours(thread)]
 
 
-def empty_record(rank: int, pid: int, cpu_ticks: int | None) -> dict:
+def empty_record(rank: int, pid: int) -> dict:
     """A record before its stack is taken (taken_at: now)."""
     return {
         "rank": rank,
@@ -162,25 +166,26 @@ def empty_record(rank: int, pid: int, cpu_ticks: int | None) -> dict:
         "threads": [],
         "taken_at": time.time(),
         "pause_s": None,
-        "cpu_ticks": cpu_ticks,
-        "cpu_wanted_ns": None,
+        "main_cpu_ticks": None,
+        "main_cpu_wanted_ns": None,
         "error": None,
     }
 
 
-def cpu_wanted_ns(pid: int) -> int | None:
-    """Nanoseconds the process's live threads ran or waited to run (schedstat's first two
-    fields); None where there is no schedstat."""
-    total, seen = 0, False
-    for tid in thread_ids(pid):
-        try:
-            with open(f"/proc/{pid}/task/{tid}/schedstat", "rb") as handle:
-                fields = handle.read().split()
-            total += int(fields[0]) + int(fields[1])
-            seen = True
-        except (OSError, ValueError, IndexError):
-            continue
-    return total if seen else None
+def main_thread_cpu(pid: int) -> tuple[int, int | None] | None:
+    """(CPU ticks, nanoseconds it ran or waited to run: schedstat's first two fields, None
+    where there is no schedstat) of the process's main thread, whose thread id is the pid;
+    None where the process has ended."""
+    fields = stat_fields(pid, pid)
+    if fields is None or fields[0] in (b"Z", b"X"):
+        return None
+    ticks = int(fields[11]) + int(fields[12])  # utime + stime (stat's 14th and 15th)
+    try:
+        with open(f"/proc/{pid}/task/{pid}/schedstat", "rb") as handle:
+            wanted = handle.read().split()
+        return ticks, int(wanted[0]) + int(wanted[1])
+    except (OSError, ValueError, IndexError):
+        return ticks, None
 
 
 def dump_with_hook(pid: int, hook_dir: str, timeout: float) -> list[dict]:
@@ -315,8 +320,9 @@ def parse_faulthandler(text: str, main_thread: int | None) -> list[dict]:
         if line.endswith("(most recent call first):"):
             words = line.split()
             ident = next((int(w, 16) for w in words if w.startswith("0x")), None)
-            name = "MainThread" if ident is not None and ident == main_thread else None
-            threads.append({"name": name, "id": ident, "idle": None, "frames": []})
+            main = ident is not None and ident == main_thread
+            name = "MainThread" if main else None
+            threads.append({"name": name, "id": ident, "main": main, "idle": None, "frames": []})
         elif line.startswith('  File "') and threads:
             path, _, rest = line[len('  File "') :].rpartition('", line ')
             number, _, function = rest.partition(" in ")

@@ -68,14 +68,15 @@ class Supervision(OptionGroup):
     )
     hang_timeout: float = option(
         300.0,
-        "When no rank has printed a line or written a metric this long, every rank's stack "
-        "is taken twice, 5 s apart: if none moved, the run hangs: the console names the odd "
-        "ranks out and where they wait, the stacks go to runs/RUN/stacks/ and torch's flight "
-        "recorder dumps to runs/RUN/flight/ (its analyser names the collective the stuck "
-        "ranks never joined), and the run ends `hung` (exit 1) before anything is killed, "
-        "or, while --max-restarts has restarts left, the stuck ranks are ended so that "
-        "torchrun restarts the workers. If any moved, it works silently and goes on. 0: "
-        "never check.",
+        "When no rank has made progress this long (a new step on the metrics channel, or a "
+        "main thread that moved; printed lines only put a check off, by 5 s at most), every "
+        "rank's stack is taken twice, 5 s apart: if no main thread moved, the run hangs: the "
+        "console names the odd ranks out and where they wait, the stacks go to "
+        "runs/RUN/stacks/ and torch's flight recorder dumps to runs/RUN/flight/ (its "
+        "analyser names the collective the stuck ranks never joined), and the run ends "
+        "`hung` (exit 1) before anything is killed, or, while --max-restarts has restarts "
+        "left, the stuck ranks are ended so that torchrun restarts the workers. If any "
+        "moved, it works and goes on. 0: never check.",
         metavar="SECONDS",
         kind=float,
         minimum=0,

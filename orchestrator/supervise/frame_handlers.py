@@ -83,7 +83,8 @@ def started(run: SupervisedRun, node: NodeState, event: Event) -> None:
 
 
 def rank_output(run: SupervisedRun, node: NodeState, event: Event) -> None:
-    """O rank: a rank's lines; output after its exit means torchrun started it again."""
+    """O rank: a rank's lines (a sign of life, not progress: hangs.py); output after its
+    exit means torchrun started it again."""
     rank = int(event.fields[0])
     run.hangs.heard(time.monotonic())
     run.sink.rank_output(rank, event.data)
@@ -138,9 +139,9 @@ def disk_fault(run: SupervisedRun, node: NodeState, event: Event) -> None:
 
 
 def metrics(run: SupervisedRun, node: NodeState, event: Event) -> None:
-    """Q rank: whole lines of the rank's metrics channel."""
-    run.hangs.heard(time.monotonic())
-    run.metrics.rank_lines(node, int(event.fields[0]), event.data, node.heard_wall)
+    """Q rank: whole lines of the rank's metrics channel; a new step is progress (hangs.py)."""
+    stepped = run.metrics.rank_lines(node, int(event.fields[0]), event.data, node.heard_wall)
+    (run.hangs.progressed if stepped else run.hangs.heard)(time.monotonic())
 
 
 def node_sample(run: SupervisedRun, node: NodeState, event: Event) -> None:

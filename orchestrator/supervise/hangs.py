@@ -1,26 +1,39 @@
-"""Hangs: a run whose ranks all fell silent is told stuck from working by their stacks.
+"""Hangs: a run whose ranks make no progress is told stuck from working by their main threads.
 
-When no rank has printed a line or written a metric (its step included) for the hang
-timeout, while every node still runs and answers, the stacks of every rank are taken twice,
-SAMPLE_GAP_S apart (stack_rounds.py). If any rank moved between the two (stack_groups.moved:
-its stack changed, or it burned CPU in its own code), the job works silently: that is said
-once, and the next check comes after another timeout of silence. If no rank moved, the run
-hangs: `Hang` names the ranks and where they wait, the odd group first, and the supervisor
-ends the run through the verdict table (state `hung`) before anything is killed. A line from
-any rank meanwhile ends the check: a rank that prints does not hang. The second sample also
-asks every rank for torch's flight recorder (flight_report.py): a hang's record holds the
-dumps and torch's own reading of them, naming the collective the stuck ranks never joined.
+Progress is the program's, not any printed line: a rank progresses when it reports a new
+step on the metrics channel (a record whose `step` differs from its last; one that repeats
+it is not progress), or when its main thread moves between the two samples of a check
+(stack_groups.moved: its stack changed, or it wanted half a core in its own code). When no
+rank has progressed for the hang timeout, while every node still runs and answers, the
+stacks of every rank are taken twice, SAMPLE_GAP_S apart (stack_rounds.py). If any rank's
+main thread moved, the job works: that is said once, it counts as progress, and the next
+check comes a whole timeout later. If none moved, the run hangs: `Hang` names the ranks and
+where they wait, the odd group first, and the supervisor ends the run through the verdict
+table (state `hung`) before anything is killed. The second sample also asks every rank for
+torch's flight recorder (flight_report.py): a hang's record holds the dumps and torch's own
+reading of them, naming the collective the stuck ranks never joined.
+
+Output only postpones a check: a printed line (or a metrics record without a new step) is a
+sign of life, not of progress (a logging thread prints while every main thread waits), so a
+due check waits for a lull of LULL_S in the ranks' output, LULL_S at most, and a line
+cancels neither a check nor its second sample. A run whose ranks print but whose main
+threads stay put is so found hung about timeout + LULL_S + SAMPLE_GAP_S (and the two rounds,
+a second or so each) after its last progress. A run that prints and works without reporting
+a step is checked once every timeout + LULL_S + SAMPLE_GAP_S, and said working once.
 
 The default timeout, 300 s: half of NCCL's own collective timeout (600 s), so a hang is
 named, with its stacks, well before torch's watchdog kills the job and names whichever rank
-timed out first; and longer than what real jobs spend silent on purpose and still look
-stuck (a checkpoint written to a slow file system, an evaluation pass without output),
-which the second sample usually tells apart anyway. A check costs each rank one stack
-(about a millisecond stopped with py-spy) twice.
+timed out first; and longer than what real jobs spend without a step on purpose (a
+checkpoint written to a slow file system, an evaluation pass), which the second sample
+usually tells apart anyway. A check costs each rank two stacks and two reads of its main
+thread's CPU (/proc/PID/task/PID/stat and schedstat): with py-spy, about 25 ms of the node's
+CPU and the rank stopped about a millisecond a stack on an idle core
+(benchmarks/hang_check_cost.py).
 """
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -36,13 +49,14 @@ if TYPE_CHECKING:
     from orchestrator.supervise.detect import Detector
 
 SAMPLE_GAP_S = 5.0  # between the two samples of a check
+LULL_S = 5.0  # a due check waits for a pause this long in the ranks' output, this long at most
 CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
 @dataclass(frozen=True)
 class Hang:
-    """A run found stuck: for how long nothing came, its second round of stacks, and what
-    torch's flight recorder says of it (flight_report.py; None without dumps)."""
+    """A run found stuck: for how long no rank progressed, its second round of stacks, and
+    what torch's flight recorder says of it (flight_report.py; None without dumps)."""
 
     quiet_s: float
     stacks: StackRound
@@ -63,7 +77,7 @@ class Hang:
 
     def console_lines(self) -> list[str]:
         where = f"; stacks of every rank in {self.stacks.folder}" if self.stacks.folder else ""
-        head = f"hung: no rank printed, wrote a metric or moved for {self.quiet_s:.0f} s{where}"
+        head = f"hung: no new step and no main thread moved for {self.quiet_s:.0f} s{where}"
         return [head, *self.stacks.lines, *self.flight_lines]
 
     def summary(self) -> str:
@@ -78,7 +92,7 @@ class Hang:
 
 
 class HangWatch:
-    """Watches the silence of a run's ranks, and checks it with two rounds of stacks."""
+    """Watches a run's progress, and checks a run without any with two rounds of stacks."""
 
     def __init__(
         self,
@@ -90,8 +104,9 @@ class HangWatch:
         self.rounds = rounds
         self.timeout = timeout  # 0: never checked
         self.note = note
-        self.quiet_since = now  # monotonic: the last line or metric from any rank
-        self.next_check = now + timeout
+        self.quiet_since = now  # monotonic: the last progress (a new step, a main thread moved)
+        self.next_check = now + timeout  # a check is due (output may postpone it: begins_at)
+        self.heard_at = -math.inf  # the last line (or metric without a new step) of any rank
         self.first: StackRound | None = None  # the check's first sample, once ended
         self.asked: int | None = None  # the seq of the check's round under way
         self.second_due: float | None = None
@@ -99,17 +114,28 @@ class HangWatch:
         self.unknown_said = False
 
     def heard(self, now: float) -> None:
-        """A rank printed or wrote a metric: not hung; any check under way is moot."""
+        """A rank printed a line, or wrote a metric without a new step: not progress. A due
+        check waits for a lull (begins_at); a check under way goes on."""
+        self.heard_at = now
+
+    def progressed(self, now: float) -> None:
+        """A rank progressed (a new step; a main thread moved; new workers started): the
+        next check is due a whole timeout from now, and a check under way is moot."""
         self.quiet_since = now
         self.next_check = now + self.timeout
         self.first, self.asked, self.second_due = None, None, None
+
+    def begins_at(self) -> float:
+        """When the due check begins: once no rank has printed for LULL_S, and LULL_S after
+        it was due at the latest."""
+        return min(max(self.next_check, self.heard_at + LULL_S), self.next_check + LULL_S)
 
     def waiting(self, now: float) -> bool:
         """Whether `tick` has anything to do: a check is due or under way, no round of it
         is out. Otherwise `tick` changes nothing, and its caller need not read the nodes."""
         if self.timeout <= 0 or self.asked is not None:
             return False
-        return self.first is not None or self.second_due is not None or now >= self.next_check
+        return self.first is not None or self.second_due is not None or now >= self.begins_at()
 
     def tick(self, now: float, running: set[int], all_running: bool) -> None:
         """Begin a check, or its second sample, when due. `all_running`: every node runs
@@ -119,7 +145,7 @@ class HangWatch:
         if not all_running:
             self.first, self.second_due = None, None
             return
-        if self.first is None and now >= self.next_check:
+        if self.first is None and now >= self.begins_at():
             self.ask("hang check: first sample", running)
         elif self.second_due is not None and now >= self.second_due:
             self.second_due = None
@@ -164,7 +190,7 @@ class HangWatch:
             f"ending {name_ranks(stuck, counted=True)} so that torchrun restarts the workers "
             f"(restart {used + 1} of --max-restarts {detector.max_restarts})"
         )
-        self.heard(now)  # the new workers get a timeout of their own
+        self.progressed(now)  # the new workers get a timeout of their own
         return True
 
     def judge(self, first: StackRound, second: StackRound, now: float) -> Hang | None:
@@ -178,12 +204,13 @@ class HangWatch:
         )
         quiet = now - self.quiet_since
         if went:
+            self.progressed(now)
             if not self.working_said:
                 self.working_said = True
                 self.note(
-                    f"no rank printed or wrote a metric for {quiet:.0f} s, but "
+                    f"no new step for {quiet:.0f} s, but the main thread of "
                     f"{name_ranks(went, counted=True)} moved between two samples "
-                    f"{interval:.0f} s apart: working silently"
+                    f"{interval:.0f} s apart: working"
                 )
             return None
         expected = set(self.rounds.hosts)
@@ -194,7 +221,7 @@ class HangWatch:
             if not self.unknown_said:
                 self.unknown_said = True
                 self.note(
-                    f"no rank printed or wrote a metric for {quiet:.0f} s; whether the run "
+                    f"no new step and no main thread moved for {quiet:.0f} s; whether the run "
                     "hangs cannot be told: the stacks of some ranks could not be taken "
                     f"(see {second.folder or 'the stacks'})"
                 )

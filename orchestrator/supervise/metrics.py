@@ -13,7 +13,9 @@ order it arrived:
 Events mark a node's timeline (probe, stamped when its preflight probe began; start, end,
 failed, lost, restart, straggler; the last three also name the `rank`) and the run's (`stop`,
 with host and node_rank null). `orchestrator top` and `orchestrator plot` read this file;
-status.json lists the stragglers.
+status.json lists the stragglers. A record whose `step` differs from the last its rank
+reported is progress, which the hang check reads (supervise/hangs.py); one that repeats the
+step is not.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ class RunMetrics:
         self.note = note
         self.stragglers = stragglers or Stragglers(hosts)
         self.latest: dict[int, tuple[float, dict]] = {}  # rank -> (when, its last record)
+        self.steps: dict[int, int] = {}  # rank -> the last step it reported
         self.not_json: set[int] = set()  # ranks told about a line that is not a JSON object
         self.checked = 0.0
 
@@ -51,8 +54,11 @@ class RunMetrics:
         if self.file is not None:
             self.file.write(json.dumps(record, separators=(",", ":")).encode() + b"\n")
 
-    def rank_lines(self, node: NodeState, rank: int, data: bytes, now: float) -> None:
-        """Whole lines from `rank`'s metrics channel."""
+    def rank_lines(self, node: NodeState, rank: int, data: bytes, now: float) -> bool:
+        """Whole lines from `rank`'s metrics channel; whether one reported a new step (an
+        integer `step` other than the rank's last: a rank restarted from a checkpoint may
+        go back)."""
+        stepped = False
         for line in data.splitlines():
             if not line.strip():
                 continue
@@ -79,6 +85,10 @@ class RunMetrics:
             )
             self.latest[rank] = (now, metrics)
             self.stragglers.observe(rank, metrics, now)
+            step = metrics.get("step")
+            if type(step) is int and step != self.steps.get(rank):  # not a bool, a float
+                self.steps[rank], stepped = step, True
+        return stepped
 
     def node_sample(self, node: NodeState, data: bytes, now: float) -> None:
         try:

@@ -12,7 +12,8 @@ way):
 
 A rank whose stack could not be taken is a group of its own, named by why.
 
-Two records of a rank taken some seconds apart tell a hang from silent work (`moved`).
+Two records of a rank taken some seconds apart tell a hang from work (`moved`), by its
+main thread.
 
 Pure: records in, groups and lines out.
 """
@@ -24,7 +25,7 @@ from dataclasses import dataclass
 
 from orchestrator.hostlist import compress_hosts
 
-BUSY_SHARE = 0.5  # of one core over the interval: a rank burning this much CPU is busy
+BUSY_SHARE = 0.5  # of one core over the interval: a main thread wanting this much is busy
 USER_FRAMES = 3  # frames of the user's code shown per thread
 THREADS_SHOWN = 3  # threads shown per group (the main thread first); the rest are counted
 # Where code is not the user's: installed packages (torch and the rest), the interpreter's
@@ -99,9 +100,20 @@ def in_own_code(record: dict) -> bool:
     """Whether the record's main thread (else its first) has its innermost frame in the
     user's code."""
     threads = record.get("threads") or ()
-    main = next((t for t in threads if t.get("name") == "MainThread"), None)
-    frames = (main or (threads[0] if threads else {})).get("frames") or ()
+    frames = (main_thread(record) or (threads[0] if threads else {})).get("frames") or ()
     return bool(frames) and is_user_frame(frames[0])
+
+
+def is_main(thread: dict) -> bool:
+    """Whether a record's thread is its process's main thread: as the agent marks it
+    ("main", whatever the thread's name), else by its name (a record that marks none)."""
+    main = thread.get("main")
+    return main if isinstance(main, bool) else thread.get("name") == "MainThread"
+
+
+def main_thread(record: dict) -> dict | None:
+    """A record's main thread; None where it names none (no stack)."""
+    return next((t for t in record.get("threads") or () if is_main(t)), None)
 
 
 def is_user_frame(frame: dict) -> bool:
@@ -155,7 +167,7 @@ def threads_to_show(record: dict) -> tuple[list[dict], int]:
     the user's code in them, up to THREADS_SHOWN; a thread of library code alone (a
     pin-memory loop, a watchdog) is only counted, unless there is nothing else."""
     threads = [t for t in record.get("threads") or () if t.get("frames")]
-    main = [t for t in threads if t.get("name") == "MainThread"]
+    main = [t for t in threads if is_main(t)]
     users = [t for t in threads if t not in main and any(map(is_user_frame, t["frames"]))]
     shown = (main + users)[:THREADS_SHOWN] or threads[:1]
     return shown, len(threads) - len(shown)
@@ -176,7 +188,7 @@ def render_groups(groups: list[Group]) -> list[str]:
             continue
         for index, thread in enumerate(shown):
             name = thread.get("name")
-            who = "main thread" if name == "MainThread" else f"thread {name or '(no name)'}"
+            who = "main thread" if is_main(thread) else f"thread {name or '(no name)'}"
             text = f"{who} in {thread_text(thread['frames'])}"
             lines.append(head + text if index == 0 else f"    {text}")
         if others:
@@ -185,51 +197,48 @@ def render_groups(groups: list[Group]) -> list[str]:
 
 
 def moved(first: dict, second: dict, interval_s: float, clk_tck: int) -> bool:
-    """Whether a rank moved between two records taken `interval_s` apart, as a user would
-    judge: it did where
+    """Whether a rank's main thread moved between two records taken `interval_s` apart: it
+    did where
 
-    - the stacks of its threads that run the user's code differ (a thread of library code
-      alone, a pin-memory loop or a watchdog, moves while the rank is stuck, so those count
-      only where no thread holds the user's code), or
-    - the stacks are the same but the process wanted at least BUSY_SHARE of a core between
-      the two and a thread not seen idle has its innermost frame in the user's code: a tight
-      loop of the user's. Wanted: the time its threads ran or waited for a core
-      (cpu_wanted_ns), so a loop on a node too loaded to give it half a core still counts;
-      where a record lacks it, the CPU it burned (cpu_ticks, in 1/clk_tck seconds).
+    - its stack differs (its frames' functions, files and lines), or
+    - the stacks are the same but the main thread wanted at least BUSY_SHARE of a core
+      between the two, was not seen idle, and has its innermost frame in the user's code:
+      a tight loop of the user's. Wanted: the time it ran or waited for a core
+      (main_cpu_wanted_ns), so a loop on a node too loaded to give it half a core still
+      counts; where a record lacks it, the CPU it burned (main_cpu_ticks, 1/clk_tck s).
 
-    A rank waiting in a collective, a lock, a queue or a sleep has not moved, even where the
-    wait spins a core (its innermost frame is then in torch or the standard library; a sleep
-    of the user's burns nothing). Not told apart: a call into C made straight from the
-    user's code that spins while it waits (`loss.item()` on a GPU that waits for a
-    collective) reads as working; the other ranks' stacks still show where they wait.
-    A record without a stack has not moved (there is nothing to compare).
+    Only the main thread counts: the one that runs the program's steps. A thread that logs,
+    reports progress or watches (a memory logger printing every few seconds, a pin-memory
+    loop) moves and burns CPU while the main thread is deadlocked or waits for ever in a
+    collective; a job whose work runs in another thread tells its progress through the
+    metrics channel (its step) instead. A main thread waiting in a collective, a lock, a
+    queue or a sleep has not moved, even where the wait spins a core (its innermost frame
+    is then in torch or the standard library; a sleep of the user's burns nothing). Not
+    told apart: a call into C made straight from the user's code that spins while it waits
+    (`loss.item()` on a GPU that waits for a collective) reads as working; the other ranks'
+    stacks still show where they wait. A record without a stack, or without a main thread,
+    has not moved (there is nothing to compare).
     """
     if first.get("error") or second.get("error"):
         return False
-    if user_key(first) != user_key(second):
+    before, after = main_thread(first), main_thread(second)
+    if before is None or after is None:
+        return False
+    if thread_key(before) != thread_key(after):
         return True
     busy = busy_seconds(first, second, clk_tck)
     if busy is None or interval_s <= 0 or busy < BUSY_SHARE * interval_s:
         return False
-    return any(
-        thread.get("frames") and is_user_frame(thread["frames"][0]) and not thread.get("idle")
-        for thread in second.get("threads") or ()
-    )
+    frames = after.get("frames") or ()
+    return bool(frames) and is_user_frame(frames[0]) and not after.get("idle")
 
 
 def busy_seconds(first: dict, second: dict, clk_tck: int) -> float | None:
-    """Seconds of a core the process wanted between two records (see `moved`)."""
-    before, after = first.get("cpu_wanted_ns"), second.get("cpu_wanted_ns")
+    """Seconds of a core the main thread wanted between two records (see `moved`)."""
+    before, after = first.get("main_cpu_wanted_ns"), second.get("main_cpu_wanted_ns")
     if before is not None and after is not None:
         return (after - before) / 1e9
-    before, after = first.get("cpu_ticks"), second.get("cpu_ticks")
+    before, after = first.get("main_cpu_ticks"), second.get("main_cpu_ticks")
     if before is None or after is None or clk_tck <= 0:
         return None
     return (after - before) / clk_tck
-
-
-def user_key(record: dict) -> tuple:
-    """The stack key of the threads that hold the user's code (all threads where none do)."""
-    threads = record.get("threads") or ()
-    users = [t for t in threads if any(map(is_user_frame, t.get("frames") or ()))]
-    return stack_key({"threads": users or threads})

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from orchestrator.supervise.stack_groups import fold, render_groups
+from orchestrator.supervise.stack_groups import fold, is_main, render_groups
 
 # An agent gives each way of taking a rank's stack up to 5 s (agent/main.STACK_TIMEOUT_S):
 # py-spy then the signal, 10 s at worst, and then the frame's way here.
@@ -238,7 +238,8 @@ def rank_text(record: dict) -> str:
     for thread in record.get("threads") or ():
         name = thread.get("name") or "(no name)"
         idle = {True: ", idle", False: ", active"}.get(thread.get("idle"), "")
-        lines.append(f"\nthread {name} ({thread.get('id')}{idle}), most recent call last:")
+        main = ", main" if is_main(thread) else ""
+        lines.append(f"\nthread {name} ({thread.get('id')}{main}{idle}), most recent call last:")
         for frame in reversed(thread.get("frames") or ()):
             where, line = frame.get("file"), frame.get("line")
             lines.append(f'  File "{where}", line {line}, in {frame.get("function")}')

@@ -5,11 +5,17 @@ function of its own before an all_reduce that the 7 others wait in.
 others as one group in the all_reduce, within 10 s, by py-spy and by the ranks' own signal
 hook alike, and keeps every stack in the run record. With --hang-timeout the run itself
 finds the hang: the console names the rank, the run ends `hung` with exit 1, its summary
-names the rank, and nothing is left running."""
+names the rank, and nothing is left running.
+
+Output is not progress: on the session's 3 nodes, ranks whose logging threads print every
+2 s while rank 1's main thread is deadlocked on a lock (the others in an all_reduce) are
+found hung within --hang-timeout + 30 s, rank 1's frame first; the same job whose main
+threads work runs to its end, said working once."""
 
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -94,7 +100,7 @@ def test_stacks_name_the_stuck_rank_and_a_hang_ends_the_run(make_cluster, tmp_pa
         print(hung.stdout)
         assert hung.returncode == 1, hung.stdout + hung.stderr
         console = hung.stdout.splitlines()
-        at = next(i for i, line in enumerate(console) if "] hung: no rank printed" in line)
+        at = next(i for i, line in enumerate(console) if "] hung: no new step" in line)
         check_groups([line.removeprefix("[orchestrator] ") for line in console[at + 1 :]], host)
         status = status_of(runs, "found")
         assert status["state"] == "hung" and status["exit_code"] == 1, status
@@ -111,3 +117,62 @@ def test_stacks_name_the_stuck_rank_and_a_hang_ends_the_run(make_cluster, tmp_pa
         assert "run found hung (exit code 1)" in hung.stdout
         assert_nothing_left("found")
         print(f"the hung run ended after {took:.0f} s")
+
+
+PRINTING = Path(__file__).resolve().parents[1] / "data" / "printing_deadlock_job.py"
+SECOND_ACQUIRE = 1 + PRINTING.read_text().splitlines().index(
+    "    lock.acquire()  # not reentrant: never returns"
+)
+PRINTING_TIMEOUT = 20  # --hang-timeout: short, and longer than the ranks take to start
+
+
+def launch_printing(cluster, tmp_path: Path, run_id: str, env: str):
+    """The printing job with `env` on the session's nodes, one rank a node, under
+    --hang-timeout PRINTING_TIMEOUT: (the finished launch, its combined log, the wall time
+    it ended)."""
+    runs = tmp_path / "runs"
+    hostfile = cluster.write_hostfile(tmp_path / "hosts.txt", slots=1)
+    done = run_cli(
+        ["launch", str(hostfile), "--run-dir", str(runs), "--run-id", run_id,
+         "--hang-timeout", str(PRINTING_TIMEOUT), "--env", env, "--", str(PRINTING)],
+        cwd=tmp_path, env=cluster.environ(), timeout=300,
+    )  # fmt: skip
+    ended = time.time()
+    print(done.stdout)
+    return done, (runs / run_id / "logs" / "combined.log").read_text(errors="replace"), ended
+
+
+def test_ranks_that_print_but_make_no_progress_are_found_hung(cluster, tmp_path: Path) -> None:
+    """Rank 1's main thread deadlocks on a lock, the others wait in an all_reduce, and every
+    rank's logging thread goes on printing: the run ends `hung` (exit 1) within the timeout
+    and 30 s of the deadlock, naming rank 1's frame, the second acquire, first."""
+    done, log, ended = launch_printing(cluster, tmp_path, "prints", "DEADLOCK_RANK=1")
+    assert done.returncode == 1, done.stdout + done.stderr
+    readies = [float(t) for t in re.findall(r"\bready (\d+\.\d+)", log)]
+    assert len(readies) == len(cluster.nodes), log
+    took = ended - max(readies)  # the deadlock came right after the last rank was ready
+    assert took <= PRINTING_TIMEOUT + 30, f"ended {took:.0f} s after the deadlock"
+    assert log.count("memory") >= 3 * len(cluster.nodes), "the logging threads printed"
+    console = [line.removeprefix("[orchestrator] ") for line in done.stdout.splitlines()]
+    at = next(i for i, line in enumerate(console) if line.startswith("hung: no new step"))
+    assert console[at + 1].startswith(
+        f"[{cluster.nodes[1].name} r1] 1 rank: main thread in take_the_lock_twice "
+        f"(printing_deadlock_job.py:{SECOND_ACQUIRE})"
+    ), console[at:]
+    assert "working" not in done.stdout
+    status = status_of(tmp_path / "runs", "prints")
+    assert status["state"] == "hung" and status["hang"]["stuck_ranks"] == [1], status
+    assert_nothing_left("prints")
+    print(f"ended hung {took:.0f} s after the deadlock")
+
+
+def test_ranks_that_print_and_work_are_never_stopped(cluster, tmp_path: Path) -> None:
+    """Without the deadlock every main thread computes and all_reduces for 30 s while the
+    logging threads print: a check comes all the same (the lines only put it off), sees the
+    main threads move, says so once, and the run succeeds."""
+    done, log, _ = launch_printing(cluster, tmp_path, "works", "WORK_S=30")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.count(" s apart: working") == 1, done.stdout
+    assert "hung" not in done.stdout and "stopping" not in done.stdout
+    assert log.count("worked") == len(cluster.nodes), log
+    assert status_of(tmp_path / "runs", "works")["state"] == "succeeded"

@@ -1,8 +1,9 @@
 """Taking ranks' stacks on a node (orchestrator.agent.stacks, stack_hook/sitecustomize.py)
 from real processes: a tight loop, a sleep in a function of its own, a wait on an Event, and
-a gloo all_reduce that its peer never joins; with py-spy and with the signal hook; the hook
-signals nothing that did not announce it, and leaves the program and its own sitecustomize
-as they were."""
+a gloo all_reduce that its peer never joins, a main thread deadlocked on a lock while
+another thread prints and burns CPU; with py-spy and with the signal hook; the hook signals
+nothing that did not announce it, and leaves the program and its own sitecustomize as they
+were."""
 
 from __future__ import annotations
 
@@ -96,7 +97,8 @@ def py_spy(trio: tuple[dict[int, int], Path, Path]) -> str:
 
 def main_frames(record: dict) -> list[dict]:
     assert record["error"] is None, record
-    (main,) = [t for t in record["threads"] if t["name"] == "MainThread"]
+    (main,) = [t for t in record["threads"] if t["main"]]
+    assert main["name"] == "MainThread"
     return main["frames"]
 
 
@@ -105,8 +107,8 @@ def check_trio(records: dict[int, dict], script: Path, method: str) -> None:
     for kind, rank in RANK_OF.items():
         rec = records[rank]
         assert rec["method"] == method and rec["rank"] == rank
-        assert isinstance(rec["cpu_ticks"], int) and rec["taken_at"] <= time.time()
-        assert isinstance(rec["cpu_wanted_ns"], int)  # this kernel keeps schedstat
+        assert isinstance(rec["main_cpu_ticks"], int) and rec["taken_at"] <= time.time()
+        assert isinstance(rec["main_cpu_wanted_ns"], int)  # this kernel keeps schedstat
         frames = main_frames(rec)
         own = [f for f in frames if f["file"] == str(script)]
         assert own[-1] == {"function": "<module>", "file": str(script), "line": 8}
@@ -132,7 +134,7 @@ def test_py_spy_reads_every_rank_and_its_pause_is_measured(
 
 
 def main_thread(record: dict) -> dict:
-    return next(t for t in record["threads"] if t["name"] == "MainThread")
+    return next(t for t in record["threads"] if t["main"])
 
 
 def test_the_signal_hook_reads_every_rank_without_py_spy(
@@ -172,6 +174,52 @@ def test_two_samples_tell_the_tight_loop_from_the_sleep_and_the_wait(
     spy = py_spy_path()
     if spy is not None:
         assert two_samples(ranks, hook_dir, spy) == [True, False, False]
+
+
+PRINTS_WHILE_DEADLOCKED = """\
+import threading, time
+def report_memory():
+    while True:
+        sum(i * i for i in range(200_000))
+        print("memory", flush=True)
+def take_the_lock_twice(lock):
+    lock.acquire()
+    lock.acquire()
+threading.Thread(target=report_memory, name="logger", daemon=True).start()
+threading.current_thread().name = "trainer"
+take_the_lock_twice(threading.Lock())
+"""
+
+
+def test_a_deadlocked_main_thread_has_not_moved_while_another_thread_prints_and_works(
+    tmp_path: Path,
+) -> None:
+    """Whatever its name, the main thread is the one marked, by py-spy (its kernel thread
+    id is the pid) and by the hook (its ident); its CPU is its own: the logging thread
+    burns a core and its stack changes, the main thread waits on its lock and has not
+    moved."""
+    script, hook_dir = tmp_path / "prints.py", tmp_path / "stacks"
+    script.write_text(PRINTS_WHILE_DEADLOCKED)
+    env = hook_environment(dict(os.environ), HOOK, str(hook_dir))
+    proc = started([sys.executable, str(script)], env, stdout=subprocess.DEVNULL)
+    try:
+        wait_for([hook_dir / f"{proc.pid}.ready"], "a ready file")
+        time.sleep(0.5)
+        for spy in dict.fromkeys((None, py_spy_path())):
+            first = take_stacks({1: proc.pid}, str(hook_dir), spy, TIMEOUT)[1]
+            time.sleep(1.0)
+            second = take_stacks({1: proc.pid}, str(hook_dir), spy, TIMEOUT)[1]
+            for rec in (first, second):
+                (main,) = [t for t in rec["threads"] if t["main"]]
+                assert main["frames"][0]["function"] == "take_the_lock_twice", rec
+                assert main["frames"][0]["line"] == 8, rec
+            interval = second["taken_at"] - first["taken_at"]
+            assert second["main_cpu_ticks"] - first["main_cpu_ticks"] <= 1
+            assert not moved(first, second, interval, CLK_TCK), (first, second)
+        if py_spy_path() is not None:
+            assert main["name"] == "trainer" and second["method"] == "py-spy"
+    finally:
+        stop([proc])
 
 
 def test_nothing_is_signalled_that_did_not_announce_the_hook(tmp_path: Path) -> None:

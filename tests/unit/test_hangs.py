@@ -1,7 +1,8 @@
-"""Hang checks, pure: when a check begins, how its two samples are judged, and the round of
-stacks a request gets, through the run record. (The same end to end, with real ranks, real
-agents and real torchrun: tests/cluster/test_hangs_cluster.py and
-tests/local/test_hangs_local.py.)"""
+"""Hang checks, pure: when a check begins (progress postpones it a whole timeout, output a
+lull at most), how its two samples are judged (by the ranks' main threads, whatever their
+other threads print), and the round of stacks a request gets, through the run record. (The
+same end to end, with real ranks, real agents and real torchrun:
+tests/cluster/test_hangs_cluster.py and tests/local/test_hangs_local.py.)"""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import json
 import time
 from pathlib import Path
 
-from orchestrator.supervise.hangs import HangWatch
+from orchestrator.supervise.hangs import LULL_S, SAMPLE_GAP_S, HangWatch
 from orchestrator.supervise.stack_rounds import StackRounds, answer_to, ask_for_stacks
 
 HOSTS = {0: "a", 1: "a", 2: "b", 3: "b"}
@@ -35,7 +36,7 @@ def record(rank: int, function: str, line: int, ticks: int = 0) -> dict:
         "threads": [{"name": "MainThread", "id": 1, "idle": True, "frames": frames}],
         "taken_at": 0.0,
         "pause_s": 0.001,
-        "cpu_ticks": ticks,
+        "main_cpu_ticks": ticks,
         "error": None,
     }
 
@@ -103,7 +104,7 @@ def test_a_run_where_nothing_moved_hangs_and_names_the_odd_rank_first(tmp_path):
     hang = check(rounds, watch, sessions, 60.0, stuck_world(), stuck_world())
     assert hang is not None and notes == []
     lines = hang.console_lines()
-    assert lines[0].startswith("hung: no rank printed, wrote a metric or moved for 67 s")
+    assert lines[0].startswith("hung: no new step and no main thread moved for 67 s")
     assert (
         lines[1]
         == "[b r3] 1 rank: main thread in wait_for_data (train.py:12) <- <module> (train.py:90)"
@@ -121,8 +122,10 @@ def test_a_stack_that_changed_is_work_said_once_and_checked_again_later(tmp_path
     later = stuck_world()
     later[1][1] = record(3, "wait_for_data", 13)
     assert check(rounds, watch, sessions, 60.0, stuck_world(), later) is None
-    assert len(notes) == 1 and "rank 3 moved between two samples" in notes[0], notes
-    watch.tick(100.0, {0, 1}, True)  # the next check waits for another timeout of silence
+    (note,) = notes  # the samples' interval is their wall clocks': here, instants apart
+    assert note.startswith("no new step for 67 s, but the main thread of rank 3 moved between")
+    assert note.endswith(" s apart: working")
+    watch.tick(100.0, {0, 1}, True)  # moving is progress: the next check a timeout later
     assert sessions[0].sent == ["stacks 1 auto", "stacks 2 auto flight"]
     assert check(rounds, watch, sessions, 127.0, stuck_world(), later) is None
     assert len(notes) == 1  # said once
@@ -136,20 +139,139 @@ def test_a_tight_loop_in_the_users_code_is_work(tmp_path):
         for each in records:
             each["threads"][0]["idle"] = False
     assert check(rounds, watch, sessions, 60.0, stuck_world(), busy) is None
-    assert "working silently" in notes[0]
+    assert notes[0].endswith(": working")
 
 
-def test_a_line_from_any_rank_ends_the_check(tmp_path):
+def test_a_line_postpones_a_due_check_until_a_lull_and_by_the_lull_at_most(tmp_path):
+    rounds, watch, sessions = make(tmp_path, [])
+    watch.heard(57.0)  # the last line 3 s before the check is due: it waits for a lull
+    assert not watch.waiting(60.0) and watch.begins_at() == 57.0 + LULL_S
+    for now in range(58, 70, 2):  # a line every 2 s: no lull; the check begins all the same
+        watch.heard(float(now))
+    assert watch.begins_at() == 60.0 + LULL_S
+    watch.tick(60.0 + LULL_S - 0.1, {0, 1}, True)
+    assert sessions[0].sent == []
+    watch.tick(60.0 + LULL_S, {0, 1}, True)
+    assert sessions[0].sent == ["stacks 1 auto"]
+
+
+def test_a_line_cancels_neither_a_check_nor_its_second_sample(tmp_path):
+    """A rank's logging thread prints every 2 s while every main thread stays where it
+    was: the check goes on and finds the hang."""
+    rounds, watch, sessions = make(tmp_path, [])
+    watch.tick(60.0, {0, 1}, True)
+    watch.heard(60.5)
+    answer(rounds, sessions, stuck_world())
+    (ended,) = rounds.tick(61.0)
+    assert watch.round_ended(ended, 61.0) is None
+    watch.heard(62.0)
+    watch.heard(64.0)
+    watch.tick(61.0 + SAMPLE_GAP_S, {0, 1}, True)
+    assert sessions[0].sent == ["stacks 1 auto", "stacks 2 auto flight"]
+    answer(rounds, sessions, stuck_world())
+    (ended,) = rounds.tick(67.0)
+    assert watch.round_ended(ended, 67.0) is not None
+
+
+def test_progress_cancels_a_check_under_way_and_postpones_the_next_a_timeout(tmp_path):
     rounds, watch, sessions = make(tmp_path, [])
     watch.tick(60.0, {0, 1}, True)
     answer(rounds, sessions, stuck_world())
-    watch.heard(60.5)
+    watch.progressed(60.5)  # a rank reported a new step
     (ended,) = rounds.tick(61.0)
     assert watch.round_ended(ended, 61.0) is None
     watch.tick(70.0, {0, 1}, True)
     assert len(sessions[0].sent) == 1  # no second sample; the next check at 120.5
-    watch.tick(121.0, {0, 1}, True)
+    watch.tick(120.4, {0, 1}, True)
+    assert len(sessions[0].sent) == 1
+    watch.tick(120.5, {0, 1}, True)
     assert len(sessions[0].sent) == 2
+
+
+def printing_thread(line: int) -> dict:
+    """A memory logger's thread: at its print or its sleep, whichever the sample caught."""
+    frames = [
+        {"function": "report_memory", "file": "/job/train.py", "line": line},
+        {"function": "run", "file": "/usr/lib/python3.11/threading.py", "line": 982},
+    ]
+    return {"name": "logger", "id": 2, "main": False, "idle": line == 7, "frames": frames}
+
+
+def printing_world(deadlocked: int, logger_line: int) -> dict[int, list[dict]]:
+    """Every rank's main thread waits in a collective but `deadlocked`'s, which waits on a
+    lock of its own; every rank's logging thread is at `logger_line`; the process burns
+    CPU (the logger's), its main thread none."""
+    world = {}
+    for node, ranks in ((0, (0, 1)), (1, (2, 3))):
+        world[node] = []
+        for rank in ranks:
+            each = (
+                record(rank, "take_the_lock_twice", 21)
+                if rank == deadlocked
+                else record(rank, "all_reduce_wait", 30)
+            )
+            each["threads"][0]["name"] = "trainer"  # renamed: still the main thread
+            each["threads"][0]["main"] = True
+            each["threads"].append(printing_thread(logger_line))
+            each["main_cpu_wanted_ns"] = 10**9
+            world[node].append(each)
+    return world
+
+
+def test_ranks_that_print_while_their_main_threads_stay_put_are_found_hung(tmp_path):
+    """Lines every 2 s from every rank's logging thread, whose stacks and CPU change
+    between the samples: the check still begins (a lull at most after it is due), goes on,
+    and names the deadlocked rank first, within the timeout and 30 s."""
+    notes: list[str] = []
+    rounds, watch, sessions = make(tmp_path, notes)
+    found, now, asked = None, 0.0, 0
+    while found is None and now < 120.0:
+        if now % 2 == 0:
+            watch.heard(now)
+        watch.tick(now, {0, 1}, True)
+        if len(sessions[0].sent) > asked:
+            asked = len(sessions[0].sent)
+            answer(rounds, sessions, printing_world(1, 6 if asked == 1 else 7))
+        for ended in rounds.tick(now):
+            found = watch.round_ended(ended, now) or found
+        now += 0.5
+    assert found is not None and notes == [], notes
+    assert found.quiet_s <= 60.0 + 30.0
+    assert found.stacks.odd == (1,)
+    assert found.console_lines()[1].startswith(
+        "[a r1] 1 rank: main thread in take_the_lock_twice (train.py:21)"
+    )
+
+
+def test_a_new_step_on_the_metrics_channel_is_progress_a_repeated_one_is_not(tmp_path):
+    """Through the frame handlers, as the agent's frames arrive: a rank's output and a
+    metrics record that repeats its step leave the check due; a new step puts it off."""
+    import queue
+
+    from orchestrator.backends.sessions import Event
+    from orchestrator.console.sink import LogSink
+    from orchestrator.options.supervision import Supervision
+    from orchestrator.supervise import NodeState, RankState, Supervisor
+    from orchestrator.supervise.frame_handlers import handle
+
+    nodes = [NodeState(0, "a", (0, 1))]
+    ranks = [RankState(r, 0, r, "a") for r in range(2)]
+    sink = LogSink(tmp_path, {0: "r0", 1: "r1"}, {0: "a"}, None, False)
+    sup = Supervisor(
+        nodes, ranks, [], queue.Queue(), sink, Supervision(heartbeat_timeout=30, hang_timeout=60)
+    )
+    due = sup.hangs.next_check
+
+    def frame(kind: str, payload: bytes) -> float:
+        handle(sup, Event(0, kind, ("1",), payload))
+        return sup.hangs.next_check
+
+    assert frame("O", b"memory 1.2 GB\n") == due
+    assert frame("Q", b'{"step": 7, "loss": 2.5}\n') > due  # its first step
+    due = sup.hangs.next_check
+    assert frame("Q", b'{"step": 7, "loss": 2.4}\n') == due  # the same step again
+    assert frame("Q", b'{"loss": 2.3}\n') == due  # no step
+    assert frame("Q", b'{"step": 8}\n') > due
 
 
 def test_ranks_not_started_yet_are_no_hang_and_no_note(tmp_path):

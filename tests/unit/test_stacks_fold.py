@@ -1,7 +1,8 @@
 """Folding ranks' stacks (orchestrator.supervise.stack_groups): alike stacks are one group
 whatever the thread ids, names, order or the way they were taken; the odd group comes first
 with the user's innermost frames; a rank without a stack is a group naming why; and two
-samples tell a rank that moved or works from one that waits."""
+samples tell a rank whose main thread moved or works from one whose main thread waits,
+whatever its other threads do."""
 
 from __future__ import annotations
 
@@ -57,7 +58,7 @@ def record(rank: int, frames: list[dict], *, ident: int = 0, ticks: int = 0, **m
         "threads": threads + more.pop("threads", []),
         "taken_at": 0.0,
         "pause_s": None,
-        "cpu_ticks": ticks,
+        "main_cpu_ticks": ticks,
         "error": None,
         **more,
     }
@@ -182,11 +183,14 @@ def test_a_tight_loop_of_the_user_s_code_works_without_moving() -> None:
 def test_a_loop_on_a_loaded_node_works_by_the_core_time_it_wanted() -> None:
     """Given a tenth of a core, a loop still wanted all of it (ran or waited to run)."""
     loop = [frame("spin", TRAIN, 3), frame("<module>", TRAIN, 9)]
-    first = record(0, loop, ticks=1000, cpu_wanted_ns=10**9)
-    second = record(0, loop, ticks=1000 + 50, cpu_wanted_ns=10**9 + 49 * 10**8)
+    first = record(0, loop, ticks=1000, main_cpu_wanted_ns=10**9)
+    second = record(0, loop, ticks=1000 + 50, main_cpu_wanted_ns=10**9 + 49 * 10**8)
     assert moved(first, second, 5.0, CLK_TCK)
     nap = [frame("nap", TRAIN, 5)]
-    asleep = record(0, nap, ticks=0, cpu_wanted_ns=10**9), record(0, nap, cpu_wanted_ns=10**9 + 1)
+    asleep = (
+        record(0, nap, ticks=0, main_cpu_wanted_ns=10**9),
+        record(0, nap, main_cpu_wanted_ns=10**9 + 1),
+    )
     assert not moved(*asleep, 5.0, CLK_TCK)
 
 
@@ -199,14 +203,14 @@ def test_a_wait_that_spins_a_core_has_not_moved() -> None:
     assert not moved(record(0, waits, ticks=0), record(0, waits, ticks=500), 5.0, CLK_TCK)
 
 
-def test_a_thread_seen_idle_does_not_make_a_busy_process_work() -> None:
+def test_a_main_thread_seen_idle_does_not_work() -> None:
     nap = [frame("nap", TRAIN, 5)]  # time.sleep has no Python frame: the user's is innermost
     first, second = record(0, nap, ticks=0), record(0, nap, ticks=500)
-    second["threads"][0]["idle"] = True  # py-spy saw it idle; the CPU was another thread's
+    second["threads"][0]["idle"] = True  # py-spy saw it idle between two CPU readings
     assert not moved(first, second, 5.0, CLK_TCK)
 
 
-def test_only_threads_with_user_code_count_as_moving() -> None:
+def test_only_the_main_thread_counts_as_moving() -> None:
     """A pin-memory loop's stack changes while the rank is stuck in an all_reduce."""
     other = pin_memory_thread(2)
     other["frames"][0] = frame("get", f"{STDLIB}/queue.py", 171)
@@ -214,6 +218,53 @@ def test_only_threads_with_user_code_count_as_moving() -> None:
     second = record(0, all_reduce_frames(), threads=[other])
     assert not moved(first, second, 5.0, CLK_TCK)
     assert stack_key(first) != stack_key(second)  # yet the two are not folded together
+
+
+def memory_logger(line: int) -> dict:
+    """A thread of the user's that prints a line every 2 s: at its print, or its sleep."""
+    frames = [frame("report_memory", TRAIN, line), frame("run", f"{STDLIB}/threading.py", 982)]
+    return {"name": "logger", "id": 9, "main": False, "idle": line == 8, "frames": frames}
+
+
+def deadlocked(logger_line: int, main_ticks: int = 3) -> dict:
+    """A rank whose main thread (renamed `trainer`) waits on a lock it already holds, and
+    has burned `main_ticks`, while its logging thread prints."""
+    lock = [frame("take_the_lock_twice", TRAIN, 21), frame("<module>", TRAIN, 40)]
+    each = record(1, lock, threads=[memory_logger(logger_line)], ticks=main_ticks)
+    each["threads"][0].update(name="trainer", main=True, idle=True)
+    return each
+
+
+def test_a_printing_thread_does_not_move_a_deadlocked_main_thread() -> None:
+    """The logger is caught at its print, then at its sleep (the user's code, its stack
+    changed); the main thread, in the same frame, burned nothing. The rank has not moved;
+    it has where its main thread went on, or burned a core in its own code."""
+    first, second = deadlocked(7), deadlocked(8)
+    assert not moved(first, second, 5.0, CLK_TCK)
+    went_on = deadlocked(8)
+    went_on["threads"][0]["frames"][0] = frame("take_the_lock_twice", TRAIN, 22)
+    assert moved(first, went_on, 5.0, CLK_TCK)
+    spun = deadlocked(8, main_ticks=3 + 450)
+    spun["threads"][0]["idle"] = False
+    assert moved(first, spun, 5.0, CLK_TCK)
+
+
+def test_the_main_thread_is_the_one_marked_whatever_its_name() -> None:
+    """A thread named MainThread that is not the main one (marked so) is not judged; a
+    record that marks no thread is read by the name."""
+    first, second = deadlocked(7), deadlocked(7)
+    impostor = memory_logger(7)
+    impostor.update(name="MainThread", main=False)
+    changed = {**impostor, "frames": [frame("report_memory", TRAIN, 8)]}
+    first["threads"].append(impostor)
+    second["threads"].append(changed)
+    assert not moved(first, second, 5.0, CLK_TCK)
+    unmarked = record(0, stuck_frames())  # named MainThread, no mark: the main thread
+    later = record(0, [frame("stuck_here", TRAIN, 42), *stuck_frames()[1:]])
+    assert moved(unmarked, later, 5.0, CLK_TCK)
+    assert render_groups(fold([first], HOSTS))[0].startswith(
+        "[node1 r1] 1 rank: main thread in take_the_lock_twice (train.py:21)"
+    )
 
 
 def test_a_record_without_a_stack_has_not_moved() -> None:
