@@ -9,7 +9,8 @@ and the controller's hang check read, see orchestrator.supervise.stack_groups):
                   "main": True | False, "idle": True | False | None,
                   "frames": [{"function": "step", "file": "/w/train.py", "line": 30}, ...]}],
      "taken_at": 1764312345.6, "pause_s": 0.012 | None, "main_cpu_ticks": 4567 | None,
-     "main_cpu_wanted_ns": 45670000000 | None, "error": None | "py-spy: ...; stack hook: ..."}
+     "main_cpu_wanted_ns": 45670000000 | None, "main_wakeups": 812 | None,
+     "error": None | "py-spy: ...; stack hook: ..."}
 
 Frames are innermost first. A thread's "id" is Python's thread ident (pthread_t), which both
 ways report; "name" is known for every thread with py-spy, for the main thread only with the
@@ -22,7 +23,10 @@ apart tell a main thread that burns CPU from one that waits, whatever the rank's
 threads (a logger, a watchdog) burn; "main_cpu_wanted_ns" (its time on a core plus time
 waiting for one, from /proc/PID/task/PID/schedstat; None where the kernel keeps no such
 file) tells the same on a node so loaded that a busy rank gets little of a core: it wanted
-the core all the same. Reading them costs two small files a rank.
+the core all the same. "main_wakeups" (the main thread's voluntary context switches, from
+/proc/PID/task/PID/status) tells a main thread that keeps blocking and being woken (each
+collective it finishes, each lock or queue it gets) from one that waits once, for ever.
+Reading them costs three small files a rank.
 "method" is None, and "threads" empty, when neither way worked; "error" says why.
 
 Two ways, the first that works:
@@ -124,7 +128,7 @@ def take_one(rank: int, pid: int, hook_dir: str, py_spy: str | None, timeout: fl
     if used is None:
         record["error"] = f"process {pid} has ended"
         return record
-    record["main_cpu_ticks"], record["main_cpu_wanted_ns"] = used
+    record["main_cpu_ticks"], record["main_cpu_wanted_ns"], record["main_wakeups"] = used
     reasons = []
     if py_spy:
         try:
@@ -168,24 +172,34 @@ def empty_record(rank: int, pid: int) -> dict:
         "pause_s": None,
         "main_cpu_ticks": None,
         "main_cpu_wanted_ns": None,
+        "main_wakeups": None,
         "error": None,
     }
 
 
-def main_thread_cpu(pid: int) -> tuple[int, int | None] | None:
-    """(CPU ticks, nanoseconds it ran or waited to run: schedstat's first two fields, None
-    where there is no schedstat) of the process's main thread, whose thread id is the pid;
-    None where the process has ended."""
+def main_thread_cpu(pid: int) -> tuple[int, int | None, int | None] | None:
+    """(CPU ticks, nanoseconds it ran or waited to run: schedstat's first two fields, its
+    voluntary context switches) of the process's main thread, whose thread id is the pid;
+    None for a file the kernel does not keep; None where the process has ended."""
     fields = stat_fields(pid, pid)
     if fields is None or fields[0] in (b"Z", b"X"):
         return None
     ticks = int(fields[11]) + int(fields[12])  # utime + stime (stat's 14th and 15th)
+    wanted = wakeups = None
     try:
         with open(f"/proc/{pid}/task/{pid}/schedstat", "rb") as handle:
-            wanted = handle.read().split()
-        return ticks, int(wanted[0]) + int(wanted[1])
+            ran, waited = handle.read().split()[:2]
+        wanted = int(ran) + int(waited)
+    except (OSError, ValueError):
+        pass
+    try:
+        with open(f"/proc/{pid}/task/{pid}/status", "rb") as handle:
+            for line in handle:
+                if line.startswith(b"voluntary_ctxt_switches:"):
+                    wakeups = int(line.split()[1])
     except (OSError, ValueError, IndexError):
-        return ticks, None
+        pass
+    return ticks, wanted, wakeups
 
 
 def dump_with_hook(pid: int, hook_dir: str, timeout: float) -> list[dict]:

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from orchestrator.hostlist import compress_hosts
 
 BUSY_SHARE = 0.5  # of one core over the interval: a main thread wanting this much is busy
+WOKEN_PER_S = 2.0  # a main thread woken this often in a library call keeps finishing calls
 USER_FRAMES = 3  # frames of the user's code shown per thread
 THREADS_SHOWN = 3  # threads shown per group (the main thread first); the rest are counted
 # Where code is not the user's: installed packages (torch and the rest), the interpreter's
@@ -205,7 +206,13 @@ def moved(first: dict, second: dict, interval_s: float, clk_tck: int) -> bool:
       between the two, was not seen idle, and has its innermost frame in the user's code:
       a tight loop of the user's. Wanted: the time it ran or waited for a core
       (main_cpu_wanted_ns), so a loop on a node too loaded to give it half a core still
-      counts; where a record lacks it, the CPU it burned (main_cpu_ticks, 1/clk_tck s).
+      counts; where a record lacks it, the CPU it burned (main_cpu_ticks, 1/clk_tck s), or
+    - the stacks are the same, its innermost frame is a library's (a collective, a queue),
+      and it blocked and was woken at least WOKEN_PER_S times a second between the two
+      (main_wakeups): calls that finish and are made again, a loop of collectives caught
+      twice at the same line, not one call that waits for ever (a stuck collective or a
+      lock wakes nobody; taking a stack wakes a thread once or twice; a user's polling
+      sleep is the user's frame and still judged by the rule above).
 
     Only the main thread counts: the one that runs the program's steps. A thread that logs,
     reports progress or watches (a memory logger printing every few seconds, a pin-memory
@@ -226,11 +233,16 @@ def moved(first: dict, second: dict, interval_s: float, clk_tck: int) -> bool:
         return False
     if thread_key(before) != thread_key(after):
         return True
-    busy = busy_seconds(first, second, clk_tck)
-    if busy is None or interval_s <= 0 or busy < BUSY_SHARE * interval_s:
-        return False
     frames = after.get("frames") or ()
-    return bool(frames) and is_user_frame(frames[0]) and not after.get("idle")
+    if interval_s <= 0 or not frames:
+        return False
+    if not is_user_frame(frames[0]):
+        before_woken, after_woken = first.get("main_wakeups"), second.get("main_wakeups")
+        if before_woken is None or after_woken is None:
+            return False
+        return after_woken - before_woken >= WOKEN_PER_S * interval_s
+    busy = busy_seconds(first, second, clk_tck)
+    return busy is not None and busy >= BUSY_SHARE * interval_s and not after.get("idle")
 
 
 def busy_seconds(first: dict, second: dict, clk_tck: int) -> float | None:

@@ -270,3 +270,27 @@ def test_the_main_thread_is_the_one_marked_whatever_its_name() -> None:
 def test_a_record_without_a_stack_has_not_moved() -> None:
     failed = record(0, [], error="process 100 has ended")
     assert not moved(record(0, stuck_frames()), failed, 5.0, CLK_TCK)
+
+
+def test_a_loop_of_collectives_caught_twice_at_one_line_moved_a_stuck_one_did_not() -> None:
+    """Innermost in torch both times: woken hundreds of times between (each all_reduce that
+    finished) it works; woken once or twice (taking the stack) it waits for ever. A user's
+    polling sleep is judged by its CPU, not by how often it wakes."""
+    working = (
+        record(0, all_reduce_frames(), main_wakeups=1000),
+        record(0, all_reduce_frames(), main_wakeups=1000 + 400),
+    )
+    assert moved(*working, 5.0, CLK_TCK)
+    stuck = (
+        record(0, all_reduce_frames(), main_wakeups=1000),
+        record(0, all_reduce_frames(), main_wakeups=1002),
+    )
+    assert not moved(*stuck, 5.0, CLK_TCK)
+    unknown = (record(0, all_reduce_frames()), record(0, all_reduce_frames(), main_wakeups=9))
+    assert not moved(*unknown, 5.0, CLK_TCK)
+    polling = [frame("wait_for_a_batch", TRAIN, 14), frame("<module>", TRAIN, 20)]
+    asleep = (
+        record(0, polling, main_wakeups=10, main_cpu_wanted_ns=10**9),
+        record(0, polling, main_wakeups=20, main_cpu_wanted_ns=10**9 + 10**6),
+    )
+    assert not moved(*asleep, 5.0, CLK_TCK)
