@@ -1,12 +1,15 @@
 """Under SLURM the launcher sees inside the job as over SSH: the batch script runs the node
 agent on every node (one srun task each), and the launcher reaches it through SLURM itself
-(`srun --overlap`). On the lab's SLURM, a 2-node job in which rank 1 never reaches the
+(`srun --overlap`). On the lab's SLURM, a 2-node job whose ranks each run a thread printing
+a line every 2 s, while rank 1's main thread is deadlocked (a lock taken twice) before the
 all_reduce rank 0 waits in: `orchestrator stacks RUN` names rank 1 and its frame first, and
-`--hang-timeout` ends the run `hung` (exit 1) naming it, with the job gone from squeue and
-no process of the run left on any node."""
+`--hang-timeout` ends the run `hung` (exit 1) within the timeout and 30 s, naming it, with
+the job gone from squeue and no process of the run left on any node. The same job without
+the deadlock (main threads working, the threads printing) is never stopped."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -29,20 +32,25 @@ from tests.slurm_helpers import (  # noqa: F401 (fixtures, used by name)
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slurm]
 
-JOB = Path(__file__).resolve().parents[1] / "data" / "hang_job.py"
-STUCK_LINE = JOB.read_text().splitlines().index("        time.sleep(0.5)") + 1
-HANG_TIMEOUT = 30
+JOB = Path(__file__).resolve().parents[1] / "data" / "printing_deadlock_job.py"
+SECOND_ACQUIRE = 1 + JOB.read_text().splitlines().index(
+    "    lock.acquire()  # not reentrant: never returns"
+)
+HANG_TIMEOUT = 20  # short, and longer than the ranks take to start
+STUCK = f"main thread in take_the_lock_twice (printing_deadlock_job.py:{SECOND_ACQUIRE})"
+
+
+def printing_job(work: Path, run_id: str, env: str, *more: str) -> list[str]:
+    return launch_args(
+        work, run_id, "--nodes", "2", "--nproc-per-node", "1", "--partition", "debug",
+        "--hang-timeout", str(HANG_TIMEOUT), "--env", env, *more, "--", str(JOB),
+    )  # fmt: skip
 
 
 def test_stacks_and_a_hang_verdict_under_slurm(slurm_cluster: SlurmCluster, work: Path) -> None:
     runs = str(work / "runs")
-    args = launch_args(
-        work, "hang", "--nodes", "2", "--nproc-per-node", "1", "--partition", "debug",
-        "--hang-timeout", str(HANG_TIMEOUT), "--env", "STUCK_RANK=1", "--", str(JOB),
-    )  # fmt: skip
-    began = time.monotonic()
     launch = subprocess.Popen(
-        command(*args),
+        command(*printing_job(work, "hang", "DEADLOCK_RANK=1")),
         cwd=work,
         env=slurm_cluster.environ(),
         stdout=subprocess.PIPE,
@@ -59,22 +67,39 @@ def test_stacks_and_a_hang_verdict_under_slurm(slurm_cluster: SlurmCluster, work
         assert shown.returncode == 0, shown.stdout + shown.stderr
         hosts = [node["host"] for node in status_of(work, "hang")["nodes"]]
         first = shown.stdout.splitlines()[0]
-        assert first.startswith(f"[{hosts[1]} r1] 1 rank: main thread in "), shown.stdout
-        assert f"wait_for_a_batch_that_never_comes (hang_job.py:{STUCK_LINE})" in first
-        assert "all_reduce" in shown.stdout.splitlines()[1], shown.stdout
+        assert first.startswith(f"[{hosts[1]} r1] 1 rank: {STUCK}"), shown.stdout
+        assert f"[{hosts[0]} r0] 1 rank: main thread in all_reduce " in shown.stdout
         out, _ = launch.communicate(timeout=HANG_TIMEOUT + 120)
     finally:
         if launch.poll() is None:
             launch.kill()
-    took = time.monotonic() - began
+    ended = time.time()
     print(out)
-    print(f"the hung run ended after {took:.0f} s")
     assert launch.returncode == 1, out
-    console = out.splitlines()
-    at = next(i for i, line in enumerate(console) if "] hung: no rank printed" in line)
-    assert console[at + 1].startswith(f"[orchestrator] [{hosts[1]} r1] 1 rank: main thread in ")
+    log = combined(work, "hang")
+    readies = [float(t) for t in re.findall(r"\bready (\d+\.\d+)", log)]
+    took = ended - max(readies)  # the deadlock came right after the last rank was ready
+    print(f"ended hung {took:.0f} s after the deadlock")
+    assert took <= HANG_TIMEOUT + 30, f"ended {took:.0f} s after the deadlock"
+    assert log.count("memory") >= 6, "the printing threads printed"
+    console = [line.removeprefix("[orchestrator] ") for line in out.splitlines()]
+    at = next(i for i, line in enumerate(console) if line.startswith("hung: no new step"))
+    assert console[at + 1].startswith(f"[{hosts[1]} r1] 1 rank: {STUCK}"), console[at:]
     status = status_of(work, "hang")
     assert status["state"] == "hung" and status["exit_code"] == 1, status
     assert status["hang"]["stuck_ranks"] == [1], status["hang"]
     assert "run hang hung (exit code 1)" in out
     assert_gone(slurm_cluster, job_id_in(out), "hang")
+
+
+def test_ranks_that_print_and_work_under_slurm_are_never_stopped(
+    slurm_cluster: SlurmCluster, work: Path
+) -> None:
+    done = orchestrator(slurm_cluster, work, *printing_job(work, "works", "WORK_S=30"), timeout=240)
+    print(done.stdout)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.count(" s apart: working") == 1, done.stdout
+    assert "hung" not in done.stdout and "cancelling" not in done.stdout
+    assert combined(work, "works").count("worked") == 2
+    assert status_of(work, "works")["state"] == "succeeded"
+    assert_gone(slurm_cluster, job_id_in(done.stdout), "works")

@@ -27,10 +27,15 @@ def take_the_lock_twice(lock):
 
 
 def work_for(seconds):
+    """Steps of work and an all_reduce, as long as every rank is within `seconds` (decided
+    together, so that all ranks take the same number of steps)."""
     tensor, end = torch.ones(1), time.time() + seconds
-    while time.time() < end:
+    going = torch.ones(1)
+    while going.item():
         tensor += sum(i * i for i in range(100_000)) % 7
         dist.all_reduce(tensor)
+        going = torch.tensor([float(time.time() < end)])
+        dist.all_reduce(going, op=dist.ReduceOp.MIN)
 
 
 dist.init_process_group("gloo")
