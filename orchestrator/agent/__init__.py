@@ -13,6 +13,7 @@ flight.py     torch's flight recorder: turned on for the ranks, dumped through t
 route.py      which interface reaches an address (run inside node scripts, like cores.py)
 cores.py      --bind-cores: disjoint core sets per local rank
 main.py       the agent: one loop tying them together, step after step
+keeper.py     under SLURM: the agent in the allocation, its stream kept for a controller
 loader.py     runs first on a node: makes the modules above importable (bytecode or source)
 bootstrap.py  controller side: the agent's command line and what it is sent first
 
