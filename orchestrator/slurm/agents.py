@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import queue
 import subprocess
+import time
 from collections.abc import Sequence
 
 from orchestrator.agent.keeper import DIAL, socket_path
@@ -26,6 +27,7 @@ from orchestrator.backends.base import IdleAgent, writable
 from orchestrator.backends.sessions import Event, NodeSession
 
 DIAL_WAIT_S = 120.0  # how long the dial waits on the node for its agent's socket
+CLOSE_WAIT_S = 5.0  # for srun to end once its stdin is closed
 
 
 class SrunChannel:
@@ -76,14 +78,19 @@ class SrunChannel:
         except (OSError, ValueError):
             return ""
 
-    def close(self) -> None:
-        """End the step on the node (the agent goes on: it belongs to the job)."""
+    def hang_up(self) -> None:
+        """Close srun's stdin: the dial on the node leaves, and srun ends."""
         try:
             self.proc.stdin.close()  # type: ignore[union-attr]
         except OSError:
             pass
+
+    def close(self, wait: float = CLOSE_WAIT_S) -> None:
+        """End the step on the node (the agent goes on: it belongs to the job); srun is
+        killed if it has not ended within `wait` seconds."""
+        self.hang_up()
         try:
-            self.proc.wait(timeout=5)
+            self.proc.wait(timeout=wait)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
@@ -126,6 +133,17 @@ def dial_argv(job_id: int, restart: int, node: int, host: str, python: str) -> l
         "0",
         f"{DIAL_WAIT_S:g}",
     ]
+
+
+def leave_agents(sessions: Sequence[NodeSession]) -> None:
+    """Close every node's srun step at once (the agents go on with the job), then wait for
+    them together: CLOSE_WAIT_S in all, not per node."""
+    channels = [session.channel for session in sessions]
+    for channel in channels:
+        channel.hang_up()  # type: ignore[attr-defined]
+    deadline = time.monotonic() + CLOSE_WAIT_S
+    for channel in channels:
+        channel.close(wait=max(0.0, deadline - time.monotonic()))  # type: ignore[call-arg]
 
 
 def reach_agents(

@@ -33,7 +33,7 @@ from orchestrator.options.supervision import Supervision
 from orchestrator.record.runs import RunRecord, now_iso
 from orchestrator.record.states import RunState
 from orchestrator.slurm import client as slurm
-from orchestrator.slurm.agents import reach_agents
+from orchestrator.slurm.agents import leave_agents, reach_agents
 from orchestrator.slurm.batch_script import SCRIPT_NAME, agent_python
 from orchestrator.slurm.client import SlurmCommands
 from orchestrator.slurm.job import PORT_BASE, PORT_SPAN, SlurmJob
@@ -142,6 +142,8 @@ class Follower:
         finally:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
+            leave_agents(self.sessions)
+            self.sessions = []
         elapsed = time.monotonic() - self.started
         self.sink.end_footer()
         for line in outcome.closing_lines(self.job.run_id, elapsed, self.record.logs_dir):
@@ -297,8 +299,7 @@ class Follower:
         """The attempt followed ended (requeued, or a new job submitted): its files are done."""
         if self.files is not None:
             self.files.close()
-        for session in self.sessions:
-            session.channel.close()
+        leave_agents(self.sessions)
         self.sessions = []  # the next attempt's supervisor gets a list of its own
         self.files, self.sup = None, None
 
