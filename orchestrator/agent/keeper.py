@@ -29,6 +29,7 @@ import os
 import selectors
 import signal
 import socket
+import stat
 import sys
 import threading
 import time
@@ -54,6 +55,12 @@ import os, select, socket, sys, time
 path, offset, wait = sys.argv[1], sys.argv[2], float(sys.argv[3])
 deadline = time.monotonic() + wait
 while True:
+    try:
+        st = os.stat(os.path.dirname(path))
+        if st.st_uid != os.getuid() or st.st_mode & 0o077:
+            sys.exit("%s is not a folder of this user's alone" % os.path.dirname(path))
+    except FileNotFoundError:
+        pass
     conn = socket.socket(socket.AF_UNIX)
     try:
         conn.connect(path)
@@ -155,12 +162,7 @@ class Relay:
     def __init__(
         self, path: str, agent_out: int, agent_in: int, echo: tuple[int, int] | None
     ) -> None:
-        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-        if os.path.exists(path):
-            os.unlink(path)  # an earlier job's with the same numbers: ours now
-        self.listener = socket.socket(socket.AF_UNIX)
-        self.listener.bind(path)
-        self.listener.listen(8)
+        self.listener = listen(path)
         self.path = path
         self.agent_out, self.agent_in, self.echo = agent_out, agent_in, echo
         self.stream = Stream()
@@ -170,7 +172,8 @@ class Relay:
         self.agent_done = False
         self.lock = threading.Lock()
         self.selector = selectors.DefaultSelector()
-        self.selector.register(self.listener, selectors.EVENT_READ, "accept")
+        if self.listener is not None:
+            self.selector.register(self.listener, selectors.EVENT_READ, "accept")
         self.selector.register(agent_out, selectors.EVENT_READ, "agent")
 
     def run(self, until: threading.Event) -> None:
@@ -188,6 +191,7 @@ class Relay:
         self.to_client()
 
     def accept(self) -> None:
+        assert self.listener is not None
         conn, _ = self.listener.accept()
         self.drop_client()
         conn.setblocking(False)
@@ -257,11 +261,38 @@ class Relay:
 
     def close(self) -> None:
         self.drop_client()
+        if self.listener is None:
+            return
         self.listener.close()
         try:
             os.unlink(self.path)
         except OSError:
             pass
+
+
+def private_folder(path: str) -> None:
+    """Make (or check) the user's own folder for the sockets: a folder another user made
+    (or can write to) in /tmp could serve or swap our socket; refuse it."""
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        raise OSError(f"{path} is not a folder of this user's alone (mode 700)")
+
+
+def listen(path: str) -> socket.socket | None:
+    """The node's socket for controllers, or None (said on stderr) where it cannot be made:
+    the job runs all the same, without a way in for the launcher."""
+    try:
+        private_folder(os.path.dirname(path))
+        if os.path.exists(path):
+            os.unlink(path)  # an earlier job's with the same numbers: ours now
+        listener = socket.socket(socket.AF_UNIX)
+        listener.bind(path)
+        listener.listen(8)
+        return listener
+    except OSError as error:
+        print(f"orchestrator agent: no socket for the launcher: {error}", file=sys.stderr)
+        return None
 
 
 def write_all(fd: int, data: bytes) -> None:

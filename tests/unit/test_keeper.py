@@ -12,7 +12,7 @@ from pathlib import Path
 
 from orchestrator.agent import BOOTSTRAP
 from orchestrator.agent.bootstrap import slurm_bundle
-from orchestrator.agent.keeper import DIAL, KEPT_BYTES, Stream, socket_path
+from orchestrator.agent.keeper import DIAL, KEPT_BYTES, Stream, listen, socket_path
 from orchestrator.agent.protocol import Frame, frame
 from orchestrator.backends.sessions import FrameParser
 
@@ -88,3 +88,17 @@ def test_the_agent_runs_alone_and_a_controller_that_comes_late_gets_it_all(tmp_p
     assert [fields for kind, fields, _ in parsed if kind == "X"][0][0] == "3"
     assert not os.path.exists(path)  # the socket goes with the agent
     assert keeper.stdout.read() == b""  # with a job folder, nothing for SLURM's output file
+
+
+def test_the_socket_folder_must_be_the_users_alone(tmp_path: Path, capsys) -> None:
+    """A folder others can write to (one another user made in /tmp, say) could serve or
+    swap the socket: the agent then runs without one, and says so."""
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o777)
+    shared.chmod(0o777)
+    assert listen(str(shared / "1.0.0.sock")) is None
+    assert "not a folder of this user's alone" in capsys.readouterr().err
+    own = tmp_path / "own"
+    listener = listen(str(own / "1.0.0.sock"))
+    assert listener is not None and (own.stat().st_mode & 0o777) == 0o700
+    listener.close()
