@@ -39,6 +39,7 @@ from orchestrator.agent.main import Agent
 from orchestrator.agent.protocol import WITH_PAYLOAD, Frame, read_config
 
 KEPT_BYTES = 64 << 20  # of the node's stream, for a controller that connects late
+TRIM_STEP = 64 << 10  # what is dropped past KEPT_BYTES goes in whole frames of about this
 DRAIN_S = 10.0  # after the step: how long a connected controller may take to read the rest
 SEND_BYTES = 1 << 16
 # The batch script hands the bundle to the interpreter from this variable; the step's
@@ -100,7 +101,9 @@ class Stream:
     def __init__(self) -> None:
         self.kept = bytearray()
         self.base = 0  # the offset of kept[0] in the node's stream
-        self.starts: deque[int] = deque()  # offsets of whole frames' first bytes
+        # Offsets where whole frames begin, one at least TRIM_STEP after the last: where
+        # trim may cut (a mark per frame would cost more than tiny frames themselves).
+        self.starts: deque[int] = deque()
         self.parsed = 0  # the offset up to which frames were read
         self.payload_left = 0
         self.showing: tuple[str, int] | None = None  # an N or M frame's kind and payload start
@@ -130,7 +133,8 @@ class Stream:
             if newline < 0:
                 break
             words = bytes(self.kept[self.parsed - self.base : newline]).split()
-            self.starts.append(self.parsed)
+            if not self.starts or self.parsed - self.starts[-1] >= TRIM_STEP:
+                self.starts.append(self.parsed)
             self.parsed = self.base + newline + 1
             kind = words[0].decode(errors="replace") if words else ""
             if kind in PAYLOAD_KINDS and words[-1].isdigit():
@@ -170,7 +174,6 @@ class Relay:
         self.hello = b""  # the controller's first line, until it is whole
         self.sent: int | None = None  # the offset up to which the controller has it
         self.agent_done = False
-        self.lock = threading.Lock()
         self.selector = selectors.DefaultSelector()
         if self.listener is not None:
             self.selector.register(self.listener, selectors.EVENT_READ, "accept")
@@ -245,6 +248,8 @@ class Relay:
 
     def to_client(self) -> None:
         stream = self.stream
+        if self.sent is not None and self.sent < stream.base:
+            self.drop_client()  # it fell KEPT_BYTES behind: it asks again, and learns the loss
         while self.client is not None and self.sent is not None and self.sent < stream.end:
             start = self.sent - stream.base
             try:

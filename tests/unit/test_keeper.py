@@ -26,6 +26,7 @@ def test_the_stream_keeps_whole_frames_and_says_what_a_late_reader_lost(monkeypa
     assert shown == [("N", b"torchrun says\n")]
     assert stream.since(0) == (0, 0) and stream.since(10**9) == (stream.end, 0)
     monkeypatch.setattr("orchestrator.agent.keeper.KEPT_BYTES", 40)
+    monkeypatch.setattr("orchestrator.agent.keeper.TRIM_STEP", 1)
     big = frame(Frame.RANK_OUTPUT, 3, payload=b"x" * 30 + b"\n")
     stream.add(big)
     assert stream.end - stream.base == len(big)  # the oldest whole frames went
@@ -102,3 +103,16 @@ def test_the_socket_folder_must_be_the_users_alone(tmp_path: Path, capsys) -> No
     listener = listen(str(own / "1.0.0.sock"))
     assert listener is not None and (own.stat().st_mode & 0o777) == 0o700
     listener.close()
+
+
+def test_a_long_stream_of_small_frames_keeps_few_marks_and_its_bound(monkeypatch) -> None:
+    monkeypatch.setattr("orchestrator.agent.keeper.KEPT_BYTES", 1 << 20)
+    stream = Stream()
+    beat = frame(Frame.HEARTBEAT, "1795935108.522808", "-", "-")
+    for _ in range(100_000):  # 4 MB of heartbeats
+        stream.add(beat)
+    assert stream.end == 100_000 * len(beat)
+    assert stream.end - stream.base <= (1 << 20) + (64 << 10) + len(beat)
+    assert len(stream.starts) <= 20
+    kinds = {kind for kind, _, _ in FrameParser().feed(bytes(stream.kept))}
+    assert kinds == {"H"}  # it still begins at a frame
