@@ -51,9 +51,7 @@ FILES_S = 0.1  # rank files this often
 UNREACHABLE_GRACE_S = 120.0  # how long squeue may fail before the launcher gives up
 # What the follower takes from the node agents; the ranks' output, metrics and exits, and
 # the nodes' starts and ends, it reads from the nodes' files (stream.py).
-FROM_AGENTS = frozenset(
-    {Frame.STACKS, Frame.FLIGHT_DUMP, Frame.MESSAGE, Frame.HEARTBEAT, Frame.NODE_SAMPLE}
-)
+FROM_AGENTS = frozenset({Frame.STACKS, Frame.FLIGHT_DUMP, Frame.MESSAGE, Frame.HEARTBEAT})
 
 
 class Follower:
@@ -319,7 +317,7 @@ class Follower:
         self.sink.flush()
 
     def _hear_agents(self, sup: Supervisor) -> None:
-        """What the node agents said (stacks, flight recorder dumps, node samples, their
+        """What the node agents said (stacks, flight recorder dumps, heartbeats, their
         messages); then rounds of stacks, `orchestrator stacks` requests and hang checks,
         as over SSH. A hang found is said, and the job cancelled: it ends `hung`."""
         sup.take_aside()
