@@ -83,6 +83,7 @@ class Follower:
         self.supervision = replace(supervision or Supervision(), heartbeat_timeout=0)
         self.events: queue.Queue[Event | None] = queue.Queue()
         self.sessions: list[NodeSession] = []
+        self.hang_cancelled = False
         self.sink = LogSink(record.logs_dir, {}, {}, console, color, fold=fold)
         self.sup: Supervisor | None = None
         self.info = JobInfo(state="PENDING")
@@ -335,9 +336,9 @@ class Follower:
                 self.sink.node_note(
                     sup.nodes[event.node].host, f"its agent's channel closed: {why}"
                 )
-        sup.watch_stacks(time.monotonic())
-        if sup.hang is not None and not sup.stopping:
-            sup.begin_stop(self.supervision.grace, "the job hangs")  # ranks end stopped, not failed
+        sup.watch_stacks(time.monotonic())  # a hang found stops the run (detect.hung)
+        if sup.hang is not None and not self.hang_cancelled:
+            self.hang_cancelled = True
             self.note(f"cancelling SLURM job {self.job_id}: it hangs (scancel)")
             slurm.cancel(self.commands, self.job_id)
 

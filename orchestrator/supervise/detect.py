@@ -192,11 +192,13 @@ class Detector:
         return f"{node.host}: {what}"
 
     def hung(self, summary: str) -> str | None:
-        """No rank moved for the hang timeout (supervise/hangs.py): the run ends `hung`."""
+        """No rank moved for the hang timeout (supervise/hangs.py): the run ends `hung`. A
+        stop either way: nothing else stops a hung run (under SLURM, srun ends a step on a
+        failed task only)."""
         if self.stopper.stopping or self.hang_summary is not None:
             return None
         self.hang_summary = summary
-        return "the run hangs: no rank moved" if self.stop_on_failure else None
+        return "the run hangs: no rank moved"
 
     # --- the end ------------------------------------------------------------------------
 

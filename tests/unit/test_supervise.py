@@ -259,6 +259,14 @@ def test_without_stop_on_failure_nothing_asks_to_stop() -> None:
     assert det.node_exited(det.nodes[0], 1, time.time()) is None
 
 
+def test_a_hang_asks_to_stop_with_or_without_stop_on_failure() -> None:
+    """srun ends a SLURM step on a failed task, never on a hung one: that stop is ours."""
+    for stop_on_failure in (True, False):
+        det, _, _ = detector(stop_on_failure=stop_on_failure)
+        assert det.hung("job hung: ...") == "the run hangs: no rank moved"
+        assert det.hung("job hung: ...") is None  # once
+
+
 def test_describe_exit_names_signals() -> None:
     assert describe_exit(137) == "signal SIGKILL (exit code 137)"
     assert describe_exit(-15) == "signal SIGTERM"
