@@ -141,14 +141,28 @@ def script_command(config: dict, node_dir: str | None) -> tuple[list[str], str, 
 def own_pid(pid: int) -> int:
     """The pid the process sees itself as: in a container's pid namespace, not the host's
     (the last of /proc/PID/status's NSpid); `pid` itself where it has no namespace of its own."""
+    found = status_fields(pid, "NSpid")
     try:
-        with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as handle:
+        return int(found["NSpid"].split()[-1]) if found and "NSpid" in found else pid
+    except (ValueError, IndexError):
+        return pid
+
+
+def status_fields(pid: int, *names: str, task: int | str | None = None) -> dict[str, str] | None:
+    """The lines `names` of /proc/PID/status (one thread's, /proc/PID/task/TASK/status, where
+    `task` is given), each as the text after its colon; None if the process (or thread) is
+    gone."""
+    path = f"/proc/{pid}/status" if task is None else f"/proc/{pid}/task/{task}/status"
+    found: dict[str, str] = {}
+    try:
+        with open(path, encoding="ascii", errors="replace") as handle:
             for line in handle:
-                if line.startswith("NSpid:"):
-                    return int(line.split()[-1])
-    except (OSError, ValueError, IndexError):
-        pass
-    return pid
+                key, _, value = line.partition(":")
+                if key in names:
+                    found[key] = value.strip()
+    except OSError:
+        return None
+    return found
 
 
 def claim_node_dir(node_dir: str) -> IO[str]:

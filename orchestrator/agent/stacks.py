@@ -60,7 +60,7 @@ import os
 import threading
 import time
 
-from orchestrator.agent.processes import own_pid, stat_fields
+from orchestrator.agent.processes import own_pid, stat_fields, status_fields
 from orchestrator.agent.py_spy import StackError, dump_with_py_spy
 
 TYPE_CHECKING = False  # typing's own costs every agent's start: annotations only
@@ -192,13 +192,9 @@ def main_thread_cpu(pid: int) -> tuple[int, int | None, int | None] | None:
         wanted = int(ran) + int(waited)
     except (OSError, ValueError):
         pass
-    try:
-        with open(f"/proc/{pid}/task/{pid}/status", "rb") as handle:
-            for line in handle:
-                if line.startswith(b"voluntary_ctxt_switches:"):
-                    wakeups = int(line.split()[1])
-    except (OSError, ValueError, IndexError):
-        pass
+    found = status_fields(pid, "voluntary_ctxt_switches", task=pid) or {}
+    if found.get("voluntary_ctxt_switches", "").isdigit():
+        wakeups = int(found["voluntary_ctxt_switches"])
     return ticks, wanted, wakeups
 
 
@@ -257,16 +253,11 @@ def lock_for(pid: int) -> threading.Lock:
 
 def signal_masks(pid: int, tid: int | str, *names: str) -> list[int] | None:
     """The masks `names` (SigPnd, SigBlk, ShdPnd, SigCgt) of one thread; None if gone."""
-    found: dict[str, int] = {}
+    found = status_fields(pid, *names, task=tid)
     try:
-        with open(f"/proc/{pid}/task/{tid}/status", encoding="ascii", errors="replace") as handle:
-            for line in handle:
-                key, _, value = line.partition(":")
-                if key in names:
-                    found[key] = int(value.strip(), 16)
-    except (OSError, ValueError):
+        return None if found is None else [int(found.get(name, "0"), 16) for name in names]
+    except ValueError:
         return None
-    return [found.get(name, 0) for name in names]
 
 
 def thread_ids(pid: int) -> list[str]:
