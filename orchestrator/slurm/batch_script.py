@@ -57,23 +57,25 @@ def render_sbatch(job: SlurmJob, command: str) -> str:
         agent_code=agent_code(job),
         agent_python=agent_python(job),
         node_part=node_part(job),
+        apptainer=in_apptainer(job),
     )
+
+
+def in_apptainer(job: SlurmJob) -> bool:
+    """Whether the job runs in an apptainer image (started by the script itself, inside
+    srun's task; pyxis is srun's own flags)."""
+    return job.container is not None and job.container.spec.runtime == "apptainer"
 
 
 def node_part(job: SlurmJob) -> str:
     """The shell function that runs a node's part (torchrun), which the agent starts."""
-    container = job.container
-    return (
-        "orchestrator_apptainer"
-        if container and container.spec.runtime == "apptainer"
-        else "orchestrator_node"
-    )
+    return "orchestrator_apptainer" if in_apptainer(job) else "orchestrator_node"
 
 
 def agent_python(job: SlurmJob) -> str:
     """The interpreter the node agent runs with: the job's, except where the job's is inside
     an apptainer image, whose agent runs outside it (the node's python3)."""
-    return "python3" if node_part(job) == "orchestrator_apptainer" else job.python
+    return "python3" if in_apptainer(job) else job.python
 
 
 def agent_code(job: SlurmJob) -> str:
