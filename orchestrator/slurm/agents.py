@@ -31,7 +31,7 @@ CLOSE_WAIT_S = 5.0  # for srun to end once its stdin is closed
 
 
 class SrunChannel:
-    """A node agent's stream through `srun --overlap`: what its keeper sends from `offset`."""
+    """A node agent's stream through `srun --overlap`, from its start (offset 0)."""
 
     def __init__(self, argv: list[str]) -> None:
         self.proc = subprocess.Popen(
@@ -42,8 +42,7 @@ class SrunChannel:
             bufsize=0,
             start_new_session=True,  # Ctrl-C is the launcher's to handle (scancel)
         )
-        self.head = b""
-        self.at: tuple[int, int] | None = None  # (offset, bytes lost) once the keeper said
+        self.head: bytes | None = b""  # the keeper's first line until it is whole, then None
 
     def write(self, data: bytes) -> None:
         try:
@@ -55,21 +54,17 @@ class SrunChannel:
         return writable(self.proc.stdin)
 
     def read(self, size: int) -> bytes:
-        """The agent's bytes, after the keeper's first line (`at OFFSET LOST`)."""
+        """The agent's bytes, after the keeper's first line (`at OFFSET LOST`: from 0, a
+        stream of under KEPT_BYTES has lost nothing)."""
         fd = self.proc.stdout.fileno()  # type: ignore[union-attr]
-        while self.at is None:
+        while self.head is not None:
             chunk = os.read(fd, size)
             if not chunk:
                 return b""
-            self.head += chunk
-            line, newline, rest = self.head.partition(b"\n")
-            if newline:
-                words = line.split()
-                numbers = [int(w) for w in words[1:3] if w.isdigit()]
-                self.at = (numbers + [0, 0])[0], (numbers + [0, 0])[1]
-                self.head = b""
-                if rest:
-                    return rest
+            _, newline, rest = (self.head + chunk).partition(b"\n")
+            self.head = None if newline else self.head + chunk
+            if rest:
+                return rest
         return os.read(fd, size)
 
     def errors(self) -> str:
