@@ -57,6 +57,23 @@ class RankFile:
         self.partial = data[cut:]
         return data[:cut]
 
+    def position(self) -> int:
+        """The offset of the first byte not yet passed on as a whole line."""
+        if self.fd is None:
+            return 0
+        return os.lseek(self.fd, 0, os.SEEK_CUR) - len(self.partial)
+
+    def seek(self, offset: int) -> None:
+        """Read on from `offset` (a `position` of before); a file not there yet is read
+        from its start once it is."""
+        self.partial = b""
+        if self.fd is None:
+            try:
+                self.fd = os.open(self.path, os.O_RDONLY)
+            except FileNotFoundError:
+                return
+        os.lseek(self.fd, offset, os.SEEK_SET)
+
     def at_end(self) -> bool:
         """Everything written so far has been read (or the file was never created)."""
         if self.fd is None:

@@ -27,7 +27,7 @@ from orchestrator.console.reading import (
 from orchestrator.errors import ConfigError, RunFailed
 from orchestrator.nodes.refill import fetch_incomplete
 from orchestrator.options.running import DEFAULT_RUN_DIR
-from orchestrator.record.runs import RunRecord, list_runs, run_status
+from orchestrator.record.runs import RunRecord, controller_alive, list_runs, run_status
 from orchestrator.record.states import RunState, RunStatus
 from orchestrator.slurm.client import refresh_status
 
@@ -162,9 +162,34 @@ class Run:
         return fetch_incomplete(self.record, say)
 
 
-def attach(run_id: str, run_dir: str | Path = DEFAULT_RUN_DIR) -> Run:
-    """The run `run_id` of `run_dir`, running, detached or ended."""
-    return Run(run_id, run_dir)
+def attach(run_id: str, run_dir: str | Path = DEFAULT_RUN_DIR, take_over: bool = True) -> Run:
+    """The run `run_id` of `run_dir`, running, detached or ended.
+
+    A SLURM run whose controller is gone (its job goes on: it is SLURM's) gets a new one
+    first, in the background, as `orchestrator attach RUN --detach` starts it (unless
+    `take_over` is False): its logs go on where they stopped, and stacks, hang checks and
+    resubmissions work again. ConfigError where it cannot be taken over (its record says
+    why)."""
+    run = Run(run_id, run_dir)
+    if take_over and needs_controller(run.record):
+        from orchestrator.api.taking_over import take_over_detached
+
+        take_over_detached(run_id, run_dir)
+    return run
+
+
+def needs_controller(record: RunRecord) -> bool:
+    """A SLURM run that has not ended, whose controller is gone, and which it left ready
+    for another (a run of an older orchestrator is not)."""
+    from orchestrator.slurm.handover import STATE_FILE
+
+    status = record.read_status()
+    return (
+        status.get("backend") == "slurm"
+        and (record.path / STATE_FILE).exists()
+        and not run_status(status).ended_in_record
+        and not controller_alive(status)
+    )
 
 
 def log_lines(

@@ -38,6 +38,9 @@ class Event:
     fields: tuple[str, ...] = ()
     data: bytes = b""
     at: float = 0.0  # when the controller received it (wall clock)
+    # The channel's bytes read through this frame's end (a channel that can resume at an
+    # offset, orchestrator.slurm.agents, says from where it asks next).
+    end: int = 0
 
 
 class FrameParser:
@@ -47,8 +50,14 @@ class FrameParser:
 
     def __init__(self) -> None:
         self.buf = bytearray()
+        self.consumed = 0  # bytes of the stream before `buf`
 
     def feed(self, data: bytes) -> list[tuple[str, tuple[str, ...], bytes]]:
+        """The frames `data` completes: (kind, fields, payload)."""
+        return [item[:3] for item in self.frames(data)]
+
+    def frames(self, data: bytes) -> list[tuple[str, tuple[str, ...], bytes, int]]:
+        """The frames `data` completes, each with the stream's bytes through its end."""
         self.buf += data
         frames = []
         while True:
@@ -58,6 +67,7 @@ class FrameParser:
             words = bytes(self.buf[:newline]).decode("ascii", errors="replace").split()
             if not words:
                 del self.buf[: newline + 1]
+                self.consumed += newline + 1
                 continue
             kind, fields = words[0], tuple(words[1:])
             if kind in self.WITH_PAYLOAD:
@@ -69,10 +79,12 @@ class FrameParser:
                     break
                 payload = bytes(self.buf[newline + 1 : end])
                 del self.buf[:end]
-                frames.append((kind, fields[:-1], payload))
+                self.consumed += end
+                frames.append((kind, fields[:-1], payload, self.consumed))
             else:
                 del self.buf[: newline + 1]
-                frames.append((kind, fields, b""))
+                self.consumed += newline + 1
+                frames.append((kind, fields, b"", self.consumed))
         return frames
 
 
@@ -190,8 +202,8 @@ class NodeSession:
                     break
                 self.heard = time.monotonic()
                 at = time.time()
-                for kind, fields, payload in parser.feed(data):
-                    event = Event(self.index, kind, fields, payload, at)
+                for kind, fields, payload, end in parser.frames(data):
+                    event = Event(self.index, kind, fields, payload, at, end)
                     if kind in ASIDE:
                         self.aside.append(event)
                         continue

@@ -19,7 +19,7 @@ from orchestrator.cli.context import CONTEXT
 from orchestrator.cli.jobs import exec_command, launch, render
 from orchestrator.cli.plotting import plot
 from orchestrator.cli.readiness import check
-from orchestrator.cli.records import logs, runs, stacks, status, stop
+from orchestrator.cli.records import attach, logs, runs, stacks, status, stop
 from orchestrator.cli.top import top
 from orchestrator.errors import OrchestratorError
 from orchestrator.version import __version__
@@ -58,6 +58,7 @@ for command in (
     top,
     stacks,
     stop,
+    attach,
     runs,
     check,
     clean,

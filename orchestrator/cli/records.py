@@ -1,5 +1,5 @@
-"""The commands over the run records in --run-dir: `logs`, `status`, `stop`, `stacks` and
-`runs`."""
+"""The commands over the run records in --run-dir: `logs`, `status`, `stop`, `stacks`,
+`attach` and `runs`."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ import sys
 import click
 
 from orchestrator.cli.context import CONTEXT
-from orchestrator.cli.flags import fold_option, run_dir_option
+from orchestrator.cli.flags import fold_option, options_of, run_dir_option
 from orchestrator.errors import ConfigError
+from orchestrator.options.display import ConsoleOptions
 
 
 @click.command(context_settings=CONTEXT)
@@ -140,6 +141,36 @@ def stacks(run_id, run_dir, rank, node, method, as_json):
     else:
         for line in stack_lines(answer, rank, node):
             click.echo(line)
+    return 0
+
+
+@click.command(context_settings=CONTEXT)
+@click.argument("run_id", metavar="RUN")
+@run_dir_option
+@click.option(
+    "--detach",
+    is_flag=True,
+    help="Follow it from a controller in the background, and return once it has taken over.",
+)
+@options_of(ConsoleOptions, ["color"])
+def attach(run_id, run_dir, detach, color):
+    """Take over a SLURM run whose controller is gone, and follow it to its end.
+
+    The job is SLURM's: it goes on when the controller that launched it dies (a login
+    node that rebooted, a closed terminal, kill -9). `attach` starts a new controller in
+    its place: every node's output goes on from where the old one had read it (no line
+    lost, none written twice), and stacks, hang checks, resubmissions after a node
+    failure or a time limit, and the final status work as under the launch. The console
+    is the launch's; Ctrl-C cancels the job. Exit status: the run's, as `launch` gives it.
+    A run over SSH has nothing to attach to: its nodes stop when its controller is gone.
+    """
+    from orchestrator.api.taking_over import take_over, take_over_detached
+
+    if not detach:
+        return take_over(run_id, run_dir, sys.stdout.buffer, color)
+    job_id = take_over_detached(run_id, run_dir)
+    click.echo(f"run {run_id}: SLURM job {job_id} followed again in the background")
+    click.echo(f"  follow it:  orchestrator logs {run_id} -f --run-dir {run_dir}")
     return 0
 
 

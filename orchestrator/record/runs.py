@@ -40,7 +40,6 @@ def new_status(
     master: str,
 ) -> dict:
     """status.json as a run starts: what it runs, where, and which controller watches it."""
-    pid = os.getpid()
     return {
         "run_id": run_id,
         "backend": backend,
@@ -54,12 +53,14 @@ def new_status(
         "ended_at": None,
         "exit_code": None,
         "summary": None,
-        "controller": {
-            "pid": pid,
-            "start_time": process_start_time(pid),
-            "host": socket.gethostname(),
-        },
+        "controller": this_controller(),
     }
+
+
+def this_controller() -> dict:
+    """status.json's `controller`: this process, as `controller_alive` checks it."""
+    pid = os.getpid()
+    return {"pid": pid, "start_time": process_start_time(pid), "host": socket.gethostname()}
 
 
 def new_run_id() -> str:

@@ -20,7 +20,7 @@ import os
 import queue
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from orchestrator.agent.keeper import DIAL, socket_path
 from orchestrator.backends.base import IdleAgent, writable
@@ -31,7 +31,7 @@ CLOSE_WAIT_S = 5.0  # for srun to end once its stdin is closed
 
 
 class SrunChannel:
-    """A node agent's stream through `srun --overlap`, from its start (offset 0)."""
+    """A node agent's stream through `srun --overlap`, from the offset its dial asks."""
 
     def __init__(self, argv: list[str]) -> None:
         self.proc = subprocess.Popen(
@@ -43,6 +43,8 @@ class SrunChannel:
             start_new_session=True,  # Ctrl-C is the launcher's to handle (scancel)
         )
         self.head: bytes | None = b""  # the keeper's first line until it is whole, then None
+        self.start = 0  # the stream's offset of the first byte read (the keeper's word)
+        self.lost = 0  # bytes before `start` that the keeper no longer had
 
     def write(self, data: bytes) -> None:
         try:
@@ -54,15 +56,19 @@ class SrunChannel:
         return writable(self.proc.stdin)
 
     def read(self, size: int) -> bytes:
-        """The agent's bytes, after the keeper's first line (`at OFFSET LOST`: from 0, a
-        stream of under KEPT_BYTES has lost nothing)."""
+        """The agent's bytes, after the keeper's first line (`at OFFSET LOST`: where they
+        start, and how many before it the keeper no longer kept)."""
         fd = self.proc.stdout.fileno()  # type: ignore[union-attr]
         while self.head is not None:
             chunk = os.read(fd, size)
             if not chunk:
                 return b""
-            _, newline, rest = (self.head + chunk).partition(b"\n")
+            line, newline, rest = (self.head + chunk).partition(b"\n")
             self.head = None if newline else self.head + chunk
+            if newline:
+                words = line.split()
+                if len(words) == 3 and words[0] == b"at":
+                    self.start, self.lost = int(words[1]), int(words[2])
             if rest:
                 return rest
         return os.read(fd, size)
@@ -106,8 +112,11 @@ class AllocationNode:
         return None
 
 
-def dial_argv(job_id: int, restart: int, node: int, host: str, python: str) -> list[str]:
-    """srun's command line for node `node` (`host`) of attempt `restart` of the job."""
+def dial_argv(
+    job_id: int, restart: int, node: int, host: str, python: str, offset: int = 0
+) -> list[str]:
+    """srun's command line for node `node` (`host`) of attempt `restart` of the job, its
+    agent's stream from `offset`."""
     return [
         "srun",
         "--overlap",
@@ -125,7 +134,7 @@ def dial_argv(job_id: int, restart: int, node: int, host: str, python: str) -> l
         "-c",
         DIAL,
         socket_path(job_id, restart, node),
-        "0",
+        str(offset),
         f"{DIAL_WAIT_S:g}",
     ]
 
@@ -142,12 +151,20 @@ def leave_agents(sessions: Sequence[NodeSession]) -> None:
 
 
 def reach_agents(
-    job_id: int, restart: int, hosts: Sequence[str], python: str, events: queue.Queue[Event]
+    job_id: int,
+    restart: int,
+    hosts: Sequence[str],
+    python: str,
+    events: queue.Queue[Event],
+    offsets: Mapping[str, int] | None = None,
 ) -> list[NodeSession]:
-    """A session to every node's agent, each reading its frames into `events`."""
+    """A session to every node's agent, each reading its frames into `events`; node K's
+    stream from `offsets[str(K)]` (what a follower before this one had handled), else
+    from its start."""
     sessions = []
     for index, host in enumerate(hosts):
-        channel = SrunChannel(dial_argv(job_id, restart, index, host, python))
+        offset = (offsets or {}).get(str(index), 0)
+        channel = SrunChannel(dial_argv(job_id, restart, index, host, python, offset))
         session = NodeSession(index, AllocationNode(host), channel, events)  # type: ignore[arg-type]
         session.thread.start()
         sessions.append(session)

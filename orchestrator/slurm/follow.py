@@ -36,6 +36,7 @@ from orchestrator.slurm import client as slurm
 from orchestrator.slurm.agents import leave_agents, reach_agents
 from orchestrator.slurm.batch_script import SCRIPT_NAME, agent_python
 from orchestrator.slurm.client import SlurmCommands
+from orchestrator.slurm.handover import Bookmarks, Following, Points, save_state
 from orchestrator.slurm.job import PORT_BASE, PORT_SPAN, SlurmJob
 from orchestrator.slurm.outcome import job_outcome
 from orchestrator.slurm.parse import UNRUNNABLE, JobInfo
@@ -71,6 +72,8 @@ class Follower:
         footer: bool = True,
         supervision: Supervision | None = None,
         submit: Callable[[SlurmJob, int], int] | None = None,
+        following: Following | None = None,
+        points: Points | None = None,
     ) -> None:
         self.job, self.record, self.commands, self.job_id = job, record, commands, job_id
         self.submit = submit  # submits a job again as the run's job number N; its id
@@ -89,6 +92,11 @@ class Follower:
         self.info = JobInfo(state="PENDING")
         self.files: AttemptFiles | None = None
         self.batch = RankFile(-1, str(record.path / f"slurm-{job_id}.out"))
+        # What another controller would need to take over (orchestrator.slurm.handover).
+        self.following, self.bookmarks = following, Bookmarks(record, points)
+        if points is not None and points.job_id == job_id:
+            self.batch.seek(points.batch)
+        self.attempt = 0
         self.signals: list[int] = []
         self.interrupted_by: int | None = None
         self.started = time.monotonic()
@@ -117,6 +125,8 @@ class Follower:
                 **extra,
             }
         )
+        if self.following is not None:
+            save_state(self.record, self.following, self)
 
     # --- the loop -----------------------------------------------------------------------
 
@@ -247,6 +257,8 @@ class Follower:
         self.files = AttemptFiles(
             Path(job.job_dir or "") / f"attempt{details.restarts}", job.nnodes, job.nproc
         )
+        self.attempt, start = details.restarts, self.bookmarks.start(self.job_id, details.restarts)
+        self.files.resume(start.files or {})
         nodes, ranks, labels = [], [], {}
         for k, host in enumerate(hosts):
             node_ranks = range(k * job.nproc, (k + 1) * job.nproc)
@@ -255,6 +267,7 @@ class Follower:
                 ranks.append(RankState(rank, k, local, host))
                 labels[rank] = f"{host} r{rank}"
         self.sink.close()
+        self.bookmarks.keep_sizes(self.sink)
         self.sink = LogSink(
             self.record.logs_dir,
             labels,
@@ -287,7 +300,9 @@ class Follower:
             )
         else:
             python = agent_python(job)
-            self.sessions += reach_agents(self.job_id, details.restarts, hosts, python, self.events)
+            self.sessions += reach_agents(
+                self.job_id, details.restarts, hosts, python, self.events, start.agents
+            )
         if self.interrupted_by is not None:
             self.sup.begin_stop(
                 self.supervision.grace,
@@ -316,6 +331,8 @@ class Follower:
                 self.write_status(self.sup)
             self.sink.update_footer(self.sup.footer_text)
         self.sink.flush()
+        if self.following is not None:
+            self.bookmarks.save(self)
 
     def _hear_agents(self, sup: Supervisor) -> None:
         """What the node agents said (stacks, flight recorder dumps, heartbeats, their
@@ -331,6 +348,7 @@ class Follower:
                 continue
             if event.kind in FROM_AGENTS:
                 handle_event(sup, event)
+                self.bookmarks.heard(event.node, self.sessions[event.node].channel, event.end)
             elif event.kind == CHANNEL_CLOSED and not (sup.nodes[event.node].done or sup.stopping):
                 why = event.data.decode(errors="replace").strip() or "it ended"
                 self.sink.node_note(

@@ -55,12 +55,26 @@ class AttemptFiles:
     def node_dir(self, k: int) -> Path:
         return self.attempt_dir / f"node{k}"
 
+    def tails(self) -> dict[str, RankFile]:
+        """Every file tailed, by its path under the attempt's folder."""
+        files = [*self.rank_files.values(), *self.metrics_files.values()]
+        return {
+            os.path.relpath(tail.path, self.attempt_dir): tail
+            for tail in [*files, *self.node_files.values()]
+        }
+
+    def positions(self) -> dict[str, int]:
+        """How far each file has been passed on (orchestrator.slurm.handover)."""
+        return {name: tail.position() for name, tail in self.tails().items() if tail.fd is not None}
+
+    def resume(self, positions: dict[str, int]) -> None:
+        """Pass the files on from `positions` (a follower's before this one)."""
+        for name, tail in self.tails().items():
+            if positions.get(name):
+                tail.seek(positions[name])
+
     def close(self) -> None:
-        for tail in [
-            *self.rank_files.values(),
-            *self.metrics_files.values(),
-            *self.node_files.values(),
-        ]:
+        for tail in self.tails().values():
             if tail.fd is not None:
                 os.close(tail.fd)
                 tail.fd = None

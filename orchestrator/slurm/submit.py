@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
@@ -22,6 +23,7 @@ from orchestrator.slurm import client as slurm
 from orchestrator.slurm.batch_script import SCRIPT_NAME, render_sbatch
 from orchestrator.slurm.client import SlurmCommands
 from orchestrator.slurm.follow import Follower
+from orchestrator.slurm.handover import Following, hold_lock
 from orchestrator.slurm.job import SlurmJob
 from orchestrator.slurm.planning import plan_slurm_job
 from orchestrator.slurm.spares import SlurmSpares, check_capacity
@@ -144,6 +146,20 @@ def prepared(
     return job, script, record_path
 
 
+def resubmitter(
+    record: RunRecord, commands: SlurmCommands, command: str, secrets: dict[str, str]
+) -> Callable[[SlurmJob, int], int]:
+    """What submits the run's job number N (after a node failure, a time limit or a
+    preemption): its script beside the first, job-<N>.sbatch, headed by `command`."""
+
+    def resubmit(new_job: SlurmJob, number: int) -> int:
+        path = record.path / f"job-{number}.sbatch"
+        path.write_text(render_sbatch(new_job, command), encoding="utf-8")
+        return slurm.submit(commands, str(path), secrets)
+
+    return resubmit
+
+
 def _submit_and_follow(
     job: SlurmJob,
     script: str,
@@ -154,6 +170,7 @@ def _submit_and_follow(
     report,
 ) -> int:
     record = RunRecord.create(Path(options.run.run_dir).resolve(), options.run_id)
+    lock = hold_lock(record)  # for as long as this process follows the run (attach.py)
     script_path = record.path / SCRIPT_NAME
     script_path.write_text(script, encoding="utf-8")
     (record.path / "plan.yaml").write_text(plan_yaml(job), encoding="utf-8")
@@ -200,19 +217,21 @@ def _submit_and_follow(
         )
         if commands is not None:
             commands.close()
+        os.close(lock)
         raise
     base["slurm_job_id"] = job_id
     record.write_status({**base, "state": RunState.QUEUED})
     color = use_color(sys.stdout, options.console.color) if console is not None else False
-
-    def resubmit(new_job: SlurmJob, number: int) -> int:
-        """Submit the run's job number `number` (after a node failure, a time limit or a
-        preemption): its script beside the first, job-<number>.sbatch."""
-        path = record.path / f"job-{number}.sbatch"
-        text = render_sbatch(new_job, command_line(options.argv, new_job.secret_names))
-        path.write_text(text, encoding="utf-8")
-        return slurm.submit(commands, str(path), secrets)
-
+    following = Following(
+        command_line(options.argv, job.secret_names),
+        slurm_options.login,
+        options.ssh,
+        options.supervision,
+        options.console.fold,
+        options.console.footer,
+        options.bad_nodes,
+    )
+    resubmit = resubmitter(record, commands, following.command, secrets)
     spares = None
     if job.spares:
         spares = SlurmSpares(job, commands, options.bad_nodes, resubmit, lambda _: None)
@@ -230,9 +249,11 @@ def _submit_and_follow(
         footer=options.console.footer,
         supervision=options.supervision,
         submit=resubmit,
+        following=following,
     )
     if spares is not None:
         spares.note = follower.note
+    follower.write_status()  # and what another controller would need (attach.py)
     try:
         follower.note(f"run {job.run_id}: SLURM job {job_id} submitted ({script_path})")
         if report is not None:
@@ -245,3 +266,4 @@ def _submit_and_follow(
         raise error from None
     finally:
         commands.close()
+        os.close(lock)

@@ -89,6 +89,14 @@ def test_blank_lines_between_frames_are_skipped() -> None:
     assert FrameParser().feed(b"\n\nH 1\n\n") == [("H", ("1",), b"")]
 
 
+def test_each_frame_says_where_it_ends_in_the_stream() -> None:
+    parser = FrameParser()
+    first, second = frame("H", "1.0"), frame("O", 0, payload=b"a\nb\n")
+    data = b"\n" + first + second
+    assert [end for *_, end in parser.frames(data[:-2])] == [1 + len(first)]
+    assert [end for *_, end in parser.frames(data[-2:])] == [len(data)]
+
+
 def test_partial_frames_wait_for_the_rest() -> None:
     parser = FrameParser()
     data = frame("O", 7, payload=b"hello\n")
