@@ -59,6 +59,7 @@ WRAPPER = (
     'printf "%s node %s\\n" "$1" "$SLURMD_NODENAME"; bash -c "$2"; '
     'code=$?; printf "%s exit %d\\n" "$1" "$code"; exit $code'
 )
+KINDS = {"ssh": "an SSH run", "local": "a local run"}
 KILL_WAIT_S = 5.0  # after SIGKILL, for srun to go
 LABEL = re.compile(rb"^ *(\d+): ?(.*)$", re.DOTALL)
 # srun's own word on a task that failed: the closing table says it.
@@ -85,7 +86,8 @@ def job_of(record: RunRecord, status: Mapping) -> int:
     if current.backend != "slurm":
         hosts = ", ".join(str(n.get("host")) for n in status.get("nodes") or []) or "none"
         raise ConfigError(
-            f"run {run} is a {current.backend or 'non-SLURM'} run (nodes: {hosts}): its "
+            f"run {run} is {KINDS.get(current.backend or '', 'not a SLURM run')} (nodes: "
+            f"{hosts}): its "
             "record does not keep how its nodes were reached (user, port, interpreter, "
             "SSH flags); give the hostfile it was launched with: `orchestrator exec "
             "HOSTFILE -- COMMAND`"

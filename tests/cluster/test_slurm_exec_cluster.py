@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -55,8 +56,9 @@ def test_exec_on_the_nodes_of_a_running_slurm_run(slurm_cluster: SlurmCluster, w
         hosts = slurm_cluster.run(["scontrol", "show", "hostnames", nodelist.strip()]).stdout
         first, second = hosts.split()
 
+        asked = time.monotonic()
         shown = exec_on_run(slurm_cluster, work, 'echo "node is $SLURMD_NODENAME"')
-        print(shown.stdout, shown.stderr)
+        print(f"exec --run on 2 nodes: {time.monotonic() - asked:.2f} s\n{shown.stdout}")
         assert shown.returncode == 0, shown.stdout + shown.stderr
         lines = shown.stdout.splitlines()
         assert f"[{first}] node is {first}" in lines and f"[{second}] node is {second}" in lines
@@ -89,8 +91,10 @@ def test_exec_on_the_nodes_of_a_running_slurm_run(slurm_cluster: SlurmCluster, w
                 if p.command.startswith("sleep")
             ]
             wait_for(lambda: len(sleeps()) == 2, 20, "sleep on both nodes")
+            interrupted = time.monotonic()
             sleeping.send_signal(signal.SIGINT)
             out, _ = sleeping.communicate(timeout=20)
+            print(f"Ctrl-C to exit: {time.monotonic() - interrupted:.2f} s")
         finally:
             if sleeping.poll() is None:
                 sleeping.kill()

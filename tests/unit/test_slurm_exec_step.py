@@ -115,8 +115,8 @@ def record_of(tmp_path: Path, backend: str, **fields) -> RunRecord:
 @pytest.mark.parametrize(
     ("backend", "fields", "says"),
     [
-        ("ssh", {"nodes": [{"host": "a"}, {"host": "b"}]}, r"ssh run \(nodes: a, b\).*HOSTFILE"),
-        ("local", {}, r"local run .*`orchestrator exec HOSTFILE -- COMMAND`"),
+        ("ssh", {"nodes": [{"host": "a"}, {"host": "b"}]}, r"an SSH run \(nodes: a, b\).*HOSTFILE"),
+        ("local", {}, r"a local run .*`orchestrator exec HOSTFILE -- COMMAND`"),
         ("slurm", {"slurm_job_id": 7, "slurm_login": "login1"}, r"submitted on login1 .*run on"),
         ("slurm", {"slurm_job_id": 7, "state": "stopped"}, r"run r1 has ended \(stopped\)"),
         ("slurm", {"slurm_job_id": None, "state": "starting"}, r"no SLURM job yet \(state start"),
@@ -168,3 +168,18 @@ def test_exec_takes_a_hostfile_or_a_run_and_says_so(tmp_path, capsys, monkeypatc
     err = capsys.readouterr().err
     assert info.value.code == 2, err
     assert says in err and "Traceback" not in err
+
+
+def test_the_api_takes_execs_run_flags_only_and_refuses_as_the_command_line(
+    tmp_path: Path,
+) -> None:
+    import orchestrator
+
+    runs = tmp_path / "runs"
+    with pytest.raises(ConfigError, match=r"no keyword 'ssh_config'; .*color, fold, grace"):
+        orchestrator.exec_on_run("r1", "true", run_dir=runs, ssh_config="x")
+    with pytest.raises(ConfigError, match="--timeout must be 0 or more"):
+        orchestrator.exec_on_run("r1", "true", run_dir=runs, timeout=-1)
+    record_of(tmp_path, "ssh", nodes=[{"host": "a"}])
+    with pytest.raises(ConfigError, match=r"run r1 is an SSH run .*give the hostfile"):
+        orchestrator.exec_on_run("r1", "true", run_dir=runs, grace=1.0)
