@@ -6,7 +6,7 @@ The Python API, for a sweep script, a notebook or another tool (see docs/api.md)
     run = orchestrator.launch("hosts.txt", ["train.py", "--lr", "0.1"])
     outcome = run.wait()        # .state, .exit_code, .failure (rank, host, last lines)
 
-`launch`, `attach`, `render`, `exec_command`, `check_nodes`, `clean_nodes`, `Run`,
+`launch`, `attach`, `render`, `exec_command`, `exec_on_run`, `check_nodes`, `clean_nodes`, `Run`,
 `RunOutcome`, `RunStatus`, `RunState`, `Failure` and the errors (`OrchestratorError`,
 `ConfigError`, `RunFailed`, ...) are named here and imported on first use: `python -m
 orchestrator.trainer` on a node imports this package without them.
@@ -20,6 +20,7 @@ _API = {
     "launch": "orchestrator.api.launching",
     "render": "orchestrator.api.launching",
     "exec_command": "orchestrator.api.launching",
+    "exec_on_run": "orchestrator.api.launching",
     "check_nodes": "orchestrator.api.node_tasks",
     "clean_nodes": "orchestrator.api.node_tasks",
     "attach": "orchestrator.api.run_handle",

@@ -1,4 +1,5 @@
-"""Launching, as a Python program and the command line both do it: `launch`, `render`, `exec`.
+"""Launching, as a Python program and the command line both do it: `launch`, `render`, `exec`
+(`exec_command` over SSH, `exec_on_run` on a running SLURM run's nodes).
 
     import orchestrator
     run = orchestrator.launch("hosts.txt", ["train.py", "--lr", "0.1"], run_dir="runs")
@@ -32,9 +33,12 @@ from orchestrator.options.declare import keywords_of
 from orchestrator.options.display import ConsoleOptions
 from orchestrator.options.keywords import LaunchArgs, split_keywords
 from orchestrator.options.reaching import SshOptions
+from orchestrator.options.running import DEFAULT_RUN_DIR
 from orchestrator.options.supervision import NODE_TASKS, Supervision
 from orchestrator.options.workload import JobOptions
 from orchestrator.plan.scripts import write_rendered
+from orchestrator.record.runs import RunRecord
+from orchestrator.slurm.exec_step import find_allocation, run_step
 from orchestrator.slurm.submit import launch_slurm, start_slurm_detached, write_slurm_render
 from orchestrator.start.launcher import launch as launch_attached
 from orchestrator.start.launcher import start_detached as start_ssh_detached
@@ -184,4 +188,45 @@ def exec_command(
     )
 
 
-__all__ = ["exec_command", "launch", "render", "results_table", "start_attached", "start_detached"]
+# exec --run's flags: no agent and no SSH there (srun reaches the job's nodes).
+EXEC_RUN_GROUPS = {"supervision": Supervision, "console": ConsoleOptions}
+EXEC_RUN_KEYWORDS = ("grace", "color", "fold")
+
+
+def exec_on_run(
+    run: str,
+    command: str,
+    *,
+    run_dir: str | Path = DEFAULT_RUN_DIR,
+    timeout: float | None = None,
+    console: BinaryIO | None = None,
+    **keywords,
+) -> list[NodeResult]:
+    """Run a shell command once on every node of the running SLURM run `run` (of
+    `run_dir`), as a step of its job (slurm/exec_step.py); each node's result, as
+    `exec_command` gives them. `keywords`: `grace`, `color`, `fold`. A run that is not a
+    running SLURM job's, or was submitted with `login`, is a ConfigError saying why."""
+    parts = split_keywords("exec", keywords, EXEC_RUN_GROUPS, EXEC_RUN_KEYWORDS)
+    supervision = replace(NODE_TASKS, **parts["supervision"])
+    if timeout is not None and timeout < 0:
+        raise ConfigError(f"--timeout must be 0 or more, got {timeout:g} (keyword timeout)")
+    allocation = find_allocation(RunRecord.open(run_dir, run))
+    return run_step(
+        allocation,
+        command,
+        grace=supervision.grace,
+        time_limit=timeout,
+        console=console,
+        shown=ConsoleOptions(**parts["console"]),
+    )
+
+
+__all__ = [
+    "exec_command",
+    "exec_on_run",
+    "launch",
+    "render",
+    "results_table",
+    "start_attached",
+    "start_detached",
+]

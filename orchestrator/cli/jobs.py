@@ -8,17 +8,19 @@ import sys
 import click
 
 from orchestrator.api.launching import exec_command as run_exec
-from orchestrator.api.launching import render as render_files
 from orchestrator.api.launching import (
+    exec_on_run,
     results_table,
     start_attached,
     start_detached,
     started_error,
 )
+from orchestrator.api.launching import render as render_files
 from orchestrator.api.request import build
 from orchestrator.cli.context import CONTEXT
 from orchestrator.cli.flags import note, options_of
 from orchestrator.cli.hostfile_argument import HostfileOptional, split_hostfile
+from orchestrator.errors import ConfigError
 from orchestrator.options.choosing import Selection
 from orchestrator.options.declare import keywords_of
 from orchestrator.options.display import ConsoleOptions
@@ -128,9 +130,17 @@ EXEC_PYTHON = (
 EXEC_GRACE = "On Ctrl-C, time between SIGTERM and SIGKILL."
 
 
-@click.command("exec", context_settings=CONTEXT)
-@click.argument("hostfile", type=click.Path())
-@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED, metavar="-- COMMAND...")
+@click.command("exec", cls=HostfileOptional, context_settings=CONTEXT)
+@click.argument("hostfile", type=click.Path(), required=False)
+@click.argument("command", nargs=-1, type=click.UNPROCESSED, metavar="-- COMMAND...")
+@click.option(
+    "--run",
+    "run_id",
+    metavar="RUN",
+    help="Instead of a HOSTFILE: every node of this running SLURM run's job, the command "
+    "run there as a step of the job (srun, from this machine).",
+)
+@options_of(RunOptions, ["run_dir"], helps={"run_dir": "Where --run's record is kept."})
 @options_of(SshOptions)
 @options_of(JobOptions, ["python"], helps={"python": EXEC_PYTHON})
 @options_of(Supervision, ["grace"], helps={"grace": EXEC_GRACE}, defaults={"grace": TASK_GRACE_S})
@@ -142,15 +152,63 @@ EXEC_GRACE = "On Ctrl-C, time between SIGTERM and SIGKILL."
     help="Stop the command everywhere after this long.",
 )
 @options_of(ConsoleOptions, ["color", "fold"], helps={"color": "Colour the host prefixes."})
-def exec_command(hostfile, command, timeout, **keywords):
-    """Run a shell command on every node of HOSTFILE at once.
+def exec_command(hostfile, command, run_id, run_dir, timeout, **keywords):
+    """Run a shell command on every node of HOSTFILE (or of a SLURM run) at once.
 
     Output comes back attributed ([host] line); a table of exit codes ends it. The exit
     status is 0 when the command succeeded everywhere, 1 otherwise. Ctrl-C stops the
     command on every node. Example: orchestrator exec hosts.txt -- nvidia-smi -L
+
+    With --run RUN instead of HOSTFILE: once on every node of that SLURM run's job while
+    it runs (its node names from SLURM), as one step of the job (`srun --overlap`, sharing
+    the job's CPUs and GPUs): orchestrator exec --run RUN -- nvidia-smi. Ctrl-C ends the
+    step. A run submitted with --login is refused: run exec on that login node. An SSH
+    run's nodes need the HOSTFILE it was launched with.
     """
+    hostfile, command = split_hostfile(hostfile, command)
+    given = exec_flags_given(("run_dir",) if run_id is None else (*SSH_FLAGS, "python"))
+    exec_target_check(hostfile, run_id, command, given)
     out = sys.stdout.buffer
-    results = run_exec(hostfile, " ".join(command), timeout=timeout, console=out, **keywords)
+    line = " ".join(command)
+    if run_id is None:
+        results = run_exec(hostfile, line, timeout=timeout, console=out, **keywords)
+    else:
+        shown = {k: keywords[k] for k in ("grace", "color", "fold")}
+        results = exec_on_run(run_id, line, run_dir=run_dir, timeout=timeout, console=out, **shown)
     out.write(results_table(results).encode())
     out.flush()
     return 0 if all(result.ok for result in results) else 1
+
+
+SSH_FLAGS = keywords_of(SshOptions)
+
+
+def exec_flags_given(names) -> list[str]:
+    """The flags among `names` given on this command line (not left to their default)."""
+    context = click.get_current_context()
+    default = click.core.ParameterSource.DEFAULT
+    params = {param.name: param for param in context.command.params}
+    return [
+        params[name].opts[0]
+        for name in names
+        if context.get_parameter_source(name) not in (None, default)
+    ]
+
+
+def exec_target_check(hostfile, run_id, command, given) -> None:
+    """exec takes exactly one of HOSTFILE and --run, a COMMAND, and only their flags."""
+    if hostfile is not None and run_id is not None:
+        raise ConfigError(
+            f"exec takes a HOSTFILE or --run RUN, not both (HOSTFILE {hostfile}, --run "
+            f"{run_id}); put the command after `--`"
+        )
+    if hostfile is None and run_id is None:
+        raise ConfigError(
+            "exec needs the nodes: a HOSTFILE (`exec hosts.txt -- COMMAND`) or a running "
+            "SLURM run (`exec --run RUN -- COMMAND`)"
+        )
+    if not command:
+        raise ConfigError("exec: no COMMAND; give it after `--`: exec ... -- nvidia-smi -L")
+    if given:
+        used = "--run reaches the nodes with srun" if run_id else "a HOSTFILE names the nodes"
+        raise ConfigError(f"exec: {', '.join(given)} cannot be used here: {used}")
