@@ -6,8 +6,9 @@ from its stdin (`bootstrap.slurm_bundle`) and calls `main`. Here:
 
 - The agent (main.Agent) runs in this process as over SSH, its stdin and stdout on two
   pipes instead of a connection, its step the node's part of the batch script
-  (`bash -c orchestrator_node`). It never stops for want of a controller (heartbeat timeout
-  0): a job submitted by hand runs alone, and one whose controller died goes on.
+  (`bash -c orchestrator_node`): it ships the node's ranks' output, metrics and exits and
+  samples the node, as over SSH. It never stops for want of a controller (heartbeat
+  timeout 0): a job submitted by hand runs alone, and one whose controller died goes on.
 - A relay thread keeps every byte the agent writes, numbered by its offset in the node's
   stream, up to KEPT_BYTES (then the oldest whole frames go), and listens on a Unix socket
   on the node (`socket_path`). A controller reaches it through SLURM (`srun --overlap
@@ -36,7 +37,7 @@ import time
 from collections import deque
 
 from orchestrator.agent.main import Agent
-from orchestrator.agent.protocol import WITH_PAYLOAD, Frame, read_config
+from orchestrator.agent.protocol import WITH_PAYLOAD, Frame, frame, read_config
 
 KEPT_BYTES = 64 << 20  # of the node's stream, for a controller that connects late
 TRIM_STEP = 64 << 10  # what is dropped past KEPT_BYTES goes in whole frames of about this
@@ -144,6 +145,10 @@ class Stream:
         self.trim()
         return shown
 
+    def at_frame_end(self) -> bool:
+        """Whether what is kept ends with a whole frame (where one of ours may go)."""
+        return not self.payload_left and self.parsed == self.end
+
     def trim(self) -> None:
         """Drop the oldest whole frames while more than KEPT_BYTES are kept."""
         while len(self.starts) > 1 and self.end - self.base > KEPT_BYTES:
@@ -164,7 +169,12 @@ class Relay:
     """Between the agent's pipes and one controller at a time on the node's socket."""
 
     def __init__(
-        self, path: str, agent_out: int, agent_in: int, echo: tuple[int, int] | None
+        self,
+        path: str,
+        agent_out: int,
+        agent_in: int,
+        echo: tuple[int, int] | None,
+        own: deque[bytes] | None = None,
     ) -> None:
         self.listener = listen(path)
         self.path = path
@@ -174,6 +184,9 @@ class Relay:
         self.hello = b""  # the controller's first line, until it is whole
         self.sent: int | None = None  # the offset up to which the controller has it
         self.agent_done = False
+        # Frames of the keeper's own (the time limit's warning), put into the stream at
+        # the next end of one of the agent's; appended to from the signal handler.
+        self.own: deque[bytes] = deque() if own is None else own
         self.selector = selectors.DefaultSelector()
         if self.listener is not None:
             self.selector.register(self.listener, selectors.EVENT_READ, "accept")
@@ -191,6 +204,8 @@ class Relay:
                 self.from_agent()
             elif key.data == "client":
                 self.from_client()
+        while self.own and self.stream.at_frame_end():
+            self.stream.add(self.own.popleft())
         self.to_client()
 
     def accept(self) -> None:
@@ -310,22 +325,43 @@ def write_all(fd: int, data: bytes) -> None:
 
 def node_config(config: dict, environ: dict[str, str]) -> dict:
     """The step's config on this node: the batch script's, with this node's folder (the
-    job's, as the script's node part names it), the folder srun started the task in (the
-    job's working directory) and no controller to wait for."""
+    job's, as the script's node part names it) and its ranks (`nproc` a node, in node
+    order), the folder srun started the task in (the job's working directory) and no
+    controller to wait for. Without a job folder (a script rendered for sbatch by hand)
+    the ranks' output goes to SLURM's files only, and no ranks are shipped."""
     job_dir = environ.get("ORCHESTRATOR_JOB_DIR")
-    node_dir = None
+    node = int(environ.get("SLURM_NODEID", "0"))
+    node_dir, ranks = None, []
     if job_dir:
         restart = environ.get("SLURM_RESTART_COUNT", "0")
-        node_dir = f"{job_dir}/attempt{restart}/node{environ.get('SLURM_NODEID', '0')}"
-    return {**config, "node_dir": node_dir, "cwd": os.getcwd(), "heartbeat_timeout": 0}
+        node_dir = f"{job_dir}/attempt{restart}/node{node}"
+        nproc = int(config.get("nproc", 0))
+        ranks = list(range(node * nproc, (node + 1) * nproc))
+    return {
+        **config,
+        "node_dir": node_dir,
+        "ranks": ranks,
+        "cwd": os.getcwd(),
+        "heartbeat_timeout": 0,
+    }
+
+
+def warned_frame(signum: int) -> bytes:
+    """G SIG t - -: the time limit's (or a preemption's) signal reached this node's step
+    (the batch script passes it on to every rank; how many were sent is not ours to
+    count, hence the dashes the agent's own G frame has numbers in)."""
+    name = signal.Signals(signum).name.removeprefix("SIG")
+    return frame(Frame.TIME_WARNING, name, f"{time.time():.6f}", "-", "-")
 
 
 def main() -> int:
     # The time limit's warning (SIGUSR1/2, which SLURM or the batch script sends to every
     # process of the step) is for the ranks: a handler, not "ignore", so that the processes
-    # the agent starts get the default back (the node script ignores it itself).
+    # the agent starts get the default back (the node script ignores it itself). Once the
+    # relay runs, the handler also tells the launcher (a G frame, warned_frame).
+    warned: deque[bytes] = deque()
     for signum in (signal.SIGUSR1, signal.SIGUSR2):
-        signal.signal(signum, lambda *_: None)
+        signal.signal(signum, lambda number, _: warned.append(warned_frame(number)))
     config = node_config(read_config(), dict(os.environ))
     os.environ.pop(CODE_ENV, None)
     env = os.environ
@@ -342,8 +378,8 @@ def main() -> int:
     os.close(commands_r)
     os.close(frames_w)
     # Without a job folder (a script rendered for sbatch by hand) the script's output has
-    # no other place to go than SLURM's; with one, the launcher follows the node's files.
-    relay = Relay(path, frames_r, commands_w, None if config["node_dir"] else echo)
+    # no other place to go than SLURM's; with one, the agent ships it to the launcher.
+    relay = Relay(path, frames_r, commands_w, None if config["node_dir"] else echo, warned)
     done = threading.Event()
     thread = threading.Thread(target=relay.run, args=(done,), name="relay", daemon=True)
     thread.start()

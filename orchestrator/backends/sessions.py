@@ -99,8 +99,10 @@ class NodeSession:
         events: queue.Queue[Event],
         python: str = "",
         tag: str = "",
+        set_aside: frozenset[str] = ASIDE,
     ) -> None:
         self.index = index
+        self.set_aside = set_aside  # kinds kept in `aside` (none: all in stream order)
         self.connection = connection
         self.channel = channel
         self.events = events
@@ -204,7 +206,7 @@ class NodeSession:
                 at = time.time()
                 for kind, fields, payload, end in parser.frames(data):
                     event = Event(self.index, kind, fields, payload, at, end)
-                    if kind in ASIDE:
+                    if kind in self.set_aside:
                         self.aside.append(event)
                         continue
                     self.finished = kind == Frame.FINISHED  # nothing follows until another step

@@ -161,11 +161,33 @@ def reach_agents(
     """A session to every node's agent, each reading its frames into `events`; node K's
     stream from `offsets[str(K)]` (what a follower before this one had handled), else
     from its start."""
-    sessions = []
-    for index, host in enumerate(hosts):
-        offset = (offsets or {}).get(str(index), 0)
-        channel = SrunChannel(dial_argv(job_id, restart, index, host, python, offset))
-        session = NodeSession(index, AllocationNode(host), channel, events)  # type: ignore[arg-type]
-        session.thread.start()
-        sessions.append(session)
-    return sessions
+    return [
+        reach_agent(
+            job_id, restart, index, host, python, events, (offsets or {}).get(str(index), 0)
+        )
+        for index, host in enumerate(hosts)
+    ]
+
+
+def reach_agent(
+    job_id: int,
+    restart: int,
+    index: int,
+    host: str,
+    python: str,
+    events: queue.Queue[Event],
+    offset: int = 0,
+) -> NodeSession:
+    """A session to node `index`'s agent (`host`), its stream from `offset`."""
+    channel = SrunChannel(dial_argv(job_id, restart, index, host, python, offset))
+    # Every frame in the queue, in the stream's order: the follower passes through it
+    # anyway, and knows that all before a frame it handled were handled (handover.py).
+    session = NodeSession(
+        index,
+        AllocationNode(host),  # type: ignore[arg-type]
+        channel,  # type: ignore[arg-type]
+        events,
+        set_aside=frozenset(),
+    )
+    session.thread.start()
+    return session

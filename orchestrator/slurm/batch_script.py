@@ -83,9 +83,9 @@ def agent_code(job: SlurmJob) -> str:
     config = {
         "run_id": job.run_id,
         "argv": ["bash", "-c", node_part(job)],
-        # The nodes' files carry the ranks' output and exits to the launcher (stream.py);
-        # the agent is there for what only a process beside the ranks can do.
-        "ranks": [],
+        # Each node's agent ships its ranks' output, metrics and exits to the launcher,
+        # as over SSH (a node's ranks: keeper.node_config).
+        "nproc": job.nproc,
         "grace": GRACE_S,
         "stack_hook": stack_hook_source(),
     }

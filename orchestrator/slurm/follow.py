@@ -1,10 +1,14 @@
 """Following a submitted SLURM job to its end, as `launch --backend slurm` shows it.
 
-Polling: squeue (sacct once it has ended) says queued/running/ended. Once nodes run, an
-attempt's files are streamed (orchestrator.slurm.stream) into the same `LogSink` the SSH
-path uses, and rank and node exits drive a `Supervisor` without sessions (SLURM stops the
-nodes: srun --kill-on-bad-exit, scancel), which decides the first failing rank and writes
-the same summaries and status; orchestrator.slurm.outcome says how the job ended. Under
+Polling: squeue (sacct once it has ended) says queued/running/ended. Once nodes run, the
+node agents are reached (orchestrator.slurm.node_agents) and what they send (the ranks'
+lines, metrics and exits, the nodes' starts, ends and samples, stacks) goes into the same
+`LogSink` and `Supervisor` as over SSH; with --login, where they are not reached, the
+files the nodes write in the run's job folder say the same (orchestrator.slurm.stream).
+SLURM stops the nodes (srun --kill-on-bad-exit, scancel); the Supervisor decides the first
+failing rank and writes the same summaries and status; orchestrator.slurm.outcome says how
+the job ended. What another controller would need to take over is kept in the run record
+as it goes (orchestrator.slurm.handover; `orchestrator attach`). Under
 --max-restarts a failing rank is a restart (torchrun starts the workers again, the job
 goes on) until a node's torchrun gives up, as on SSH nodes. A requeued job starts a new
 attempt; so does, under --spares, the job submitted again after a node failure
@@ -15,7 +19,6 @@ the job (scancel) and waits until squeue no longer lists it.
 
 from __future__ import annotations
 
-import queue
 import signal
 import time
 from collections.abc import Callable
@@ -23,9 +26,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import BinaryIO
 
-from orchestrator.agent.protocol import Frame
 from orchestrator.agent.ranks import RankFile
-from orchestrator.backends.sessions import CHANNEL_CLOSED, Event, NodeSession
 from orchestrator.console.footer import Footer
 from orchestrator.console.sink import LogSink
 from orchestrator.errors import ConfigError, OrchestratorError
@@ -33,26 +34,22 @@ from orchestrator.options.supervision import Supervision
 from orchestrator.record.runs import RunRecord, now_iso
 from orchestrator.record.states import RunState
 from orchestrator.slurm import client as slurm
-from orchestrator.slurm.agents import leave_agents, reach_agents
 from orchestrator.slurm.batch_script import SCRIPT_NAME, agent_python
 from orchestrator.slurm.client import SlurmCommands
 from orchestrator.slurm.handover import Bookmarks, Following, Points, save_state
 from orchestrator.slurm.job import PORT_BASE, PORT_SPAN, SlurmJob
+from orchestrator.slurm.node_agents import NodeAgents
 from orchestrator.slurm.outcome import job_outcome
 from orchestrator.slurm.parse import UNRUNNABLE, JobInfo
 from orchestrator.slurm.segments import WARNING_FILE, Segments, read_warning
 from orchestrator.slurm.spares import SlurmSpares, job_dir_of
 from orchestrator.slurm.stream import READ_BYTES, AttemptFiles
 from orchestrator.supervise import NodeState, Outcome, RankState, Supervisor, describe_exit
-from orchestrator.supervise.frame_handlers import handle as handle_event
 from orchestrator.supervise.stopping import STOP_SIGNALS
 
 POLL_S = 1.0  # squeue at most this often
 FILES_S = 0.1  # rank files this often
 UNREACHABLE_GRACE_S = 120.0  # how long squeue may fail before the launcher gives up
-# What the follower takes from the node agents; the ranks' output, metrics and exits, and
-# the nodes' starts and ends, it reads from the nodes' files (stream.py).
-FROM_AGENTS = frozenset({Frame.STACKS, Frame.FLIGHT_DUMP, Frame.MESSAGE, Frame.HEARTBEAT})
 
 
 class Follower:
@@ -84,8 +81,7 @@ class Follower:
         # --grace, --hang-timeout and --stragglers hold; the agents need no heartbeats from
         # us (the job is SLURM's), and SLURM watches the nodes.
         self.supervision = replace(supervision or Supervision(), heartbeat_timeout=0)
-        self.events: queue.Queue[Event | None] = queue.Queue()
-        self.sessions: list[NodeSession] = []
+        self.agents: NodeAgents | None = None  # the node agents of the attempt followed
         self.hang_cancelled = False
         self.sink = LogSink(record.logs_dir, {}, {}, console, color, fold=fold)
         self.sup: Supervisor | None = None
@@ -151,8 +147,8 @@ class Follower:
         finally:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
-            leave_agents(self.sessions)
-            self.sessions = []
+            if self.agents is not None:
+                self.agents.leave()
         elapsed = time.monotonic() - self.started
         self.sink.end_footer()
         for line in outcome.closing_lines(self.job.run_id, elapsed, self.record.logs_dir):
@@ -279,12 +275,12 @@ class Follower:
         )
         port = job.master_port or PORT_BASE + self.job_id % PORT_SPAN
         self.base.update(master=f"{job.master_addr or hosts[0]}:{port}", attempt=details.restarts)
-        self.events = queue.Queue()
+        agents = NodeAgents(self.job_id, self.attempt, agent_python(job), self.bookmarks)
         self.sup = Supervisor(
             nodes,
             ranks,
-            self.sessions,
-            self.events,
+            agents.sessions,
+            agents.events,
             self.sink,
             self.supervision,
             stop_on_failure=False,
@@ -293,16 +289,15 @@ class Follower:
             metrics_path=self.record.metrics_path,
             record_dir=self.record.path,
         )
+        self.bookmarks.restore(self.sup, start)  # what a follower before this one knew
         if self.commands.login:
             self.note(
                 "the node agents are not reached over --login yet: no stacks or hang checks "
                 "for this job (run `orchestrator launch` where srun works for them)"
             )
         else:
-            python = agent_python(job)
-            self.sessions += reach_agents(
-                self.job_id, details.restarts, hosts, python, self.events, start.agents
-            )
+            self.agents = agents
+            agents.reach(hosts, start.agents)
         if self.interrupted_by is not None:
             self.sup.begin_stop(
                 self.supervision.grace,
@@ -313,9 +308,9 @@ class Follower:
         """The attempt followed ended (requeued, or a new job submitted): its files are done."""
         if self.files is not None:
             self.files.close()
-        leave_agents(self.sessions)
-        self.sessions = []  # the next attempt's supervisor gets a list of its own
-        self.files, self.sup = None, None
+        if self.agents is not None:
+            self.agents.leave()
+        self.files, self.sup, self.agents = None, None, None
 
     # --- files --------------------------------------------------------------------------
 
@@ -324,7 +319,8 @@ class Follower:
         for line in self.batch.read_lines(READ_BYTES).decode(errors="replace").splitlines():
             self.sink.note(f"batch: {line}")
         if self.sup is not None and self.files is not None:
-            self.files.pump(self.sink, self.sup, self._rank_exited, self._node_exited)
+            if self.agents is None:  # not reached (--login): the nodes' files say it all
+                self.files.pump(self.sink, self.sup, self._rank_exited, self._node_exited)
             self._hear_agents(self.sup)
             self.sup.metrics.flush()
             if self.sup.metrics.check(time.time(), self.sup.running_ranks, self.sup.nodes):
@@ -335,25 +331,12 @@ class Follower:
             self.bookmarks.save(self)
 
     def _hear_agents(self, sup: Supervisor) -> None:
-        """What the node agents said (stacks, flight recorder dumps, heartbeats, their
-        messages); then rounds of stacks, `orchestrator stacks` requests and hang checks,
+        """What the node agents said, in each node's order: the ranks' lines, metrics and
+        exits, the node's start, end and samples, stacks, flight recorder dumps, their
+        messages; then rounds of stacks, `orchestrator stacks` requests and hang checks,
         as over SSH. A hang found is said, and the job cancelled: it ends `hung`."""
-        sup.take_aside()
-        while True:
-            try:
-                event = self.events.get_nowait()
-            except queue.Empty:
-                break
-            if event is None:
-                continue
-            if event.kind in FROM_AGENTS:
-                handle_event(sup, event)
-                self.bookmarks.heard(event.node, self.sessions[event.node].channel, event.end)
-            elif event.kind == CHANNEL_CLOSED and not (sup.nodes[event.node].done or sup.stopping):
-                why = event.data.decode(errors="replace").strip() or "it ended"
-                self.sink.node_note(
-                    sup.nodes[event.node].host, f"its agent's channel closed: {why}"
-                )
+        if self.agents is not None:
+            self.agents.hear(sup, self._rank_exited, self._node_exited, not self.info.ended)
         sup.watch_stacks(time.monotonic())  # a hang found stops the run (detect.hung)
         if sup.hang is not None and not self.hang_cancelled:
             self.hang_cancelled = True
@@ -372,12 +355,14 @@ class Follower:
         self.note(self.segments.warned(*warning, preempted))
         self.write_status()
 
-    def _rank_exited(self, rank: int, code: int, when: float) -> None:
+    def _rank_exited(
+        self, rank: int, code: int, when: float, after_stop: bool | None = None
+    ) -> None:
         sup = self.sup
         assert sup is not None
         # After the warning a rank's end is its stop (the trainer exits 138), never a failure.
         warned = self.segments.current.warned_at is not None and code != 0
-        sup.rank_exited(rank, code, when, None, warned)
+        sup.rank_exited(rank, code, when, after_stop, warned)
         # "restarting" (--max-restarts): torchrun starts the workers again, the job goes on.
         if sup.ranks[rank].state == "failed" and not sup.stopping:
             host = sup.ranks[rank].host
@@ -388,7 +373,7 @@ class Follower:
             sup.begin_stop(self.supervision.grace, f"rank {rank} on {host} failed")
             sup.stopper.wall = when  # ranks that end after it were stopped, not failed
 
-    def _node_exited(self, node: NodeState, code: int, when: float) -> None:
+    def _node_exited(self, node: NodeState, code: int | None, when: float) -> None:
         sup = self.sup
         assert sup is not None
         sup.node_exited(node, code, when)

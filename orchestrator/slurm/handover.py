@@ -36,6 +36,8 @@ from orchestrator.slurm.job import SlurmJob
 from orchestrator.slurm.segments import Segment, Segments
 from orchestrator.slurm.spares import SlurmSpares
 
+NODE_FIELDS = ("state", "exit_code", "pid", "started_at", "ended_at", "detail", "done")
+RANK_FIELDS = ("state", "exit_code", "ended_at", "error_file")
 STATE_FILE = "follower.json"
 POINTS_FILE = "follower-points.json"
 LOCK_FILE = "follower.lock"  # held by the controller that follows the run
@@ -60,7 +62,8 @@ class Points:
     """Where each source was read to, and how long each log then was (the module
     docstring): the `job_id` and `attempt` they belong to, byte offsets of the batch
     script's output, of the attempt's files (by their path under the attempt's folder) and
-    of each node agent's stream, and log file name -> size."""
+    of each node agent's stream, log file name -> size, and the nodes' and ranks' states
+    then."""
 
     job_id: int = 0
     attempt: int = -1
@@ -68,6 +71,10 @@ class Points:
     files: dict[str, int] | None = None
     agents: dict[str, int] | None = None
     logs: dict[str, int] | None = None
+    # What those sources had told of the nodes and ranks (their states, exits, times):
+    # node or rank -> NODE_FIELDS / RANK_FIELDS, for what is not read again.
+    nodes: dict[str, dict] | None = None
+    ranks: dict[str, dict] | None = None
 
     def of(self, job_id: int, attempt: int) -> Points:
         """These points where they are for that attempt of that job; else from the start."""
@@ -214,6 +221,16 @@ class Bookmarks:
         self.agents = dict(points.agents or {})
         return points
 
+    @staticmethod
+    def restore(sup: Any, points: Points) -> None:
+        """Put the nodes' and ranks' states `points` kept into a new `Supervisor`."""
+        for node in sup.nodes:
+            for name, value in (points.nodes or {}).get(str(node.index), {}).items():
+                setattr(node, name, value)
+        for rank in sup.ranks.values():
+            for name, value in (points.ranks or {}).get(str(rank.rank), {}).items():
+                setattr(rank, name, value)
+
     def heard(self, node: int, channel: Any, end: int) -> None:
         """A frame of node `node`'s agent, its stream's bytes through it `end`, is handled."""
         self.agents[str(node)] = getattr(channel, "start", 0) + end
@@ -226,6 +243,7 @@ class Bookmarks:
         """Write the points of the follower's pass just done, if any moved."""
         self.keep_sizes(follower.sink)
         files = follower.files.positions() if follower.files is not None else {}
+        sup = follower.sup
         points = Points(
             follower.job_id,
             follower.attempt,
@@ -233,6 +251,8 @@ class Bookmarks:
             files,
             dict(self.agents),
             dict(self.logs),
+            fields_of(sup.nodes if sup else [], NODE_FIELDS),
+            fields_of(sup.ranks.values() if sup else [], RANK_FIELDS),
         )
         if points != self.written:
             save_points(self.record, points)
@@ -252,3 +272,13 @@ def hold_lock(record: RunRecord) -> int:
             f"{record.path / LOCK_FILE}); `orchestrator logs {record.run_id} -f` shows it"
         ) from None
     return fd
+
+
+def fields_of(states: Any, names: tuple[str, ...]) -> dict[str, dict]:
+    """A node's index or a rank's number -> those fields of its state."""
+    return {
+        str(state.rank if hasattr(state, "local_rank") else state.index): {
+            name: getattr(state, name) for name in names
+        }
+        for state in states
+    }

@@ -1,0 +1,102 @@
+"""The node agents of the SLURM attempt a follower follows, as it hears them.
+
+One session per node (orchestrator.slurm.agents: an `srun --overlap` dial to the node's
+agent), their frames in one queue in each node's stream order. Each pass the follower hands
+them on: the ranks' lines, metrics, node samples, stacks and messages to the frame handlers
+as over SSH; a rank's or the node's end to the follower's own judgement (SLURM, not the
+agents, ends the step on every node). How far each node's stream was handled goes to the
+follower's bookmarks (orchestrator.slurm.handover). A channel that closes while its node
+runs (srun or the dial ended under it) is dialled again from there: at once the first time,
+then at most every REDIAL_S.
+"""
+
+from __future__ import annotations
+
+import queue
+import time
+from collections.abc import Callable
+
+from orchestrator.agent.protocol import Frame
+from orchestrator.backends.sessions import CHANNEL_CLOSED, Event, NodeSession
+from orchestrator.slurm.agents import leave_agents, reach_agent
+from orchestrator.slurm.handover import Bookmarks
+from orchestrator.supervise import NodeState, Supervisor
+from orchestrator.supervise.frame_handlers import handle as handle_event
+
+REDIAL_S = 5.0
+
+
+class NodeAgents:
+    """The sessions to one attempt's node agents, and the queue of their frames."""
+
+    def __init__(self, job_id: int, attempt: int, python: str, bookmarks: Bookmarks) -> None:
+        self.job_id, self.attempt, self.python = job_id, attempt, python
+        self.bookmarks = bookmarks
+        self.sessions: list[NodeSession] = []  # the attempt's Supervisor holds this list
+        self.events: queue.Queue[Event | None] = queue.Queue()
+        self.redial_at: dict[int, float] = {}  # node -> when its agent is dialled again
+
+    def reach(self, hosts: list[str], offsets: dict[str, int] | None) -> None:
+        """Dial every node's agent, node K's stream from offsets[str(K)] (else its start)."""
+        for index, host in enumerate(hosts):
+            offset = (offsets or {}).get(str(index), 0)
+            self.sessions.append(self._dial(index, host, offset))
+
+    def _dial(self, index: int, host: str, offset: int) -> NodeSession:
+        return reach_agent(self.job_id, self.attempt, index, host, self.python, self.events, offset)
+
+    def leave(self) -> None:
+        leave_agents(self.sessions)
+
+    def hear(
+        self,
+        sup: Supervisor,
+        rank_exited: Callable[[int, int, float, bool | None], None],
+        node_exited: Callable[[NodeState, int | None, float], None],
+        running: bool,
+    ) -> None:
+        """Hand on every frame that came, in each node's order; `running`: the job runs
+        (a channel that closed is dialled again only then)."""
+        while True:
+            try:
+                event = self.events.get_nowait()
+            except queue.Empty:
+                break
+            if event is None:
+                continue
+            node = sup.nodes[event.node]
+            if event.kind == CHANNEL_CLOSED:
+                self._lost(sup, node, event, running)
+                continue
+            if event.kind == Frame.RANK_EXITED:  # E rank rc t [stopped]
+                node.heard_wall = max(node.heard_wall, event.at)
+                rank, code, at, *stopped = event.fields
+                after_stop = stopped[0] == "1" if stopped else None
+                rank_exited(int(rank), int(code), sup.on_our_clock(node, float(at)), after_stop)
+            elif event.kind == Frame.FINISHED:  # X rc t: the node's part ended
+                node.heard_wall = max(node.heard_wall, event.at)
+                code = None if event.fields[0] == "None" else int(event.fields[0])
+                node_exited(node, code, sup.on_our_clock(node, float(event.fields[1])))
+            else:
+                handle_event(sup, event)
+            self.bookmarks.heard(event.node, self.sessions[event.node].channel, event.end)
+        self._redial(sup, running)
+
+    def _lost(self, sup: Supervisor, node: NodeState, event: Event, running: bool) -> None:
+        if node.done or sup.stopping or not running:
+            return
+        why = event.data.decode(errors="replace").strip() or "it ended"
+        sup.sink.node_note(node.host, f"its agent's channel closed: {why}; dialling again")
+        again = node.index in self.redial_at
+        self.redial_at[node.index] = time.monotonic() + (REDIAL_S if again else 0.0)
+
+    def _redial(self, sup: Supervisor, running: bool) -> None:
+        for index, at in self.redial_at.items():
+            node = sup.nodes[index]
+            if node.done or sup.stopping or not running or at > time.monotonic():
+                continue
+            if self.sessions[index].channel.proc.poll() is None:  # type: ignore[attr-defined]
+                continue  # its srun is still ending
+            offset = self.bookmarks.agents.get(str(index), 0)
+            self.sessions[index] = self._dial(index, node.host, offset)
+            self.redial_at[index] = float("inf")  # until this one closes too
