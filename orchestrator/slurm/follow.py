@@ -1,7 +1,8 @@
 """Following a submitted SLURM job to its end, as `launch --backend slurm` shows it.
 
-Polling: squeue (sacct once it has ended) says queued/running/ended. Once nodes run, an
-attempt's files are streamed (orchestrator.slurm.stream) into the same `LogSink` the SSH
+Polling: squeue (sacct once it has ended) says queued/running/ended, as often as
+orchestrator.slurm.cadence says (less often while the node agents answer). Once nodes run,
+an attempt's files are streamed (orchestrator.slurm.stream) into the same `LogSink` the SSH
 path uses, and rank and node exits drive a `Supervisor` without sessions (SLURM stops the
 nodes: srun --kill-on-bad-exit, scancel), which decides the first failing rank and writes
 the same summaries and status; orchestrator.slurm.outcome says how the job ended. Under
@@ -15,6 +16,7 @@ the job (scancel) and waits until squeue no longer lists it.
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import signal
 import time
@@ -35,6 +37,7 @@ from orchestrator.record.states import RunState
 from orchestrator.slurm import client as slurm
 from orchestrator.slurm.agents import leave_agents, reach_agents
 from orchestrator.slurm.batch_script import SCRIPT_NAME, agent_python
+from orchestrator.slurm.cadence import Cadence
 from orchestrator.slurm.client import SlurmCommands
 from orchestrator.slurm.job import PORT_BASE, PORT_SPAN, SlurmJob
 from orchestrator.slurm.outcome import job_outcome
@@ -44,10 +47,8 @@ from orchestrator.slurm.spares import SlurmSpares, job_dir_of
 from orchestrator.slurm.stream import READ_BYTES, AttemptFiles
 from orchestrator.supervise import NodeState, Outcome, RankState, Supervisor, describe_exit
 from orchestrator.supervise.frame_handlers import handle as handle_event
-from orchestrator.supervise.stopping import STOP_SIGNALS
+from orchestrator.supervise.stopping import signals_to
 
-POLL_S = 1.0  # squeue at most this often
-FILES_S = 0.1  # rank files this often
 UNREACHABLE_GRACE_S = 120.0  # how long squeue may fail before the launcher gives up
 # What the follower takes from the node agents; the ranks' output, metrics and exits, and
 # the nodes' starts and ends, it reads from the nodes' files (stream.py).
@@ -92,6 +93,7 @@ class Follower:
         self.signals: list[int] = []
         self.interrupted_by: int | None = None
         self.started = time.monotonic()
+        self.cadence = Cadence()
         self.spares = spares
         self.hosts: list[str] = []  # the nodes of the job now followed, once it runs
 
@@ -121,12 +123,9 @@ class Follower:
     # --- the loop -----------------------------------------------------------------------
 
     def run(self) -> int:
-        previous = {}
-        if self.console is not None:
-            for signum in STOP_SIGNALS:
-                previous[signum] = signal.signal(signum, lambda n, _f: self.signals.append(n))
         try:
-            outcome = self._loop()
+            with signals_to(self) if self.console is not None else contextlib.nullcontext():
+                outcome = self._loop()
         except OrchestratorError as exc:
             self.sink.end_footer()
             self.note(f"error: {exc}")
@@ -139,8 +138,6 @@ class Follower:
             )
             raise
         finally:
-            for signum, handler in previous.items():
-                signal.signal(signum, handler)
             leave_agents(self.sessions)
             self.sessions = []
         elapsed = time.monotonic() - self.started
@@ -157,12 +154,11 @@ class Follower:
         return outcome.exit_code
 
     def _loop(self) -> Outcome:
-        last_poll, failing_since = 0.0, None
+        failing_since, event, waited = None, None, self.events
         while True:
             self._handle_signals()
             now = time.monotonic()
-            if now - last_poll >= POLL_S:
-                last_poll = now
+            if self.cadence.squeue_now(now, self.sup):
                 try:
                     info = slurm.query(self.commands, self.job_id)
                     failing_since = None
@@ -177,13 +173,24 @@ class Follower:
                         ) from None
                     info = self.info
                 self._on_info(info)
-                self._check_warning()
-            self._pump()
+            self._pump(event if waited is self.events else None)  # not a past attempt's
             if self.info.ended:
                 self._pump()
                 if not self._resubmitted():
                     return self._outcome()
-            time.sleep(FILES_S)
+            waited = self.events
+            try:  # an agent's frame or a signal wakes the loop; else the next pass is due
+                event = waited.get(timeout=self.cadence.pause(time.monotonic()))
+            except queue.Empty:
+                event = None
+
+    def interrupt(self, signum: int) -> None:
+        """Called from a signal handler (signals_to): only note it; the loop acts on it."""
+        self.signals.append(signum)
+
+    def wake(self) -> None:
+        """Wake the loop now (after a signal; from another thread than the handler's)."""
+        self.events.put(None)
 
     def _handle_signals(self) -> None:
         while self.signals:
@@ -288,6 +295,7 @@ class Follower:
         else:
             python = agent_python(job)
             self.sessions += reach_agents(self.job_id, details.restarts, hosts, python, self.events)
+        self.cadence.reached(self.sessions)
         if self.interrupted_by is not None:
             self.sup.begin_stop(
                 self.supervision.grace,
@@ -304,38 +312,44 @@ class Follower:
 
     # --- files --------------------------------------------------------------------------
 
-    def _pump(self) -> None:
-        """Pass on the batch script's new output and, once nodes run, the attempt's."""
-        for line in self.batch.read_lines(READ_BYTES).decode(errors="replace").splitlines():
+    def _pump(self, event: Event | None = None) -> None:
+        """Pass on the batch script's new output and, once nodes run, the attempt's, and
+        what the agents said (`event`: the one that woke the loop, if any)."""
+        lines = self.batch.read_lines(READ_BYTES).decode(errors="replace").splitlines()
+        for line in lines:
             self.sink.note(f"batch: {line}")
+        came = bool(lines)
         if self.sup is not None and self.files is not None:
-            self.files.pump(self.sink, self.sup, self._rank_exited, self._node_exited)
-            self._hear_agents(self.sup)
+            self._check_warning()  # first: a rank's exit after it is a stop
+            came |= self.files.pump(self.sink, self.sup, self._rank_exited, self._node_exited)
+            self._hear_agents(self.sup, event)
             self.sup.metrics.flush()
             if self.sup.metrics.check(time.time(), self.sup.running_ranks, self.sup.nodes):
                 self.write_status(self.sup)
             self.sink.update_footer(self.sup.footer_text)
+        self.cadence.files_read(came or self.sink.holding())
         self.sink.flush()
 
-    def _hear_agents(self, sup: Supervisor) -> None:
+    def _hear_agents(self, sup: Supervisor, event: Event | None) -> None:
         """What the node agents said (stacks, flight recorder dumps, heartbeats, their
-        messages); then rounds of stacks, `orchestrator stacks` requests and hang checks,
-        as over SSH. A hang found is said, and the job cancelled: it ends `hung`."""
+        messages), from `event` on; then rounds of stacks, `orchestrator stacks` requests
+        and hang checks, as over SSH. A hang found is said, and the job cancelled: it ends
+        `hung`."""
         sup.take_aside()
-        while True:
+        while True:  # None: no event (a wake-up)
+            if event is not None and event.kind in FROM_AGENTS:
+                handle_event(sup, event)
+            elif event is not None and event.kind == CHANNEL_CLOSED:
+                self.cadence.channel_closed(event.node)  # squeue at once: the job may end
+                if not (sup.nodes[event.node].done or sup.stopping):
+                    why = event.data.decode(errors="replace").strip() or "it ended"
+                    self.sink.node_note(
+                        sup.nodes[event.node].host, f"its agent's channel closed: {why}"
+                    )
             try:
                 event = self.events.get_nowait()
             except queue.Empty:
                 break
-            if event is None:
-                continue
-            if event.kind in FROM_AGENTS:
-                handle_event(sup, event)
-            elif event.kind == CHANNEL_CLOSED and not (sup.nodes[event.node].done or sup.stopping):
-                why = event.data.decode(errors="replace").strip() or "it ended"
-                self.sink.node_note(
-                    sup.nodes[event.node].host, f"its agent's channel closed: {why}"
-                )
         sup.watch_stacks(time.monotonic())  # a hang found stops the run (detect.hung)
         if sup.hang is not None and not self.hang_cancelled:
             self.hang_cancelled = True
@@ -353,6 +367,7 @@ class Follower:
         preempted = slurm.job_details(self.commands, self.job_id).preempted
         self.note(self.segments.warned(*warning, preempted))
         self.write_status()
+        self.cadence.poll_now()
 
     def _rank_exited(self, rank: int, code: int, when: float) -> None:
         sup = self.sup
@@ -360,6 +375,7 @@ class Follower:
         # After the warning a rank's end is its stop (the trainer exits 138), never a failure.
         warned = self.segments.current.warned_at is not None and code != 0
         sup.rank_exited(rank, code, when, None, warned)
+        self.cadence.poll_now()  # the job may be ending: squeue says so
         # "restarting" (--max-restarts): torchrun starts the workers again, the job goes on.
         if sup.ranks[rank].state == "failed" and not sup.stopping:
             host = sup.ranks[rank].host
