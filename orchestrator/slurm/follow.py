@@ -1,14 +1,16 @@
 """Following a submitted SLURM job to its end, as `launch --backend slurm` shows it.
 
-Polling: squeue (sacct once it has ended) says queued/running/ended. Once nodes run, the
-node agents are reached (orchestrator.slurm.node_agents) and what they send (the ranks'
-lines, metrics and exits, the nodes' starts, ends and samples, stacks) goes into the same
-`LogSink` and `Supervisor` as over SSH; with --login, where they are not reached, the
-files the nodes write in the run's job folder say the same (orchestrator.slurm.stream).
-SLURM stops the nodes (srun --kill-on-bad-exit, scancel); the Supervisor decides the first
-failing rank and writes the same summaries and status; orchestrator.slurm.outcome says how
-the job ended. What another controller would need to take over is kept in the run record
-as it goes (orchestrator.slurm.handover; `orchestrator attach`). Under
+Polling: squeue (sacct once it has ended) says queued/running/ended, as often as
+orchestrator.slurm.cadence says (less often while the node agents answer; the loop waits
+on their frames meanwhile). Once nodes run, the node agents are reached
+(orchestrator.slurm.node_agents) and what they send (the ranks' lines, metrics and exits,
+the nodes' starts, ends and samples, stacks) goes into the same `LogSink` and `Supervisor`
+as over SSH; with --login, where they are not reached, the files the nodes write in the
+run's job folder say the same (orchestrator.slurm.stream). SLURM stops the nodes (srun
+--kill-on-bad-exit, scancel); the Supervisor decides the first failing rank and writes the
+same summaries and status; orchestrator.slurm.outcome says how the job ended. What another
+controller would need to take over is kept in the run record as it goes
+(orchestrator.slurm.handover; `orchestrator attach`). Under
 --max-restarts a failing rank is a restart (torchrun starts the workers again, the job
 goes on) until a node's torchrun gives up, as on SSH nodes. A requeued job starts a new
 attempt; so does, under --spares, the job submitted again after a node failure
@@ -19,6 +21,8 @@ the job (scancel) and waits until squeue no longer lists it.
 
 from __future__ import annotations
 
+import contextlib
+import queue
 import signal
 import time
 from collections.abc import Callable
@@ -27,6 +31,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from orchestrator.agent.ranks import RankFile
+from orchestrator.backends.sessions import Event
 from orchestrator.console.footer import Footer
 from orchestrator.console.sink import LogSink
 from orchestrator.errors import ConfigError, OrchestratorError
@@ -35,6 +40,7 @@ from orchestrator.record.runs import RunRecord, now_iso
 from orchestrator.record.states import RunState
 from orchestrator.slurm import client as slurm
 from orchestrator.slurm.batch_script import SCRIPT_NAME, agent_python
+from orchestrator.slurm.cadence import Cadence
 from orchestrator.slurm.client import SlurmCommands
 from orchestrator.slurm.handover import Bookmarks, Following, Points, save_state
 from orchestrator.slurm.job import PORT_BASE, PORT_SPAN, SlurmJob
@@ -45,10 +51,8 @@ from orchestrator.slurm.segments import WARNING_FILE, Segments, read_warning
 from orchestrator.slurm.spares import SlurmSpares, job_dir_of
 from orchestrator.slurm.stream import READ_BYTES, AttemptFiles
 from orchestrator.supervise import NodeState, Outcome, RankState, Supervisor, describe_exit
-from orchestrator.supervise.stopping import STOP_SIGNALS
+from orchestrator.supervise.stopping import signals_to
 
-POLL_S = 1.0  # squeue at most this often
-FILES_S = 0.1  # rank files this often
 UNREACHABLE_GRACE_S = 120.0  # how long squeue may fail before the launcher gives up
 
 
@@ -82,6 +86,7 @@ class Follower:
         # us (the job is SLURM's), and SLURM watches the nodes.
         self.supervision = replace(supervision or Supervision(), heartbeat_timeout=0)
         self.agents: NodeAgents | None = None  # the node agents of the attempt followed
+        self.events: queue.Queue[Event | None] = queue.Queue()  # the attempt's; None: wake
         self.hang_cancelled = False
         self.sink = LogSink(record.logs_dir, {}, {}, console, color, fold=fold)
         self.sup: Supervisor | None = None
@@ -96,6 +101,7 @@ class Follower:
         self.signals: list[int] = []
         self.interrupted_by: int | None = None
         self.started = time.monotonic()
+        self.cadence = Cadence()
         self.spares = spares
         self.hosts: list[str] = []  # the nodes of the job now followed, once it runs
 
@@ -127,12 +133,9 @@ class Follower:
     # --- the loop -----------------------------------------------------------------------
 
     def run(self) -> int:
-        previous = {}
-        if self.console is not None:
-            for signum in STOP_SIGNALS:
-                previous[signum] = signal.signal(signum, lambda n, _f: self.signals.append(n))
         try:
-            outcome = self._loop()
+            with signals_to(self) if self.console is not None else contextlib.nullcontext():
+                outcome = self._loop()
         except OrchestratorError as exc:
             self.sink.end_footer()
             self.note(f"error: {exc}")
@@ -145,8 +148,6 @@ class Follower:
             )
             raise
         finally:
-            for signum, handler in previous.items():
-                signal.signal(signum, handler)
             if self.agents is not None:
                 self.agents.leave()
         elapsed = time.monotonic() - self.started
@@ -163,12 +164,11 @@ class Follower:
         return outcome.exit_code
 
     def _loop(self) -> Outcome:
-        last_poll, failing_since = 0.0, None
+        failing_since, event, waited = None, None, self.events
         while True:
             self._handle_signals()
             now = time.monotonic()
-            if now - last_poll >= POLL_S:
-                last_poll = now
+            if self.cadence.squeue_now(now, self.sup):
                 try:
                     info = slurm.query(self.commands, self.job_id)
                     failing_since = None
@@ -183,13 +183,24 @@ class Follower:
                         ) from None
                     info = self.info
                 self._on_info(info)
-                self._check_warning()
-            self._pump()
+            self._pump(event if waited is self.events else None)  # not a past attempt's
             if self.info.ended:
                 self._pump()
                 if not self._resubmitted():
                     return self._outcome()
-            time.sleep(FILES_S)
+            waited = self.events
+            try:  # an agent's frame or a signal wakes the loop; else the next pass is due
+                event = waited.get(timeout=self.cadence.pause(time.monotonic()))
+            except queue.Empty:
+                event = None
+
+    def interrupt(self, signum: int) -> None:
+        """Called from a signal handler (signals_to): only note it; the loop acts on it."""
+        self.signals.append(signum)
+
+    def wake(self) -> None:
+        """Wake the loop now (after a signal; from another thread than the handler's)."""
+        self.events.put(None)
 
     def _handle_signals(self) -> None:
         while self.signals:
@@ -275,12 +286,15 @@ class Follower:
         )
         port = job.master_port or PORT_BASE + self.job_id % PORT_SPAN
         self.base.update(master=f"{job.master_addr or hosts[0]}:{port}", attempt=details.restarts)
-        agents = NodeAgents(self.job_id, self.attempt, agent_python(job), self.bookmarks)
+        self.events = queue.Queue()
+        agents = NodeAgents(
+            self.job_id, self.attempt, agent_python(job), self.bookmarks, self.events
+        )
         self.sup = Supervisor(
             nodes,
             ranks,
             agents.sessions,
-            agents.events,
+            self.events,
             self.sink,
             self.supervision,
             stop_on_failure=False,
@@ -298,6 +312,7 @@ class Follower:
         else:
             self.agents = agents
             agents.reach(hosts, start.agents)
+        self.cadence.reached(agents.sessions)
         if self.interrupted_by is not None:
             self.sup.begin_stop(
                 self.supervision.grace,
@@ -314,34 +329,43 @@ class Follower:
 
     # --- files --------------------------------------------------------------------------
 
-    def _pump(self) -> None:
-        """Pass on the batch script's new output and, once nodes run, the attempt's."""
-        for line in self.batch.read_lines(READ_BYTES).decode(errors="replace").splitlines():
+    def _pump(self, event: Event | None = None) -> None:
+        """Pass on the batch script's new output and, once nodes run, what the agents said
+        (`event`: the one that woke the loop, if any) or, where they are not reached, what
+        the nodes' files say."""
+        lines = self.batch.read_lines(READ_BYTES).decode(errors="replace").splitlines()
+        for line in lines:
             self.sink.note(f"batch: {line}")
+        came = bool(lines)
         if self.sup is not None and self.files is not None:
+            self._check_warning()  # first: a rank's exit after it is a stop
             if self.agents is None:  # not reached (--login): the nodes' files say it all
-                self.files.pump(self.sink, self.sup, self._rank_exited, self._node_exited)
-            self._hear_agents(self.sup)
+                came |= self.files.pump(self.sink, self.sup, self.rank_exited, self.node_exited)
+            came |= self._hear_agents(self.sup, event) > 0
             self.sup.metrics.flush()
             if self.sup.metrics.check(time.time(), self.sup.running_ranks, self.sup.nodes):
                 self.write_status(self.sup)
             self.sink.update_footer(self.sup.footer_text)
+        self.cadence.files_read(came or self.sink.holding())
         self.sink.flush()
         if self.following is not None:
             self.bookmarks.save(self)
 
-    def _hear_agents(self, sup: Supervisor) -> None:
-        """What the node agents said, in each node's order: the ranks' lines, metrics and
-        exits, the node's start, end and samples, stacks, flight recorder dumps, their
-        messages; then rounds of stacks, `orchestrator stacks` requests and hang checks,
-        as over SSH. A hang found is said, and the job cancelled: it ends `hung`."""
+    def _hear_agents(self, sup: Supervisor, event: Event | None) -> int:
+        """What the node agents said, in each node's order (from `event` on): the ranks'
+        lines, metrics and exits, the node's start, end and samples, stacks, flight recorder
+        dumps, their messages; then rounds of stacks, `orchestrator stacks` requests and
+        hang checks, as over SSH. A hang found is said, and the job cancelled: it ends
+        `hung`. How many frames came."""
+        came = 0
         if self.agents is not None:
-            self.agents.hear(sup, self._rank_exited, self._node_exited, not self.info.ended)
+            came = self.agents.hear(sup, self, not self.info.ended, event)
         sup.watch_stacks(time.monotonic())  # a hang found stops the run (detect.hung)
         if sup.hang is not None and not self.hang_cancelled:
             self.hang_cancelled = True
             self.note(f"cancelling SLURM job {self.job_id}: it hangs (scancel)")
             slurm.cancel(self.commands, self.job_id)
+        return came
 
     def _check_warning(self) -> None:
         """The script's warning file: the ranks were sent the time limit's (or a
@@ -351,18 +375,32 @@ class Follower:
         warning = read_warning(Path(self.files.attempt_dir) / WARNING_FILE)
         if warning is None:
             return
-        preempted = slurm.job_details(self.commands, self.job_id).preempted
-        self.note(self.segments.warned(*warning, preempted))
-        self.write_status()
+        self.warned(*warning)
 
-    def _rank_exited(
+    def warned(self, signal_name: str, when: float) -> None:
+        """The ranks were sent the time limit's (or a preemption's) signal: said once per
+        segment (the batch script's warning file, or a node agent's G frame)."""
+        if self.segments.current.warned_at is not None:
+            return
+        preempted = slurm.job_details(self.commands, self.job_id).preempted
+        self.note(self.segments.warned(signal_name, when, preempted))
+        self.write_status()
+        self.cadence.poll_now()
+
+    def channel_closed(self, node: int) -> None:
+        """A node agent's channel closed: squeue at once (the job may have ended)."""
+        self.cadence.channel_closed(node)
+
+    def rank_exited(
         self, rank: int, code: int, when: float, after_stop: bool | None = None
     ) -> None:
+        """A rank ended (a node agent's E frame, or its exit file)."""
         sup = self.sup
         assert sup is not None
         # After the warning a rank's end is its stop (the trainer exits 138), never a failure.
         warned = self.segments.current.warned_at is not None and code != 0
         sup.rank_exited(rank, code, when, after_stop, warned)
+        self.cadence.poll_now()  # the job may be ending: squeue says so
         # "restarting" (--max-restarts): torchrun starts the workers again, the job goes on.
         if sup.ranks[rank].state == "failed" and not sup.stopping:
             host = sup.ranks[rank].host
@@ -373,7 +411,8 @@ class Follower:
             sup.begin_stop(self.supervision.grace, f"rank {rank} on {host} failed")
             sup.stopper.wall = when  # ranks that end after it were stopped, not failed
 
-    def _node_exited(self, node: NodeState, code: int | None, when: float) -> None:
+    def node_exited(self, node: NodeState, code: int | None, when: float) -> None:
+        """A node's part ended (its agent's X frame, or its exit file)."""
         sup = self.sup
         assert sup is not None
         sup.node_exited(node, code, when)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import queue
 import time
-from collections.abc import Callable
+from typing import Protocol
 
 from orchestrator.agent.protocol import Frame
 from orchestrator.backends.sessions import CHANNEL_CLOSED, Event, NodeSession
@@ -26,14 +26,35 @@ from orchestrator.supervise.frame_handlers import handle as handle_event
 REDIAL_S = 5.0
 
 
+class Judge(Protocol):
+    """What the follower decides itself (SLURM, not the agents, ends the step)."""
+
+    def rank_exited(
+        self, rank: int, code: int, when: float, after_stop: bool | None = None
+    ) -> None: ...
+
+    def node_exited(self, node: NodeState, code: int | None, when: float) -> None: ...
+
+    def warned(self, signal_name: str, when: float) -> None: ...
+
+    def channel_closed(self, node: int) -> None: ...
+
+
 class NodeAgents:
     """The sessions to one attempt's node agents, and the queue of their frames."""
 
-    def __init__(self, job_id: int, attempt: int, python: str, bookmarks: Bookmarks) -> None:
+    def __init__(
+        self,
+        job_id: int,
+        attempt: int,
+        python: str,
+        bookmarks: Bookmarks,
+        events: queue.Queue[Event | None],
+    ) -> None:
         self.job_id, self.attempt, self.python = job_id, attempt, python
         self.bookmarks = bookmarks
         self.sessions: list[NodeSession] = []  # the attempt's Supervisor holds this list
-        self.events: queue.Queue[Event | None] = queue.Queue()
+        self.events = events  # the attempt's: the follower waits on it (None: a wake-up)
         self.redial_at: dict[int, float] = {}  # node -> when its agent is dialled again
 
     def reach(self, hosts: list[str], offsets: dict[str, int] | None) -> None:
@@ -51,36 +72,52 @@ class NodeAgents:
     def hear(
         self,
         sup: Supervisor,
-        rank_exited: Callable[[int, int, float, bool | None], None],
-        node_exited: Callable[[NodeState, int | None, float], None],
+        judge: Judge,
         running: bool,
-    ) -> None:
-        """Hand on every frame that came, in each node's order; `running`: the job runs
-        (a channel that closed is dialled again only then)."""
+        first: Event | None = None,
+    ) -> int:
+        """Hand on every frame that came (`first`: one already taken from the queue), in
+        each node's order; `running`: the job runs (a channel that closed is dialled again
+        only then). How many came."""
+        came, event = 0, first
         while True:
+            if event is not None:
+                came += 1
+                self._hand_on(sup, event, judge, running)
             try:
-                event = self.events.get_nowait()
+                event = self.events.get_nowait()  # None: a wake-up
             except queue.Empty:
                 break
-            if event is None:
-                continue
-            node = sup.nodes[event.node]
-            if event.kind == CHANNEL_CLOSED:
-                self._lost(sup, node, event, running)
-                continue
-            if event.kind == Frame.RANK_EXITED:  # E rank rc t [stopped]
-                node.heard_wall = max(node.heard_wall, event.at)
-                rank, code, at, *stopped = event.fields
-                after_stop = stopped[0] == "1" if stopped else None
-                rank_exited(int(rank), int(code), sup.on_our_clock(node, float(at)), after_stop)
-            elif event.kind == Frame.FINISHED:  # X rc t: the node's part ended
-                node.heard_wall = max(node.heard_wall, event.at)
-                code = None if event.fields[0] == "None" else int(event.fields[0])
-                node_exited(node, code, sup.on_our_clock(node, float(event.fields[1])))
-            else:
-                handle_event(sup, event)
-            self.bookmarks.heard(event.node, self.sessions[event.node].channel, event.end)
         self._redial(sup, running)
+        return came
+
+    def _hand_on(
+        self,
+        sup: Supervisor,
+        event: Event,
+        judge: Judge,
+        running: bool,
+    ) -> None:
+        node = sup.nodes[event.node]
+        if event.kind == CHANNEL_CLOSED:
+            judge.channel_closed(node.index)
+            self._lost(sup, node, event, running)
+            return
+        if event.kind == Frame.RANK_EXITED:  # E rank rc t [stopped]
+            node.heard_wall = max(node.heard_wall, event.at)
+            rank, code, at, *stopped = event.fields
+            after_stop = stopped[0] == "1" if stopped else None
+            judge.rank_exited(int(rank), int(code), sup.on_our_clock(node, float(at)), after_stop)
+        elif event.kind == Frame.FINISHED:  # X rc t: the node's part ended
+            node.heard_wall = max(node.heard_wall, event.at)
+            code = None if event.fields[0] == "None" else int(event.fields[0])
+            judge.node_exited(node, code, sup.on_our_clock(node, float(event.fields[1])))
+        elif event.kind == Frame.TIME_WARNING and event.fields[2:] == ("-", "-"):
+            # G SIG t - -: the keeper heard the time limit's (or a preemption's) signal
+            judge.warned(event.fields[0], sup.on_our_clock(node, float(event.fields[1])))
+        else:
+            handle_event(sup, event)
+        self.bookmarks.heard(event.node, self.sessions[event.node].channel, event.end)
 
     def _lost(self, sup: Supervisor, node: NodeState, event: Event, running: bool) -> None:
         if node.done or sup.stopping or not running:

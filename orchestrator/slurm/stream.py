@@ -86,11 +86,12 @@ class AttemptFiles:
         sup: Supervisor,
         rank_exited: Callable[[int, int, float], None],
         node_exited: Callable[[NodeState, int, float], None],
-    ) -> None:
+    ) -> bool:
         """Pass on new output; record node starts, then rank exits (in the order they
         happened, through `rank_exited(rank, code, when)`), then node exits (through
-        `node_exited(node, code, when)`)."""
-        now = time.time()
+        `node_exited(node, code, when)`). Whether anything came: the follower reads again
+        soon after something did, and less often while the files rest."""
+        now, came = time.time(), False
         # Lines and metrics as an agent's frames would bring them (frame_handlers.py): the
         # same console, hang clock and restarts whichever way they came.
         for kind, files in (
@@ -101,6 +102,7 @@ class AttemptFiles:
                 if data := tail.read_lines(READ_BYTES):
                     event = Event(sup.ranks[rank].node, kind, (str(rank),), data, now)
                     handle_event(sup, event)
+                    came = True
         self.clock.measure()
         for node in sup.nodes:
             start_file = self.node_dir(node.index) / "node.start"
@@ -110,8 +112,10 @@ class AttemptFiles:
                     sup.ranks[rank].state = "running"
                 sup.metrics.event("start", node)
                 sup.on_change(sup)
+                came = True
             if data := self.node_files[node.index].read_lines(READ_BYTES):
                 sink.node_output(node.index, data)
+                came = True
         ended = []
         for rank, rank_file in self.rank_files.items():
             fields = read_fields(self.node_dir(sup.ranks[rank].node) / f"rank-{rank}.exit")
@@ -131,6 +135,8 @@ class AttemptFiles:
             if not node.done and (fields := read_fields(exit_file)):
                 sink.node_output(node.index, self.node_files[node.index].rest())
                 node_exited(node, int(fields[0]), self.clock.written(exit_file))
+                came = True
+        return came or bool(ended)
 
 
 def read_fields(path: Path) -> list[str] | None:

@@ -70,22 +70,23 @@ def test_an_attempt_streams_output_then_starts_and_exits_in_the_order_they_happe
     files = AttemptFiles(tmp_path / "attempt0", nnodes=2, nproc=1)
     exits: list[tuple[int, int, float]] = []
 
-    def pump() -> None:
-        files.pump(
+    def pump() -> bool:
+        came = files.pump(
             sup.sink,
             sup,
             lambda *exit: (exits.append(exit), sup.rank_exited(*exit)),
             sup.node_exited,
         )
         sup.sink.flush()
+        return came
 
-    pump()  # nothing written yet (the node directories do not even exist)
+    assert not pump()  # nothing written yet (the node directories do not even exist)
     assert [n.state for n in sup.nodes] == ["starting", "starting"] and exits == []
     write(files.node_dir(0) / "node.start", "123 10.5\n", 10.5)
     write(files.node_dir(0) / "node.out", "torchrun says\n")
     write(files.node_dir(0) / "rank-0.out", "step 1\nhalf a li")
     write(files.node_dir(1) / "node.start", "124 10")  # not complete yet
-    pump()
+    assert pump()  # something came: the follower reads again soon
     assert sup.nodes[0].state == "running" and sup.nodes[0].started_at == approx(10.5)
     assert sup.ranks[0].state == "running" and sup.nodes[1].state == "starting"
     write(files.node_dir(1) / "node.start", ".7\n", 10.7)
@@ -99,8 +100,8 @@ def test_an_attempt_streams_output_then_starts_and_exits_in_the_order_they_happe
     assert (tmp_path / "logs" / "rank-0.log").read_text() == "step 1\nhalf a line\n"
     assert (tmp_path / "logs" / "node-0.log").read_text() == "torchrun says\n"
     write(files.node_dir(0) / "node.exit", "3 12.5\n", 12.5)
-    pump()
-    pump()
+    assert pump()
+    assert not pump()  # nothing new: the follower reads less often
     assert exits == approx([(1, 0, 11.0), (0, 3, 12.0)])  # each exit once
     assert sup.nodes[0].done and sup.nodes[0].exit_code == 3 and not sup.nodes[1].done
     files.close()
