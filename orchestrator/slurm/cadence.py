@@ -4,8 +4,8 @@ squeue is a process and a request to slurmctld: about 6 ms of the controller's C
 (benchmarks/slurm_agents.py), so once a second it was most of what a quiet job cost. Once
 every node's agent answers, whatever of SLURM's that matters shows without it: the job's
 end, a requeue, a node failure or a cancel ends the job's steps, so the agents' channels
-(`srun --overlap` steps of the job) close; the ranks and nodes write exit files as they end,
-and the script a warning file before a time limit. squeue then runs every AGENTS_POLL_S,
+(`srun --overlap` steps of the job) close; the agents tell the ranks' and nodes' ends and
+the time limit's warning as they come. squeue then runs every AGENTS_POLL_S,
 a backstop for what shows in none of these; and every POLL_S, as before, while the job is
 queued, while any agent has not answered yet or has gone quiet, once a channel has closed,
 a node has ended or a stop has begun (the follower asks at once on an exit or a warning).
@@ -16,7 +16,8 @@ answering. AGENTS_POLL_S is as long: a job gone in a way that shows nowhere else
 srun on this machine stuck while the agent is gone) is seen within two beats either way,
 and squeue costs one process per 30 s whatever the node count.
 
-The files are read every FILES_S while they grow; each pass that finds nothing doubles the
+The follower passes every FILES_S while something comes (the agents' frames, or the nodes'
+files over --login, the batch script's output); each pass that finds nothing doubles the
 pause, up to FILES_IDLE_S (as the agent's own loop does): a job that prints shows its lines
 within FILES_S, the first line after a quiet spell within FILES_IDLE_S. The follower waits
 on its events meanwhile, so the agents' frames (stacks, messages, a closed channel) and a

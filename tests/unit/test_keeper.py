@@ -5,6 +5,7 @@ it keeps for a controller that comes late, and the dial a controller runs throug
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -45,8 +46,12 @@ def test_the_agent_runs_alone_and_a_controller_that_comes_late_gets_it_all(tmp_p
         "SLURM_RESTART_COUNT": "0",
         "ORCHESTRATOR_JOB_DIR": str(job_dir),
     }
-    script = 'echo started; read -t 60 line < "$ORCHESTRATOR_NODE_DIR/fifo"; echo done; exit 3'
-    config = {"argv": ["bash", "-c", script], "ranks": [], "grace": 1.0}
+    script = (
+        'echo started; echo hello > "$ORCHESTRATOR_NODE_DIR/rank-0.out"; '
+        'read -t 60 line < "$ORCHESTRATOR_NODE_DIR/fifo"; '
+        'echo "0 $(date +%s)" > "$ORCHESTRATOR_NODE_DIR/rank-0.exit"; echo done; exit 3'
+    )
+    config = {"argv": ["bash", "-c", script], "nproc": 1, "grace": 1.0}  # node 0: rank 0
     node_dir = job_dir / "attempt0" / "node0"
     node_dir.mkdir(parents=True)
     os.mkfifo(node_dir / "fifo")
@@ -63,6 +68,7 @@ def test_the_agent_runs_alone_and_a_controller_that_comes_late_gets_it_all(tmp_p
     path = socket_path(env["SLURM_JOB_ID"], 0, 0)
     try:
         time.sleep(1.5)  # the agent runs with nobody connected; what it says is kept
+        keeper.send_signal(signal.SIGUSR1)  # the time limit's, as srun passes it on
         dial = subprocess.Popen(
             [sys.executable, "-I", "-S", "-u", "-c", DIAL, path, "0", "10"],
             stdin=subprocess.PIPE,
@@ -87,6 +93,11 @@ def test_the_agent_runs_alone_and_a_controller_that_comes_late_gets_it_all(tmp_p
     output = b"".join(data for kind, _, data in parsed if kind == "N")
     assert output == b"started\ndone\n"
     assert [fields for kind, fields, _ in parsed if kind == "X"][0][0] == "3"
+    # The node's rank ships as over SSH: its lines, then its exit; and the signal is told.
+    assert [data for kind, fields, data in parsed if kind == "O"] == [b"hello\n"]
+    assert [fields[:2] for kind, fields, _ in parsed if kind == "E"] == [("0", "0")]
+    (warned,) = [fields for kind, fields, _ in parsed if kind == "G"]
+    assert warned[0] == "USR1" and warned[2:] == ("-", "-")
     assert not os.path.exists(path)  # the socket goes with the agent
     assert keeper.stdout.read() == b""  # with a job folder, nothing for SLURM's output file
 

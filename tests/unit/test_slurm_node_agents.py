@@ -1,0 +1,87 @@
+"""What the SLURM follower does with its node agents' frames (orchestrator.slurm.node_agents):
+the ranks' lines go to the log as over SSH, a rank's or node's end and the time limit's
+signal to the follower's own judgement, a closed channel is told and dialled again only
+while the job runs, and each frame handled moves the node's read point."""
+
+from __future__ import annotations
+
+import queue
+import time
+from pathlib import Path
+
+from orchestrator.agent.protocol import Frame
+from orchestrator.backends.sessions import CHANNEL_CLOSED, Event
+from orchestrator.console.sink import LogSink
+from orchestrator.options.supervision import Supervision
+from orchestrator.record.runs import RunRecord
+from orchestrator.slurm.handover import Bookmarks
+from orchestrator.slurm.node_agents import NodeAgents
+from orchestrator.supervise import NodeState, RankState, Supervisor
+
+
+class Judge:
+    def __init__(self) -> None:
+        self.said: list[tuple] = []
+
+    def rank_exited(self, rank, code, when, after_stop=None) -> None:
+        self.said.append(("rank", rank, code, after_stop))
+
+    def node_exited(self, node, code, when) -> None:
+        self.said.append(("node", node.index, code))
+
+    def warned(self, signal_name, when) -> None:
+        self.said.append(("warned", signal_name, when))
+
+    def channel_closed(self, node) -> None:
+        self.said.append(("closed", node))
+
+
+class Channel:  # what the bookmarks read of a session's channel: where its stream began
+    start = 1000
+
+
+class Session:
+    channel = Channel()
+
+
+def agents_of(tmp_path: Path) -> tuple[NodeAgents, Supervisor, queue.Queue]:
+    events: queue.Queue = queue.Queue()
+    record = RunRecord.create(tmp_path, "r1")
+    agents = NodeAgents(7, 0, "python3", Bookmarks(record, None), events)
+    agents.sessions.append(Session())  # type: ignore[arg-type]
+    sink = LogSink(tmp_path / "logs", {0: "n0 r0"}, {0: "n0"}, None, False)
+    nodes, ranks = [NodeState(0, "n0", (0,))], [RankState(0, 0, 0, "n0")]
+    sup = Supervisor(nodes, ranks, agents.sessions, events, sink, Supervision(hang_timeout=0))
+    return agents, sup, events
+
+
+def test_lines_go_to_the_log_and_ends_to_the_judge_in_stream_order(tmp_path: Path) -> None:
+    agents, sup, events = agents_of(tmp_path)
+    judge, later = Judge(), time.time() + 100  # node times after the run began
+    events.put(Event(0, Frame.RANK_OUTPUT, ("0",), b"step 1\n", 1.0, end=20))
+    events.put(None)  # a wake-up between frames
+    events.put(Event(0, Frame.TIME_WARNING, ("USR1", f"{later}", "-", "-"), b"", 2.0, 40))
+    events.put(Event(0, Frame.RANK_EXITED, ("0", "138", f"{later + 1}", "0"), b"", 3.0, 60))
+    events.put(Event(0, Frame.FINISHED, ("138", f"{later + 2}"), b"", 4.0, end=80))
+    came = agents.hear(sup, judge, running=True)
+    sup.sink.flush()
+    assert came == 4
+    assert (tmp_path / "logs" / "rank-0.log").read_bytes() == b"step 1\n"
+    assert judge.said == [
+        ("warned", "USR1", later),
+        ("rank", 0, 138, False),
+        ("node", 0, 138),
+    ]
+    assert agents.bookmarks.agents == {"0": 1080}  # the channel's start + the last frame's end
+
+
+def test_a_closed_channel_is_dialled_again_only_while_the_job_runs(tmp_path: Path) -> None:
+    agents, sup, events = agents_of(tmp_path)
+    judge = Judge()
+    events.put(Event(0, CHANNEL_CLOSED, (), b"srun: error: ...\n"))
+    agents.hear(sup, judge, running=False)
+    assert judge.said == [("closed", 0)] and agents.redial_at == {}
+    sup.nodes[0].done = True
+    events.put(Event(0, CHANNEL_CLOSED, (), b""))
+    agents.hear(sup, judge, running=True)
+    assert agents.redial_at == {}  # its node ended: nothing more to hear
