@@ -19,48 +19,42 @@ from __future__ import annotations
 import os
 import queue
 import subprocess
+import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 from orchestrator.agent.keeper import DIAL, socket_path
 from orchestrator.backends.base import IdleAgent, writable
 from orchestrator.backends.sessions import Event, NodeSession
+from orchestrator.errors import OrchestratorError
+from orchestrator.slurm.client import SlurmCommands
 
 DIAL_WAIT_S = 120.0  # how long the dial waits on the node for its agent's socket
 CLOSE_WAIT_S = 5.0  # for srun to end once its stdin is closed
 
 
-class SrunChannel:
-    """A node agent's stream through `srun --overlap`, from the offset its dial asks."""
+class KeeperDial:
+    """What a dial's channel does whichever way it goes: the keeper's first line (`at
+    OFFSET LOST`) is taken off the front of the stream, and says where the agent's bytes
+    start and how many before them the keeper no longer had."""
 
-    def __init__(self, argv: list[str]) -> None:
-        self.proc = subprocess.Popen(
-            argv,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            bufsize=0,
-            start_new_session=True,  # Ctrl-C is the launcher's to handle (scancel)
-        )
+    def __init__(self) -> None:
         self.head: bytes | None = b""  # the keeper's first line until it is whole, then None
         self.start = 0  # the stream's offset of the first byte read (the keeper's word)
         self.lost = 0  # bytes before `start` that the keeper no longer had
 
-    def write(self, data: bytes) -> None:
-        try:
-            self.proc.stdin.write(data)  # type: ignore[union-attr]
-        except (OSError, ValueError):
-            pass  # srun has ended; its output's end says so
+    def raw(self, size: int) -> bytes:
+        raise NotImplementedError
 
-    def ready(self) -> bool:
-        return writable(self.proc.stdin)
+    @property
+    def connected(self) -> bool:
+        """The keeper answered (a dial that ends before it could not reach it)."""
+        return self.head is None
 
     def read(self, size: int) -> bytes:
-        """The agent's bytes, after the keeper's first line (`at OFFSET LOST`: where they
-        start, and how many before it the keeper no longer kept)."""
-        fd = self.proc.stdout.fileno()  # type: ignore[union-attr]
+        """The agent's bytes, after the keeper's first line."""
         while self.head is not None:
-            chunk = os.read(fd, size)
+            chunk = self.raw(size)
             if not chunk:
                 return b""
             line, newline, rest = (self.head + chunk).partition(b"\n")
@@ -71,7 +65,37 @@ class SrunChannel:
                     self.start, self.lost = int(words[1]), int(words[2])
             if rest:
                 return rest
-        return os.read(fd, size)
+        return self.raw(size)
+
+
+class SrunChannel(KeeperDial):
+    """A node agent's stream through `srun --overlap` run here."""
+
+    def __init__(self, argv: list[str]) -> None:
+        super().__init__()
+        self.proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            bufsize=0,
+            start_new_session=True,  # Ctrl-C is the launcher's to handle (scancel)
+        )
+
+    def write(self, data: bytes) -> None:
+        try:
+            self.proc.stdin.write(data)  # type: ignore[union-attr]
+        except (OSError, ValueError):
+            pass  # srun has ended; its output's end says so
+
+    def ready(self) -> bool:
+        return writable(self.proc.stdin)
+
+    def raw(self, size: int) -> bytes:
+        return os.read(self.proc.stdout.fileno(), size)  # type: ignore[union-attr]
+
+    def ended(self) -> bool:
+        return self.proc.poll() is not None
 
     def errors(self) -> str:
         try:
@@ -95,6 +119,66 @@ class SrunChannel:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+
+
+class LoginChannel(KeeperDial):
+    """A node agent's stream through `srun --overlap` run on the login node (--login): an
+    SSH channel on the launcher's connection to it, srun's stdin and stdout its own."""
+
+    def __init__(self, commands: SlurmCommands, argv: list[str]) -> None:
+        import paramiko  # here: a launch that uses no --login never loads it
+
+        super().__init__()
+        self.broken = (OSError, EOFError, paramiko.SSHException)  # srun or the link ended
+        self.lock = threading.Lock()
+        self.failure = ""
+        try:
+            self.channel = commands.open_stream(argv)
+        except OrchestratorError as exc:
+            self.channel, self.failure = None, str(exc)
+
+    def write(self, data: bytes) -> None:
+        with self.lock:
+            try:
+                if self.channel is not None:
+                    self.channel.sendall(data)
+            except self.broken:
+                pass  # srun or the connection is gone; the reader will see the end
+
+    def ready(self) -> bool:
+        return self.channel is not None and self.channel.send_ready()
+
+    def raw(self, size: int) -> bytes:
+        return self.channel.recv(size) if self.channel is not None else b""
+
+    def ended(self) -> bool:
+        return self.channel is None or self.channel.exit_status_ready() or self.channel.closed
+
+    def errors(self) -> str:
+        if self.channel is None:
+            return self.failure
+        chunks = []
+        try:
+            while chunk := self.channel.recv_stderr(65536):
+                chunks.append(chunk)
+        except self.broken:
+            pass
+        return b"".join(chunks).decode(errors="replace")
+
+    def hang_up(self) -> None:
+        try:
+            if self.channel is not None:
+                self.channel.shutdown_write()
+        except self.broken:
+            pass
+
+    def close(self, wait: float = CLOSE_WAIT_S) -> None:
+        self.hang_up()
+        deadline = time.monotonic() + wait
+        while not self.ended() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if self.channel is not None:
+            self.channel.close()
 
 
 class AllocationNode:
@@ -150,25 +234,6 @@ def leave_agents(sessions: Sequence[NodeSession]) -> None:
         channel.close(wait=max(0.0, deadline - time.monotonic()))  # type: ignore[call-arg]
 
 
-def reach_agents(
-    job_id: int,
-    restart: int,
-    hosts: Sequence[str],
-    python: str,
-    events: queue.Queue[Event],
-    offsets: Mapping[str, int] | None = None,
-) -> list[NodeSession]:
-    """A session to every node's agent, each reading its frames into `events`; node K's
-    stream from `offsets[str(K)]` (what a follower before this one had handled), else
-    from its start."""
-    return [
-        reach_agent(
-            job_id, restart, index, host, python, events, (offsets or {}).get(str(index), 0)
-        )
-        for index, host in enumerate(hosts)
-    ]
-
-
 def reach_agent(
     job_id: int,
     restart: int,
@@ -177,9 +242,12 @@ def reach_agent(
     python: str,
     events: queue.Queue[Event],
     offset: int = 0,
+    commands: SlurmCommands | None = None,
 ) -> NodeSession:
-    """A session to node `index`'s agent (`host`), its stream from `offset`."""
-    channel = SrunChannel(dial_argv(job_id, restart, index, host, python, offset))
+    """A session to node `index`'s agent (`host`), its stream from `offset`; srun runs
+    where `commands` run SLURM's commands (here, or on the --login node)."""
+    argv = dial_argv(job_id, restart, index, host, python, offset)
+    channel = LoginChannel(commands, argv) if commands and commands.login else SrunChannel(argv)
     # Every frame in the queue, in the stream's order: the follower passes through it
     # anyway, and knows that all before a frame it handled were handled (handover.py).
     session = NodeSession(

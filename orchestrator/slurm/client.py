@@ -13,6 +13,7 @@ import re
 import shlex
 import subprocess
 import time
+from typing import Any
 
 from orchestrator.errors import ConfigError, OrchestratorError
 from orchestrator.record.runs import RunRecord, controller_alive, now_iso, run_status
@@ -43,13 +44,19 @@ class SlurmCommands:
         self.login = login
         self.where = f"on {login}" if login else "on this machine"
         self._connection = None
+        self.ssh_options = ssh_options
+        self._more: list = []  # further connections, for streams past sshd's MaxSessions
         if login:
-            from orchestrator.backends.ssh import SshSession
-            from orchestrator.hosts.hostfile import Host
+            self._connection = self._connect()
 
-            session = SshSession(ssh_options)  # type: ignore[arg-type]
-            self._connection = session.connect(Host(name=login))
-            session.report()
+    def _connect(self):  # noqa: ANN202 - an SshConnection, whose module loads paramiko
+        from orchestrator.backends.ssh import SshSession
+        from orchestrator.hosts.hostfile import Host
+
+        session = SshSession(self.ssh_options)  # type: ignore[arg-type]
+        connection = session.connect(Host(name=self.login))
+        session.report()
+        return connection
 
     def run(
         self, argv: list[str], env: dict[str, str] | None = None, timeout: float = COMMAND_TIMEOUT_S
@@ -119,6 +126,33 @@ class SlurmCommands:
             raise OrchestratorError(f"running {argv[0]} on {self.login} failed: {exc}") from None
         return rc, bytes(out), bytes(err)
 
+    def open_stream(self, argv: list[str]) -> Any:
+        """A long-lived command on the login node whose stdin and stdout are the channel
+        returned (a paramiko Channel): the node agents' dials (--login). This shell's
+        SLURM_CONF goes with it (a path, not a secret)."""
+        import paramiko
+
+        conf = os.environ.get("SLURM_CONF")
+        command = (f"SLURM_CONF={shlex.quote(conf)} " if conf else "") + shlex.join(argv)
+        try:
+            for connection in [self._connection, *self._more]:
+                try:
+                    channel = connection.client.get_transport().open_session(
+                        timeout=COMMAND_TIMEOUT_S
+                    )
+                    break
+                except paramiko.ChannelException:  # it has all the sessions sshd allows
+                    continue
+            else:  # sshd allows MaxSessions (10 by default) per connection: one more
+                self._more.append(self._connect())
+                channel = (
+                    self._more[-1].client.get_transport().open_session(timeout=COMMAND_TIMEOUT_S)
+                )
+            channel.exec_command(command)
+        except (OSError, EOFError, paramiko.SSHException, OrchestratorError) as exc:
+            raise OrchestratorError(f"running {argv[0]} on {self.login} failed: {exc}") from None
+        return channel
+
     def _missing(self, name: str) -> ConfigError:
         if self.login:
             return ConfigError(
@@ -139,6 +173,9 @@ class SlurmCommands:
         return out
 
     def close(self) -> None:
+        for connection in self._more:
+            connection.close()
+        self._more = []
         if self._connection is not None:
             self._connection.close()
             self._connection = None

@@ -5,12 +5,13 @@ orchestrator.slurm.cadence says (less often while the node agents answer; the lo
 on their frames meanwhile). Once nodes run, the node agents are reached
 (orchestrator.slurm.node_agents) and what they send (the ranks' lines, metrics and exits,
 the nodes' starts, ends and samples, stacks) goes into the same `LogSink` and `Supervisor`
-as over SSH; with --login, where they are not reached, the files the nodes write in the
-run's job folder say the same (orchestrator.slurm.stream). SLURM stops the nodes (srun
---kill-on-bad-exit, scancel); the Supervisor decides the first failing rank and writes the
-same summaries and status; orchestrator.slurm.outcome says how the job ended. What another
-controller would need to take over is kept in the run record as it goes
-(orchestrator.slurm.handover; `orchestrator attach`). Under
+as over SSH (srun runs here, or on the --login node); for a node whose agent cannot be
+reached, the files it writes in the run's job folder say the same
+(orchestrator.slurm.stream). SLURM stops the nodes (srun --kill-on-bad-exit, scancel); the
+Supervisor decides the first failing rank and writes the same summaries and status;
+orchestrator.slurm.outcome says how the job ended. What another controller would need to
+take over is kept in the run record as it goes (orchestrator.slurm.handover; `orchestrator
+attach`). Under
 --max-restarts a failing rank is a restart (torchrun starts the workers again, the job
 goes on) until a node's torchrun gives up, as on SSH nodes. A requeued job starts a new
 attempt; so does, under --spares, the job submitted again after a node failure
@@ -288,7 +289,7 @@ class Follower:
         self.base.update(master=f"{job.master_addr or hosts[0]}:{port}", attempt=details.restarts)
         self.events = queue.Queue()
         agents = NodeAgents(
-            self.job_id, self.attempt, agent_python(job), self.bookmarks, self.events
+            self.job_id, self.attempt, agent_python(job), self.bookmarks, self.events, self.commands
         )
         self.sup = Supervisor(
             nodes,
@@ -304,14 +305,8 @@ class Follower:
             record_dir=self.record.path,
         )
         self.bookmarks.restore(self.sup, start)  # what a follower before this one knew
-        if self.commands.login:
-            self.note(
-                "the node agents are not reached over --login yet: no stacks or hang checks "
-                "for this job (run `orchestrator launch` where srun works for them)"
-            )
-        else:
-            self.agents = agents
-            agents.reach(hosts, start.agents)
+        self.agents = agents  # through srun here, or on the --login node
+        agents.reach(hosts, start.agents)
         self.cadence.reached(agents.sessions)
         if self.interrupted_by is not None:
             self.sup.begin_stop(
@@ -339,8 +334,11 @@ class Follower:
         came = bool(lines)
         if self.sup is not None and self.files is not None:
             self._check_warning()  # first: a rank's exit after it is a stop
-            if self.agents is None:  # not reached (--login): the nodes' files say it all
-                came |= self.files.pump(self.sink, self.sup, self.rank_exited, self.node_exited)
+            if self.agents is None or self.agents.unreached:  # their files say it instead
+                only = None if self.agents is None else self.agents.unreached
+                came |= self.files.pump(
+                    self.sink, self.sup, self.rank_exited, self.node_exited, only
+                )
             came |= self._hear_agents(self.sup, event) > 0
             self.sup.metrics.flush()
             if self.sup.metrics.check(time.time(), self.sup.running_ranks, self.sup.nodes):

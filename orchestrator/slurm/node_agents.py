@@ -19,6 +19,7 @@ from typing import Protocol
 from orchestrator.agent.protocol import Frame
 from orchestrator.backends.sessions import CHANNEL_CLOSED, Event, NodeSession
 from orchestrator.slurm.agents import leave_agents, reach_agent
+from orchestrator.slurm.client import SlurmCommands
 from orchestrator.slurm.handover import Bookmarks
 from orchestrator.supervise import NodeState, Supervisor
 from orchestrator.supervise.frame_handlers import handle as handle_event
@@ -50,9 +51,13 @@ class NodeAgents:
         python: str,
         bookmarks: Bookmarks,
         events: queue.Queue[Event | None],
+        commands: SlurmCommands | None = None,
     ) -> None:
         self.job_id, self.attempt, self.python = job_id, attempt, python
         self.bookmarks = bookmarks
+        self.commands = commands  # where srun runs: here, or on the --login node
+        self.connected: set[int] = set()  # the nodes whose agent has answered
+        self.unreached: set[int] = set()  # the nodes whose files say it instead
         self.sessions: list[NodeSession] = []  # the attempt's Supervisor holds this list
         self.events = events  # the attempt's: the follower waits on it (None: a wake-up)
         self.redial_at: dict[int, float] = {}  # node -> when its agent is dialled again
@@ -64,7 +69,9 @@ class NodeAgents:
             self.sessions.append(self._dial(index, host, offset))
 
     def _dial(self, index: int, host: str, offset: int) -> NodeSession:
-        return reach_agent(self.job_id, self.attempt, index, host, self.python, self.events, offset)
+        return reach_agent(
+            self.job_id, self.attempt, index, host, self.python, self.events, offset, self.commands
+        )
 
     def leave(self) -> None:
         leave_agents(self.sessions)
@@ -120,11 +127,25 @@ class NodeAgents:
         self.bookmarks.heard(event.node, self.sessions[event.node].channel, event.end)
 
     def _lost(self, sup: Supervisor, node: NodeState, event: Event, running: bool) -> None:
+        """A closed channel: a node whose agent never answered is read from its files from
+        now on (said once, with why); one that had answered is dialled again."""
         if node.done or sup.stopping or not running:
             return
         why = event.data.decode(errors="replace").strip() or "it ended"
-        sup.sink.node_note(node.host, f"its agent's channel closed: {why}; dialling again")
+        channel = self.sessions[node.index].channel
+        if getattr(channel, "connected", True):
+            self.connected.add(node.index)
+        if node.index not in self.connected:
+            self.unreached.add(node.index)
+            sup.sink.node_note(
+                node.host,
+                f"no way to its agent ({why.splitlines()[-1]}): its ranks' lines are read "
+                "from the run's job folder instead, with no stacks or hang checks there",
+            )
+            return
         again = node.index in self.redial_at
+        if not again:
+            sup.sink.node_note(node.host, f"its agent's channel closed: {why}; dialling again")
         self.redial_at[node.index] = time.monotonic() + (REDIAL_S if again else 0.0)
 
     def _redial(self, sup: Supervisor, running: bool) -> None:
@@ -132,7 +153,7 @@ class NodeAgents:
             node = sup.nodes[index]
             if node.done or sup.stopping or not running or at > time.monotonic():
                 continue
-            if self.sessions[index].channel.proc.poll() is None:  # type: ignore[attr-defined]
+            if not self.sessions[index].channel.ended():  # type: ignore[attr-defined]
                 continue  # its srun is still ending
             offset = self.bookmarks.agents.get(str(index), 0)
             self.sessions[index] = self._dial(index, node.host, offset)

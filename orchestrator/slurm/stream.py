@@ -86,12 +86,16 @@ class AttemptFiles:
         sup: Supervisor,
         rank_exited: Callable[[int, int, float], None],
         node_exited: Callable[[NodeState, int, float], None],
+        only: set[int] | None = None,
     ) -> bool:
         """Pass on new output; record node starts, then rank exits (in the order they
         happened, through `rank_exited(rank, code, when)`), then node exits (through
-        `node_exited(node, code, when)`). Whether anything came: the follower reads again
-        soon after something did, and less often while the files rest."""
+        `node_exited(node, code, when)`); of the nodes `only` (None: all). Whether anything
+        came: the follower reads again soon after something did, and less often while the
+        files rest."""
         now, came = time.time(), False
+        nodes = [node for node in sup.nodes if only is None or node.index in only]
+        ranks = {rank for node in nodes for rank in node.ranks}
         # Lines and metrics as an agent's frames would bring them (frame_handlers.py): the
         # same console, hang clock and restarts whichever way they came.
         for kind, files in (
@@ -99,12 +103,12 @@ class AttemptFiles:
             (Frame.METRICS, self.metrics_files),
         ):
             for rank, tail in files.items():
-                if data := tail.read_lines(READ_BYTES):
+                if rank in ranks and (data := tail.read_lines(READ_BYTES)):
                     event = Event(sup.ranks[rank].node, kind, (str(rank),), data, now)
                     handle_event(sup, event)
                     came = True
         self.clock.measure()
-        for node in sup.nodes:
+        for node in nodes:
             start_file = self.node_dir(node.index) / "node.start"
             if node.state == "starting" and read_fields(start_file):
                 node.state, node.started_at = "running", self.clock.written(start_file)
@@ -118,6 +122,8 @@ class AttemptFiles:
                 came = True
         ended = []
         for rank, rank_file in self.rank_files.items():
+            if rank not in ranks:
+                continue
             fields = read_fields(self.node_dir(sup.ranks[rank].node) / f"rank-{rank}.exit")
             # Not there yet, or passed on already: a new line is the rank's next run ending.
             if not fields or self.reported.get(rank) == fields or not rank_file.at_end():
@@ -130,7 +136,7 @@ class AttemptFiles:
             if error_file and os.path.isfile(error_file[0]):
                 sup.ranks[rank].error_file = Path(error_file[0]).read_text(errors="replace")
             rank_exited(rank, code, when)
-        for node in sup.nodes:
+        for node in nodes:
             exit_file = self.node_dir(node.index) / "node.exit"
             if not node.done and (fields := read_fields(exit_file)):
                 sink.node_output(node.index, self.node_files[node.index].rest())

@@ -184,6 +184,8 @@ def test_ctrl_c_cancels_the_job_everywhere(slurm_cluster: SlurmCluster, work: Pa
 
 
 def test_detached_job_over_a_login_node(slurm_cluster: SlurmCluster, work: Path) -> None:
+    """Submitted, followed and stopped over the login node; its node agents reached
+    through srun there (stacks)."""
     login = slurm_cluster.nodes[-1].name
     done = orchestrator(
         slurm_cluster,
@@ -198,6 +200,12 @@ def test_detached_job_over_a_login_node(slurm_cluster: SlurmCluster, work: Path)
     shown = orchestrator(slurm_cluster, work, "status", "det", *run)
     assert "run det: running" in shown.stdout
     assert f"slurm job {job_id}: RUNNING, via {login}" in shown.stdout
+    # The node agents are reached through srun on the login node: stacks of both ranks.
+    stacks = orchestrator(slurm_cluster, work, "stacks", "det", *run, timeout=60)
+    assert stacks.returncode == 0, stacks.stdout + stacks.stderr
+    assert "stacks of 2 rank(s) taken" in stacks.stdout, stacks.stdout
+    assert "main thread in <module> (ranks.py:" in stacks.stdout, stacks.stdout
+    assert "no way to its agent" not in combined(work, "det")
     follow = subprocess.Popen(
         command("logs", "det", "-f", *run),
         cwd=work,
