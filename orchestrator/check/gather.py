@@ -17,13 +17,13 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
-from importlib import resources
 
 from orchestrator.backends.base import NodeConnection
 from orchestrator.check.facts import Master, NodeReport
 from orchestrator.errors import NodeError
 from orchestrator.hosts.hostfile import Cluster
 from orchestrator.nodes.execute import NodeResult, run_on_nodes
+from orchestrator.nodes.paths.prove import reach_source
 from orchestrator.nodes.probe import parse_probe_output, probe_time_limit
 from orchestrator.plan.container import ContainerSpec
 from orchestrator.plan.scripts import render_template
@@ -150,10 +150,6 @@ def _failure(result: NodeResult, python: str) -> str:
 
 
 # --- step 2: rendezvous reachability ----------------------------------------------------
-
-
-def reach_source() -> str:
-    return resources.files("orchestrator.check").joinpath("reach.py").read_text(encoding="utf-8")
 
 
 def reach_master(

@@ -1,0 +1,336 @@
+"""Do the job's TCP paths work? (standard library only)
+
+Shipped to every node by the preflight and by `orchestrator check`, and run there by the
+node's interpreter as `python -c SOURCE ...` through the node agents, all nodes at once.
+It proves two kinds of path, the way torchrun's store and gloo/NCCL's mesh use them:
+
+- the store: on the master it opens a temporary listener on the rendezvous port, bound the
+  way torchrun's store binds it (all interfaces, SO_REUSEADDR); every node (the master too)
+  connects to MASTER_ADDR:PORT from the address of the interface chosen for NCCL/gloo, as
+  they bind to it, retrying while nothing listens yet (the master may start a moment after
+  the others), and registers there;
+- the peers (--serve): every node first opens a listener of its own on that address (a port
+  the kernel picks, as gloo does) and registers its port with the master's listener, which
+  sends every registered node the table of the others' addresses and ports once all have
+  registered (or its wait is over). Each node then connects to the peers it was given
+  (--peers), all at once, and its listener answers the peers it expects (--from).
+
+When the store connection fails it also tries the master's sshd port from the same address
+(blocked port or unreachable master?) and the connection from every other address of the
+node (--alt IFNAME=ADDR,...: which interface would work). Output: key=value lines (`main`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import select
+import socket
+import sys
+import threading
+import time
+
+RETRY_S = 0.1
+GIVE_UP_AFTER = 3  # attempts for errors that waiting does not cure (no route, refused by rule)
+
+
+def say(key: str, value: object) -> None:
+    print(f"{key}={value}", flush=True)
+
+
+def describe(exc: BaseException) -> str:
+    if isinstance(exc, TimeoutError):
+        return "timed out"
+    code = getattr(exc, "errno", None)
+    if code is not None and code in errno.errorcode:
+        return f"{errno.errorcode[code]} ({exc.strerror or exc})"
+    return str(exc) or type(exc).__name__
+
+
+def indices(text: str) -> list[int]:
+    return [int(part) for part in text.split(",") if part.strip()]
+
+
+class Listener:
+    """Accepts connections that send `TOKEN NODE PORT` and answers `TOKEN ok` until the
+    nodes in `expect` were heard or `deadline`. With `table`, the connections of nodes that
+    registered a port (> 0) are held, and each is sent the table of every registered node
+    (`TOKEN table NODE=ADDR:PORT ...`) at the end: the master's store listener."""
+
+    def __init__(self, server: socket.socket, token: str, table: bool) -> None:
+        self.server, self.token, self.table = server, token, table
+        self.heard: dict[str, tuple[str, int]] = {}
+        self.held: list[socket.socket] = []
+        self.expect: set[str] | None = None  # None: any `count` nodes (set by `serve`)
+        self.deadline = float("inf")
+        self.done = threading.Event()
+
+    def serve(self, count: int, deadline: float) -> None:
+        self.deadline = deadline
+        with self.server:
+            while time.monotonic() < self.deadline and not self._all_heard(count):
+                readable, _, _ = select.select([self.server], [], [], 0.05)
+                if readable:
+                    self._accept()
+            if self.table:
+                self._send_table()
+        self.done.set()
+
+    def _all_heard(self, count: int) -> bool:
+        if self.expect is not None:
+            return self.expect <= set(self.heard)
+        return len(self.heard) >= count
+
+    def _accept(self) -> None:
+        conn, peer = self.server.accept()
+        conn.settimeout(2.0)
+        try:
+            words = conn.recv(256).decode(errors="replace").split()
+            if len(words) != 3 or words[0] != self.token:
+                conn.close()
+                return
+            conn.sendall(f"{self.token} ok\n".encode())
+            address = peer[0].removeprefix("::ffff:")
+            self.heard[words[1]] = (address, int(words[2]))
+            if self.table and int(words[2]) > 0:
+                self.held.append(conn)
+                return
+            conn.recv(16)  # wait for the node to close first (its TIME_WAIT)
+        except (OSError, ValueError):
+            pass
+        conn.close()
+
+    def _send_table(self) -> None:
+        entries = " ".join(f"{n}={a}:{p}" for n, (a, p) in self.heard.items() if p > 0)
+        for conn in self.held:
+            try:
+                conn.sendall(f"{self.token} table {entries}\n".encode())
+            except OSError:
+                pass
+            conn.close()
+
+
+def open_listener(host: str, port: int, token: str, table: bool) -> Listener | str:
+    """A listener on host:port ("" and the rendezvous port: the store's way), or the error."""
+    family = socket.AF_INET6 if not host and socket.has_dualstack_ipv6() else socket.AF_INET
+    try:
+        server = socket.create_server(
+            (host, port), family=family, dualstack_ipv6=family == socket.AF_INET6, backlog=256
+        )
+    except OSError as exc:
+        return describe(exc)
+    return Listener(server, token, table)
+
+
+def attempt(
+    address: tuple, source: str | None, hello: str, token: str, timeout: float
+) -> tuple[float, socket.socket]:
+    """One connection that says `hello`; (connect time, the open socket) or OSError."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        if source:
+            sock.bind((source, 0))
+        sock.settimeout(max(0.05, timeout))
+        started = time.monotonic()
+        sock.connect(address)
+        took = time.monotonic() - started
+        sock.sendall(f"{token} {hello}\n".encode())
+        reply = sock.recv(256).decode(errors="replace").split()
+        if reply != [token, "ok"]:
+            raise ConnectionError(
+                "the port answered, but not the check's listener (something else listens there?)"
+            )
+        return took, sock
+    except BaseException:
+        sock.close()
+        raise
+
+
+def connect(
+    address: tuple, source: str | None, hello: str, token: str, timeout: float, wait: float
+) -> tuple[float, socket.socket] | BaseException:
+    """Connect, retrying a refusal for `wait` s (nothing listens yet); the error otherwise."""
+    refusals_end = time.monotonic() + wait
+    deadline = time.monotonic() + max(wait, timeout)
+    failures = 0
+    last: BaseException = TimeoutError()
+    while time.monotonic() < deadline:
+        try:
+            return attempt(address, source, hello, token, min(timeout, deadline - time.monotonic()))
+        except ConnectionRefusedError as exc:  # nothing listens yet: the master is starting
+            last = exc
+            if time.monotonic() >= refusals_end:
+                return exc
+        except TimeoutError as exc:
+            return exc
+        except OSError as exc:
+            last = exc
+            failures += 1
+            if failures >= GIVE_UP_AFTER:
+                return exc
+        time.sleep(RETRY_S)
+    return last
+
+
+def failure(exc: BaseException, timeout: float, wait: float) -> str:
+    if isinstance(exc, TimeoutError):
+        return f"no answer within {timeout:g} s"
+    reason = describe(exc)
+    return reason + (f" for {wait:g} s" if isinstance(exc, ConnectionRefusedError) and wait else "")
+
+
+def reach_store(args: argparse.Namespace, port: int) -> socket.socket | None:
+    """Connect to the store and register; say what happened; the held socket or None."""
+    try:
+        infos = socket.getaddrinfo(args.host, args.port, socket.AF_INET, socket.SOCK_STREAM)
+    except OSError as exc:
+        say("reach", "error")
+        say("reach_error", f"cannot resolve {args.host}: {exc}")
+        return None
+    address = infos[0][4]
+    hello = f"{args.node} {port}"
+    got = connect(address, args.source or None, hello, args.token, args.timeout, args.wait)
+    if isinstance(got, BaseException):
+        say("reach", "error")
+        say("reach_error", failure(got, args.timeout, args.wait))
+        diagnose(args, address)
+        return None
+    took, sock = got
+    say("reach", "ok")
+    say("reach_ms", f"{took * 1e3:.3f}")
+    return sock
+
+
+def diagnose(args: argparse.Namespace, address: tuple) -> None:
+    """The master's sshd port from the same address, and the store from every other one."""
+    try:
+        with socket.create_connection(
+            (args.host, args.sshd_port),
+            timeout=2.0,
+            source_address=(args.source, 0) if args.source else None,
+        ):
+            say("sshd_port", "ok")
+    except OSError as exc:
+        say("sshd_port", describe(exc))
+    for item in args.alt.split(","):
+        name, _, addr = item.partition("=")
+        if not addr or addr == args.source:
+            continue
+        try:
+            attempt(address, addr, f"{args.node} 0", args.token, min(args.timeout, 2.0))[1].close()
+        except OSError:
+            continue
+        say("reach_alt", f"{name} {addr}")
+        return
+
+
+def read_table(sock: socket.socket, token: str, timeout: float) -> dict[int, tuple[str, int]]:
+    """The master's table of registered nodes: {node: (address, port)}."""
+    sock.settimeout(timeout)
+    data = b""
+    try:
+        while not data.endswith(b"\n"):
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+    except OSError:
+        pass
+    finally:
+        sock.close()
+    words = data.decode(errors="replace").split()
+    if words[:2] != [token, "table"]:
+        return {}
+    table = {}
+    for entry in words[2:]:
+        node, _, where = entry.partition("=")
+        addr, _, port = where.rpartition(":")
+        table[int(node)] = (addr, int(port))
+    return table
+
+
+def reach_peers(args: argparse.Namespace, table: dict[int, tuple[str, int]]) -> None:
+    """Connect to every peer given, all at once; say `peer_N=ok MS` or `peer_N=error WHY`."""
+    found: dict[int, str] = {}
+
+    def one(peer: int) -> None:
+        if peer not in table:
+            found[peer] = "skipped (it did not register with the master)"
+            return
+        got = connect(table[peer], args.source or None, f"{args.node} 0", args.token,
+                      args.timeout, 0.0)  # fmt: skip
+        if isinstance(got, BaseException):
+            found[peer] = f"error {table[peer][0]}:{table[peer][1]} {failure(got, args.timeout, 0)}"
+        else:
+            got[1].close()
+            found[peer] = f"ok {got[0] * 1e3:.3f}"
+
+    threads = [threading.Thread(target=one, args=(p,), daemon=True) for p in indices(args.peers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for peer in sorted(found):
+        say(f"peer_{peer}", found[peer])
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="orchestrator-reach")
+    parser.add_argument("--host", required=True, help="MASTER_ADDR")
+    parser.add_argument("--port", type=int, required=True, help="MASTER_PORT")
+    parser.add_argument("--source", default="", help="local address to connect from")
+    parser.add_argument("--token", required=True)
+    parser.add_argument("--node", required=True, help="this node's index")
+    parser.add_argument("--timeout", type=float, default=5.0, help="for one connection")
+    parser.add_argument("--wait", type=float, default=0.0, help="retry a refused store for")
+    parser.add_argument("--sshd-port", type=int, default=22)
+    parser.add_argument("--alt", default="", help="IFNAME=ADDR,... to try when the store fails")
+    parser.add_argument(
+        "--listen", type=int, default=0, metavar="EXPECT",
+        help="open the store's listener and wait for EXPECT nodes (master only)",
+    )  # fmt: skip
+    parser.add_argument("--no-connect", action="store_true", help="only listen")
+    parser.add_argument("--serve", action="store_true", help="listen for peers, register")
+    parser.add_argument("--peers", default="", help="the nodes to connect to (after the table)")
+    parser.add_argument("--from", dest="incoming", default="", help="the nodes that connect here")
+    args = parser.parse_args(argv)
+    args.wait = max(args.wait, args.timeout)
+    started = time.monotonic()
+    store = None
+    if args.listen:
+        store = open_listener("", args.port, args.token, table=args.serve)
+        if isinstance(store, str):
+            say("listen_error", store)
+            store = None
+        else:
+            say("listen", "ok")
+            end = started + args.wait + args.timeout + 1.0
+            threading.Thread(target=store.serve, args=(args.listen, end), daemon=True).start()
+    peers = open_listener(args.source, 0, args.token, table=False) if args.serve else None
+    if isinstance(peers, str):
+        say("serve_error", peers)
+        peers = None
+    port = peers.server.getsockname()[1] if peers is not None else 0
+    held = None if args.no_connect else reach_store(args, port)
+    if held is not None and peers is not None:
+        table = read_table(held, args.token, args.wait + args.timeout + 2.0)
+        peers.expect = {str(n) for n in indices(args.incoming) if n in table}
+        listening = threading.Thread(
+            target=peers.serve, args=(0, time.monotonic() + args.timeout + 1.0), daemon=True
+        )
+        listening.start()
+        reach_peers(args, table)
+        listening.join()
+        say("peers_heard", ",".join(sorted(peers.heard, key=int)))
+    elif held is not None:
+        held.close()
+    elif peers is not None:
+        peers.server.close()
+    if store is not None:
+        store.done.wait()
+        say("heard", ",".join(sorted(store.heard, key=int)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
