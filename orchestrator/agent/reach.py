@@ -124,8 +124,9 @@ def open_listener(host: str, port: int, token: str, table: bool) -> Listener | s
 
 def attempt(
     address: tuple, source: str | None, hello: str, token: str, timeout: float
-) -> tuple[float, socket.socket]:
-    """One connection that says `hello`; (connect time, the open socket) or OSError."""
+) -> tuple[float, socket.socket, bytes]:
+    """One connection that says `hello`: (connect time, the open socket, what came after the
+    answer's line: the store may send its table right behind it), or OSError."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
         if source:
@@ -135,12 +136,18 @@ def attempt(
         sock.connect(address)
         took = time.monotonic() - started
         sock.sendall(f"{token} {hello}\n".encode())
-        reply = sock.recv(256).decode(errors="replace").split()
-        if reply != [token, "ok"]:
+        data = b""
+        while b"\n" not in data:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+        line, _, rest = data.partition(b"\n")
+        if line.decode(errors="replace").split() != [token, "ok"]:
             raise ConnectionError(
                 "the port answered, but not the check's listener (something else listens there?)"
             )
-        return took, sock
+        return took, sock, rest
     except BaseException:
         sock.close()
         raise
@@ -148,7 +155,7 @@ def attempt(
 
 def connect(
     address: tuple, source: str | None, hello: str, token: str, timeout: float, wait: float
-) -> tuple[float, socket.socket] | BaseException:
+) -> tuple[float, socket.socket, bytes] | BaseException:
     """Connect, retrying a refusal for `wait` s (nothing listens yet); the error otherwise."""
     refusals_end = time.monotonic() + wait
     deadline = time.monotonic() + max(wait, timeout)
@@ -179,8 +186,9 @@ def failure(exc: BaseException, timeout: float, wait: float) -> str:
     return reason + (f" for {wait:g} s" if isinstance(exc, ConnectionRefusedError) and wait else "")
 
 
-def reach_store(args: argparse.Namespace, port: int) -> socket.socket | None:
-    """Connect to the store and register; say what happened; the held socket or None."""
+def reach_store(args: argparse.Namespace, port: int) -> tuple[socket.socket, bytes] | None:
+    """Connect to the store and register; say what happened; the held socket (and what
+    came behind the answer) or None."""
     try:
         infos = socket.getaddrinfo(args.host, args.port, socket.AF_INET, socket.SOCK_STREAM)
     except OSError as exc:
@@ -195,10 +203,10 @@ def reach_store(args: argparse.Namespace, port: int) -> socket.socket | None:
         say("reach_error", failure(got, args.timeout, args.wait))
         diagnose(args, address)
         return None
-    took, sock = got
+    took, sock, rest = got
     say("reach", "ok")
     say("reach_ms", f"{took * 1e3:.3f}")
-    return sock
+    return sock, rest
 
 
 def diagnose(args: argparse.Namespace, address: tuple) -> None:
@@ -224,10 +232,11 @@ def diagnose(args: argparse.Namespace, address: tuple) -> None:
         return
 
 
-def read_table(sock: socket.socket, token: str, timeout: float) -> dict[int, tuple[str, int]]:
+def read_table(
+    sock: socket.socket, data: bytes, token: str, timeout: float
+) -> dict[int, tuple[str, int]]:
     """The master's table of registered nodes: {node: (address, port)}."""
     sock.settimeout(timeout)
-    data = b""
     try:
         while not data.endswith(b"\n"):
             chunk = sock.recv(65536)
@@ -304,7 +313,7 @@ def main(argv: list[str]) -> int:
             store = None
         else:
             say("listen", "ok")
-            end = started + args.wait + args.timeout + 1.0
+            end = started + args.wait + 0.5  # a node that connects at all does so at once
             threading.Thread(target=store.serve, args=(args.listen, end), daemon=True).start()
     peers = open_listener(args.source, 0, args.token, table=False) if args.serve else None
     if isinstance(peers, str):
@@ -313,7 +322,7 @@ def main(argv: list[str]) -> int:
     port = peers.server.getsockname()[1] if peers is not None else 0
     held = None if args.no_connect else reach_store(args, port)
     if held is not None and peers is not None:
-        table = read_table(held, args.token, args.wait + args.timeout + 2.0)
+        table = read_table(*held, args.token, args.wait + args.timeout + 2.0)
         peers.expect = {str(n) for n in indices(args.incoming) if n in table}
         listening = threading.Thread(
             target=peers.serve, args=(0, time.monotonic() + args.timeout + 1.0), daemon=True
@@ -323,7 +332,7 @@ def main(argv: list[str]) -> int:
         listening.join()
         say("peers_heard", ",".join(sorted(peers.heard, key=int)))
     elif held is not None:
-        held.close()
+        held[0].close()
     elif peers is not None:
         peers.server.close()
     if store is not None:

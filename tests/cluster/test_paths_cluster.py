@@ -1,0 +1,102 @@
+"""The preflight proves the job's TCP paths on the namespace cluster: a node whose TCP to the
+master is dropped on every port but SSH's, and two nodes that cannot reach each other (both
+reach the master), are named before anything starts (exit 2), with iptables rules inside the
+nodes' namespaces as shared/LAB.md's bad days make them; `check` shows the matrix."""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.cli_helpers import assert_nothing_left, run_cli
+from tests.lab.cluster import Cluster, Node
+
+pytestmark = pytest.mark.cluster
+
+JOB = "import pathlib, sys; pathlib.Path(sys.argv[1]).write_text('started')\n"
+
+
+@contextlib.contextmanager
+def dropped(cluster: Cluster, *pairs: tuple[Node, Node]) -> Iterator[None]:
+    """TCP from each pair's first node to its second dropped on every port but 22 (a rule in
+    the first node's namespace: its replies to the second are dropped too)."""
+    added: list[tuple[Node, list[str]]] = []
+    try:
+        for src, dst in pairs:
+            rule = ["OUTPUT", "-d", dst.address, "-p", "tcp", "!", "--dport", "22", "-j", "DROP"]
+            cluster.exec_in(src, ["iptables", "-A", *rule], check=True)
+            added.append((src, rule))
+        yield
+    finally:
+        for src, rule in added:
+            cluster.exec_in(src, ["iptables", "-D", *rule])
+
+
+def launch(cluster: Cluster, tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess, str]:
+    (tmp_path / "job.py").write_text(JOB)
+    hostfile = cluster.write_hostfile(tmp_path / "hosts.txt", slots=1)
+    run_id = f"paths-{uuid.uuid4().hex[:8]}"
+    done = run_cli(
+        ["launch", str(hostfile), "--run-dir", str(tmp_path / "runs"), "--run-id", run_id,
+         "--color", "never", *args, "job.py", str(tmp_path / "started")],
+        cwd=tmp_path, env=cluster.environ(), timeout=120,
+    )  # fmt: skip
+    return done, run_id
+
+
+def assert_nothing_started(tmp_path: Path, run_id: str) -> None:
+    assert not (tmp_path / "started").exists()
+    assert not (tmp_path / "runs" / run_id).exists()  # no run record: the run never began
+    assert_nothing_left(run_id)
+
+
+def test_a_node_whose_tcp_to_the_master_is_dropped_is_named_in_seconds(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    master, cut = cluster.nodes[0], cluster.nodes[2]
+    with dropped(cluster, (cut, master)):
+        started = time.monotonic()
+        done, run_id = launch(cluster, tmp_path)
+        took = time.monotonic() - started
+    print(done.stderr, f"took {took:.1f} s")
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert took < 10, took
+    line = next(x for x in done.stderr.splitlines() if "cannot reach the master" in x)
+    assert f"error: {cut.name}: cannot reach the master {master.name} at " in line, line
+    assert f" at {master.address}:" in line and "no answer within 3 s" in line, line
+    assert "Traceback" not in done.stderr
+    assert_nothing_started(tmp_path, run_id)
+
+
+def test_two_nodes_that_cannot_reach_each_other_are_named_as_a_pair(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    a, b = cluster.nodes[1], cluster.nodes[2]
+    with dropped(cluster, (a, b), (b, a)):
+        started = time.monotonic()
+        done, run_id = launch(cluster, tmp_path)
+        took = time.monotonic() - started
+    print(done.stderr, f"took {took:.1f} s")
+    assert done.returncode == 2, done.stdout + done.stderr
+    lines = [x for x in done.stderr.splitlines() if "cannot reach" in x]
+    assert len(lines) == 1, done.stderr  # one line for the pair, both ways
+    assert f"{a.name}: cannot reach {b.name} at {b.address}:" in lines[0], lines[0]
+    assert f"nor can {b.name} reach it at {a.address}:" in lines[0], lines[0]
+    assert "no answer within 3 s" in lines[0] and "the master" not in lines[0]
+    assert took < 15, took
+    assert_nothing_started(tmp_path, run_id)
+
+
+def test_the_paths_pass_and_the_job_runs(cluster: Cluster, tmp_path: Path) -> None:
+    done, run_id = launch(cluster, tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "paths: 9 TCP connection(s) made in" in done.stdout, done.stdout
+    assert (tmp_path / "started").read_text() == "started"
+    skipped, _ = launch(cluster, tmp_path, "--no-path-check")
+    assert skipped.returncode == 0 and "paths:" not in skipped.stdout, skipped.stdout
