@@ -100,3 +100,26 @@ def test_the_paths_pass_and_the_job_runs(cluster: Cluster, tmp_path: Path) -> No
     assert (tmp_path / "started").read_text() == "started"
     skipped, _ = launch(cluster, tmp_path, "--no-path-check")
     assert skipped.returncode == 0 and "paths:" not in skipped.stdout, skipped.stdout
+
+
+def test_check_shows_the_matrix_and_names_the_pair(cluster: Cluster, tmp_path: Path) -> None:
+    from tests.cluster.test_check_cluster import assert_nothing_left as nothing_of_check
+    from tests.cluster.test_check_cluster import run_check
+
+    a, b = cluster.nodes[1], cluster.nodes[2]
+    hostfile = cluster.write_hostfile(tmp_path / "hosts.txt", slots=1)
+    with dropped(cluster, (a, b), (b, a)):
+        run = run_check(cluster, tmp_path, hostfile, "--skip-bandwidth")
+    print(run.stdout)
+    assert run.returncode == 1, run.stdout + run.stderr
+    lines = run.stdout.splitlines()
+    top = lines.index("PATHS (9 TCP connection(s), 2 failed)")
+    assert lines[top + 1].split() == ["M", "0", "1", "2"]
+    assert lines[top + 2].split() == [cluster.nodes[0].name, ".", ".", "."]
+    assert lines[top + 3].split() == [a.name, ".", ".", "X"]
+    assert lines[top + 4].split() == [b.name, ".", ".", "X"]
+    problems = run.problems()
+    assert len(problems) == 1, problems
+    assert problems[0].startswith(f"{a.name}: cannot reach {b.name} at {b.address}:"), problems
+    assert "COLLECTIVES: not run" in run.stdout
+    nothing_of_check(cluster, run.run_id)

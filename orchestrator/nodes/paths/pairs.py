@@ -59,8 +59,8 @@ def pair_coverage(n: int) -> float:
 def scheme(n: int) -> str:
     """One line for the console: what the check of `n` nodes proves."""
     if n <= ALL_PAIRS_UP_TO:
-        return f"every node to the store and to every other node ({n * (n - 1)} paths)"
+        return f"every node to the store and to every other node ({n * (n - 1)} peer paths)"
     return (
         f"every node to the store, to its ring neighbour and to {PEERS_PER_NODE - 1} random "
-        f"peers ({n * PEERS_PER_NODE} paths; one bad pair found with p = {pair_coverage(n):.0%})"
+        f"peers ({n * PEERS_PER_NODE} peer paths; one bad pair found with p = {pair_coverage(n):.0%})"
     )

@@ -19,6 +19,7 @@ from orchestrator.nodes.paths.results import (
     read_report,
 )
 
+STORE_NODE = 0  # the master: node 0 runs the store's listener
 PATH_TIMEOUT_S = 3.0  # for one connection: a SYN and two retransmits
 START_SKEW_S_PER_NODE = 0.05  # the agents of many nodes start over some time: wait for it
 
@@ -44,7 +45,8 @@ def path_argvs(
     sshd_port: int = 22,
     seed: int | str = 0,
 ) -> dict[int, list[str]]:
-    """{node index: argv}: nodes[0] is the master; every node serves its peers."""
+    """{node index: argv}: every node serves its peers; node 0 (the master) also runs the
+    store's listener, alone when it is not among `nodes` (the check's unusable master)."""
     peers = choose_peers(len(nodes), seed)
     sources = incoming(peers)
     at = [n.index for n in nodes]  # position -> node index
@@ -79,9 +81,14 @@ def path_argvs(
         ]
         if node.alternates:
             argv += ["--alt", ",".join(f"{name}={addr}" for name, addr in node.alternates)]
-        if position == 0:
+        if node.index == STORE_NODE:
             argv += ["--listen", str(len(nodes))]
         argvs[node.index] = argv
+    if STORE_NODE not in argvs:  # the master cannot take part: it only runs the store
+        argvs[STORE_NODE] = [*argvs[nodes[0].index][:3], "--host", master_addr, "--port",
+                             str(port), "--token", token, "--node", str(STORE_NODE), "--timeout",
+                             f"{timeout:g}", "--wait", f"{wait:g}", "--no-connect", "--serve",
+                             "--listen", str(len(nodes))]  # fmt: skip
     return argvs
 
 
