@@ -62,5 +62,6 @@ def scheme(n: int) -> str:
         return f"every node to the store and to every other node ({n * (n - 1)} peer paths)"
     return (
         f"every node to the store, to its ring neighbour and to {PEERS_PER_NODE - 1} random "
-        f"peers ({n * PEERS_PER_NODE} peer paths; one bad pair found with p = {pair_coverage(n):.0%})"
+        f"peers ({n * PEERS_PER_NODE} peer paths; one bad pair found with p = "
+        f"{pair_coverage(n):.0%})"
     )
