@@ -13,7 +13,7 @@ PEERS_PER_NODE - 1 others drawn at random (a new seed at every launch). What tha
 - a node that cannot reach a fraction f of the others is caught unless all of its 63
   outgoing draws miss them: probability (1 - f)^63 (f = 10%: 0.13%);
 - one bad pair (A, B) alone is caught when A drew B or B drew A (`pair_coverage`): about
-  74% at 128 nodes, 43% at 256, 12% at 1024; a new draw at every launch finds it soon.
+  75% at 128 nodes, 43% at 256, 12% at 1024; a new draw at every launch finds it soon.
 """
 
 from __future__ import annotations
