@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import os
 import select
 import socket
 import sys
@@ -53,27 +54,37 @@ def indices(text: str) -> list[int]:
 
 class Listener:
     """Accepts connections that send `TOKEN NODE PORT` and answers `TOKEN ok` until the
-    nodes in `expect` were heard or `deadline`. With `table`, the connections of nodes that
-    registered a port (> 0) are held, and each is sent the table of every registered node
-    (`TOKEN table NODE=ADDR:PORT ...`) at the end: the master's store listener."""
+    nodes in `expect` were heard or `deadline`, all connections at once (one select loop: a
+    peer that is slow to say its line holds up no other). With `table`, the connections of
+    nodes that registered a port (> 0) are held, and each is sent the table of every
+    registered node (`TOKEN table NODE=ADDR:PORT ...`) at the end: the master's store."""
 
     def __init__(self, server: socket.socket, token: str, table: bool) -> None:
         self.server, self.token, self.table = server, token, table
         self.heard: dict[str, tuple[str, int]] = {}
         self.held: list[socket.socket] = []
         self.expect: set[str] | None = None  # None: any `count` nodes (set by `serve`)
-        self.deadline = float("inf")
         self.done = threading.Event()
 
     def serve(self, count: int, deadline: float) -> None:
-        self.deadline = deadline
+        waiting: dict[socket.socket, tuple[str, bytes]] = {}  # peer address, bytes read
+        closing: list[socket.socket] = []  # answered: wait for the node to close first
         with self.server:
-            while time.monotonic() < self.deadline and not self._all_heard(count):
-                readable, _, _ = select.select([self.server], [], [], 0.05)
-                if readable:
-                    self._accept()
+            while time.monotonic() < deadline and not (self._all_heard(count) and not waiting):
+                readable, _, _ = select.select([self.server, *waiting, *closing], [], [], 0.05)
+                for sock in readable:
+                    if sock is self.server:
+                        conn, peer = self.server.accept()
+                        waiting[conn] = (peer[0].removeprefix("::ffff:"), b"")
+                    elif sock in waiting:
+                        self._read(sock, waiting, closing)
+                    else:  # the node closed (its TIME_WAIT, not the listener's port's)
+                        closing.remove(sock)
+                        sock.close()
             if self.table:
                 self._send_table()
+        for sock in [*waiting, *closing]:
+            sock.close()
         self.done.set()
 
     def _all_heard(self, count: int) -> bool:
@@ -81,24 +92,31 @@ class Listener:
             return self.expect <= set(self.heard)
         return len(self.heard) >= count
 
-    def _accept(self) -> None:
-        conn, peer = self.server.accept()
-        conn.settimeout(2.0)
+    def _read(self, conn: socket.socket, waiting: dict, closing: list) -> None:
+        address, data = waiting[conn]
         try:
-            words = conn.recv(256).decode(errors="replace").split()
-            if len(words) != 3 or words[0] != self.token:
-                conn.close()
-                return
+            chunk = conn.recv(256)
+        except OSError:
+            chunk = b""
+        data += chunk
+        if chunk and b"\n" not in data and len(data) < 256:
+            waiting[conn] = (address, data)
+            return
+        del waiting[conn]
+        words = data.decode(errors="replace").split()
+        if len(words) != 3 or words[0] != self.token or not words[2].isdigit():
+            conn.close()
+            return
+        try:
             conn.sendall(f"{self.token} ok\n".encode())
-            address = peer[0].removeprefix("::ffff:")
-            self.heard[words[1]] = (address, int(words[2]))
-            if self.table and int(words[2]) > 0:
-                self.held.append(conn)
-                return
-            conn.recv(16)  # wait for the node to close first (its TIME_WAIT)
-        except (OSError, ValueError):
-            pass
-        conn.close()
+        except OSError:
+            conn.close()
+            return
+        self.heard[words[1]] = (address, int(words[2]))
+        if self.table and int(words[2]) > 0:
+            self.held.append(conn)
+        else:
+            closing.append(conn)
 
     def _send_table(self) -> None:
         entries = " ".join(f"{n}={a}:{p}" for n, (a, p) in self.heard.items() if p > 0)
@@ -259,26 +277,68 @@ def read_table(
 
 
 def reach_peers(args: argparse.Namespace, table: dict[int, tuple[str, int]]) -> None:
-    """Connect to every peer given, all at once; say `peer_N=ok MS` or `peer_N=error WHY`."""
+    """Connect to every peer given, all at once from one thread (non-blocking sockets: on a
+    busy node a thread per peer would queue on the interpreter's lock for seconds); say
+    `peer_N=ok MS` or `peer_N=error ADDR:PORT WHY`."""
     found: dict[int, str] = {}
+    pending: dict[socket.socket, list] = {}  # peer, started, reply so far, connected at
 
-    def one(peer: int) -> None:
+    def fail(sock: socket.socket, exc: BaseException) -> None:
+        peer = pending.pop(sock)[0]
+        sock.close()
+        addr, port = table[peer]
+        found[peer] = f"error {addr}:{port} {failure(exc, args.timeout, 0)}"
+
+    for peer in indices(args.peers):
         if peer not in table:
             found[peer] = "skipped (it did not register with the master)"
-            return
-        got = connect(table[peer], args.source or None, f"{args.node} 0", args.token,
-                      args.timeout, 0.0)  # fmt: skip
-        if isinstance(got, BaseException):
-            found[peer] = f"error {table[peer][0]}:{table[peer][1]} {failure(got, args.timeout, 0)}"
-        else:
-            got[1].close()
-            found[peer] = f"ok {got[0] * 1e3:.3f}"
-
-    threads = [threading.Thread(target=one, args=(p,), daemon=True) for p in indices(args.peers)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+            continue
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setblocking(False)
+        pending[sock] = [peer, time.monotonic(), b"", None]
+        try:
+            if args.source:
+                sock.bind((args.source, 0))
+            code = sock.connect_ex(table[peer])
+        except OSError as exc:
+            fail(sock, exc)
+            continue
+        if code not in (0, errno.EINPROGRESS):
+            fail(sock, OSError(code, os.strerror(code)))
+    hello = f"{args.token} {args.node} 0\n".encode()
+    deadline = time.monotonic() + args.timeout
+    while pending and time.monotonic() < deadline:
+        connecting = [s for s, state in pending.items() if state[3] is None]
+        answering = [s for s, state in pending.items() if state[3] is not None]
+        readable, writable, _ = select.select(answering, connecting, [], 0.05)
+        for sock in writable:
+            code = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+            if code:
+                fail(sock, OSError(code, os.strerror(code)))
+                continue
+            pending[sock][3] = time.monotonic()
+            try:
+                sock.send(hello)
+            except OSError as exc:
+                fail(sock, exc)
+        for sock in readable:
+            try:
+                chunk = sock.recv(256)
+            except OSError as exc:
+                fail(sock, exc)
+                continue
+            state = pending[sock]
+            state[2] += chunk
+            if chunk and b"\n" not in state[2]:
+                continue
+            if state[2].decode(errors="replace").split() != [args.token, "ok"]:
+                fail(sock, ConnectionError("the port answered, but not the check's listener"))
+                continue
+            found[state[0]] = f"ok {(state[3] - state[1]) * 1e3:.3f}"
+            del pending[sock]
+            sock.close()
+    for sock in list(pending):
+        fail(sock, TimeoutError())
     for peer in sorted(found):
         say(f"peer_{peer}", found[peer])
 

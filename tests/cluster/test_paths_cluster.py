@@ -123,3 +123,41 @@ def test_check_shows_the_matrix_and_names_the_pair(cluster: Cluster, tmp_path: P
     assert problems[0].startswith(f"{a.name}: cannot reach {b.name} at {b.address}:"), problems
     assert "COLLECTIVES: not run" in run.stdout
     nothing_of_check(cluster, run.run_id)
+
+
+def test_an_interface_that_does_not_route_is_named_with_one_that_does(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """A second interface (a dummy with an address of another network) chosen by the hostfile
+    on one node: the master's replies to it have no way back; the node's eth0 works."""
+    master, node = cluster.nodes[0], cluster.nodes[1]
+    address = "198.18.7.1"  # benchmarking space (RFC 2544): nothing routes it here
+    ns = ["ip", "-n", node.netns]
+    subprocess.run([*ns, "link", "add", "pth0", "type", "dummy"], check=True)
+    try:
+        subprocess.run([*ns, "addr", "add", f"{address}/24", "dev", "pth0"], check=True)
+        subprocess.run([*ns, "link", "set", "pth0", "up"], check=True)
+        (tmp_path / "job.py").write_text(JOB)
+        hostfile = tmp_path / "hosts.txt"
+        hostfile.write_text(
+            "".join(
+                f"{n.name} slots=1" + (" ifname=pth0" if n is node else "") + "\n"
+                for n in cluster.nodes
+            )
+        )
+        run_id = f"paths-{uuid.uuid4().hex[:8]}"
+        done = run_cli(
+            ["launch", str(hostfile), "--run-dir", str(tmp_path / "runs"), "--run-id", run_id,
+             "job.py", str(tmp_path / "started")],
+            cwd=tmp_path, env=cluster.environ(), timeout=120,
+        )  # fmt: skip
+    finally:
+        subprocess.run([*ns, "link", "del", "pth0"])
+    print(done.stderr)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert (
+        f"{node.name}: cannot reach the master {master.name} at {master.address}:"
+    ) in done.stderr
+    assert f"from pth0 ({address})" in done.stderr
+    assert f"eth0 ({node.address}) does reach it: set --ifname" in done.stderr
+    assert_nothing_started(tmp_path, run_id)
