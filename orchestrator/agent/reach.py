@@ -32,6 +32,7 @@ import threading
 import time
 
 RETRY_S = 0.1
+LINGER_S = 1.5  # the store's time for the missing nodes' other addresses, after the table
 GIVE_UP_AFTER = 3  # attempts for errors that waiting does not cure (no route, refused by rule)
 
 
@@ -83,6 +84,18 @@ class Listener:
                         sock.close()
             if self.table:
                 self._send_table()
+                self.table = False
+                # A node that is still missing may try its other addresses (--alt): answer
+                # them for a moment more, so the report can name one that works.
+                linger = time.monotonic() + LINGER_S
+                while not self._all_heard(count) and time.monotonic() < linger:
+                    readable, _, _ = select.select([self.server, *waiting], [], [], 0.05)
+                    for sock in readable:
+                        if sock is self.server:
+                            conn, peer = self.server.accept()
+                            waiting[conn] = (peer[0].removeprefix("::ffff:"), b"")
+                        else:
+                            self._read(sock, waiting, closing)
         for sock in [*waiting, *closing]:
             sock.close()
         self.done.set()
@@ -228,7 +241,18 @@ def reach_store(args: argparse.Namespace, port: int) -> tuple[socket.socket, byt
 
 
 def diagnose(args: argparse.Namespace, address: tuple) -> None:
-    """The master's sshd port from the same address, and the store from every other one."""
+    """The store from every other address of the node (while the store still answers),
+    then the master's sshd port from the same address."""
+    for item in args.alt.split(","):
+        name, _, addr = item.partition("=")
+        if not addr or addr == args.source:
+            continue
+        try:
+            attempt(address, addr, f"{args.node} 0", args.token, min(args.timeout, 1.0))[1].close()
+        except OSError:
+            continue
+        say("reach_alt", f"{name} {addr}")
+        break
     try:
         with socket.create_connection(
             (args.host, args.sshd_port),
@@ -238,16 +262,6 @@ def diagnose(args: argparse.Namespace, address: tuple) -> None:
             say("sshd_port", "ok")
     except OSError as exc:
         say("sshd_port", describe(exc))
-    for item in args.alt.split(","):
-        name, _, addr = item.partition("=")
-        if not addr or addr == args.source:
-            continue
-        try:
-            attempt(address, addr, f"{args.node} 0", args.token, min(args.timeout, 2.0))[1].close()
-        except OSError:
-            continue
-        say("reach_alt", f"{name} {addr}")
-        return
 
 
 def read_table(

@@ -128,15 +128,17 @@ def test_check_shows_the_matrix_and_names_the_pair(cluster: Cluster, tmp_path: P
 def test_an_interface_that_does_not_route_is_named_with_one_that_does(
     cluster: Cluster, tmp_path: Path
 ) -> None:
-    """A second interface (a dummy with an address of another network) chosen by the hostfile
-    on one node: the master's replies to it have no way back; the node's eth0 works."""
+    """A second interface (one end of a veth pair inside the node, with an address of another
+    network) chosen by the hostfile on one node: the master's replies to it have no way
+    back; the node's eth0 works. (This kernel has no dummy interfaces.)"""
     master, node = cluster.nodes[0], cluster.nodes[1]
     address = "198.18.7.1"  # benchmarking space (RFC 2544): nothing routes it here
     ns = ["ip", "-n", node.netns]
-    subprocess.run([*ns, "link", "add", "pth0", "type", "dummy"], check=True)
+    subprocess.run([*ns, "link", "add", "pth0", "type", "veth", "peer", "name", "pth1"], check=True)
     try:
         subprocess.run([*ns, "addr", "add", f"{address}/24", "dev", "pth0"], check=True)
-        subprocess.run([*ns, "link", "set", "pth0", "up"], check=True)
+        for end in ("pth0", "pth1"):
+            subprocess.run([*ns, "link", "set", end, "up"], check=True)
         (tmp_path / "job.py").write_text(JOB)
         hostfile = tmp_path / "hosts.txt"
         hostfile.write_text(
