@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from orchestrator.check.facts import Master, NodeReport
 from orchestrator.check.results import Problem
-from orchestrator.nodes.paths.results import PathReport, failure_lines
+from orchestrator.nodes.paths.found import PathReport, failure_lines
 from orchestrator.nodes.probe import MIN_FREE_DISK
 from orchestrator.sizes import human_bytes
 

@@ -23,8 +23,8 @@ from orchestrator.check.facts import Master, NodeReport
 from orchestrator.errors import NodeError
 from orchestrator.hosts.hostfile import Cluster
 from orchestrator.nodes.execute import NodeResult, run_on_nodes
+from orchestrator.nodes.paths.found import PathNode, PathReport, parse_lines, read_report
 from orchestrator.nodes.paths.prove import path_argvs, store_wait
-from orchestrator.nodes.paths.results import PathNode, PathReport, parse_lines, read_report
 from orchestrator.nodes.probe import parse_addresses, parse_probe_output, probe_time_limit
 from orchestrator.plan.container import ContainerSpec
 from orchestrator.plan.scripts import render_template

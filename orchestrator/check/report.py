@@ -11,7 +11,7 @@ from orchestrator.check import measure
 from orchestrator.check.facts import Master, NodeReport
 from orchestrator.check.results import CaseRow, JobResult, Problem
 from orchestrator.hosts.hostfile import Cluster
-from orchestrator.nodes.paths.results import PathReport, matrix
+from orchestrator.nodes.paths.found import PathReport, matrix
 
 
 def nodes_section(

@@ -50,8 +50,8 @@ from orchestrator.check.results import (
 )
 from orchestrator.errors import ConfigError, NodeError
 from orchestrator.hosts.hostfile import Cluster
+from orchestrator.nodes.paths.found import PathReport
 from orchestrator.nodes.paths.pairs import scheme
-from orchestrator.nodes.paths.results import PathReport
 from orchestrator.plan.launch_plan import is_loopback, make_plan
 from orchestrator.plan.spec import JobSpec, Program, forwarded_env, merge_env
 

@@ -13,9 +13,9 @@ from orchestrator.errors import ConfigError
 from orchestrator.hostlist import compress_hosts
 from orchestrator.hosts.hostfile import Cluster
 from orchestrator.nodes.execute import run_on_nodes
+from orchestrator.nodes.paths.found import PathNode
 from orchestrator.nodes.paths.pairs import scheme
 from orchestrator.nodes.paths.prove import prove_paths, raise_failures
-from orchestrator.nodes.paths.results import PathNode
 from orchestrator.nodes.probe import ProbeResult, probe_nodes
 from orchestrator.plan.launch_plan import LaunchPlan, NodeFacts, make_plan
 from orchestrator.plan.scripts import command_line, render_node_scripts

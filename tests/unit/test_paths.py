@@ -12,6 +12,14 @@ import sys
 import pytest
 
 from orchestrator.errors import NodeErrors
+from orchestrator.nodes.paths.found import (
+    STORE,
+    PathNode,
+    failure_lines,
+    matrix,
+    parse_lines,
+    read_report,
+)
 from orchestrator.nodes.paths.pairs import (
     ALL_PAIRS_UP_TO,
     PEERS_PER_NODE,
@@ -21,14 +29,6 @@ from orchestrator.nodes.paths.pairs import (
     scheme,
 )
 from orchestrator.nodes.paths.prove import path_argvs, raise_failures, store_wait
-from orchestrator.nodes.paths.results import (
-    STORE,
-    PathNode,
-    failure_lines,
-    matrix,
-    parse_lines,
-    read_report,
-)
 
 
 def nodes(n: int) -> list[PathNode]:

@@ -1,6 +1,6 @@
 """Run the path check through the node agents: every node runs orchestrator/agent/reach.py
 at once (the master also opens the store's listener), and what they said is read into a
-PathReport (results.py)."""
+PathReport (found.py)."""
 
 from __future__ import annotations
 
@@ -10,14 +10,14 @@ from functools import cache
 from importlib import resources
 
 from orchestrator.errors import NodeError, NodeErrors
-from orchestrator.nodes.paths.pairs import choose_peers, incoming
-from orchestrator.nodes.paths.results import (
+from orchestrator.nodes.paths.found import (
     PathNode,
     PathReport,
     failure_lines,
     parse_lines,
     read_report,
 )
+from orchestrator.nodes.paths.pairs import choose_peers, incoming
 
 STORE_NODE = 0  # the master: node 0 runs the store's listener
 PATH_TIMEOUT_S = 3.0  # for one connection: a SYN and two retransmits
