@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 from orchestrator.check.facts import Master, NodeReport
 from orchestrator.check.results import Problem
+from orchestrator.nodes.paths.found import PathReport, failure_lines
 from orchestrator.nodes.probe import MIN_FREE_DISK
 from orchestrator.sizes import human_bytes
 
@@ -197,7 +198,13 @@ def _reach_problems(nodes: Sequence[NodeReport], master: Master) -> list[Problem
             else f"from {ifname}"
         )
         error = node.reach.get("reach_error", "?")
-        if node.reach.get("sshd_port") == "ok":
+        alt_ifname, _, alt_addr = node.reach.get("reach_alt", "").partition(" ")
+        if alt_addr:
+            fix = (
+                f"{alt_ifname} ({alt_addr}) does reach it: set --ifname {alt_ifname} "
+                "(or ifname= in the hostfile)"
+            )
+        elif node.reach.get("sshd_port") == "ok":
             fix = (
                 f"the master's sshd port {master.sshd_port} answers, so port "
                 f"{master.port} is blocked on the way: open TCP port {master.port} on "
@@ -214,3 +221,13 @@ def _reach_problems(nodes: Sequence[NodeReport], master: Master) -> list[Problem
             )
         )
     return found
+
+
+def path_problems(paths: PathReport | None) -> list[Problem]:
+    """Peers that cannot reach each other (the store's failures are _reach_problems')."""
+    if paths is None:
+        return []
+    peers_only = PathReport(
+        paths.nodes, paths.outcomes, tuple(f for f in paths.failures if not f.is_store)
+    )
+    return [Problem(host, line, column="PEERS") for host, line in failure_lines(peers_only)]

@@ -17,14 +17,15 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
-from importlib import resources
 
 from orchestrator.backends.base import NodeConnection
 from orchestrator.check.facts import Master, NodeReport
 from orchestrator.errors import NodeError
 from orchestrator.hosts.hostfile import Cluster
 from orchestrator.nodes.execute import NodeResult, run_on_nodes
-from orchestrator.nodes.probe import parse_probe_output, probe_time_limit
+from orchestrator.nodes.paths.found import PathNode, PathReport, parse_lines, read_report
+from orchestrator.nodes.paths.prove import path_argvs, store_wait
+from orchestrator.nodes.probe import parse_addresses, parse_probe_output, probe_time_limit
 from orchestrator.plan.container import ContainerSpec
 from orchestrator.plan.scripts import render_template
 from orchestrator.plan.spec import DEFAULT_MASTER_PORT
@@ -152,65 +153,44 @@ def _failure(result: NodeResult, python: str) -> str:
 # --- step 2: rendezvous reachability ----------------------------------------------------
 
 
-def reach_source() -> str:
-    return resources.files("orchestrator.check").joinpath("reach.py").read_text(encoding="utf-8")
-
-
 def reach_master(
     reports: list[NodeReport], connections: list, master: Master, *, timeout: float, tag: str
-) -> list[NodeReport]:
-    """Every usable node connects to MASTER_ADDR:PORT while the master listens."""
-    token = secrets.token_hex(8)
-    source = reach_source()
+) -> tuple[list[NodeReport], PathReport | None]:
+    """The path check (orchestrator.nodes.paths): every usable node connects to
+    MASTER_ADDR:PORT while the master listens, and to its peers; each node's store result
+    goes in its report, the peers' in the PathReport."""
     # A node whose interface is missing, or has no address to bind, is diagnosed as such.
     connecting = [
         r
         for r in reports
         if r.usable and r.get("ifname_exists") != "no" and (r.source or not r.get("ifname"))
     ]
-    if not reports[0].usable:
-        return [replace(r, reach_skipped="the master cannot run the listener") for r in reports]
-    argvs = {}
-    for report in connecting:
-        argvs[report.index] = [
-            report.python,
-            "-c",
-            source,
-            "--host",
-            master.addr,
-            "--port",
-            str(master.port),
-            "--source",
-            report.source,
-            "--token",
-            token,
-            "--node",
-            str(report.index),
-            "--timeout",
-            f"{timeout:g}",
-            "--sshd-port",
-            str(master.sshd_port),
-        ]
-    listener = argvs.get(0) or [
-        reports[0].python,
-        "-c",
-        source,
-        "--host",
-        master.addr,
-        "--port",
-        str(master.port),
-        "--token",
-        token,
-        "--node",
-        "0",
-        "--timeout",
-        f"{timeout:g}",
-        "--no-connect",
+    if not reports[0].usable or not connecting:
+        why = "the master cannot run the listener" if not reports[0].usable else "no node can"
+        return [replace(r, reach_skipped=why) for r in reports], None
+    nodes = [
+        PathNode(
+            r.index,
+            r.host,
+            r.python,
+            r.source,
+            r.get("ifname"),
+            tuple((n, a) for n, a in parse_addresses(r.get("addrs")) if n != r.get("ifname")),
+        )
+        for r in connecting
     ]
-    argvs[0] = [*listener, "--listen", str(len(connecting))]
+    argvs = path_argvs(
+        nodes,
+        master.addr,
+        master.port or 0,
+        token=secrets.token_hex(8),
+        timeout=timeout,
+        sshd_port=master.sshd_port,
+    )
     pythons = [r.python for r in reports]
-    results = run_each(connections, pythons, argvs, timeout + 30.0, tag)
-    updated = []
+    limit = store_wait(len(nodes), timeout) + 3 * timeout + 30.0
+    results = run_each(connections, pythons, argvs, limit, tag)
+    updated, outputs = [], {}
     for report in reports:
         result = results.get(report.index)
         if result is None:
@@ -222,5 +202,6 @@ def reach_master(
                 )
             )
         else:
-            updated.append(replace(report, reach=parse_probe_output(result.output)))
-    return updated
+            outputs[report.index] = parse_lines(result.output)
+            updated.append(replace(report, reach=outputs[report.index]))
+    return updated, read_report(nodes, outputs, master.addr, master.port or 0)

@@ -11,6 +11,7 @@ from orchestrator.check import measure
 from orchestrator.check.facts import Master, NodeReport
 from orchestrator.check.results import CaseRow, JobResult, Problem
 from orchestrator.hosts.hostfile import Cluster
+from orchestrator.nodes.paths.found import PathReport, matrix
 
 
 def nodes_section(
@@ -25,6 +26,18 @@ def nodes_section(
         f"\nNODES (backend {backend}: {backend_reason})\n"
         f"{node_table(reports, master, problems, backend)}"
     )
+
+
+MATRIX_UP_TO = 16  # nodes: beyond, the matrix is wider than a terminal
+
+
+def paths_section(paths: PathReport) -> str:
+    """After the node table: the paths proven, as a nodes x nodes matrix for small clusters."""
+    failed = len(paths.failures)
+    head = f"\nPATHS ({paths.tested()} TCP connection(s), {failed} failed)"
+    if len(paths.nodes) > MATRIX_UP_TO:
+        return head
+    return f"{head}\n{matrix(paths)}"
 
 
 def job_section(job: JobResult, backend: str, world_size: int, run_id: str) -> str:

@@ -2,8 +2,8 @@
 
 1. Node facts (orchestrator.check.gather): SSH round trip, python, torch, NCCL, CUDA devices,
    the NCCL/gloo interface, free disk, and the rendezvous port on the master.
-2. Rendezvous reachability (orchestrator.check.gather + orchestrator.check.reach): can every node
-   open a TCP connection to MASTER_ADDR:MASTER_PORT from its chosen interface?
+2. The paths (orchestrator.check.gather + orchestrator.nodes.paths): can every node open a
+   TCP connection to MASTER_ADDR:MASTER_PORT, and to its peers, from its chosen interface?
 3. Unless a problem above makes it pointless, a real job over every slot, launched like
    `launch` (prepare + run_plan, so it is an ordinary run record that `runs` lists):
    orchestrator.check.collectives checks the exact per-rank values and times the bandwidth
@@ -26,7 +26,7 @@ from typing import TextIO
 
 from orchestrator.backends import close_all, connect_each
 from orchestrator.check import measure
-from orchestrator.check.diagnose import node_problems
+from orchestrator.check.diagnose import node_problems, path_problems
 from orchestrator.check.facts import Master, NodeReport, choose_backend
 from orchestrator.check.gather import (
     REACH_TIMEOUT_S,
@@ -35,7 +35,13 @@ from orchestrator.check.gather import (
     ssh_rtts,
 )
 from orchestrator.check.inputs import CheckOptions
-from orchestrator.check.report import job_section, json_document, nodes_section, result_section
+from orchestrator.check.report import (
+    job_section,
+    json_document,
+    nodes_section,
+    paths_section,
+    result_section,
+)
 from orchestrator.check.results import (
     JobResult,
     Problem,
@@ -44,6 +50,8 @@ from orchestrator.check.results import (
 )
 from orchestrator.errors import ConfigError, NodeError
 from orchestrator.hosts.hostfile import Cluster
+from orchestrator.nodes.paths.found import PathReport
+from orchestrator.nodes.paths.pairs import scheme
 from orchestrator.plan.launch_plan import is_loopback, make_plan
 from orchestrator.plan.spec import JobSpec, Program, forwarded_env, merge_env
 
@@ -82,9 +90,9 @@ def _check(
     started: float,
     say: Callable[..., None],
 ) -> int:
-    reports, master = inspect_nodes(cluster, options, slots, connections, say)
+    reports, master, paths = inspect_nodes(cluster, options, slots, connections, say)
     backend, backend_reason = choose_backend(reports, options.backend)
-    problems = node_problems(reports, master, backend)
+    problems = node_problems(reports, master, backend) + path_problems(paths)
     if len(cluster.hosts) > 1 and is_loopback(master.addr):
         problems.append(
             Problem(
@@ -95,6 +103,8 @@ def _check(
             )
         )
     say(nodes_section(reports, master, problems, backend, backend_reason))
+    if paths is not None:
+        say(paths_section(paths))
 
     world_size = sum(slots)
     job = JobResult()
@@ -139,8 +149,8 @@ def inspect_nodes(
     slots: list[int],
     connections: list,
     say: Callable[..., None],
-) -> tuple[list[NodeReport], Master]:
-    """Steps 1 and 2: every node's facts and its TCP reach to the rendezvous."""
+) -> tuple[list[NodeReport], Master, PathReport | None]:
+    """Steps 1 and 2: every node's facts, its TCP reach to the rendezvous and its peers."""
     live = [c for c in connections if not isinstance(c, NodeError)]
     rtts = ssh_rtts(live)
     first = connections[0]
@@ -183,16 +193,22 @@ def inspect_nodes(
         cluster.hosts[0].name, master_addr, int(port) if port.isdigit() else None, sshd_port
     )
     if master.port is not None and reports[0].get("port_free") == "yes":
-        say(f"[check] TCP from every node to {master.endpoint} (the rendezvous)")
+        say(
+            f"[check] TCP from every node to {master.endpoint} (the rendezvous) and to its "
+            f"peers: {scheme(len(reports))}"
+        )
         timeout = min(
             REACH_TIMEOUT_S, float(getattr(options.ssh, "connect_timeout", None) or REACH_TIMEOUT_S)
         )
-        reports = reach_master(reports, connections, master, timeout=timeout, tag=options.run_id)
+        reports, paths = reach_master(
+            reports, connections, master, timeout=timeout, tag=options.run_id
+        )
     else:
+        paths = None
         reports = [
             replace(r, reach_skipped="no usable rendezvous port on the master") for r in reports
         ]
-    return reports, master
+    return reports, master, paths
 
 
 def job_spec(options: CheckOptions) -> JobSpec:

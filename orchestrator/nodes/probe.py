@@ -76,6 +76,12 @@ def parse_probe_output(text: str) -> dict[str, str]:
     return values
 
 
+def parse_addresses(text: str) -> tuple[tuple[str, str], ...]:
+    """`eth0=10.0.0.2,ib0=10.1.0.2` (the probe's addrs) -> (("eth0", "10.0.0.2"), ...)."""
+    pairs = (item.partition("=") for item in text.split(",") if item)
+    return tuple((name, addr) for name, _, addr in pairs if name and addr)
+
+
 def master_address(cluster: Cluster, spec: JobSpec, connections: Sequence[NodeConnection]) -> str:
     """MASTER_ADDR as the probe must see it: --master-addr, else where node 0 was reached."""
     return spec.master_addr or connections[0].address
@@ -192,6 +198,7 @@ def probe_nodes(
                 Topology.decode(values["cores_topology"]) if values.get("cores_topology") else None
             ),
             container_runtime=values.get("container_runtime"),
+            addresses=parse_addresses(values.get("addrs", "")),
         )
     failed = errors or stopped
     if failed and raise_errors:

@@ -45,6 +45,13 @@ class RunOptions(OptionGroup):
         name="--no-preflight",
         switch="off",
     )
+    path_check: bool = option(
+        True,
+        "Skip the preflight's path check: every node connecting to the master's store port "
+        "and to its peers on the NCCL/gloo interface before anything starts.",
+        name="--no-path-check",
+        switch="off",
+    )
     min_free_disk: int = option(
         MIN_FREE_DISK,
         "The preflight warns about a node with less free space than this (64M, 1G, ...) "

@@ -46,6 +46,11 @@ class NodeFacts:
     port_checked: bool = False  # master only: the explicit port was found free
     topology: Topology | None = None  # usable cores and NUMA nodes (probed for --bind-cores)
     container_runtime: str | None = None  # --container-runtime auto: the one found there
+    addresses: tuple[tuple[str, str], ...] = ()  # every interface's IPv4 address but lo's
+
+    def address_of(self, ifname: str | None) -> str | None:
+        """The IPv4 address NCCL/gloo bind on `ifname` here (the route's when not known)."""
+        return dict(self.addresses).get(ifname or "") or self.route_source
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,7 @@ and a missing script caught while every node is this machine."""
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Sequence
 
 from orchestrator.backends.base import NodeConnection
@@ -11,6 +12,10 @@ from orchestrator.console.progress import Progress
 from orchestrator.errors import ConfigError
 from orchestrator.hostlist import compress_hosts
 from orchestrator.hosts.hostfile import Cluster
+from orchestrator.nodes.execute import run_on_nodes
+from orchestrator.nodes.paths.found import PathNode
+from orchestrator.nodes.paths.pairs import scheme
+from orchestrator.nodes.paths.prove import prove_paths, raise_failures
 from orchestrator.nodes.probe import ProbeResult, probe_nodes
 from orchestrator.plan.launch_plan import LaunchPlan, NodeFacts, make_plan
 from orchestrator.plan.scripts import command_line, render_node_scripts
@@ -40,8 +45,57 @@ def prepare(
         for warning in warnings:
             note(f"warning: {warning}")
     plan = make_plan(cluster, spec, options.run_id, facts, pool.attempt if pool else 1)
+    if facts and options.run.path_check and len(plan.nodes) > 1 and not cluster.is_local:
+        prove_plan_paths(plan, facts, pool.connections if pool else connections, options, note)
     scripts = render_node_scripts(plan, command_line(options.argv, plan.secret_names))
     return plan, scripts
+
+
+def prove_plan_paths(
+    plan: LaunchPlan,
+    facts: dict[int, NodeFacts],
+    connections: Sequence[NodeConnection],
+    options: LaunchOptions,
+    note=lambda text: None,
+) -> None:
+    """Every node connects to the master's store port and to its peers from the address the
+    job binds (orchestrator.nodes.paths); a path that does not connect ends the launch (exit
+    2) before anything starts."""
+    nodes = [
+        PathNode(
+            node.node_rank,
+            node.host.name,
+            node.python,
+            facts[node.node_rank].address_of(node.ifname) or "",
+            node.ifname or "",
+            facts[node.node_rank].addresses,
+        )
+        for node in plan.nodes
+    ]
+
+    def run(argvs: dict[int, list[str]], limit: float) -> dict[int, tuple[str | None, str]]:
+        order = sorted(argvs)
+        results = run_on_nodes(
+            [connections[i] for i in order],
+            [plan.nodes[i].python for i in order],
+            [argvs[i] for i in order],
+            time_limit=limit,
+            tag=options.run_id,
+            what="the path check",
+        )
+        return {
+            i: (r.output, None if r.ok else r.describe())
+            for i, r in zip(order, results, strict=True)
+        }
+
+    began = time.monotonic()
+    sshd_port = getattr(getattr(connections[0], "target", None), "port", None) or 22
+    report = prove_paths(nodes, plan.master_addr, plan.master_port, run, sshd_port=sshd_port)
+    raise_failures(report)
+    note(
+        f"paths: {report.tested()} TCP connection(s) made in {time.monotonic() - began:.1f} s: "
+        f"{scheme(len(nodes))}"
+    )
 
 
 def versions_summary(cluster: Cluster, facts: dict[int, NodeFacts]) -> list[str]:

@@ -18,9 +18,9 @@ from orchestrator import sizes
 from orchestrator.check import measure
 from orchestrator.check.diagnose import node_problems
 from orchestrator.check.facts import choose_backend
-from orchestrator.check.gather import reach_source
 from orchestrator.check.report import bandwidth_table, node_table
 from orchestrator.check.results import Problem, collective_results
+from orchestrator.nodes.paths.prove import reach_source
 from tests.check_helpers import MASTER, facts, node
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"

@@ -46,7 +46,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
 # The trainer stands alone: what ranks run imports nothing of the controller.
 TRAINER = "orchestrator.trainer"
 # Run on the nodes by an interpreter that may have nothing but the standard library.
-NODE_SIDE = ("orchestrator.agent", "orchestrator.check.reach")
+NODE_SIDE = ("orchestrator.agent",)
 
 
 def module_name(path: Path) -> str:

@@ -14,6 +14,7 @@ and minimal images often lack `ip`). It gives the same answers:
                                    route to ADDR leaves by
     python3 route.py source ADDR   the source address the kernel picks to reach ADDR
     python3 route.py addr IFNAME   the interface's IPv4 address
+    python3 route.py addrs         every interface's IPv4 address but lo's: IFNAME=ADDR,...
 
 Each prints one line, empty when it cannot tell, and exits 0.
 """
@@ -131,9 +132,18 @@ def ifname(host: str) -> str | None:
     return found
 
 
+def addresses() -> str:
+    """Every interface with an IPv4 address but lo: `IFNAME=ADDR,...` (`ip -o -4 addr`)."""
+    pairs = ((name, ipv4_address(name)) for _, name in socket.if_nameindex() if name != "lo")
+    return ",".join(f"{name}={addr}" for name, addr in pairs if addr)
+
+
 def main(argv: list[str]) -> int:
+    if argv == ["addrs"]:
+        print(addresses())
+        return 0
     if len(argv) != 2 or argv[0] not in ("ifname", "source", "addr"):
-        print("usage: route.py ifname ADDR | source ADDR | addr IFNAME", file=sys.stderr)
+        print("usage: route.py ifname ADDR | source ADDR | addr IFNAME | addrs", file=sys.stderr)
         return 2
     command, arg = argv
     if command == "ifname":
@@ -217,6 +227,13 @@ if command -v ip >/dev/null 2>&1; then
     echo "route_source=$(ip -o route get "$(getent ahostsv4 10.1.0.1 2>/dev/null | awk 'NR == 1 {print $1}')" 2>/dev/null | sed -n 's/.* src \([^ ]*\).*/\1/p')"
 else
     echo "route_source=$(orchestrator_route_py source 10.1.0.1)"
+fi
+# Every interface's IPv4 address (but lo's): the path check binds the job's one, and tries the
+# others when it cannot reach the master, to name one that would work.
+if command -v ip >/dev/null 2>&1; then
+    echo "addrs=$(ip -o -4 addr show 2>/dev/null | awk '$2 != "lo" {sub(/@.*/, "", $2); split($4, a, "/"); printf "%s%s=%s", sep, $2, a[1]; sep = ","}')"
+else
+    echo "addrs=$(orchestrator_route_py addrs)"
 fi
 
 # Free space where the node keeps its runs (the nearest existing folder on the way there).

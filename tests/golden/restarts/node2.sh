@@ -122,6 +122,7 @@ and minimal images often lack `ip`). It gives the same answers:
                                    route to ADDR leaves by
     python3 route.py source ADDR   the source address the kernel picks to reach ADDR
     python3 route.py addr IFNAME   the interface's IPv4 address
+    python3 route.py addrs         every interface's IPv4 address but lo's: IFNAME=ADDR,...
 
 Each prints one line, empty when it cannot tell, and exits 0.
 """
@@ -239,9 +240,18 @@ def ifname(host: str) -> str | None:
     return found
 
 
+def addresses() -> str:
+    """Every interface with an IPv4 address but lo: `IFNAME=ADDR,...` (`ip -o -4 addr`)."""
+    pairs = ((name, ipv4_address(name)) for _, name in socket.if_nameindex() if name != "lo")
+    return ",".join(f"{name}={addr}" for name, addr in pairs if addr)
+
+
 def main(argv: list[str]) -> int:
+    if argv == ["addrs"]:
+        print(addresses())
+        return 0
     if len(argv) != 2 or argv[0] not in ("ifname", "source", "addr"):
-        print("usage: route.py ifname ADDR | source ADDR | addr IFNAME", file=sys.stderr)
+        print("usage: route.py ifname ADDR | source ADDR | addr IFNAME | addrs", file=sys.stderr)
         return 2
     command, arg = argv
     if command == "ifname":
