@@ -23,7 +23,7 @@ from orchestrator.check.facts import Master, NodeReport
 from orchestrator.errors import NodeError
 from orchestrator.hosts.hostfile import Cluster
 from orchestrator.nodes.execute import NodeResult, run_on_nodes
-from orchestrator.nodes.paths.found import PathNode, PathReport, parse_lines, read_report
+from orchestrator.nodes.paths.found import PathNode, PathReport, read_report
 from orchestrator.nodes.paths.prove import path_argvs, store_wait
 from orchestrator.nodes.probe import parse_addresses, parse_probe_output, probe_time_limit
 from orchestrator.plan.container import ContainerSpec
@@ -202,6 +202,6 @@ def reach_master(
                 )
             )
         else:
-            outputs[report.index] = parse_lines(result.output)
+            outputs[report.index] = parse_probe_output(result.output)
             updated.append(replace(report, reach=outputs[report.index]))
     return updated, read_report(nodes, outputs, master.addr, master.port or 0)

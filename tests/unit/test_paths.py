@@ -17,7 +17,6 @@ from orchestrator.nodes.paths.found import (
     PathNode,
     failure_lines,
     matrix,
-    parse_lines,
     read_report,
 )
 from orchestrator.nodes.paths.pairs import (
@@ -29,6 +28,7 @@ from orchestrator.nodes.paths.pairs import (
     scheme,
 )
 from orchestrator.nodes.paths.prove import path_argvs, raise_failures, store_wait
+from orchestrator.nodes.probe import parse_probe_output
 
 
 def nodes(n: int) -> list[PathNode]:
@@ -68,7 +68,7 @@ def test_incoming_is_the_transpose() -> None:
 
 
 def report_of(outputs: dict[int, str], n: int = 3):
-    found = {i: parse_lines(text) for i, text in outputs.items()}
+    found = {i: parse_probe_output(text) for i, text in outputs.items()}
     return read_report(nodes(n), found, "10.0.0.1", 29500)
 
 
@@ -215,7 +215,7 @@ def test_the_node_side_script_on_loopback() -> None:
     group = [PathNode(i, f"n{i}", sys.executable, "127.0.0.1", "lo") for i in range(3)]
     argvs = path_argvs(group, "127.0.0.1", free_port(), token="tok", timeout=1)
     procs = {i: subprocess.Popen(a, stdout=subprocess.PIPE, text=True) for i, a in argvs.items()}
-    outputs = {i: parse_lines(p.communicate(timeout=60)[0]) for i, p in procs.items()}
+    outputs = {i: parse_probe_output(p.communicate(timeout=60)[0]) for i, p in procs.items()}
     report = read_report(group, outputs, "127.0.0.1", 0)
     assert report.ok, report.failures
     assert outputs[0]["heard"] == "0,1,2" and outputs[1]["peers_heard"] == "0,2"

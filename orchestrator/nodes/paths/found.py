@@ -76,19 +76,10 @@ class PathReport:
         )
 
 
-def parse_lines(text: str) -> dict[str, str]:
-    values = {}
-    for line in text.splitlines():
-        key, sep, value = line.partition("=")
-        if sep and key.isidentifier():
-            values[key] = value.strip()
-    return values
-
-
 def read_report(
     nodes: Sequence[PathNode], outputs: Mapping[int, dict[str, str]], master: str, port: int
 ) -> PathReport:
-    """The failures in what every node said (its parse_lines). A node missing from
+    """The failures in what every node said (its key=value lines). A node missing from
     `outputs` did not run the check: its own failure is someone else's to report."""
     hosts = {n.index: n.host for n in nodes}
     outcomes: dict[int, dict[int, str]] = {}

@@ -14,10 +14,10 @@ from orchestrator.nodes.paths.found import (
     PathNode,
     PathReport,
     failure_lines,
-    parse_lines,
     read_report,
 )
 from orchestrator.nodes.paths.pairs import choose_peers, incoming
+from orchestrator.nodes.probe import parse_probe_output
 
 STORE_NODE = 0  # the master: node 0 runs the store's listener
 PATH_TIMEOUT_S = 3.0  # for one connection: a SYN and two retransmits
@@ -118,7 +118,7 @@ def prove_paths(
         if error is not None:
             errors.append(NodeError(node.host, f"the path check did not run: {error}"))
         else:
-            outputs[node.index] = parse_lines(output or "")
+            outputs[node.index] = parse_probe_output(output or "")
     if errors:
         raise NodeErrors(errors, "the path check")
     master = outputs.get(nodes[0].index, {})
