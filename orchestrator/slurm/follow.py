@@ -111,6 +111,8 @@ class Follower:
     def note(self, text: str) -> None:
         self.sink.note(text)
         self.sink.flush()
+        if self.following is not None:  # a line of ours is never read again: keep it
+            self.bookmarks.save(self)
 
     def write_status(self, sup: Supervisor | None = None, **extra: object) -> None:
         sup = sup or self.sup

@@ -33,6 +33,7 @@ from tests.slurm_helpers import (  # noqa: F401 (fixtures, used by name)
 pytestmark = [pytest.mark.cluster, pytest.mark.slurm]
 
 JOB = Path(__file__).resolve().parents[1] / "data" / "printing_deadlock_job.py"
+HANGS_ONCE = JOB.with_name("hangs_once.py")
 SECOND_ACQUIRE = 1 + JOB.read_text().splitlines().index(
     "    lock.acquire()  # not reentrant: never returns"
 )
@@ -103,3 +104,27 @@ def test_ranks_that_print_and_work_under_slurm_are_never_stopped(
     assert combined(work, "works").count("worked") == 2
     assert status_of(work, "works")["state"] == "succeeded"
     assert_gone(slurm_cluster, job_id_in(done.stdout), "works")
+
+
+def test_a_hang_under_max_restarts_restarts_the_workers_under_slurm(
+    slurm_cluster: SlurmCluster, work: Path
+) -> None:
+    """--max-restarts 1: the hang is named, the stuck rank ended through its node's agent,
+    torchrun starts the workers again on both nodes, and the second attempt (which does not
+    hang) succeeds, as over SSH."""
+    args = launch_args(
+        work, "again", "--nodes", "2", "--nproc-per-node", "1", "--partition", "debug",
+        "--hang-timeout", str(HANG_TIMEOUT), "--max-restarts", "1", "--", str(HANGS_ONCE),
+    )  # fmt: skip
+    done = orchestrator(slurm_cluster, work, *args, timeout=300)
+    print(done.stdout)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (
+        "ending rank 1 so that torchrun restarts the workers (restart 1 of --max-restarts 1)"
+        in done.stdout
+    )
+    assert done.stdout.count("] reduced 2.0") == 2  # both ranks, in the second attempt
+    status = status_of(work, "again")
+    assert status["state"] == "succeeded" and status["restarts"] == 1, status
+    assert "hang" not in status  # restarted, not ended hung
+    assert_gone(slurm_cluster, job_id_in(done.stdout), "again")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -132,27 +133,13 @@ def test_a_failed_runs_summary_reads_the_dumps_torch_left(tmp_path: Path) -> Non
     ]  # fmt: skip
 
 
-HANGS_ONCE = """\
-import os, time
-import torch
-import torch.distributed as dist
-
-dist.init_process_group("gloo")
-print("attempt", os.environ["TORCHELASTIC_RESTART_COUNT"], flush=True)
-if dist.get_rank() == 1 and os.environ["TORCHELASTIC_RESTART_COUNT"] == "0":
-    while True:
-        time.sleep(0.5)
-tensor = torch.ones(1)
-dist.all_reduce(tensor)
-print("reduced", tensor.item(), flush=True)
-dist.destroy_process_group()  # gloo may abort at exit without it (torch 2.13)
-"""
+HANGS_ONCE = Path(__file__).resolve().parents[1] / "data" / "hangs_once.py"
 
 
 def test_a_hang_under_max_restarts_restarts_the_workers(tmp_path: Path) -> None:
     """--max-restarts 1: the hang is named, the stuck rank ended, torchrun starts the
     workers again, and the second attempt (which does not hang) succeeds."""
-    (tmp_path / "hangs_once.py").write_text(HANGS_ONCE)
+    shutil.copy(HANGS_ONCE, tmp_path)
     runs = tmp_path / "runs"
     done = launch_local(
         tmp_path, "again", "--hang-timeout", "5", "--max-restarts", "1", "--", "hangs_once.py"
