@@ -78,6 +78,13 @@ def agent_python(job: SlurmJob) -> str:
     return "python3" if in_apptainer(job) else job.python
 
 
+def dial_python(job: SlurmJob) -> str:
+    """The interpreter of the launcher's dial to a node's agent (agents.DIAL, standard
+    library only): outside any image (a step of its own, which pyxis does not put in the
+    job's image), so the node's python3 where the job has one; else the job's."""
+    return "python3" if job.container is not None else job.python
+
+
 def agent_code(job: SlurmJob) -> str:
     """The node agent (its modules and its config), gzipped, in base64 lines."""
     config = {

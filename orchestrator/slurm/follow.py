@@ -40,7 +40,7 @@ from orchestrator.options.supervision import Supervision
 from orchestrator.record.runs import RunRecord, now_iso
 from orchestrator.record.states import RunState
 from orchestrator.slurm import client as slurm
-from orchestrator.slurm.batch_script import SCRIPT_NAME, agent_python
+from orchestrator.slurm.batch_script import SCRIPT_NAME, dial_python
 from orchestrator.slurm.cadence import Cadence
 from orchestrator.slurm.client import SlurmCommands
 from orchestrator.slurm.handover import Bookmarks, Following, Points, save_state
@@ -291,7 +291,7 @@ class Follower:
         self.base.update(master=f"{job.master_addr or hosts[0]}:{port}", attempt=details.restarts)
         self.events = queue.Queue()
         agents = NodeAgents(
-            self.job_id, self.attempt, agent_python(job), self.bookmarks, self.events, self.commands
+            self.job_id, self.attempt, dial_python(job), self.bookmarks, self.events, self.commands
         )
         self.sup = Supervisor(
             nodes,
