@@ -123,7 +123,7 @@ def test_a_hang_under_max_restarts_restarts_the_workers_under_slurm(
         "ending rank 1 so that torchrun restarts the workers (restart 1 of --max-restarts 1)"
         in done.stdout
     )
-    assert done.stdout.count("] reduced 2.0") == 2  # both ranks, in the second attempt
+    assert combined(work, "again").count("] reduced 2.0") == 2  # both ranks, the 2nd attempt
     status = status_of(work, "again")
     assert status["state"] == "succeeded" and status["restarts"] == 1, status
     assert "hang" not in status  # restarted, not ended hung
