@@ -6,9 +6,14 @@ peer's kernel, whatever its processes are doing (busy, importing torch, not yet 
 that is a refusal, at once). So a socket of the job's processes that stays in SYN_SENT
 after the kernel resent its SYN means the packets are dropped on the way (a firewall rule,
 a route, a security group open to SSH only), and one that stays so for NO_ANSWER_S is a
-path the job cannot use. The watch looks every LOOK_S at /proc/net/tcp and tcp6, and only
-where a SYN was resent there (retransmits >= 1, the rare case) at which sockets belong to
-the step's processes (/proc/PID/fd), so a quiet node pays two small reads a second.
+path the job cannot use.
+
+The watch looks every LOOK_S, first at the node's count of resent SYNs (TCPSynRetrans in
+/proc/net/netstat, a fraction of a millisecond). Only when it grew, or while a remote is
+being followed, does it read the socket table (/proc/net/tcp and tcp6: the kernel walks its
+whole connection hash for them, some 4 ms each on the lab's machine) and, where a SYN_SENT
+socket's SYN was resent (retransmits >= 1), which of them belong to the step's processes
+(/proc/PID/fd). A healthy node resends no SYN, so its watch costs one small read a second.
 
 A remote address and port is "not answering" while such sockets to it are seen at every
 look, gaps of up to GAP_S allowed (the node script's wait for the store gives up on a
@@ -41,6 +46,7 @@ NO_ANSWER_S = 5.0  # after a first resent SYN: so unanswered for 6 s at least
 GAP_S = 3.0
 FIRST_RESEND_S = 1.0  # the kernel resends an unanswered SYN first after 1 s (TCP_TIMEOUT_INIT)
 TABLES = ("/proc/net/tcp", "/proc/net/tcp6")
+COUNTERS = "/proc/net/netstat"
 
 
 def hex_address(text: str) -> str:
@@ -73,6 +79,16 @@ def unanswered_sockets(table: str) -> list[tuple[str, int, int, int]]:
         except ValueError:
             continue
     return found
+
+
+def syn_retransmits(netstat: str) -> int | None:
+    """TCPSynRetrans of /proc/net/netstat's TcpExt lines (names, then values); None where
+    the kernel does not count it (then the table is read at every look)."""
+    lines = [line.split() for line in netstat.splitlines() if line.startswith("TcpExt:")]
+    if len(lines) < 2:
+        return None
+    value = dict(zip(lines[0], lines[1], strict=False)).get("TCPSynRetrans")
+    return int(value) if value is not None and value.isdigit() else None
 
 
 def socket_owners(pids: list[int]) -> dict[int, int]:
@@ -161,12 +177,16 @@ class ConnectWatch:
     def __init__(self, streaks: Streaks | None = None) -> None:
         self.streaks = streaks or Streaks()
         self.owner: dict[tuple[str, int], tuple[int, int]] = {}  # remote -> (pid, retransmits)
+        self.resent: int | None = -1  # TCPSynRetrans at the last look (-1: none yet)
 
     def look(
         self, pids: Callable[[], list[int]], now: float
     ) -> list[tuple[str, int, float, str, str]]:
         """The reports due now; `pids` (the step's processes) is asked only when a SYN was
         resent on this node."""
+        resent, self.resent = self.resent, syn_retransmits(read(COUNTERS))
+        if resent == self.resent and resent is not None and not self.streaks.since:
+            return []  # no SYN resent here since the last look, and no remote followed
         syns = [s for table in TABLES for s in unanswered_sockets(read(table))]
         remotes: set[tuple[str, int]] = set()
         if syns:

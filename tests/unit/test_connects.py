@@ -19,6 +19,7 @@ from orchestrator.agent.connects import (
     Streaks,
     hex_address,
     socket_owners,
+    syn_retransmits,
     unanswered_sockets,
 )
 from orchestrator.agent.protocol import Frame
@@ -106,6 +107,44 @@ def test_the_store_waits_gaps_do_not_reset_the_age_but_an_answer_does() -> None:
 def test_a_process_that_never_tried_or_connected_is_never_reported() -> None:
     streaks = Streaks(no_answer_s=5, gap_s=3)
     assert all(streaks.look(set(), t) == [] for t in range(100))
+
+
+NETSTAT = "TcpExt: SyncookiesSent TCPSynRetrans\nTcpExt: 0 {}\nIpExt: InNoRoutes\nIpExt: 0\n"
+
+
+def test_the_table_is_read_only_when_a_syn_was_resent_or_a_remote_is_followed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert syn_retransmits(NETSTAT.format(181)) == 181
+    assert syn_retransmits("IpExt: InNoRoutes\nIpExt: 0\n") is None  # then: every look
+    assert syn_retransmits(Path("/proc/net/netstat").read_text()) is not None  # this kernel's
+    netstat, tcp = tmp_path / "netstat", tmp_path / "tcp"
+    monkeypatch.setattr(connects, "COUNTERS", str(netstat))
+    monkeypatch.setattr(connects, "TABLES", (str(tcp),))
+    read_table: list[float] = []
+    clock = [0.0]
+
+    def read(path: str) -> str:
+        if path == str(tcp):
+            read_table.append(clock[0])
+        return Path(path).read_text()
+
+    monkeypatch.setattr(connects, "read", read)
+    monkeypatch.setattr(connects, "socket_owners", lambda pids: {1: pids[0]} if pids else {})
+    tcp.write_text(HEAD + line(f"{kernel_hex('10.200.0.3')}:7531", "02", 1, 1))
+    watch = ConnectWatch(Streaks(no_answer_s=5, gap_s=3))
+    for now, resent, pids in [
+        (0.0, 5, []),  # the first look reads the table: a socket, but not the step's
+        (1.0, 5, []),  # nothing resent since: not read
+        (2.0, 6, [os.getpid()]),  # a SYN resent on the node: read (now the step's, say)
+        (3.0, 6, [os.getpid()]),  # nothing resent, but the remote is followed: read
+    ]:
+        clock[0] = now
+        netstat.write_text(NETSTAT.format(resent))
+        watch.look(lambda pids=pids: pids, now)
+        if now == 1.0:
+            assert not watch.streaks.since
+    assert read_table == [0.0, 2.0, 3.0]
 
 
 def holder(env: dict[str, str]) -> tuple[subprocess.Popen, int]:
