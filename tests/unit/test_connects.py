@@ -235,6 +235,7 @@ def test_a_pair_that_cannot_connect_ends_the_run_unreachable_named_once(tmp_path
         "got no answer for 6 s (packets dropped on the way: a firewall rule or a route)",
     ]
     assert outcome.node_fault is None
+    assert sup.status()["unreachable"] == [outcome.summary.splitlines()[1].strip()]
 
 
 def test_the_store_is_node_0s_whatever_address_it_was_reached_at(tmp_path: Path) -> None:
