@@ -176,7 +176,7 @@ class ConnectWatch:
 
     def __init__(self, streaks: Streaks | None = None) -> None:
         self.streaks = streaks or Streaks()
-        self.owner: dict[tuple[str, int], tuple[int, int]] = {}  # remote -> (pid, retransmits)
+        self.owner: dict[tuple[str, int], int] = {}  # remote -> a pid whose socket it is
         self.resent: int | None = -1  # TCPSynRetrans at the last look (-1: none yet)
 
     def look(
@@ -185,19 +185,20 @@ class ConnectWatch:
         """The reports due now; `pids` (the step's processes) is asked only when a SYN was
         resent on this node."""
         resent, self.resent = self.resent, syn_retransmits(read(COUNTERS))
-        if resent == self.resent and resent is not None and not self.streaks.since:
+        followed = set(self.streaks.since) - self.streaks.said
+        if resent == self.resent and resent is not None and not followed:
             return []  # no SYN resent here since the last look, and no remote followed
         syns = [s for table in TABLES for s in unanswered_sockets(read(table))]
         remotes: set[tuple[str, int]] = set()
         if syns:
             owners = socket_owners(pids())
-            for address, port, resent, inode in syns:
+            for address, port, _, inode in syns:
                 if inode in owners:
                     remotes.add((address, port))
-                    self.owner[(address, port)] = (owners[inode], resent)
+                    self.owner[(address, port)] = owners[inode]
         reports = []
         for address, port, seconds in self.streaks.look(remotes, now):
-            pid, _ = self.owner[(address, port)]
+            pid = self.owner[(address, port)]
             environ = environ_of(pid)
             role = "store" if store_of(environ) == (address, port) else "peer"
             reports.append((address, port, FIRST_RESEND_S + seconds, role, who(pid, environ)))
