@@ -61,7 +61,7 @@ class NodeFault:
 
 @dataclass
 class Outcome:
-    state: RunState  # final: succeeded, failed, stopped, lost, hung
+    state: RunState  # final: succeeded, failed, stopped, lost, hung, unreachable
     exit_code: int
     summary: str = ""
     node_fault: NodeFault | None = None  # set only when the first fault was a node's
