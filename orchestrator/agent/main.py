@@ -11,6 +11,8 @@ step's config over stdin (orchestrator.agent.bootstrap, protocol.py). The agent 
 - samples, every few seconds, what the run's processes use (CPU, memory, GPUs) and ships
   it with the ranks' own metrics (sampling.py);
 - sends the time limit's warning (`signal USR1`) to every rank's process (stacks.py);
+- says, once per address and port, when the step's connections to it get no answer: the
+  store or a peer on a path that drops them (connects.py);
 - stops everything on `stop GRACE` (SIGTERM to every descendant, SIGKILL to what is left
   after GRACE seconds), at once on `kill`, and by itself when the controller goes away:
   stdin closes (controller killed, connection dropped) or no heartbeat for a while
