@@ -4,7 +4,9 @@ an iptables rule inside one node's namespace (tests/cluster/test_paths_cluster.p
 `dropped`), a job whose 3 ranks build a gloo mesh ends `unreachable`, exit 1, within 30 s of
 its start, the line naming the node and the master's store port, or the pair; nothing is left
 on any node. A slow start is not that: with node 0's processes frozen for 20 s as they
-start (its store opens late), the same job forms its mesh and nothing is called unreachable."""
+start (its store opens late), the same job forms its mesh and nothing is called unreachable.
+Under SLURM (the lab's, 2 nodes), with the store's port on node 0 dropped from the others,
+the agents in the allocation name it the same way and the job is cancelled."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import re
 import signal
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,6 +24,14 @@ import pytest
 from tests.cli_helpers import assert_nothing_left, run_cli, run_pids, start_cli, status_of
 from tests.cluster.test_paths_cluster import dropped
 from tests.lab.cluster import Cluster
+from tests.lab.slurm import SlurmCluster
+from tests.slurm_helpers import (  # noqa: F401 (a fixture, used by name)
+    assert_gone,
+    job_id_in,
+    no_job_outlives_its_test,
+    orchestrator,
+)
+from tests.slurm_helpers import launch_args as slurm_launch_args
 
 pytestmark = pytest.mark.cluster
 
@@ -130,3 +141,40 @@ def test_a_store_that_opens_late_is_a_slow_start_not_unreachable(
     logs = tmp_path / "runs" / run_id / "logs"
     assert all("mesh formed" in (logs / f"rank-{r}.log").read_text() for r in range(3)), output
     assert status_of(tmp_path / "runs", run_id)["state"] == "succeeded"
+
+
+STORE_PORT = 29555  # --master-port: SLURM's own traffic between nodes uses other ports
+
+
+@contextlib.contextmanager
+def store_dropped(cluster: Cluster) -> Iterator[None]:
+    """Every node's TCP to node 0's store port dropped (SLURM's own traffic goes on)."""
+    master = cluster.nodes[0]
+    rule = ["OUTPUT", "-d", master.address, "-p", "tcp", "--dport", str(STORE_PORT), "-j", "DROP"]
+    try:
+        for node in cluster.nodes[1:]:
+            cluster.exec_in(node, ["iptables", "-A", *rule], check=True)
+        yield
+    finally:
+        for node in cluster.nodes[1:]:
+            cluster.exec_in(node, ["iptables", "-D", *rule])
+
+
+@pytest.mark.slurm
+def test_under_slurm_the_agents_name_it_and_the_job_is_cancelled(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    (tmp_path / "mesh.py").write_text(JOB)
+    args = slurm_launch_args(
+        tmp_path, "mesh", "--nodes", "2", "--nproc-per-node", "1", "--partition", "debug",
+        "--master-port", str(STORE_PORT), "--", "mesh.py",
+    )  # fmt: skip
+    with store_dropped(slurm_cluster.cluster):
+        done = orchestrator(slurm_cluster, tmp_path, *args, timeout=240)
+    print(done.stdout, done.stderr)
+    assert done.returncode == 1, done.stdout + done.stderr
+    said = [x for x in done.stdout.splitlines() if "cannot reach the store on" in x]
+    assert said and f":{STORE_PORT}: torchrun's connection got no answer" in said[0], said
+    assert "run mesh unreachable (exit code 1)" in done.stdout, done.stdout
+    assert status_of(tmp_path / "runs", "mesh")["state"] == "unreachable"
+    assert_gone(slurm_cluster, job_id_in(done.stdout), "mesh")
