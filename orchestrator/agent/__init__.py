@@ -10,7 +10,9 @@ wakeup.py     what wakes a quiet agent: writes in the node directory, signals, a
 py_spy.py     reading a rank's stack from outside with py-spy
 stacks.py     every rank's Python stacks, by py-spy or the ranks' own hook (stack_hook/)
 flight.py     torch's flight recorder: turned on for the ranks, dumped through the hook
-route.py      which interface reaches an address (run inside node scripts, like cores.py)
+connects.py   the step's TCP connections that get no answer: the store or a peer dropped
+route.py      which interface reaches an address (run inside node scripts, like cores.py;
+              the agent sends the node's addresses with it)
 cores.py      --bind-cores: disjoint core sets per local rank
 main.py       the agent: one loop tying them together, step after step
 keeper.py     under SLURM: the agent in the allocation, its stream kept for a controller

@@ -48,6 +48,8 @@ NODE_MODULES = (
     "hook",
     "runtime",
     "wakeup",
+    "route",
+    "connects",
     "main",
 )
 

@@ -11,6 +11,8 @@ step's config over stdin (orchestrator.agent.bootstrap, protocol.py). The agent 
 - samples, every few seconds, what the run's processes use (CPU, memory, GPUs) and ships
   it with the ranks' own metrics (sampling.py);
 - sends the time limit's warning (`signal USR1`) to every rank's process (stacks.py);
+- says, once per address and port, when the step's connections to it get no answer: the
+  store or a peer on a path that drops them (connects.py);
 - stops everything on `stop GRACE` (SIGTERM to every descendant, SIGKILL to what is left
   after GRACE seconds), at once on `kill`, and by itself when the controller goes away:
   stdin closes (controller killed, connection dropped) or no heartbeat for a while
@@ -30,6 +32,7 @@ import threading
 import time
 
 from orchestrator.agent import runtime as container_runtime
+from orchestrator.agent.connects import LOOK_S, ConnectWatch
 from orchestrator.agent.controller import ControllerHost
 from orchestrator.agent.disk import DiskWatch, is_fault
 from orchestrator.agent.flight import FOLDER as FLIGHT_FOLDER
@@ -59,6 +62,7 @@ from orchestrator.agent.protocol import (
     read_config,
 )
 from orchestrator.agent.ranks import NodeRanks, rank_pids
+from orchestrator.agent.route import addresses
 from orchestrator.agent.sampling import QUIET_SAMPLE_S, SAMPLE_S, Sampler, differs
 from orchestrator.agent.shipping import Outbox, PipeLines
 from orchestrator.agent.wakeup import QUIET_S, Wakeup, drain
@@ -122,7 +126,8 @@ class Agent:
             )
         proc = self.processes.start(argv, cwd, env)
         self.script_out = PipeLines(proc.stdout)
-        self.outbox.send(frame(Frame.STARTED, proc.pid, f"{time.time():.6f}"))
+        addrs = addresses() or "-"  # the controller names a peer by them (connects.py)
+        self.outbox.send(frame(Frame.STARTED, proc.pid, f"{time.time():.6f}", addrs))
 
     def run(self) -> int:
         become_subreaper()
@@ -153,6 +158,8 @@ class Agent:
             threads.append(
                 threading.Thread(target=self.samples, args=(sample_s,), name="samples", daemon=True)
             )
+        if self.ranks.files:  # a job's step: connections that get no answer (connects.py)
+            threads.append(threading.Thread(target=self.connects, name="connects", daemon=True))
         for thread in threads:
             thread.start()
         try:
@@ -282,6 +289,18 @@ class Agent:
             self.outbox.send(frame(Frame.NODE_SAMPLE, payload=data))
             self.outbox.write_some()  # now, not at the loop's next pass (up to QUIET_S away)
             shipped, shipped_at = sample, now
+
+    def connects(self) -> None:
+        """Every LOOK_S, the step's connections that get no answer: a U for each remote."""
+        watch = ConnectWatch()
+        while not self.beating.wait(LOOK_S):
+            if self.processes.stopping:
+                return  # what fails now was stopped
+            for address, port, seconds, role, who in watch.look(
+                self.processes.descendants, time.monotonic()
+            ):
+                self.outbox.send(frame(Frame.NO_ANSWER, address, port, f"{seconds:.0f}", role, who))
+                self.outbox.write_some()
 
     def check_controller(self, now: float) -> None:
         """No word from the controller for the heartbeat timeout: stop, unless its host

@@ -3,7 +3,7 @@
 Frames to the controller (stdout): an ASCII header line `TYPE field...`, followed, for
 types with a length field, by exactly that many payload bytes. TYPE is one letter, named
 by `Frame`:
-  S pid t            started           O rank n + data   rank output (whole lines)
+  S pid t [addrs]    started           O rank n + data   rank output (whole lines)
   N q n + data       script output     E rank rc t s     a rank exited (s: 1 if after a stop)
   F rank n + data    rank error file   M n + data        a message from the agent
   H t3 t1 t2         heartbeat         X rc t            finished; nothing follows
@@ -14,8 +14,12 @@ by `Frame`:
   L seq rank ok|no n + data   a rank's flight recorder dump (a pickle), or why none (flight.py)
   G SIG t sent skipped   the time limit's warning went to ranks `sent` ("0,1"; "-": none) at
                     t; `skipped` ranks do not catch SIG and were not sent it (stacks.py)
-Every t is the node's wall clock. H echoes the controller's last `hb T1` (t1) with the time
-the agent read it (t2), `-` before any: one NTP round trip (orchestrator.supervise.clocks).
+  U addr port s store|peer who   the step's process `who` (rank3, torchrun) has had no
+                    answer from addr:port for s seconds: the store or a peer (connects.py)
+S's addrs are the node's IPv4 addresses (`eth0=10.0.0.2,ib0=...`; route.addresses), by
+which the controller names the node a U's address belongs to. Every t is the node's wall
+clock. H echoes the controller's last `hb T1` (t1) with the time the agent read it (t2),
+`-` before any: one NTP round trip (orchestrator.supervise.clocks).
 E's s says whether the rank ended after the agent began stopping the step, both times in the
 node's clock, so a stopped rank is told from a failed one whatever the clocks say. N's q is 1
 for the script's output read after the stop began: torchrun's shutdown, quiet on the console.
@@ -59,6 +63,7 @@ class Frame(str, Enum):
     STACKS = "K"  # the ranks' stacks a `stacks SEQ` asked for
     FLIGHT_DUMP = "L"  # a rank's flight recorder dump, or why there is none
     TIME_WARNING = "G"  # the time limit's warning went to the ranks
+    NO_ANSWER = "U"  # the step's processes cannot connect to an address: no answer
 
     def __str__(self) -> str:
         return self.value  # the letter, in str() and f-strings alike on every Python 3

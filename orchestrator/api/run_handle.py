@@ -48,8 +48,9 @@ class Failure:
 
 @dataclass(frozen=True)
 class RunOutcome:
-    """How a run ended: its state (succeeded, failed, stopped, hung, lost), the exit code
-    the command line would give, the summary it printed, and the first failing rank."""
+    """How a run ended: its state (succeeded, failed, stopped, hung, unreachable, lost), the
+    exit code the command line would give, the summary it printed, and the first failing
+    rank."""
 
     run_id: str
     state: RunState

@@ -28,6 +28,7 @@ class RunState(str, Enum):
     STOPPED = "stopped"
     LOST = "lost"
     HUNG = "hung"
+    UNREACHABLE = "unreachable"  # the job's rendezvous or mesh could not form: a path drops
 
     @property
     def is_final(self) -> bool:
@@ -47,7 +48,14 @@ class RunState(str, Enum):
 
 
 _FINAL = frozenset(
-    {RunState.SUCCEEDED, RunState.FAILED, RunState.STOPPED, RunState.LOST, RunState.HUNG}
+    {
+        RunState.SUCCEEDED,
+        RunState.FAILED,
+        RunState.STOPPED,
+        RunState.LOST,
+        RunState.HUNG,
+        RunState.UNREACHABLE,
+    }
 )
 
 

@@ -88,7 +88,7 @@ class Follower:
         self.supervision = replace(supervision or Supervision(), heartbeat_timeout=0)
         self.agents: NodeAgents | None = None  # the node agents of the attempt followed
         self.events: queue.Queue[Event | None] = queue.Queue()  # the attempt's; None: wake
-        self.hang_cancelled = False
+        self.judged_cancelled = False  # cancelled for a hang or a path that drops
         self.sink = LogSink(record.logs_dir, {}, {}, console, color, fold=fold)
         self.sup: Supervisor | None = None
         self.info = JobInfo(state="PENDING")
@@ -355,15 +355,19 @@ class Follower:
         """What the node agents said, in each node's order (from `event` on): the ranks'
         lines, metrics and exits, the node's start, end and samples, stacks, flight recorder
         dumps, their messages; then rounds of stacks, `orchestrator stacks` requests and
-        hang checks, as over SSH. A hang found is said, and the job cancelled: it ends
-        `hung`. How many frames came."""
+        hang checks, as over SSH. A hang found, or a node that cannot reach another (U),
+        is said, and the job cancelled: it ends `hung` or `unreachable`. How many frames
+        came."""
         came = 0
         if self.agents is not None:
             came = self.agents.hear(sup, self, not self.info.ended, event)
         sup.watch_stacks(time.monotonic())  # a hang found stops the run (detect.hung)
-        if sup.hang is not None and not self.hang_cancelled:
-            self.hang_cancelled = True
-            self.note(f"cancelling SLURM job {self.job_id}: it hangs (scancel)")
+        why = "it hangs" if sup.hang is not None else None
+        if sup.detector.unreachable_lines:
+            why = "a node cannot reach another"
+        if why is not None and not self.judged_cancelled:
+            self.judged_cancelled = True
+            self.note(f"cancelling SLURM job {self.job_id}: {why} (scancel)")
             slurm.cancel(self.commands, self.job_id)
         return came
 

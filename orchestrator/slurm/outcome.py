@@ -54,8 +54,8 @@ def job_outcome(
         signame = signal.Signals(interrupted_by).name
         stopped = f"stopped by {signame}: {name} cancelled"
         return Outcome(RunState.STOPPED, 128 + interrupted_by, stopped)
-    if ranks is not None and sup is not None and sup.hang is not None:
-        return ranks  # found hung, then cancelled: the hang is how it ended
+    if ranks is not None and ranks.state in (RunState.HUNG, RunState.UNREACHABLE):
+        return ranks  # found hung or unreachable, then cancelled: that is how it ended
     if info.state == "COMPLETED" and (ranks is None or ranks.state == RunState.SUCCEEDED):
         return ranks or Outcome(RunState.SUCCEEDED, 0)  # the ranks' says which restarts it took
     if info.state in JOB_ENDINGS:

@@ -26,6 +26,7 @@ from orchestrator.supervise.state import (
 )
 from orchestrator.supervise.stopping import Stopper
 from orchestrator.supervise.time_limit import WarningClock
+from orchestrator.supervise.unreachable import NoAnswer
 from orchestrator.supervise.verdict import FAULT_KINDS, ON_WARNING, Facts, verdict
 
 
@@ -71,6 +72,8 @@ class Detector:
         self.restarts_noted: set[int] = set()
         self.gave_up = False
         self.hang_summary: str | None = None
+        self.unreachable_lines: list[str] = []  # each pair once; the first stopped the run
+        self.unreachable_pairs: set[tuple[int, int]] = set()
         self.warning: WarningClock | None = None  # the time limit's (supervise/time_limit.py)
 
     # --- reports (every time in the controller's clock) -------------------------------
@@ -200,6 +203,25 @@ class Detector:
         self.hang_summary = summary
         return "the run hangs: no rank moved"
 
+    def unreachable(self, said: NoAnswer) -> str | None:
+        """A node's processes got no answer from the store or a peer (agent/connects.py):
+        the run ends `unreachable`, naming the pair; each pair is said once, whichever end
+        says it. An address of no node of the run is only said; so is a report that comes
+        after the run began to stop for another reason."""
+        pair = said.pair
+        if pair is None or (self.stopper.stopping and not self.unreachable_lines):
+            self.sink.note(said.line())
+            return None
+        if pair in self.unreachable_pairs:
+            return None
+        self.unreachable_pairs.add(pair)
+        self.unreachable_lines.append(said.line())
+        if self.stopper.stopping:
+            self.sink.note(said.line())
+            return None
+        self.sink.note(f"{said.line()}; stopping the run on every node")
+        return f"{said.node.host} cannot reach {said.peer.host if said.peer else said.address}"
+
     # --- the end ------------------------------------------------------------------------
 
     def faults(self) -> list[Fault]:
@@ -286,6 +308,7 @@ class Detector:
             any_lost=any(n.state == "lost" for n in self.nodes),
             world_succeeded=world,
             hung=self.hang_summary is not None,
+            unreachable=bool(self.unreachable_lines),
             warned=warning is not None and warning.sent_at is not None,
             all_exited_after_warning=warning is not None
             and warning.ended_on_it(self.ranks.values(), self.nodes, self.stopper.stopping),
@@ -298,6 +321,11 @@ class Detector:
         warning = self.warning
         if facts.interrupted_by is not None:
             summary = f"stopped by {signal.Signals(facts.interrupted_by).name}"
+        elif facts.unreachable:
+            summary = "\n".join(
+                ["job failed: a node cannot reach another:"]
+                + [f"  {line}" for line in self.unreachable_lines]
+            )
         elif facts.hung:
             summary = self.hang_summary or ""
         elif warning is not None and (why == ON_WARNING or facts.all_exited_after_warning):
@@ -322,7 +350,7 @@ class Detector:
         """The node to blame when the first fault was the node's, not the job's: it was
         lost, its disk failed, or a process there was killed by SIGKILL or SIGBUS. A rank
         that exits non-zero by itself (an exception, exit 3) is the job's own error."""
-        if facts.interrupted_by is not None or facts.hung or first is None:
+        if facts.interrupted_by is not None or facts.hung or facts.unreachable or first is None:
             return None
         node = self.nodes[self.node_of(first)]
         if first.kind == "lost":

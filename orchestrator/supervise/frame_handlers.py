@@ -22,6 +22,7 @@ from orchestrator.supervise.metrics import RunMetrics
 from orchestrator.supervise.stack_rounds import StackRounds
 from orchestrator.supervise.state import NodeState, RankState, disk_error
 from orchestrator.supervise.time_limit import WarningClock
+from orchestrator.supervise.unreachable import NoAnswer, parse_addresses
 
 
 class SupervisedRun(Protocol):
@@ -69,8 +70,11 @@ def handle(run: SupervisedRun, event: Event) -> None:
 
 
 def started(run: SupervisedRun, node: NodeState, event: Event) -> None:
-    """S pid t: the node script runs; its start brackets the node's clock."""
+    """S pid t [addrs]: the node script runs; its start brackets the node's clock; addrs
+    are the node's addresses (unreachable.py)."""
     pid, node_time = event.fields[0], float(event.fields[1])
+    if len(event.fields) > 2:
+        node.addresses = parse_addresses(event.fields[2])
     sent = run.sent_at(node.index)
     if sent is not None:
         node.clock.bracket(sent, node_time, node.heard_wall)
@@ -166,6 +170,12 @@ def time_warning(run: SupervisedRun, node: NodeState, event: Event) -> None:
         run.deadline.signalled_on(node, run.sink, *event.fields[1:])
 
 
+def no_answer(run: SupervisedRun, node: NodeState, event: Event) -> None:
+    """U addr port s store|peer who: the node's processes cannot reach the store or a peer."""
+    if len(event.fields) >= 5:
+        run.stop_if(run.detector.unreachable(NoAnswer.of(run.nodes, node, event.fields)))
+
+
 def channel_closed(run: SupervisedRun, node: NodeState, event: Event) -> None:
     """The agent's channel closed: a node that had not finished is lost."""
     if node.done:
@@ -190,5 +200,6 @@ HANDLERS: dict[str, Handler] = {
     Frame.STACKS: stacks,
     Frame.FLIGHT_DUMP: flight_dump,
     Frame.TIME_WARNING: time_warning,
+    Frame.NO_ANSWER: no_answer,
     CHANNEL_CLOSED: channel_closed,
 }

@@ -44,6 +44,7 @@ class NodeState:
     lost_gone: bool = False  # lost, and its sshd did not answer either: the node or link died
     disk: str = ""  # its run directory cannot be written: "no space left on device in ~/..."
     disk_at: float | None = None  # when its agent found that, before any stop (else None)
+    addresses: tuple[str, ...] = ()  # its IPv4 addresses, as its agent said with S
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,7 @@ class NodeFault:
 
 @dataclass
 class Outcome:
-    state: RunState  # final: succeeded, failed, stopped, lost, hung
+    state: RunState  # final: succeeded, failed, stopped, lost, hung, unreachable
     exit_code: int
     summary: str = ""
     node_fault: NodeFault | None = None  # set only when the first fault was a node's

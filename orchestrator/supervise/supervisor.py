@@ -325,4 +325,6 @@ class Supervisor:
             **nodes_and_ranks(self.nodes, self.ranks.values()),
             **self.deadline.status(),
             **({"hang": self.hang.status()} if self.hang is not None else {}),
+            # the lines that named the nodes that could not reach another (unreachable.py)
+            **({"unreachable": lines} if (lines := self.detector.unreachable_lines) else {}),
         }

@@ -1,12 +1,14 @@
 """How a run ended, as one table: from what was recorded to a state and an exit code.
 
-The facts are few and plain: was the controller interrupted, did the run hang (no rank
-moved for the hang timeout: supervise/hangs.py), did every rank end after the time limit's
-warning signal and before the limit (supervise/time_limit.py), what kind of fault came first
-(before any stop, in the controller's clock), did the time limit stop the run, was any node
-lost, and did the whole world (every rank and every node script) end with exit 0. The first
-row that matches decides; a run is `succeeded` only by the last row, so a killed, unknown or
-never-started rank, or a node once lost, can never make a run succeed.
+The facts are few and plain: was the controller interrupted, could a node not reach the
+store or a peer (its agent saw the connections go unanswered: agent/connects.py), did the
+run hang (no rank moved for the hang timeout: supervise/hangs.py), did every rank end after
+the time limit's warning signal and before the limit (supervise/time_limit.py), what kind
+of fault came first (before any stop, in the controller's clock), did the time limit stop
+the run, was any node lost, and did the whole world (every rank and every node script) end
+with exit 0. The first row that matches decides; a run is `succeeded` only by the last row,
+so a killed, unknown or never-started rank, or a node once lost, can never make a run
+succeed.
 
 Ranks that end on the time limit's warning were asked to stop: the run is not done (failed,
 124, as at the limit itself), but none of them failed, whatever its exit code (the bundled
@@ -38,6 +40,9 @@ class Facts:
     # warned, and every rank ended before the limit: those that did not succeed after the
     # warning, with no stop but the one that the first of them began
     all_exited_after_warning: bool = False
+    # a node's processes got no answer from the store or a peer (agent/connects.py), before
+    # any other stop: stopped for that
+    unreachable: bool = False
 
 
 def failure_code(code: int | None) -> int:
@@ -76,6 +81,12 @@ TABLE: tuple[tuple[str, Callable[[Facts], bool], RunState, Callable[[Facts], int
         lambda f: f.interrupted_by is not None,
         RunState.STOPPED,
         _interrupted,
+    ),
+    (
+        "a node could not reach the store or a peer",
+        lambda f: f.unreachable,
+        RunState.UNREACHABLE,
+        _one,
     ),
     ("no rank moved for the hang timeout", lambda f: f.hung, RunState.HUNG, _one),
     (ON_WARNING, _on_warning, RunState.FAILED, lambda f: 124),

@@ -21,7 +21,7 @@ from orchestrator.supervise.frame_handlers import HANDLERS, handle
 T = "1700000000.250000"
 # One frame of each kind, as the agent's senders write it.
 EXAMPLES: dict[Frame, bytes] = {
-    Frame.STARTED: frame(Frame.STARTED, 4242, T),
+    Frame.STARTED: frame(Frame.STARTED, 4242, T, "eth0=10.0.0.1"),
     Frame.RANK_OUTPUT: frame(Frame.RANK_OUTPUT, 1, payload=b"step 1\n"),
     Frame.SCRIPT_OUTPUT: frame(Frame.SCRIPT_OUTPUT, 0, payload=b"torchrun\n"),
     Frame.RANK_EXITED: frame(Frame.RANK_EXITED, 1, 0, T, 0),
@@ -35,6 +35,7 @@ EXAMPLES: dict[Frame, bytes] = {
     Frame.STACKS: frame(Frame.STACKS, 3, payload=b"[]"),
     Frame.FLIGHT_DUMP: frame(Frame.FLIGHT_DUMP, 3, 1, "no", payload=b"no dump"),
     Frame.TIME_WARNING: frame(Frame.TIME_WARNING, "USR1", T, "0,1", "-"),
+    Frame.NO_ANSWER: frame(Frame.NO_ANSWER, "10.0.0.2", 29500, 6, "store", "torchrun"),
 }
 
 
@@ -54,7 +55,7 @@ def supervisor(tmp_path: Path) -> Supervisor:
 
 def test_the_wire_letters_are_the_protocols() -> None:
     """The names are the controller's; the letters are what agents already on nodes send."""
-    assert "".join(kind.value for kind in Frame) == "SONEFMHXWQPKLG"
+    assert "".join(kind.value for kind in Frame) == "SONEFMHXWQPKLGU"
     assert {kind.value for kind in WITH_PAYLOAD} == set("ONFMWQPKL")
     assert f"{Frame.FINISHED}" == str(Frame.FINISHED) == "X"
 

@@ -65,6 +65,7 @@ def test_parser_decodes_each_kind() -> None:
         + frame("F", 0, payload=b'{"message": "boom"}')
         + frame("M", payload=b"note\n")
         + frame("H", "3.0")
+        + frame("U", "10.0.0.2", 29500, 6, "store", "torchrun")
         + frame("X", 1, "4.0")
     )
     assert FrameParser().feed(data) == [
@@ -75,6 +76,7 @@ def test_parser_decodes_each_kind() -> None:
         ("F", ("0",), b'{"message": "boom"}'),
         ("M", (), b"note\n"),
         ("H", ("3.0",), b""),
+        ("U", ("10.0.0.2", "29500", "6", "store", "torchrun"), b""),
         ("X", ("1", "4.0"), b""),
     ]
 

@@ -16,7 +16,7 @@ from orchestrator.cli.views import runs_table, shown_state, status_text
 from orchestrator.record.runs import RunRecord, process_start_time
 from orchestrator.record.states import RunState, RunStatus, observed_state
 
-FINAL = {"succeeded", "failed", "stopped", "lost", "hung"}
+FINAL = {"succeeded", "failed", "stopped", "lost", "hung", "unreachable"}
 ACTIVE = {"starting", "queued", "running", "stopping", "recovering"}
 
 
@@ -47,6 +47,7 @@ RULE = [
     (RunState.RUNNING, "slurm", True, RunState.RUNNING),
     (RunState.SUCCEEDED, "ssh", False, RunState.SUCCEEDED),  # an end recorded stays
     (RunState.HUNG, "ssh", False, RunState.HUNG),
+    (RunState.UNREACHABLE, "ssh", False, RunState.UNREACHABLE),
     (RunState.FAILED, "slurm", False, RunState.FAILED),
     (None, "ssh", False, None),  # a word we do not know stays the record's
 ]

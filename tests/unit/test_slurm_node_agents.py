@@ -42,6 +42,13 @@ class Channel:  # what the bookmarks read of a session's channel: where its stre
 
 class Session:
     channel = Channel()
+    index = 0
+
+    def __init__(self) -> None:
+        self.sent: list[str] = []
+
+    def send(self, line: str, may_skip: bool = False) -> None:
+        self.sent.append(line)
 
 
 def agents_of(tmp_path: Path) -> tuple[NodeAgents, Supervisor, queue.Queue]:
@@ -85,3 +92,22 @@ def test_a_closed_channel_is_dialled_again_only_while_the_job_runs(tmp_path: Pat
     events.put(Event(0, CHANNEL_CLOSED, (), b""))
     agents.hear(sup, judge, running=True)
     assert agents.redial_at == {}  # its node ended: nothing more to hear
+
+
+def test_a_node_that_cannot_reach_the_store_ends_the_job_unreachable(tmp_path: Path) -> None:
+    """U goes to the handlers as over SSH; the job SLURM then ends cancelled is `unreachable`."""
+    from orchestrator.record.states import RunState
+    from orchestrator.slurm.outcome import job_outcome
+    from orchestrator.slurm.parse import JobInfo
+
+    agents, sup, events = agents_of(tmp_path)
+    now = f"{time.time() + 1:.6f}"
+    events.put(Event(0, Frame.STARTED, ("4242", now, "eth0=10.0.0.1"), b"", 1.0, end=20))
+    fields = ("10.0.0.9", "29500", "6", "store", "torchrun")
+    events.put(Event(0, Frame.NO_ANSWER, fields, b"", 2.0, end=40))
+    assert agents.hear(sup, Judge(), running=True) == 2
+    assert sup.nodes[0].addresses == ("10.0.0.1",) and sup.stopping
+    assert agents.sessions[0].sent == [f"stop {sup.supervision.grace:g}"]  # to the agent
+    outcome = job_outcome(7, JobInfo("CANCELLED", exit_code=15), sup, None, tmp_path / "out")
+    assert (outcome.state, outcome.exit_code) == (RunState.UNREACHABLE, 1)
+    assert "n0 cannot reach the store on n0 at 10.0.0.9:29500" in outcome.summary

@@ -1,5 +1,6 @@
 """The verdict table, every combination of the facts it reads, against the rules in words:
-only a whole world succeeds, an interrupted run is stopped, a run that hung is hung, ranks
+only a whole world succeeds, an interrupted run is stopped, a run stopped because a node
+could not reach another is unreachable, a run that hung is hung, ranks
 that all ended on the time limit's warning end it as the limit does (124), the first fault
 names the exit code, a lost node makes a lost run unless something else came first."""
 
@@ -16,12 +17,13 @@ SIGNALS = (None, signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 CODES = (None, 0, 3, 143, 255, 300, -9, -15)
 
 ALL_FACTS = [
-    Facts(interrupted, fault, code, timed_out, lost, world, hung, warned, after_warning)
-    for interrupted, fault, code, timed_out, lost, world, hung, warned, after_warning in (
+    Facts(interrupted, fault, code, timed_out, lost, world, hung, warned, after, unreachable)
+    for interrupted, fault, code, timed_out, lost, world, hung, warned, after, unreachable in (
         itertools.product(
             SIGNALS,
             (None, *FAULT_KINDS),
             CODES,
+            (False, True),
             (False, True),
             (False, True),
             (False, True),
@@ -37,6 +39,8 @@ def expected(f: Facts) -> tuple[str, int]:
     """The rules, written out again without the table."""
     if f.interrupted_by is not None:
         return "stopped", 128 + f.interrupted_by
+    if f.unreachable:
+        return "unreachable", 1
     if f.hung:
         return "hung", 1
     if f.warned and f.all_exited_after_warning and not f.world_succeeded:
@@ -60,7 +64,7 @@ def expected(f: Facts) -> tuple[str, int]:
 
 
 def test_every_combination_has_the_state_and_exit_code_the_rules_give() -> None:
-    assert len(ALL_FACTS) == 4 * 5 * 8 * 2 * 2 * 2 * 2 * 2 * 2
+    assert len(ALL_FACTS) == 4 * 5 * 8 * 2 * 2 * 2 * 2 * 2 * 2 * 2
     for facts in ALL_FACTS:
         state, code, why = verdict(facts)
         assert (state, code) == expected(facts), (facts, why)
@@ -77,6 +81,7 @@ def test_only_a_whole_world_with_nothing_wrong_succeeds() -> None:
         and not f.timed_out
         and not f.any_lost
         and not f.hung
+        and not f.unreachable
         for f in succeeded
     )
 

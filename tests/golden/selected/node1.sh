@@ -129,10 +129,15 @@ Each prints one line, empty when it cannot tell, and exits 0.
 from __future__ import annotations
 
 import fcntl
-import ipaddress
 import socket
 import struct
 import sys
+
+# ipaddress where it is used: the agent ships this module too (for `addresses`, at every
+# job step's start), and importing ipaddress there would cost each start some 5 ms.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import ipaddress
 
 SIOCGIFADDR = 0x8915  # linux/sockios.h: an interface's (primary) IPv4 address
 RTF_UP, RTF_REJECT = 0x0001, 0x0200  # linux/route.h
@@ -159,6 +164,8 @@ def ipv4_address(ifname: str) -> str | None:
 
 def parse_if_inet6(text: str) -> list[tuple[str, str]]:
     """(interface, address) pairs from /proc/net/if_inet6."""
+    import ipaddress
+
     pairs = []
     for line in text.splitlines():
         fields = line.split()
@@ -169,6 +176,8 @@ def parse_if_inet6(text: str) -> list[tuple[str, str]]:
 
 def holder(addr: str, if_inet6: str = "") -> str | None:
     """The interface carrying ``addr`` on this node (`ip -o addr show to ADDR`), if any."""
+    import ipaddress
+
     ip = ipaddress.ip_address(addr)
     if ip.version == 4:
         for _, name in socket.if_nameindex():
@@ -180,6 +189,8 @@ def holder(addr: str, if_inet6: str = "") -> str | None:
 
 def parse_routes(route: str, ipv6_route: str) -> list[tuple[ipaddress._BaseNetwork, int, str]]:
     """(network, metric, interface) of every usable route in /proc/net/route and ipv6_route."""
+    import ipaddress
+
     routes: list[tuple[ipaddress._BaseNetwork, int, str]] = []
     for line in route.splitlines()[1:]:  # Iface Destination Gateway Flags ... Metric Mask
         f = line.split()
@@ -198,6 +209,8 @@ def parse_routes(route: str, ipv6_route: str) -> list[tuple[ipaddress._BaseNetwo
 
 def route_device(addr: str, routes: list[tuple[ipaddress._BaseNetwork, int, str]]) -> str | None:
     """The longest matching prefix, then the lowest metric: the kernel's main-table choice."""
+    import ipaddress
+
     ip = ipaddress.ip_address(addr)
     matches = [r for r in routes if r[0].version == ip.version and ip in r[0]]
     if not matches:
