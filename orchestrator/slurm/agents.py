@@ -19,7 +19,6 @@ from __future__ import annotations
 import os
 import queue
 import subprocess
-import threading
 import time
 from collections.abc import Sequence
 
@@ -123,62 +122,48 @@ class SrunChannel(KeeperDial):
 
 class LoginChannel(KeeperDial):
     """A node agent's stream through `srun --overlap` run on the login node (--login): an
-    SSH channel on the launcher's connection to it, srun's stdin and stdout its own."""
+    SSH channel on the launcher's connection to it (the SSH backend's SshChannel), srun's
+    stdin and stdout its own."""
 
     def __init__(self, commands: SlurmCommands, argv: list[str]) -> None:
-        import paramiko  # here: a launch that uses no --login never loads it
+        from orchestrator.backends.ssh.connect import SshChannel  # paramiko: --login only
 
         super().__init__()
-        self.broken = (OSError, EOFError, paramiko.SSHException)  # srun or the link ended
-        self.lock = threading.Lock()
-        self.failure = ""
+        self.ssh: SshChannel | None = None
+        self.failure = ""  # why the channel could not be opened
         try:
-            self.channel = commands.open_stream(argv)
+            self.ssh = SshChannel(commands.open_stream(argv))
         except OrchestratorError as exc:
-            self.channel, self.failure = None, str(exc)
+            self.failure = str(exc)
 
     def write(self, data: bytes) -> None:
-        with self.lock:
-            try:
-                if self.channel is not None:
-                    self.channel.sendall(data)
-            except self.broken:
-                pass  # srun or the connection is gone; the reader will see the end
+        if self.ssh is not None:
+            self.ssh.write(data)
 
     def ready(self) -> bool:
-        return self.channel is not None and self.channel.send_ready()
+        return self.ssh is not None and self.ssh.ready()
 
     def raw(self, size: int) -> bytes:
-        return self.channel.recv(size) if self.channel is not None else b""
+        return self.ssh.read(size) if self.ssh is not None else b""
 
     def ended(self) -> bool:
-        return self.channel is None or self.channel.exit_status_ready() or self.channel.closed
+        return self.ssh is None or self.ssh.ended()
 
     def errors(self) -> str:
-        if self.channel is None:
-            return self.failure
-        chunks = []
-        try:
-            while chunk := self.channel.recv_stderr(65536):
-                chunks.append(chunk)
-        except self.broken:
-            pass
-        return b"".join(chunks).decode(errors="replace")
+        return self.ssh.errors() if self.ssh is not None else self.failure
 
     def hang_up(self) -> None:
-        try:
-            if self.channel is not None:
-                self.channel.shutdown_write()
-        except self.broken:
-            pass
+        if self.ssh is not None:
+            self.ssh.hang_up()
 
     def close(self, wait: float = CLOSE_WAIT_S) -> None:
+        """srun's stdin closed, the step given `wait` seconds to end, then the channel."""
         self.hang_up()
         deadline = time.monotonic() + wait
         while not self.ended() and time.monotonic() < deadline:
             time.sleep(0.05)
-        if self.channel is not None:
-            self.channel.close()
+        if self.ssh is not None:
+            self.ssh.close()
 
 
 class AllocationNode:

@@ -52,7 +52,7 @@ class Cadence:
         self.closed: set[int] = set()  # the nodes whose channel closed
 
     def reached(self, sessions: Sequence[NodeSession]) -> None:
-        """The agents of a new attempt (none: not reached, as over --login)."""
+        """The agents of a new attempt."""
         self.agents = [(session, session.heard) for session in sessions]
         self.closed = set()
 

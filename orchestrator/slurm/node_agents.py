@@ -132,8 +132,7 @@ class NodeAgents:
         if node.done or sup.stopping or not running:
             return
         why = event.data.decode(errors="replace").strip() or "it ended"
-        channel = self.sessions[node.index].channel
-        if getattr(channel, "connected", True):
+        if self.sessions[node.index].channel.connected:  # type: ignore[attr-defined]
             self.connected.add(node.index)
         if node.index not in self.connected:
             self.unreached.add(node.index)

@@ -1,5 +1,5 @@
-"""Streaming one attempt of a SLURM job: the files its nodes write, into the LogSink, where
-the node agents are not reached (`--login`); else the agents send the same (node_agents.py).
+"""Streaming one attempt of a SLURM job: the files its nodes write, into the LogSink, for the
+nodes whose agent is not reached; the others' agents send the same (node_agents.py).
 
 The sbatch script writes, under `<job dir>/attempt<restart>/node<K>/` on the shared file
 system, each rank's output, metrics channel and exit (rank-R.out, metrics-R.jsonl,

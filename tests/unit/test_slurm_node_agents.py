@@ -36,8 +36,12 @@ class Judge:
         self.said.append(("closed", node))
 
 
-class Channel:  # what the bookmarks read of a session's channel: where its stream began
+class Channel:
+    """What is read of a session's channel: where its stream began, whether the keeper
+    answered."""
+
     start = 1000
+    connected = True
 
 
 class Session:

@@ -116,6 +116,17 @@ class SshChannel:
             return f"the connection to jump host {self.jump.spec} was lost"
         return b"".join(chunks).decode(errors="replace")
 
+    def hang_up(self) -> None:
+        """Close our side for writing (the command reads the end of its stdin)."""
+        try:
+            self.channel.shutdown_write()
+        except (OSError, EOFError, paramiko.SSHException):
+            pass
+
+    def ended(self) -> bool:
+        """The command has exited, or the channel is closed."""
+        return self.channel.exit_status_ready() or self.channel.closed
+
     def close(self) -> None:
         try:
             self.channel.close()
