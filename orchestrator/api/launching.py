@@ -158,6 +158,12 @@ EXEC_GROUPS = {
 EXEC_KEYWORDS = ("python", "grace", "color", "fold", *keywords_of(SshOptions))
 
 
+def check_timeout(timeout: float | None) -> None:
+    """exec's --timeout, whichever way exec reaches the nodes."""
+    if timeout is not None and timeout < 0:
+        raise ConfigError(f"--timeout must be 0 or more, got {timeout:g} (keyword timeout)")
+
+
 def exec_command(
     hostfile: str | Path,
     command: str,
@@ -173,8 +179,7 @@ def exec_command(
     parts = split_keywords("exec", keywords, EXEC_GROUPS, EXEC_KEYWORDS)
     job = JobOptions(**parts["job"])
     supervision = replace(NODE_TASKS, **parts["supervision"])
-    if timeout is not None and timeout < 0:
-        raise ConfigError(f"--timeout must be 0 or more, got {timeout:g} (keyword timeout)")
+    check_timeout(timeout)
     cluster = load_hostfile(str(hostfile))
     return run_command(
         cluster,
@@ -208,8 +213,7 @@ def exec_on_run(
     running SLURM job's, or was submitted with `login`, is a ConfigError saying why."""
     parts = split_keywords("exec", keywords, EXEC_RUN_GROUPS, EXEC_RUN_KEYWORDS)
     supervision = replace(NODE_TASKS, **parts["supervision"])
-    if timeout is not None and timeout < 0:
-        raise ConfigError(f"--timeout must be 0 or more, got {timeout:g} (keyword timeout)")
+    check_timeout(timeout)
     allocation = find_allocation(RunRecord.open(run_dir, run))
     return run_step(
         allocation,
