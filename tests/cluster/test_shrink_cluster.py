@@ -7,6 +7,7 @@ the harder case (the store and node 0 move), so it is the one run this test pays
 
 from __future__ import annotations
 
+import ipaddress
 import threading
 import time
 from pathlib import Path
@@ -115,8 +116,9 @@ def test_the_masters_node_switched_off_and_the_run_goes_on_with_three(
         print(f"after the fault: {times}")
         # The controller's share (detection, the stop, the probe, the start of 3 nodes) is
         # bounded here; the trainer's own start after it (torchrun, torch imported by every
-        # rank at once, rendezvous, the checkpoint) is the machine's (21 s of it at a load average
-        # of 70 on 2 shared cores; benchmarks/shrink.py measures both).
+        # rank at once, rendezvous, the checkpoint) is the machine's: 8 s of it at a load average
+        # of 20 on these 2 shared cores (training again 17.5 s after the fault), 21 s at 70
+        # (30 s after). benchmarks/shrink.py measures both against the spare path.
         assert marks["attempt 2"] is not None, out
         assert marks["attempt 2"] - fault <= HEARTBEAT + 20, f"started again too late: {times}"
         assert "3 rank(s) (launched with 4)" in out, out
@@ -142,3 +144,32 @@ def test_the_masters_node_switched_off_and_the_run_goes_on_with_three(
         assert max_abs_difference(final, reference) <= SPLIT_TOLERANCE
         assert_nothing_left(run_id)  # on the victim too, now that it is back
         assert not bad_days.agent_pids(own, victim, run_id)
+
+
+def test_a_host_that_cannot_be_reached_at_the_start_is_left_out(cluster, tmp_path: Path) -> None:
+    (tmp_path / "hello.py").write_text("import os; print('hello from', os.environ['RANK'])\n")
+    nobody = str(ipaddress.ip_address(cluster.nodes[0].address) + 200)  # no node holds it
+    hostfile = cluster.write_hostfile(tmp_path / "hosts.txt", slots=1)
+    hostfile.write_text(hostfile.read_text() + f"{nobody} slots=1\n")
+    runs, nodes = tmp_path / "runs", len(cluster.nodes)
+
+    def launch(run_id: str, *flags: str):
+        return run_cli(
+            ["launch", str(hostfile), "--run-dir", str(runs), "--run-id", run_id, "--color",
+             "never", "--connect-timeout", "3", *flags, "--", "hello.py"],
+            cwd=tmp_path,
+            env=cluster.environ(),
+        )  # fmt: skip
+
+    done = launch("left-out", "--min-nodes", "2")
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out
+    assert f"leaving out 1 host(s) that cannot be reached: {nobody} (" in out, out
+    assert f"going on with {nodes} node(s) (--min-nodes 2)" in out, out
+    assert all(f"hello from {rank}" in out for rank in range(nodes)), out
+    status = status_of(runs, "left-out")
+    assert [w["nodes"] for w in status["world"]] == [[n.name for n in cluster.nodes]], status
+    # Without the flag the launch is refused as before, naming the host.
+    refused = launch("refused")
+    assert refused.returncode != 0 and nobody in refused.stderr, refused.stdout + refused.stderr
+    assert_nothing_left("left-out")
