@@ -46,6 +46,7 @@ from orchestrator.slurm.client import SlurmCommands
 from orchestrator.slurm.handover import Bookmarks, Following, Points, save_state
 from orchestrator.slurm.job import PORT_BASE, PORT_SPAN, SlurmJob
 from orchestrator.slurm.node_agents import NodeAgents
+from orchestrator.slurm.node_files import batch_output
 from orchestrator.slurm.outcome import job_outcome
 from orchestrator.slurm.parse import UNRUNNABLE, JobInfo
 from orchestrator.slurm.segments import WARNING_FILE, Segments, read_warning
@@ -293,6 +294,8 @@ class Follower:
         agents = NodeAgents(
             self.job_id, self.attempt, dial_python(job), self.bookmarks, self.events, self.commands
         )
+        if job.node_side:  # an unreached node's files are on it alone
+            agents.kept_on_node = str(self.files.attempt_dir)
         self.sup = Supervisor(
             nodes,
             ranks,
@@ -330,13 +333,16 @@ class Follower:
         """Pass on the batch script's new output and, once nodes run, what the agents said
         (`event`: the one that woke the loop, if any) or, where they are not reached, what
         the nodes' files say."""
-        lines = self.batch.read_lines(READ_BYTES).decode(errors="replace").splitlines()
+        shared = not self.job.node_side  # else the files are the nodes' (node_files.py)
+        lines = []
+        if shared:
+            lines = self.batch.read_lines(READ_BYTES).decode(errors="replace").splitlines()
         for line in lines:
             self.sink.note(f"batch: {line}")
         came = bool(lines)
         if self.sup is not None and self.files is not None:
             self._check_warning()  # first: a rank's exit after it is a stop
-            if self.agents is None or self.agents.unreached:  # their files say it instead
+            if shared and (self.agents is None or self.agents.unreached):  # their files
                 only = None if self.agents is None else self.agents.unreached
                 came |= self.files.pump(
                     self.sink, self.sup, self.rank_exited, self.node_exited, only
@@ -375,6 +381,8 @@ class Follower:
         """The script's warning file: the ranks were sent the time limit's (or a
         preemption's) signal; said once per segment."""
         if self.files is None or self.segments.current.warned_at is not None:
+            return
+        if self.job.node_side:  # the agents' G frames say it
             return
         warning = read_warning(Path(self.files.attempt_dir) / WARNING_FILE)
         if warning is None:
@@ -471,8 +479,9 @@ class Follower:
         return True
 
     def _outcome(self) -> Outcome:
+        on_node = batch_output(self.job, self.job_id) if self.job.node_side else None
         outcome = job_outcome(
-            self.job_id, self.info, self.sup, self.interrupted_by, Path(self.batch.path)
+            self.job_id, self.info, self.sup, self.interrupted_by, Path(self.batch.path), on_node
         )
         outcome = self.spares.amend(outcome) if self.spares is not None else outcome
         return self.segments.amend(outcome)
