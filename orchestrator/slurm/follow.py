@@ -46,7 +46,7 @@ from orchestrator.slurm.client import SlurmCommands
 from orchestrator.slurm.handover import Bookmarks, Following, Points, save_state
 from orchestrator.slurm.job import PORT_BASE, PORT_SPAN, SlurmJob
 from orchestrator.slurm.node_agents import NodeAgents
-from orchestrator.slurm.node_files import batch_output
+from orchestrator.slurm.node_files import batch_output, kept_on_node
 from orchestrator.slurm.outcome import job_outcome
 from orchestrator.slurm.parse import UNRUNNABLE, JobInfo
 from orchestrator.slurm.segments import WARNING_FILE, Segments, read_warning
@@ -294,8 +294,7 @@ class Follower:
         agents = NodeAgents(
             self.job_id, self.attempt, dial_python(job), self.bookmarks, self.events, self.commands
         )
-        if job.node_side:  # an unreached node's files are on it alone
-            agents.kept_on_node = str(self.files.attempt_dir)
+        agents.kept_on_node = kept_on_node(job, self.attempt)  # where the record is not shared
         self.sup = Supervisor(
             nodes,
             ranks,
@@ -333,16 +332,13 @@ class Follower:
         """Pass on the batch script's new output and, once nodes run, what the agents said
         (`event`: the one that woke the loop, if any) or, where they are not reached, what
         the nodes' files say."""
-        shared = not self.job.node_side  # else the files are the nodes' (node_files.py)
-        lines = []
-        if shared:
-            lines = self.batch.read_lines(READ_BYTES).decode(errors="replace").splitlines()
+        lines = self.batch.read_lines(READ_BYTES).decode(errors="replace").splitlines()
         for line in lines:
             self.sink.note(f"batch: {line}")
         came = bool(lines)
         if self.sup is not None and self.files is not None:
             self._check_warning()  # first: a rank's exit after it is a stop
-            if shared and (self.agents is None or self.agents.unreached):  # their files
+            if not self.job.node_side and (self.agents is None or self.agents.unreached):
                 only = None if self.agents is None else self.agents.unreached
                 came |= self.files.pump(
                     self.sink, self.sup, self.rank_exited, self.node_exited, only
@@ -380,9 +376,7 @@ class Follower:
     def _check_warning(self) -> None:
         """The script's warning file: the ranks were sent the time limit's (or a
         preemption's) signal; said once per segment."""
-        if self.files is None or self.segments.current.warned_at is not None:
-            return
-        if self.job.node_side:  # the agents' G frames say it
+        if self.files is None or self.job.node_side or self.segments.current.warned_at is not None:
             return
         warning = read_warning(Path(self.files.attempt_dir) / WARNING_FILE)
         if warning is None:

@@ -58,6 +58,11 @@ def batch_output(job: SlurmJob, job_id: int) -> str:
     return (job.output or "slurm-%j.out").replace("%j", str(job_id))
 
 
+def kept_on_node(job: SlurmJob, attempt: int) -> str | None:
+    """The attempt's folder on the nodes, where the run record is not shared with them."""
+    return f"{job.job_dir}/attempt{attempt}" if job.node_side else None
+
+
 def kept_where(job: SlurmJob, job_id: int) -> str:
     """One line: where the nodes' files of a node-side job are (said at its submission)."""
     return (
