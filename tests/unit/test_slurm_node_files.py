@@ -175,3 +175,42 @@ def test_a_job_failing_before_its_nodes_names_the_batch_output_on_the_node(
     assert outcome.summary.splitlines()[1:] == [
         "the batch script's output is on the batch node: /tmp/slurm-7.out"
     ]
+
+
+def test_a_later_job_of_the_run_goes_to_sbatch_on_stdin_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After a time limit or a node failure the run's next job (job-N.sbatch) is submitted
+    the same way as its first: on stdin where the record is not shared."""
+    from orchestrator.slurm.submit import resubmitter
+
+    monkeypatch.setenv("PATH", f"{fake_sbatch(tmp_path)}:{os.environ['PATH']}")
+    record = RunRecord.create(tmp_path, "r1")
+    job, _ = prepare_slurm(
+        None, spec(), SlurmOptions(nodes=2, job_dir="/scratch"), "r1", ARGV, record.path
+    )
+    resubmit = resubmitter(record, SlurmCommands(), "orchestrator launch ...", {})
+    assert resubmit(job, 2) == 77
+    assert (tmp_path / "args.got").read_text() == "--parsable\n"
+    script = (tmp_path / "script.got").read_text()
+    assert script == (record.path / "job-2.sbatch").read_text()
+    assert "#SBATCH --output=/scratch/slurm-%j.out" in script
+
+
+def test_a_dry_run_shows_the_script_going_to_sbatch_on_stdin(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "t.py").write_text("print('hi')\n")
+    runs = tmp_path / "runs"
+    with pytest.raises(SystemExit) as exited:
+        main(
+            ["launch", "--backend", "slurm", "--nodes", "2", "--job-dir", "/scratch"]
+            + ["--dry-run", "--workdir", str(tmp_path), "--run-dir", str(runs)]
+            + ["--run-id", "dry", "--", "t.py"]
+        )
+    out = capsys.readouterr().out
+    assert exited.value.code == 0
+    assert f"sbatch --parsable < {runs / 'dry' / 'job.sbatch'}" in out
+    assert "#SBATCH --output=/scratch/slurm-%j.out" in out
+    assert "export ORCHESTRATOR_JOB_DIR=/scratch/orchestrator-dry" in out
+    assert not runs.exists()
