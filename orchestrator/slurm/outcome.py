@@ -78,6 +78,11 @@ def job_outcome(
     ]
     if on_node:
         lines += [f"the batch script's output is on the batch node: {on_node}"]
+    elif not started and not batch_output.exists():  # SLURM could not write it there
+        lines += [
+            f"SLURM wrote no {batch_output.name} into the run folder: if --run-dir is not on "
+            "a file system the nodes share, give --job-dir DIR (a folder on the nodes)"
+        ]
     if tail:
         lines += [f"last {len(tail)} line(s) of {batch_output}:"]
         lines += [f"  {line}" for line in tail]

@@ -214,3 +214,18 @@ def test_a_dry_run_shows_the_script_going_to_sbatch_on_stdin(
     assert "#SBATCH --output=/scratch/slurm-%j.out" in out
     assert "export ORCHESTRATOR_JOB_DIR=/scratch/orchestrator-dry" in out
     assert not runs.exists()
+
+
+def test_a_job_that_could_not_write_into_the_run_folder_points_to_job_dir(
+    tmp_path: Path,
+) -> None:
+    """Neither --job-dir nor --login said the record is not shared: SLURM cannot open the
+    batch output in a folder its batch node does not have, and fails the job at once
+    (JobLaunchFailure); the launcher says what to do."""
+    missing = tmp_path / "slurm-7.out"
+    info = JobInfo("FAILED", reason="JobLaunchFailure", exit_code=181)
+    summary = job_outcome(7, info, None, None, missing).summary.splitlines()
+    assert summary[1] == (
+        "SLURM wrote no slurm-7.out into the run folder: if --run-dir is not on a file "
+        "system the nodes share, give --job-dir DIR (a folder on the nodes)"
+    )
