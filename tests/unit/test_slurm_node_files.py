@@ -229,3 +229,25 @@ def test_a_job_that_could_not_write_into_the_run_folder_points_to_job_dir(
         "SLURM wrote no slurm-7.out into the run folder: if --run-dir is not on a file "
         "system the nodes share, give --job-dir DIR (a folder on the nodes)"
     )
+
+
+def test_pyxis_gets_each_nodes_folder_made_before_it_mounts_it() -> None:
+    from orchestrator.plan.container import ContainerSpec
+
+    container = ContainerSpec(image="nvcr.io#nvidia/pytorch:24.01-py3", runtime="pyxis")
+    job_spec = JobSpec(
+        program=Program.from_argv(("train.py",)),
+        python="/usr/bin/python",
+        workdir="/home/alice/project",
+        container=container,
+    )
+    options = SlurmOptions(nodes=2, job_dir="/scratch")
+    job, script = prepare_slurm(None, job_spec, options, "r1", ARGV, RECORD)
+    made = 'srun --nodes="$SLURM_NNODES" --ntasks-per-node=1 mkdir -p "$ORCHESTRATOR_JOB_DIR"'
+    checked = subprocess.run(["bash", "-n"], input=script, text=True, capture_output=True)
+    assert checked.returncode == 0, checked.stderr
+    assert made in script
+    assert script.index(made) < script.index("srun --kill-on-bad-exit=1")
+    assert "--container-mounts=" in script and "/scratch/orchestrator-r1:" in script
+    shared, script = prepare_slurm(None, job_spec, SlurmOptions(nodes=2), "r1", ARGV, RECORD)
+    assert made not in script  # the record is there on every node already
