@@ -46,6 +46,7 @@ from orchestrator.slurm.client import SlurmCommands
 from orchestrator.slurm.handover import Bookmarks, Following, Points, save_state
 from orchestrator.slurm.job import PORT_BASE, PORT_SPAN, SlurmJob
 from orchestrator.slurm.node_agents import NodeAgents
+from orchestrator.slurm.node_files import batch_output, kept_on_node
 from orchestrator.slurm.outcome import job_outcome
 from orchestrator.slurm.parse import UNRUNNABLE, JobInfo
 from orchestrator.slurm.segments import WARNING_FILE, Segments, read_warning
@@ -293,6 +294,7 @@ class Follower:
         agents = NodeAgents(
             self.job_id, self.attempt, dial_python(job), self.bookmarks, self.events, self.commands
         )
+        agents.kept_on_node = kept_on_node(job, self.attempt)  # where the record is not shared
         self.sup = Supervisor(
             nodes,
             ranks,
@@ -336,7 +338,7 @@ class Follower:
         came = bool(lines)
         if self.sup is not None and self.files is not None:
             self._check_warning()  # first: a rank's exit after it is a stop
-            if self.agents is None or self.agents.unreached:  # their files say it instead
+            if not self.job.node_side and (self.agents is None or self.agents.unreached):
                 only = None if self.agents is None else self.agents.unreached
                 came |= self.files.pump(
                     self.sink, self.sup, self.rank_exited, self.node_exited, only
@@ -374,7 +376,7 @@ class Follower:
     def _check_warning(self) -> None:
         """The script's warning file: the ranks were sent the time limit's (or a
         preemption's) signal; said once per segment."""
-        if self.files is None or self.segments.current.warned_at is not None:
+        if self.files is None or self.job.node_side or self.segments.current.warned_at is not None:
             return
         warning = read_warning(Path(self.files.attempt_dir) / WARNING_FILE)
         if warning is None:
@@ -471,8 +473,9 @@ class Follower:
         return True
 
     def _outcome(self) -> Outcome:
+        on_node = batch_output(self.job, self.job_id) if self.job.node_side else None
         outcome = job_outcome(
-            self.job_id, self.info, self.sup, self.interrupted_by, Path(self.batch.path)
+            self.job_id, self.info, self.sup, self.interrupted_by, Path(self.batch.path), on_node
         )
         outcome = self.spares.amend(outcome) if self.spares is not None else outcome
         return self.segments.amend(outcome)

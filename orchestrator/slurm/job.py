@@ -49,6 +49,9 @@ class SlurmJob:
     exclude: tuple[str, ...] = ()  # sbatch --exclude: failed and bad-listed nodes
     max_resubmits: int = 0  # submitted again after a time limit or a preemption
     container: SlurmContainer | None = None  # --container: torchrun and the ranks in an image
+    # job_dir and output are folders on the nodes, not the run record's (which the nodes do
+    # not see): the launcher hears every line through the agents (slurm/node_files.py)
+    node_side: bool = False
 
     @property
     def signal_name(self) -> str | None:
