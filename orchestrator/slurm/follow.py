@@ -79,7 +79,7 @@ class Follower:
     ) -> None:
         self.job, self.record, self.commands, self.job_id = job, record, commands, job_id
         self.submit = submit  # submits a job again as the run's job number N; its id
-        self.segments = Segments(job_id, job.max_resubmits)
+        self.segments = Segments(job_id, job.max_resubmits, job.nnodes)
         self.first_job_dir = job.job_dir
         self.base, self.console, self.color, self.fold = base, console, color, fold
         self.footer = Footer.on(console) if footer else None  # once ranks run
@@ -447,14 +447,14 @@ class Follower:
         failure = self.spares.failure(*ended, self.hosts) if self.spares is not None else None
         if failure is not None:
             assert self.spares is not None
-            if self.job.spares > 0:  # else the closing summary says it
+            if self.spares.after(self.job).goes_on:  # else the closing summary says it
                 outcome = job_outcome(*ended, self.sup, None, Path(self.batch.path))
                 self.note(outcome.summary.splitlines()[0])
             new = self.spares.replace(self.job, self.hosts, *failure, number)
             if new is None:
                 return False
             self.base.update(**self.spares.status())
-            self.segments.resubmitted(new[1], failure[1])
+            self.segments.resubmitted(new[1], failure[1], new[0].nnodes)
         elif self.segments.carry_on() and self.submit is not None:
             job = replace(self.job, job_dir=job_dir_of(self.first_job_dir, number))
             new = job, self.submit(job, number)
@@ -465,7 +465,8 @@ class Follower:
         self.batch = RankFile(-1, str(self.record.path / f"slurm-{self.job_id}.out"))
         self._close_attempt()
         self.info, self.hosts = JobInfo(state="PENDING"), []
-        self.base.update(slurm_job_id=self.job_id)
+        self.base.update(slurm_job_id=self.job_id, nnodes=self.job.nnodes)
+        self.base.update(world_size=self.job.world_size)
         self.base.setdefault("slurm_job_ids", [ended[0]]).append(self.job_id)
         self.write_status()
         return True
