@@ -30,8 +30,9 @@ class GlobalBatchPlan:
     def __init__(self, num_samples: int, global_batch: int, seed: int) -> None:
         if global_batch > num_samples:
             raise TrainerUsageError(
-                f"global batch {global_batch} (world size x --batch-size x --grad-accum) "
-                f"exceeds the {num_samples} training samples; lower --batch-size or --grad-accum"
+                f"global batch {global_batch} (world size x --batch-size x --grad-accum, "
+                f"or --global-batch) exceeds the {num_samples} training samples; lower "
+                "--batch-size, --grad-accum or --global-batch"
             )
         self.num_samples = num_samples
         self.global_batch = global_batch

@@ -217,7 +217,8 @@ def check_compatible(path: Path, saved: dict[str, Any], current: dict[str, Any])
             raise CheckpointError(
                 f"--resume {path}: checkpoint has {key}={saved.get(key)!r} but this run has "
                 f"{key}={value!r}; resume with the same settings (any split of the same "
-                "global batch, world size x --batch-size x --grad-accum, is fine)"
+                "global batch, world size x --batch-size x --grad-accum or --global-batch, "
+                "is fine)"
             )
 
 

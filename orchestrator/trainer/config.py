@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -23,6 +23,10 @@ DEVICES = ("auto", "cpu", "cuda")
 RESUME_LATEST = "latest"
 # torchrun exports all four; their presence means "initialise from the environment".
 TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+# Set by the orchestrator on every rank: the number of ranks the run was launched with.
+# When it differs from this world (the run went on after losing a node), the trainer
+# keeps the launch's global batch (split.py).
+LAUNCH_WORLD_SIZE_ENV = "ORCHESTRATOR_LAUNCH_WORLD_SIZE"
 
 
 @dataclass(frozen=True)
@@ -35,6 +39,8 @@ class TrainConfig:
     synthetic_samples: int = 6400
     batch_size: int = 32
     grad_accum: int = 1
+    # Samples per optimizer step whatever the world size; None: world x batch x accum.
+    global_batch: int | None = None
     epochs: int = 2
     max_steps: int | None = None
     lr: float = 0.01
@@ -64,6 +70,14 @@ class TrainConfig:
         _check_positive("--batch-size", self.batch_size, "e.g. --batch-size 32")
         _check_positive("--grad-accum", self.grad_accum, "use 1 for no accumulation")
         _check_positive("--epochs", self.epochs, "e.g. --epochs 2")
+        if self.global_batch is not None:
+            _check_positive("--global-batch", self.global_batch, "e.g. --global-batch 128")
+            if self.grad_accum != 1:
+                raise TrainerUsageError(
+                    f"--global-batch {self.global_batch} with --grad-accum {self.grad_accum}: "
+                    "--global-batch sets the accumulation itself (micro-batches of at most "
+                    "--batch-size); give one of the two"
+                )
         _check_positive("--synthetic-samples", self.synthetic_samples, "e.g. 6400")
         if self.stop_check_every is not None:
             _check_positive("--stop-check-every", self.stop_check_every, "1 checks every step")
@@ -183,6 +197,8 @@ class Topology:
     local_world_size: int | None
     init_method: str | None
     launcher: str  # "torchrun", "explicit" or "single"
+    # ORCHESTRATOR_LAUNCH_WORLD_SIZE: the ranks the run was launched with, if set.
+    launch_world_size: int | None = None
 
     @property
     def is_distributed(self) -> bool:
@@ -198,6 +214,26 @@ def resolve_topology(
     local_world_size: int | None = None,
 ) -> Topology:
     """Decide how to initialise: torchrun's env://, an explicit --init-method, or alone."""
+    topology = _resolve_topology(env, init_method, rank, world_size, local_rank, local_world_size)
+    launch = _env_optional_int(env, LAUNCH_WORLD_SIZE_ENV)
+    if launch is None:
+        return topology
+    if launch <= 0:
+        raise TrainerUsageError(
+            f"environment variable {LAUNCH_WORLD_SIZE_ENV}={launch}: must be the positive "
+            "number of ranks the run was launched with; unset it for a fresh run"
+        )
+    return replace(topology, launch_world_size=launch)
+
+
+def _resolve_topology(
+    env: Mapping[str, str],
+    init_method: str | None,
+    rank: int | None,
+    world_size: int | None,
+    local_rank: int | None,
+    local_world_size: int | None,
+) -> Topology:
     if init_method is None and (local_rank is not None or local_world_size is not None):
         raise TrainerUsageError(
             "--local-rank/--local-world-size are only used with --init-method "

@@ -53,6 +53,14 @@ global batch:
   the same model up to float rounding. Samples that do not fill a last global batch
   of an epoch are dropped for that epoch.
 
+  When ORCHESTRATOR_LAUNCH_WORLD_SIZE (set by `orchestrator launch`: the ranks the run
+  was launched with) differs from WORLD_SIZE, the run went on with fewer (or more)
+  ranks and keeps its global batch: launch world size x --batch-size x --grad-accum.
+  Each rank then takes its share in more micro-steps, and where the global batch does
+  not divide evenly, shards one sample apart, each micro-batch's loss weighted by its
+  sample count, so the gradient is the same mean over the same samples. --global-batch
+  G fixes the global batch the same way by hand.
+
 output (rank 0, stdout, one flushed line each):
   step 20/200 epoch 1/2 loss 1.2345 samples/s 10240 step_ms 6.25 data_wait 1.9%
   done: 200 steps, final loss 0.0912, test acc 97.1%, 10240 samples/s, data wait 1.9%, \
@@ -149,6 +157,15 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="A",
         help="micro-steps accumulated per optimizer step; gradients are "
         "all-reduced only on the last (default: %(default)s)",
+    )
+    g.add_argument(
+        "--global-batch",
+        type=int,
+        metavar="G",
+        help="samples per optimizer step whatever the world size, instead of "
+        "world size x --batch-size x --grad-accum: each rank takes G / world size "
+        "(or one more) in micro-batches of at most --batch-size; e.g. to resume on "
+        "fewer ranks by hand",
     )
     g.add_argument(
         "--epochs",
@@ -300,6 +317,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         synthetic_samples=args.synthetic_samples,
         batch_size=args.batch_size,
         grad_accum=args.grad_accum,
+        global_batch=args.global_batch,
         epochs=args.epochs,
         max_steps=args.max_steps,
         lr=args.lr,

@@ -7,10 +7,12 @@ gradient all-reduce (eager, so NCCL's timeout and error handling apply as before
 the optimizer step run as written.
 
 A graph replays fixed shapes into fixed buffers, so it is used only where that holds:
-every micro-batch of the plan has the same shape (a short last batch is dropped), and
-with --grad-accum 1 only: the replayed backward writes each gradient into one reused
-buffer, which autograd may hand to a parameter as its .grad, and a second micro-step
-would then add that buffer to itself. Evaluation (``model.eval()``) runs the module as
+every micro-batch of the plan has the same shape (a short last batch is dropped; a rank
+of an uneven split always takes the same number of samples), and with one micro-step
+per optimizer step only (--grad-accum 1, and no extra accumulation on a smaller world):
+the replayed backward writes each gradient into one reused buffer, which autograd may
+hand to a parameter as its .grad, and a second micro-step would then add that buffer to
+itself. Evaluation (``model.eval()``) runs the module as
 written. Autocast's weight cache must be off while recording; the trainer's autocast
 keeps it off everywhere (each weight of the bundled models is cast once per forward,
 so the cache saved nothing).
@@ -26,9 +28,10 @@ import torch
 from torch import nn
 
 
-def applies(enabled: bool, device: torch.device, grad_accum: int) -> bool:
-    """Whether the step is graphed: on CUDA, with --grad-accum 1, unless --no-cuda-graphs."""
-    return enabled and device.type == "cuda" and grad_accum == 1
+def applies(enabled: bool, device: torch.device, micro_steps: int) -> bool:
+    """Whether the step is graphed: on CUDA, with one micro-step per optimizer step (as
+    with --grad-accum 1), unless --no-cuda-graphs."""
+    return enabled and device.type == "cuda" and micro_steps == 1
 
 
 def graph_module(

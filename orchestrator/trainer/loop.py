@@ -131,12 +131,11 @@ class Trainer:
     def _graph(self, s: Session) -> bool:
         """Replay the model's step as CUDA graphs where that applies (graphs.py)."""
         rt, cfg = self.runtime, self.config
-        if not applies(cfg.cuda_graphs, rt.device, cfg.grad_accum):
+        if not applies(cfg.cuda_graphs, rt.device, s.split.most_micro_steps):
             return False
-        first = s.plan.share(
-            s.plan.global_indices(s.start_step), rt.rank, 0, rt.world_size, cfg.batch_size
-        )
-        sample, _ = s.feeder.fetch(first)
+        first = s.split.micro_batches(rt.rank)[0]
+        indices = s.plan.global_indices(s.start_step)[first.start : first.start + first.count]
+        sample, _ = s.feeder.fetch(indices)
         s.model.train()
         s.model, failed = graph_module(s.model, sample, s.autocast)
         if failed is not None:
@@ -152,8 +151,7 @@ class Trainer:
         spe = s.plan.steps_per_epoch
         self.say(
             f"trainer: {cfg.model} ({parameter_count(s.model):,} params) on "
-            f"{s.dataset.describe()}; {rt.world_size} rank(s) x batch {cfg.batch_size} x "
-            f"accum {cfg.grad_accum} = global batch {s.plan.global_batch}; {s.total_steps} steps "
+            f"{s.dataset.describe()}; {s.split.describe()}; {s.total_steps} steps "
             f"({spe}/epoch); sgd lr {cfg.lr} momentum {cfg.momentum}; {cfg.precision}"
             + (", CUDA graphs" if self.graphed else "")
         )
@@ -183,11 +181,16 @@ class Trainer:
     def _train(self, stop: StopRequest) -> int:
         s, rt, cfg = self.s, self.runtime, self.config
         log_every = cfg.log_every or max(1, s.total_steps // 10)
-        accum, world, batch = cfg.grad_accum, rt.world_size, cfg.batch_size
+        micro_batches = s.split.micro_batches(rt.rank)
+        last_micro = len(micro_batches) - 1
         agreement = StopAgreement(rt, stop, cfg.stop_check_every)
         # Micro-batch mean losses since the last report, left on the device so no step
-        # waits for a GPU->CPU copy; summed and read only when reporting.
+        # waits for a GPU->CPU copy; weighted by their sample counts, summed and read
+        # only when reporting.
         losses: list[torch.Tensor] = []
+        counts = torch.tensor(
+            [part.count for part in micro_batches], dtype=torch.float32, device=rt.device
+        )
         channel, meter = self.channel, self.sync_meter
         train_start = time.perf_counter()
         window, data_total = Window(train_start), 0.0
@@ -197,19 +200,21 @@ class Trainer:
         self.model.train()
         for step in range(s.start_step, s.total_steps):
             global_indices = s.plan.global_indices(step)
-            for micro in range(accum):
+            for micro, part in enumerate(micro_batches):
                 t0 = time.perf_counter()
-                x, y = s.feeder.fetch(s.plan.share(global_indices, rt.rank, micro, world, batch))
+                x, y = s.feeder.fetch(global_indices[part.start : part.start + part.count])
                 window.data_s += time.perf_counter() - t0
-                # Gradients are all-reduced only on the last micro-step. Scaling by
-                # 1/accum (DDP divides by the world size itself) makes the result the
-                # mean gradient over the whole global batch, whatever the split.
-                last = micro == accum - 1
+                # Gradients are all-reduced only on the last micro-step. Dividing each
+                # micro-batch's mean loss by G / (its samples x W) (by the accumulation
+                # count when the split is even; DDP divides by the world size itself)
+                # makes the result the mean gradient over the whole global batch,
+                # whatever the split (split.py).
+                last = micro == last_micro
                 sync = self.ddp.no_sync() if self.ddp is not None and not last else nullcontext()
                 with sync:
                     with s.autocast():
                         loss = F.cross_entropy(self.model(x), y)
-                    scaled = loss / accum if accum > 1 else loss
+                    scaled = loss / part.divisor if part.divisor != 1 else loss
                     (s.scaler.scale(scaled) if s.scaler is not None else scaled).backward()
                 if meter is not None and last:
                     meter.waited(meter.grad_ready)  # DDP's all-reduce, after the computation
@@ -231,7 +236,8 @@ class Trainer:
             if meter is not None:
                 meter.waited(waiting)
             if reported_at(completed, log_every, s.total_steps, bool(signum)):
-                self._report(completed, window, torch.stack(losses).sum())
+                loss_sum = (torch.stack(losses).view(-1, len(micro_batches)) * counts).sum()
+                self._report(completed, window, loss_sum)
                 data_total += window.data_s
                 losses.clear()
                 window = Window()
@@ -253,12 +259,16 @@ class Trainer:
         return self._finish(completed, time.perf_counter() - train_start, data_total)
 
     def _report(self, completed: int, window: Window, loss_sum: torch.Tensor) -> None:
-        """Sum the window's loss over ranks (the only per-window sync) and report it."""
+        """Sum the window's loss over ranks (the only per-window sync) and report it.
+
+        ``loss_sum`` is the sum of this rank's per-sample losses over the window, so the
+        means are per sample also where ranks and micro-batches differ in size.
+        """
         rt, plan = self.runtime, self.s.plan
-        micro_batches = window.steps * self.config.grad_accum
-        rank_loss = loss_sum.item() / micro_batches  # read before the in-place all-reduce
+        own_samples = window.steps * self.s.split.samples(rt.rank)
+        rank_loss = loss_sum.item() / own_samples  # read before the in-place all-reduce
         waiting = time.perf_counter()
-        global_loss = rt.all_reduce_sum(loss_sum).item() / (micro_batches * rt.world_size)
+        global_loss = rt.all_reduce_sum(loss_sum).item() / (window.steps * plan.global_batch)
         if self.sync_meter is not None:
             self.sync_meter.waited(waiting)
         wall = time.perf_counter() - window.start
@@ -309,7 +319,8 @@ class Trainer:
             "split": {
                 "world_size": self.runtime.world_size,
                 "batch_size": self.config.batch_size,
-                "grad_accum": self.config.grad_accum,
+                "grad_accum": s.split.most_micro_steps,
+                "launch_world_size": s.split.launch_world_size,
             },
         }
         return save_checkpoint(directory, state, self.config.keep_checkpoints)

@@ -31,6 +31,7 @@ from orchestrator.trainer.distributed import Runtime
 from orchestrator.trainer.exits import CheckpointError, TrainerUsageError
 from orchestrator.trainer.models import build_model
 from orchestrator.trainer.reporting import MetricsWriter, emit
+from orchestrator.trainer.split import BatchSplit, plan_split
 
 
 @dataclass
@@ -41,6 +42,7 @@ class Session:
     runtime: Runtime
     dataset: Dataset
     plan: GlobalBatchPlan
+    split: BatchSplit
     feeder: BatchFeeder
     model: nn.Module  # the plain module; DDP wraps it later
     optimizer: torch.optim.Optimizer
@@ -114,7 +116,7 @@ def build_session(config: TrainConfig, runtime: Runtime) -> Session:
         raise
     agree_on_errors(runtime, None)
     _resume(session)
-    session.channel = open_channel(config.batch_size * config.grad_accum)
+    session.channel = open_channel(session.split.samples(runtime.rank))
     return session
 
 
@@ -127,8 +129,8 @@ def _build(config: TrainConfig, runtime: Runtime) -> Session:
         seed=config.seed,
         synthetic_samples=config.synthetic_samples,
     )
-    global_batch = runtime.world_size * config.batch_size * config.grad_accum
-    plan = GlobalBatchPlan(len(dataset.train), global_batch, config.seed)
+    split = plan_split(config, runtime.world_size, runtime.topology.launch_world_size)
+    plan = GlobalBatchPlan(len(dataset.train), split.global_batch, config.seed)
     # Same seed on every rank, so every rank builds identical initial weights (DDP
     # would broadcast rank 0's anyway) and every split starts from the same model.
     torch.manual_seed(config.seed)
@@ -152,7 +154,18 @@ def _build(config: TrainConfig, runtime: Runtime) -> Session:
         _check_writable(config.checkpoint_dir)
     metrics = _open_metrics(config.metrics, runtime)
     return Session(
-        config, runtime, dataset, plan, feeder, model, optimizer, scaler, autocast, total, metrics
+        config,
+        runtime,
+        dataset,
+        plan,
+        split,
+        feeder,
+        model,
+        optimizer,
+        scaler,
+        autocast,
+        total,
+        metrics,
     )
 
 
