@@ -48,6 +48,8 @@ def trainer_env(**extra: str) -> dict[str, str]:
     env["OMP_NUM_THREADS"] = "1"
     env.pop("RANK", None)
     env.pop("WORLD_SIZE", None)
+    # Set only where a test means it: a run that went on with fewer ranks.
+    env.pop("ORCHESTRATOR_LAUNCH_WORLD_SIZE", None)
     env.update(extra)
     return env
 
@@ -73,7 +75,11 @@ def torchrun_command(nproc: int, args: Sequence[str], *torchrun_args: str) -> li
 
 
 def run_torchrun(
-    nproc: int, args: Sequence[str], *torchrun_args: str, timeout: float = 120
+    nproc: int,
+    args: Sequence[str],
+    *torchrun_args: str,
+    timeout: float = 120,
+    env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """Real torchrun, picking its own free port (--standalone)."""
     return subprocess.run(
@@ -81,7 +87,7 @@ def run_torchrun(
         capture_output=True,
         text=True,
         timeout=timeout,
-        env=trainer_env(),
+        env=env or trainer_env(),
     )
 
 

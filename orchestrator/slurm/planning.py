@@ -17,7 +17,7 @@ from orchestrator.errors import ConfigError
 from orchestrator.hosts.hostfile import Cluster
 from orchestrator.options.scheduler import SlurmOptions
 from orchestrator.plan.deadline import DEFAULT_RESUBMITS, Deadline, plan_deadline
-from orchestrator.plan.launch_plan import IFNAME_VARS
+from orchestrator.plan.launch_plan import IFNAME_VARS, LAUNCH_WORLD_SIZE, launch_world_env
 from orchestrator.plan.spec import VISIBLE_DEVICES, JobSpec
 from orchestrator.slurm.containers import container_fields
 from orchestrator.slurm.job import SlurmJob
@@ -184,7 +184,9 @@ def _exports(spec: JobSpec, run_id: str, nodes: _Nodes, from_hostfile: bool) -> 
     """The job's environment without its secrets (the script never holds one), with the
     interface for NCCL and gloo where one is known."""
     secret_names = tuple(sorted(name for name, _ in spec.env if spec.is_secret(name)))
-    own = set(secret_names) | ({VISIBLE_DEVICES} if nodes.visible_devices else set())
+    own = {LAUNCH_WORLD_SIZE, *secret_names} | (
+        {VISIBLE_DEVICES} if nodes.visible_devices else set()
+    )
     env = [(k, v) for k, v in spec.env if k not in own]
     ifname = nodes.ifname or spec.ifname
     reason = "hostfile" if from_hostfile and ifname and not spec.ifname else "--ifname"
@@ -192,7 +194,8 @@ def _exports(spec: JobSpec, run_id: str, nodes: _Nodes, from_hostfile: bool) -> 
         env += [(var, ifname) for var in IFNAME_VARS if var not in spec.env_dict]
     else:
         reason = "each node picks the interface whose route reaches MASTER_ADDR"
-    env += [("ORCHESTRATOR_RUN_ID", run_id), ("PYTHONUNBUFFERED", "1")]
+    launch_world = launch_world_env([nodes.nproc] * nodes.nnodes)
+    env += [("ORCHESTRATOR_RUN_ID", run_id), launch_world, ("PYTHONUNBUFFERED", "1")]
     return _Exports(tuple(env), secret_names, ifname, reason)
 
 
