@@ -63,7 +63,7 @@ def plan_slurm_job(
     (--min-nodes) how few nodes the job may go on with after a node failure."""
     _refuse_conflicts(spec, options, spares)
     nodes = _nodes(spec, options, cluster)
-    _check_min_nodes(min_nodes, nodes.nnodes, options.requeue)
+    _check_min_nodes(min_nodes, options.requeue)
     exports = _exports(spec, run_id, nodes, from_hostfile=cluster is not None)
     deadline = plan_deadline(_time_of(options), options.signal)
     # After a node failure the launcher submits the next job (--spares, --min-nodes).
@@ -131,17 +131,10 @@ def _refuse_conflicts(spec: JobSpec, options: SlurmOptions, spares: int) -> None
         )
 
 
-def _check_min_nodes(min_nodes: int | None, nnodes: int, requeue: bool) -> None:
-    """--min-nodes K: at most the job's nodes, and not with --requeue (SLURM would requeue
-    the job on as many nodes as before)."""
-    if min_nodes is None:
-        return
-    if min_nodes > nnodes:
-        raise ConfigError(
-            f"--min-nodes {min_nodes} but the job has {nnodes} node(s): the floor cannot be "
-            f"above the nodes launched; give --min-nodes {nnodes} or less"
-        )
-    if requeue:
+def _check_min_nodes(min_nodes: int | None, requeue: bool) -> None:
+    """--min-nodes K (at most the nodes the run starts on: api/request.py) is not for
+    --requeue, with which SLURM requeues the job on as many nodes as before."""
+    if min_nodes is not None and requeue:
         raise ConfigError(
             "--min-nodes and --requeue: with --requeue SLURM requeues the job itself after a "
             "node failure, on as many nodes as before; with --min-nodes the launcher submits "

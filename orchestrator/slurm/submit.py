@@ -40,6 +40,7 @@ def prepare_slurm(
     record_path: Path | None = None,
     spares: int = 0,
     exclude: tuple[str, ...] = (),
+    min_nodes: int | None = None,
 ) -> tuple[SlurmJob, str]:
     """Plan and render; with a run record, nodes write their files into it."""
     job = plan_slurm_job(
@@ -51,6 +52,7 @@ def prepare_slurm(
         output=str(record_path / "slurm-%j.out") if record_path else None,
         spares=spares,
         exclude=exclude,
+        min_nodes=min_nodes,
     )
     return job, render_sbatch(job, command_line(argv, job.secret_names))
 
@@ -64,12 +66,20 @@ def write_slurm_render(
     argv: tuple[str, ...],
     spares: int = 0,
     exclude: tuple[str, ...] = (),
+    min_nodes: int | None = None,
 ) -> list[Path]:
     """`render --backend slurm`: DIR/plan.yaml and DIR/job.sbatch (for sbatch by hand)."""
     if slurm_options.login:
         raise ConfigError("--login applies to launch only")
     job, script = prepare_slurm(
-        cluster, spec, slurm_options, run_id, argv, spares=spares, exclude=exclude
+        cluster,
+        spec,
+        slurm_options,
+        run_id,
+        argv,
+        spares=spares,
+        exclude=exclude,
+        min_nodes=min_nodes,
     )
     out = make_output_dir(out_dir)
     (out / "plan.yaml").write_text(plan_yaml(job), encoding="utf-8")
@@ -141,7 +151,15 @@ def prepared(
             )
     record_path = Path(options.run.run_dir).resolve() / options.run_id
     job, script = prepare_slurm(
-        cluster, spec, slurm_options, options.run_id, options.argv, record_path, spares, exclude
+        cluster,
+        spec,
+        slurm_options,
+        options.run_id,
+        options.argv,
+        record_path,
+        spares,
+        exclude,
+        options.min_nodes,
     )
     return job, script, record_path
 
@@ -233,7 +251,7 @@ def _submit_and_follow(
     )
     resubmit = resubmitter(record, commands, following.command, secrets)
     spares = None
-    if job.spares:
+    if job.spares or job.min_nodes:
         spares = SlurmSpares(job, commands, options.bad_nodes, resubmit, lambda _: None)
         base.update(spares.status())
     follower = Follower(

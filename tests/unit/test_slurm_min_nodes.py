@@ -5,9 +5,10 @@ is tests/cluster/test_slurm_min_nodes_cluster.py."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from orchestrator.errors import ConfigError
 from orchestrator.hosts.hostfile import parse_hostfile
 from orchestrator.hosts.selection import hold_spares
 from orchestrator.options.scheduler import SlurmOptions
@@ -19,7 +20,7 @@ from orchestrator.slurm.segments import Segments, describe_segment
 from orchestrator.slurm.shrink import AfterLoss, after_loss, shrunk
 from orchestrator.slurm.spares import SlurmSpares
 from orchestrator.supervise import Outcome
-from tests.unit.test_slurm_render import spec
+from tests.unit.test_slurm_render import run_cli, spec
 from tests.unit.test_slurm_spares import FakeCommands
 
 
@@ -71,9 +72,9 @@ def test_the_next_job_runs_on_the_nodes_left_with_the_same_environment() -> None
     lines = list(new.sbatch_lines)
     assert lines.index("--exclude=c2") == lines.index("--output=/r/slurm-%j.out") - 1
     assert "--no-requeue" in lines and new.job_dir == "/r/nodes-2"
-    # The environment is the launch's: ORCHESTRATOR_LAUNCH_WORLD_SIZE (when the plan sets
-    # it) still names the world of 3 nodes, so the trainer keeps its global batch.
-    assert new.env == job.env
+    # The environment is the launch's: ORCHESTRATOR_LAUNCH_WORLD_SIZE still names the world
+    # of 3 nodes x 2 ranks, so the trainer keeps its global batch.
+    assert new.env == job.env and dict(new.env)["ORCHESTRATOR_LAUNCH_WORLD_SIZE"] == "6"
     again = shrunk(new, ["c1", "c1"], None)
     assert (again.nnodes, again.exclude) == (1, ("c2", "c1"))
     assert "--exclude=c2,c1" in again.sbatch_lines
@@ -89,16 +90,20 @@ def test_with_a_hostfile_the_node_list_loses_the_failed_nodes() -> None:
 
 
 @pytest.mark.parametrize(
-    ("options", "min_nodes", "message"),
+    ("args", "message"),
     [
-        ({"requeue": True}, 2, "--min-nodes and --requeue"),
-        ({}, 4, "--min-nodes 4 but the job has 3 node(s)"),
+        (("--min-nodes", "2", "--requeue"), "--min-nodes and --requeue"),
+        (("--min-nodes", "4"), "--min-nodes 4 is more than the 3 node(s) the run starts on"),
     ],
 )
-def test_bad_min_nodes_is_bad_input(options: dict, min_nodes: int, message: str) -> None:
-    with pytest.raises(ConfigError) as caught:
-        _job(min_nodes=min_nodes, **options)
-    assert message in str(caught.value)
+def test_bad_min_nodes_is_bad_input(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], args: tuple[str, ...], message: str
+) -> None:
+    code, _, err = run_cli(
+        capsys, "render", "--backend", "slurm", "--nodes", "3", *args, "-o", str(tmp_path / "o"),
+        "--", "t.py",
+    )  # fmt: skip
+    assert code == 2 and message in err and "Traceback" not in err, err
 
 
 class Submitted:
@@ -185,3 +190,17 @@ def test_a_job_that_failed_by_itself_is_not_a_reason_to_shrink() -> None:
     assert spares.failure(3, JobInfo(state="FAILED"), ["c0", "c1", "c2"]) is None
     assert spares.failure(3, JobInfo(state="COMPLETED"), ["c0", "c1", "c2"]) is None
     assert submitted.jobs == []
+
+
+def test_render_states_the_rule_in_the_script(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, err = run_cli(
+        capsys, "render", "--backend", "slurm", "--nodes", "3", "--min-nodes", "2", "-o",
+        str(tmp_path / "o"), "--", "t.py",
+    )  # fmt: skip
+    assert code == 0, err
+    script = (tmp_path / "o" / "job.sbatch").read_text()
+    assert "# Fewer nodes: --min-nodes 2. After a node failure (NODE_FAIL), " in script
+    assert "#SBATCH --no-requeue\n" in script
+    assert "export ORCHESTRATOR_LAUNCH_WORLD_SIZE=3\n" in script
