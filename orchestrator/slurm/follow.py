@@ -465,13 +465,14 @@ class Follower:
         self.batch = RankFile(-1, str(self.record.path / f"slurm-{self.job_id}.out"))
         self._close_attempt()
         self.info, self.hosts = JobInfo(state="PENDING"), []
-        self.base.update(slurm_job_id=self.job_id, nnodes=self.job.nnodes)
-        self.base.update(world_size=self.job.world_size)
+        self.base.update(slurm_job_id=new[1], nnodes=new[0].nnodes, world_size=new[0].world_size)
         self.base.setdefault("slurm_job_ids", [ended[0]]).append(self.job_id)
         self.write_status()
         return True
 
     def _outcome(self) -> Outcome:
+        if self.files is not None and self.sup is not None and self.info.state == "COMPLETED":
+            self.files.settle(self.sup, self.rank_exited, self.node_exited)  # see settle
         outcome = job_outcome(
             self.job_id, self.info, self.sup, self.interrupted_by, Path(self.batch.path)
         )
