@@ -209,4 +209,11 @@ class Segments:
         if len(self.entries) > 1:
             lines.append(f"carried across {len(self.entries)} segment(s):")
             lines += [f"  {describe_segment(s.to_dict())}" for s in self.entries]
+        fewer = [s for s in self.entries if s.nodes < self.entries[0].nodes and s.running_at]
+        if fewer:
+            seconds = sum((s.ended_at or time.time()) - (s.running_at or 0) for s in fewer)
+            lines.append(
+                f"on fewer than {self.entries[0].nodes} nodes for {seconds:.1f} s "
+                f"(down to {min(s.nodes for s in fewer)}, --min-nodes)"
+            )
         return replace(outcome, summary="\n".join(lines))

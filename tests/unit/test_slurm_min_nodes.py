@@ -5,6 +5,7 @@ is tests/cluster/test_slurm_min_nodes_cluster.py."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -138,6 +139,7 @@ def test_a_lost_node_then_one_more_goes_on_with_fewer_then_reaches_the_floor() -
     assert (sent.nnodes, sent.exclude, sent.job_dir, number) == (2, ("c1",), "/r/nodes-2", 2)
     assert spares.status()["min_nodes"] == 2 and spares.recoveries == []
     segments.resubmitted(102, failure[1], sent.nnodes)
+    segments.running()
     spares.running(["c0", "c2"])
     assert notes[2].startswith("running again on 2 node(s) (c0, c2), ")
 
@@ -155,12 +157,16 @@ def test_a_lost_node_then_one_more_goes_on_with_fewer_then_reaches_the_floor() -
         "c0 lost; no spare left; 1 of 3 node(s) left, fewer than --min-nodes 2: the floor "
         "was reached" in outcome.summary.splitlines()
     )
+    assert re.fullmatch(
+        r"on fewer than 3 nodes for \d+\.\d s \(down to 2, --min-nodes\)",
+        outcome.summary.splitlines()[-1],
+    ), outcome.summary
     entries = segments.status()["segments"]
     assert [(s["job_id"], s["nodes"], s["ended"], s["next"]) for s in entries] == [
         (11, 3, "node-failure", "resubmitted as job 102 on 2 node(s)"),
         (102, 2, "node-failure", None),
     ]
-    assert describe_segment(entries[1]).startswith("2. job 102 on 2 node(s): ")
+    assert describe_segment(entries[1]).startswith("2. job 102 on 2 node(s) ran ")
 
 
 def test_spares_come_first_then_the_nodes_left() -> None:
