@@ -241,7 +241,7 @@ class Follower:
             self._close_attempt()
         if running and self.sup is None:
             self._open_attempt(info)
-            self.segments.running()
+            self.segments.running(self.hosts, self.job.world_size)
         if (old.state, old.reason) != (info.state, info.reason):
             where = f" on {info.nodelist}" if info.nodelist and not info.ended else ""
             why = f" ({info.reason})" if info.reason and info.reason != "None" else ""

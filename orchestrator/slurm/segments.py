@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from orchestrator.record.runs import now_iso
+from orchestrator.record.world import WorldSegment, fewer_nodes_line
 from orchestrator.supervise import Outcome
 
 WARNING_FILE = "warning"  # in the job folder's attempt<restart>/: "USR1 <epoch seconds>"
@@ -71,6 +72,8 @@ class Segment:
     why: str = ""
     next: str = ""  # "resubmitted as job N", "requeued by SLURM"
     nodes: int = 0  # the nodes the job asked for (fewer after a node lost, --min-nodes)
+    hosts: tuple[str, ...] = ()  # the nodes it ran on, in node-rank order
+    ranks: int = 0  # its world size
 
     def to_dict(self) -> dict:
         return {
@@ -116,9 +119,11 @@ class Segments:
     def current(self) -> Segment:
         return self.entries[-1]
 
-    def running(self) -> None:
+    def running(self, hosts: list[str] | tuple[str, ...] = (), ranks: int = 0) -> None:
+        """The job of the current segment runs, on `hosts` with `ranks` ranks."""
         if self.current.running_at is None:
             self.current.running_at = time.time()
+            self.current.hosts, self.current.ranks = tuple(hosts), ranks
 
     def warned(self, signal_name: str, when: float, preempted: bool) -> str:
         """The script passed the warning on to the ranks; the console's line."""
@@ -187,11 +192,27 @@ class Segments:
         self.entries.append(Segment(len(self.entries) + 1, job_id, time.time(), nodes=nodes))
         self.preempted_seen = False
 
+    def world(self) -> list[WorldSegment]:
+        """The nodes the run ran on over time, one entry per job that ran (status.json's
+        `world`, as over SSH: orchestrator.record.world)."""
+        world, why = [], "launch"
+        for segment in self.entries:
+            if segment.hosts:
+                world.append(
+                    WorldSegment(
+                        segment.number, segment.hosts, segment.ranks, segment.submitted_at, why
+                    )
+                )
+                world[-1].running_at = segment.running_at
+            why = f"after job {segment.job_id}: {segment.why}"
+        return world
+
     def status(self) -> dict:
-        """The segments part of status.json."""
+        """The segments part of status.json, and the world they ran on."""
         return {
             "segments": [s.to_dict() for s in self.entries],
             "resubmits_left": self.left,
+            "world": [w.to_dict() for w in self.world()],
         }
 
     def amend(self, outcome: Outcome) -> Outcome:
@@ -209,11 +230,7 @@ class Segments:
         if len(self.entries) > 1:
             lines.append(f"carried across {len(self.entries)} segment(s):")
             lines += [f"  {describe_segment(s.to_dict())}" for s in self.entries]
-        fewer = [s for s in self.entries if s.nodes < self.entries[0].nodes and s.running_at]
+        fewer = fewer_nodes_line(self.world(), time.time())
         if fewer:
-            seconds = sum((s.ended_at or time.time()) - (s.running_at or 0) for s in fewer)
-            lines.append(
-                f"on fewer than {self.entries[0].nodes} nodes for {seconds:.1f} s "
-                f"(down to {min(s.nodes for s in fewer)}, --min-nodes)"
-            )
+            lines.append(fewer)
         return replace(outcome, summary="\n".join(lines))

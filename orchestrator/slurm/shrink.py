@@ -77,5 +77,5 @@ def floor_line(failed: Sequence[str], nodes_left: int, job: SlurmJob) -> str:
     """Why a run that lost nodes ends: fewer than --min-nodes are left."""
     return (
         f"{', '.join(failed)} lost; no spare left; {nodes_left} of {job.launched_nodes} "
-        f"node(s) left, fewer than --min-nodes {job.min_nodes}: the floor was reached"
+        f"nodes left, below --min-nodes {job.min_nodes}: the floor was reached"
     )

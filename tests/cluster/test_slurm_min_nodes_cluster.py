@@ -101,6 +101,7 @@ def test_a_node_set_down_mid_run_goes_on_with_one_node_fewer_to_the_same_model(
         (second, 2, "completed", None),
     ], segments
     assert f"ended NODE_FAIL: {victim} is down" in segments[0]["why"], segments[0]
+    assert [len(entry["nodes"]) for entry in status["world"]] == [3, 2], status["world"]
     assert victim not in {node["host"] for node in status["nodes"]}, status["nodes"]
     assert status["master"].split(":")[0] == status["nodes"][0]["host"], status  # moved
     script = (work / "runs" / "fewer" / "job-2.sbatch").read_text()
@@ -108,6 +109,7 @@ def test_a_node_set_down_mid_run_goes_on_with_one_node_fewer_to_the_same_model(
     assert "export ORCHESTRATOR_LAUNCH_WORLD_SIZE=3\n" in script  # the launch's world
     resumed = re.search(r"r0\] resumed from ckpt/ckpt-\d+\.pt at step (\d+)", out)
     assert resumed and int(resumed.group(1)) > 0, out
+    assert "on fewer nodes than the 3 launched with for " in out, out
     print(
         f"set DOWN -> the job on 2 nodes running: "
         f"{_seconds(segments[1]['running_at']) - down:.1f} s; the first job ended "

@@ -127,6 +127,7 @@ def test_a_lost_node_then_one_more_goes_on_with_fewer_then_reaches_the_floor() -
     spares = SlurmSpares(job, commands, None, submitted, notes.append)  # type: ignore[arg-type]
     segments = Segments(11, max_resubmits=10, nodes=job.nnodes)
     hosts = ["c0", "c1", "c2"]
+    segments.running(hosts, job.world_size)
     segments.ended("NODE_FAIL", ranks_ok=False)
     failure = spares.failure(11, JobInfo(state="NODE_FAIL"), hosts)
     assert failure == ("c1", "SLURM job 11 ended NODE_FAIL: c1 is down: test")
@@ -139,7 +140,7 @@ def test_a_lost_node_then_one_more_goes_on_with_fewer_then_reaches_the_floor() -
     assert (sent.nnodes, sent.exclude, sent.job_dir, number) == (2, ("c1",), "/r/nodes-2", 2)
     assert spares.status()["min_nodes"] == 2 and spares.recoveries == []
     segments.resubmitted(102, failure[1], sent.nnodes)
-    segments.running()
+    segments.running(["c0", "c2"], sent.world_size)
     spares.running(["c0", "c2"])
     assert notes[2].startswith("running again on 2 node(s) (c0, c2), ")
 
@@ -154,13 +155,18 @@ def test_a_lost_node_then_one_more_goes_on_with_fewer_then_reaches_the_floor() -
     outcome = segments.amend(spares.amend(ended))
     assert (outcome.state, outcome.exit_code) == (RunState.LOST, 1)
     assert (
-        "c0 lost; no spare left; 1 of 3 node(s) left, fewer than --min-nodes 2: the floor "
-        "was reached" in outcome.summary.splitlines()
+        "c0 lost; no spare left; 1 of 3 nodes left, below --min-nodes 2: the floor was "
+        "reached" in outcome.summary.splitlines()
     )
     assert re.fullmatch(
-        r"on fewer than 3 nodes for \d+\.\d s \(down to 2, --min-nodes\)",
+        r"on fewer nodes than the 3 launched with for \d+\.\d s \(down to 2; --min-nodes\)",
         outcome.summary.splitlines()[-1],
     ), outcome.summary
+    world = segments.status()["world"]
+    assert [(w["attempt"], w["nodes"], w["ranks"], w["why"][:17]) for w in world] == [
+        (1, ["c0", "c1", "c2"], 6, "launch"),
+        (2, ["c0", "c2"], 4, "after job 11: SLU"),
+    ]
     entries = segments.status()["segments"]
     assert [(s["job_id"], s["nodes"], s["ended"], s["next"]) for s in entries] == [
         (11, 3, "node-failure", "resubmitted as job 102 on 2 node(s)"),
