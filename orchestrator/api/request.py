@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 
 from orchestrator.errors import ConfigError
 from orchestrator.hosts.hostfile import Cluster, load_hostfile
-from orchestrator.hosts.selection import hold_spares, select_hosts
+from orchestrator.hosts.selection import check_min_nodes, hold_spares, select_hosts
 from orchestrator.options.choosing import Selection
 from orchestrator.options.image import ContainerOptions
 from orchestrator.options.keywords import LaunchArgs
@@ -84,6 +84,7 @@ def build(
         cluster = select(checked, hosts, args.job.nproc_per_node, say)
         cluster = hold_spares(cluster, hosts.spares)
     backend = "slurm" if run.is_slurm else "ssh"
+    check_min_nodes(hosts.min_nodes, *starting_nodes(cluster, hostfile, slurm, hosts.spares))
     spec = make_spec(program, args.job, gpus_chosen(hosts, cluster, backend), say)
     spec = replace(spec, container=container_of(cluster, args.container, backend))
     options = LaunchOptions(
@@ -95,8 +96,20 @@ def build(
         ssh=args.ssh,
         deadline=deadline,
         bad_nodes=hosts.bad_nodes,
+        min_nodes=hosts.min_nodes,
     )
     return LaunchRequest(backend, cluster, spec, options, slurm, hosts.spares, exclude)
+
+
+def starting_nodes(
+    cluster: Cluster | None, hostfile: str | None, slurm: SlurmOptions, spares: int
+) -> tuple[int | None, str]:
+    """How many nodes a run starts on, and where that number comes from (for --min-nodes);
+    None under SLURM without a hostfile or --nodes (refused later, for the missing --nodes)."""
+    if cluster is None:
+        return (None if slurm.nodes is None else int(slurm.nodes)), f"--nodes {slurm.nodes}"
+    held = f", after --spares {spares}" if spares else ""
+    return len(cluster.hosts), f"the hosts chosen from {hostfile}{held}"
 
 
 def container_of(

@@ -10,6 +10,7 @@ from orchestrator.console.plot import draw, load
 from orchestrator.console.rank_table import RunView, duration
 from orchestrator.record.recoveries import describe_recovery
 from orchestrator.record.runs import run_status
+from orchestrator.record.world import describe_world
 from orchestrator.sizes import human_bytes, parse_size
 from orchestrator.slurm.segments import describe_segment
 
@@ -17,6 +18,7 @@ __all__ = [
     "RunView",
     "describe_recovery",
     "describe_segment",
+    "describe_world",
     "draw",
     "duration",
     "human_bytes",

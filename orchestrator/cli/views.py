@@ -66,6 +66,13 @@ def status_text(status: dict) -> str:
         lines.append(f"  recoveries: {len(status['recoveries'])} (spares left: {spares})")
         if not status.get("summary"):  # which names them when the run has ended
             lines += [f"    {describe_recovery(entry)}" for entry in status["recoveries"]]
+    world = status.get("world") or []
+    if len({len(entry["nodes"]) for entry in world}) > 1:  # --min-nodes: the world changed
+        from orchestrator.api.shown import describe_world
+
+        sizes = " -> ".join(str(len(entry["nodes"])) for entry in world)
+        lines.append(f"  world: {sizes} node(s)")
+        lines += [f"    {describe_world(entry)}" for entry in world]
     segments = status.get("segments") or []
     if len(segments) > 1 or segments[:1] and segments[0].get("warned_at"):  # time limits
         from orchestrator.api.shown import describe_segment

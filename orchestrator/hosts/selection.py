@@ -171,3 +171,14 @@ def hold_spares(cluster: Cluster, count: int) -> Cluster:
             f"chosen from {cluster.path}; the spares are the last {count} of them"
         )
     return replace(cluster, hosts=cluster.hosts[:-count], spares=cluster.hosts[-count:])
+
+
+def check_min_nodes(min_nodes: int | None, count: int | None, where: str) -> None:
+    """--min-nodes K: the floor a run may shrink to is at most the nodes it starts on
+    (`count`, `where` saying where they come from)."""
+    if min_nodes is not None and count is not None and min_nodes > count:
+        raise ConfigError(
+            f"--min-nodes {min_nodes} is more than the {count} node(s) the run starts on "
+            f"({where}): the run could never go on with fewer; give --min-nodes {count} "
+            "or less"
+        )

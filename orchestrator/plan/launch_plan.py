@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from orchestrator.agent.cores import CoreSet, TooFewCores, Topology, core_sets
@@ -21,6 +21,7 @@ from orchestrator.plan.container import AUTO, ContainerSpec, container_name
 from orchestrator.plan.spec import DEFAULT_MASTER_PORT, VISIBLE_DEVICES, JobSpec, Program
 
 IFNAME_VARS = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
+LAUNCH_WORLD_SIZE = "ORCHESTRATOR_LAUNCH_WORLD_SIZE"
 NODE_RUNS_DIR = ".orchestrator/runs"  # in the node's home: one folder per run
 
 
@@ -31,6 +32,13 @@ def node_dir(run_id: str, node_rank: int, attempt: int = 1) -> str:
     folder, so no attempt's output overwrites an earlier one's on the same node."""
     run = f"~/{NODE_RUNS_DIR}/{run_id}"
     return f"{run}/node{node_rank}" if attempt == 1 else f"{run}/attempt{attempt}/node{node_rank}"
+
+
+def launch_world_env(ranks_per_node: Sequence[int]) -> tuple[str, str]:
+    """ORCHESTRATOR_LAUNCH_WORLD_SIZE for every rank: the ranks the run was launched with
+    (each node's ranks at launch, summed). A run that goes on with fewer nodes (--min-nodes)
+    keeps it while WORLD_SIZE shrinks, so a program can keep its global batch."""
+    return LAUNCH_WORLD_SIZE, str(sum(ranks_per_node))
 
 
 @dataclass(frozen=True)
@@ -219,10 +227,13 @@ def make_plan(
     run_id: str,
     facts: Mapping[int, NodeFacts] | None = None,
     attempt: int = 1,
+    launched_with: Sequence[int] | None = None,
 ) -> LaunchPlan:
     """Decide node ranks, ranks, master address/port, interfaces and env for every node.
 
     `facts` are the preflight probe's, by node rank (two entries may share a host name).
+    `launched_with`: each node's ranks when the run was launched (None: this plan is the
+    launch), for ORCHESTRATOR_LAUNCH_WORLD_SIZE.
     """
     facts = facts or {}
     hosts = cluster.hosts
@@ -230,22 +241,23 @@ def make_plan(
     master_port, port_reason = _master_port(spec, facts.get(0))
     secret_names = tuple(sorted(name for name, _ in spec.env if spec.is_secret(name)))
     # The plan sets these itself, last; a forwarded copy would only be exported twice.
-    own = {"ORCHESTRATOR_RUN_ID", "PYTHONUNBUFFERED"}
+    own = {"ORCHESTRATOR_RUN_ID", "PYTHONUNBUFFERED", LAUNCH_WORLD_SIZE}
     if any(host.slot_ids is not None for host in hosts):  # the selection's GPUs win
         own.add(VISIBLE_DEVICES)
     common_env = [(k, v) for k, v in spec.env if k not in secret_names and k not in own]
 
+    nprocs = [_nproc(host, spec) for host in hosts]
+    launch_world = launch_world_env(nprocs if launched_with is None else launched_with)
     nodes = []
     rank_start = 0
-    for node_rank, host in enumerate(hosts):
-        nproc = _nproc(host, spec)
+    for node_rank, (host, nproc) in enumerate(zip(hosts, nprocs, strict=True)):
         ifname, ifname_reason = _ifname(host, spec, facts.get(node_rank), master_addr)
         env = list(common_env)
         if host.slot_ids is not None:  # LOCAL_RANK i runs on the i-th chosen slot
             env.append((VISIBLE_DEVICES, ",".join(map(str, host.slot_ids))))
         if ifname:  # an explicit --env NCCL_SOCKET_IFNAME=... is the user's and stays
             env += [(var, ifname) for var in IFNAME_VARS if var not in spec.env_dict]
-        env += [("ORCHESTRATOR_RUN_ID", run_id), ("PYTHONUNBUFFERED", "1")]
+        env += [("ORCHESTRATOR_RUN_ID", run_id), launch_world, ("PYTHONUNBUFFERED", "1")]
         directory = node_dir(run_id, node_rank, attempt)
         workdir = spec.workdir
         if spec.sync_dir:

@@ -41,6 +41,7 @@ def prepare_slurm(
     record_path: Path | None = None,
     spares: int = 0,
     exclude: tuple[str, ...] = (),
+    min_nodes: int | None = None,
 ) -> tuple[SlurmJob, str]:
     """Plan and render; with a run record, nodes write their files into it, or with
     --job-dir into that folder on the nodes (node_files.py)."""
@@ -54,6 +55,7 @@ def prepare_slurm(
         output=output,
         spares=spares,
         exclude=exclude,
+        min_nodes=min_nodes,
     )
     if record_path and slurm_options.job_dir:
         job = on_the_nodes(job, slurm_options.job_dir)
@@ -69,13 +71,21 @@ def write_slurm_render(
     argv: tuple[str, ...],
     spares: int = 0,
     exclude: tuple[str, ...] = (),
+    min_nodes: int | None = None,
 ) -> list[Path]:
     """`render --backend slurm`: DIR/plan.yaml and DIR/job.sbatch (for sbatch by hand)."""
     if slurm_options.login or slurm_options.job_dir:
         flag = "--login" if slurm_options.login else "--job-dir"
         raise ConfigError(f"{flag} applies to launch only")
     job, script = prepare_slurm(
-        cluster, spec, slurm_options, run_id, argv, spares=spares, exclude=exclude
+        cluster,
+        spec,
+        slurm_options,
+        run_id,
+        argv,
+        spares=spares,
+        exclude=exclude,
+        min_nodes=min_nodes,
     )
     out = make_output_dir(out_dir)
     (out / "plan.yaml").write_text(plan_yaml(job), encoding="utf-8")
@@ -148,7 +158,15 @@ def prepared(
             )
     record_path = Path(options.run.run_dir).resolve() / options.run_id
     job, script = prepare_slurm(
-        cluster, spec, slurm_options, options.run_id, options.argv, record_path, spares, exclude
+        cluster,
+        spec,
+        slurm_options,
+        options.run_id,
+        options.argv,
+        record_path,
+        spares,
+        exclude,
+        options.min_nodes,
     )
     return job, script, record_path
 
@@ -245,7 +263,7 @@ def _submit_and_follow(
     )
     resubmit = resubmitter(record, commands, following.command, secrets)
     spares = None
-    if job.spares:
+    if job.spares or job.min_nodes:
         spares = SlurmSpares(job, commands, options.bad_nodes, resubmit, lambda _: None)
         base.update(spares.status())
     follower = Follower(

@@ -103,7 +103,7 @@ def run_plan(
             on_started()
 
     if plan.attempt > 1 and pool is not None:
-        sink.note(f"attempt {plan.attempt}: {pool.recoveries[-1].describe()}")
+        sink.note(f"attempt {plan.attempt}: {pool.world[-1].why}")
     sink.note(
         f"run {plan.run_id}: {plan.world_size} rank(s) on {plan.nnodes} node(s), "
         f"master {plan.master_addr}:{plan.master_port}; logs in {record.logs_dir}"
@@ -161,8 +161,7 @@ def run_plan(
         outcome = replace(outcome, state=RunState.RECOVERING)
         sink.note(outcome.summary)
         sink.note(
-            f"attempt {plan.attempt} ended by a node fault after {elapsed:.1f} s: a spare "
-            "replaces the node and the job starts again"
+            f"attempt {plan.attempt} ended by a node fault after {elapsed:.1f} s: {pool.going_on()}"
         )
     else:
         if pool is not None:
@@ -236,15 +235,18 @@ def _launch(
     everyone = replace(cluster, hosts=cluster.hosts + cluster.spares, spares=())
     progress = Progress.to(out)
     progress.begin("connecting", len(everyone.hosts))
-    try:  # with spares, a host that cannot be reached is replaced, not the end of the launch
+    try:  # with spares (or --min-nodes), a host that cannot be reached is replaced (or left
+        # out), not the end of the launch
         connections, unreachable = (
             connect_each(everyone, options.ssh, progress.tick)
-            if cluster.spares
+            if cluster.spares or options.min_nodes is not None
             else (connect_cluster(everyone, options.ssh, progress.tick), {})
         )
     finally:
         progress.end()
-    pool = NodePool(cluster, connections, options.run_id, options.bad_nodes, note)
+    pool = NodePool(
+        cluster, connections, options.run_id, options.bad_nodes, note, options.min_nodes
+    )
     try:
         pool.replace_unreachable(unreachable)
         plan, scripts = prepare(pool.cluster, spec, options, pool.connections, note, pool, progress)
@@ -255,6 +257,7 @@ def _launch(
             out.flush()
             return 0
         record = RunRecord.create(options.run.run_dir, options.run_id)
+        pool.begin(plan)
         first_start = True
 
         def started() -> None:
@@ -298,7 +301,10 @@ def _launch(
                     }
                 )
                 raise
-            plan = make_plan(pool.cluster, spec, options.run_id, pool.facts, pool.attempt)
+            plan = make_plan(
+                pool.cluster, spec, options.run_id, pool.facts, pool.attempt, pool.launched_with
+            )
+            pool.begin(plan)
             scripts = render_node_scripts(plan, command_line(options.argv, plan.secret_names))
     finally:
         close_all(pool.every_connection)

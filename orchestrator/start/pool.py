@@ -4,8 +4,12 @@ back (--spares N), and what a node fault does to them.
 A node fault (the node lost, its disk failing, a process there killed by SIGKILL or SIGBUS,
 a preflight probe that fails on it) takes the node out: it goes on the bad-node list
 (--bad-nodes), the next spare that passes its probe takes its node rank, and the launcher
-starts the job again with the same program and world size. A rank that fails by itself
-(an exception, exit 3) is the job's error and never consumes a spare.
+starts the job again with the same program and world size. With no spare left (or none
+held) and --min-nodes K, the run goes on with the survivors instead while at least K are
+left: node ranks renumbered in order, the master moved with node 0, the world smaller (the
+same at the start: hosts that cannot be reached or fail the preflight are left out). A rank
+that fails by itself (an exception, exit 3) is the job's error and never consumes a spare
+or shrinks the run.
 """
 
 from __future__ import annotations
@@ -18,9 +22,10 @@ from orchestrator.backends.base import NodeConnection
 from orchestrator.errors import NodeError, NodeErrors
 from orchestrator.hosts.hostfile import Cluster, Host
 from orchestrator.nodes.probe import ProbeResult
-from orchestrator.plan.launch_plan import NodeFacts
+from orchestrator.plan.launch_plan import LaunchPlan, NodeFacts
 from orchestrator.record.bad_nodes import add_bad_node
 from orchestrator.record.recoveries import Recovery
+from orchestrator.record.world import WorldSegment, fewer_nodes_line
 from orchestrator.supervise.state import NodeFault, Outcome
 
 Probe = Callable[[Cluster, Sequence[NodeConnection], Sequence[int]], ProbeResult]
@@ -44,6 +49,7 @@ class NodePool:
         run_id: str,
         bad_nodes: str | None = None,
         note: Callable[[str], None] = lambda text: None,
+        min_nodes: int | None = None,
     ) -> None:
         count = len(cluster.hosts)
         self.base = cluster
@@ -62,6 +68,11 @@ class NodePool:
         self.every_connection = list(connections)  # to close at the end, lost ones too
         self.started, self.started_wall = time.monotonic(), time.time()
         self.carried: dict = {}
+        self.min_nodes = min_nodes  # --min-nodes K: the fewest nodes the run goes on with
+        self.launched = count  # the nodes the run was launched with
+        self.world: list[WorldSegment] = []  # the nodes of each attempt (status.json `world`)
+        self.launched_with: tuple[int, ...] | None = None  # each node's ranks at launch
+        self.change = "launch"  # why the next attempt's world is what it is
 
     @property
     def cluster(self) -> Cluster:
@@ -71,10 +82,22 @@ class NodePool:
             spares=tuple(m.host for m in self.spares),
         )
 
+    def begin(self, plan: LaunchPlan) -> None:
+        """An attempt is planned on these nodes: a segment of the run's world begins."""
+        if self.launched_with is None:
+            self.launched_with = tuple(node.nproc for node in plan.nodes)
+            self.launched = plan.nnodes
+        names = tuple(node.name for node in plan.nodes)
+        self.world.append(
+            WorldSegment(plan.attempt, names, plan.world_size, time.time(), self.change)
+        )
+
     def running(self) -> None:
         """Every node of the current attempt runs: the last recovery is complete."""
         if self.recoveries and self.recoveries[-1].running_at is None:
             self.recoveries[-1].running_at = time.time()
+        if self.world and self.world[-1].running_at is None:
+            self.world[-1].running_at = time.time()
 
     @property
     def connections(self) -> list[NodeConnection]:
@@ -102,16 +125,19 @@ class NodePool:
             return
         everyone = self.active + self.spares
         count = len(self.active)
-        lost_hosts = [i for i in errors if i < count]
+        lost_hosts = sorted(i for i in errors if i < count)
         lost_spares = [i for i in errors if i >= count]
-        if lost_hosts and len(lost_hosts) > len(self.spares) - len(lost_spares):
+        spares_left = len(self.spares) - len(lost_spares)
+        if not self._can_leave_out(len(lost_hosts) - spares_left):
             raise NodeErrors([errors[i] for i in sorted(errors)], "connecting")
         for index in lost_spares:
             self.spares.remove(everyone[index])
             self._mark_bad(errors[index].host, errors[index].message)
             self.note(f"warning: spare {errors[index]}; it is not used")
-        for index in lost_hosts:
+        replaced, left_out = lost_hosts[:spares_left], lost_hosts[spares_left:]
+        for index in replaced:
             self._replace(index, errors[index].message, None)
+        self._leave_out([(everyone[i], errors[i].message) for i in left_out], "cannot be reached")
 
     def preflight(self, probe: Probe) -> list[str]:
         """Probe every host and spare; a spare that fails is dropped, a host that fails is
@@ -125,18 +151,27 @@ class NodePool:
         for index, member in enumerate(everyone):
             member.facts = result.facts.get(index)
             member.probed = (began, time.time())
-        failed_hosts = [i for i in result.failed if i < len(self.active)]
+        failed_hosts = sorted(i for i in result.failed if i < len(self.active))
         failed_spares = [i for i in result.failed if i >= len(self.active)]
-        if failed_hosts and len(failed_hosts) > len(self.spares) - len(failed_spares):
+        spares_left = len(self.spares) - len(failed_spares)
+        if not self._can_leave_out(len(failed_hosts) - spares_left):
             raise NodeErrors([result.failed[i] for i in sorted(result.failed)], "preflight")
         for index in failed_spares:
             self.spares.remove(everyone[index])
             self._mark_bad(everyone[index].host.name, f"preflight: {result.failed[index].message}")
             self.note(f"warning: spare {result.failed[index]}; it is not used")
-        for index in failed_hosts:
+        replaced, left_out = failed_hosts[:spares_left], failed_hosts[spares_left:]
+        for index in replaced:
             self._replace(index, f"preflight: {result.failed[index].message}", None)
-        if failed_hosts:
-            self._probe_replaced(probe, failed_hosts)
+        replaced_members = [self.active[i] for i in replaced]
+        first = self.active[0]
+        why = [(everyone[i], f"preflight: {result.failed[i].message}") for i in left_out]
+        self._leave_out(why, "failed the preflight")
+        if replaced or self.active[0] is not first:  # a new node, or a new master
+            indices = [
+                i for i, m in enumerate(self.active) if any(m is r for r in replaced_members)
+            ]
+            self._probe_replaced(probe, indices if self.active[0] is first else [0, *indices])
         return list(result.warnings)
 
     # --- after a run ----------------------------------------------------------------------
@@ -149,6 +184,11 @@ class NodePool:
             return None
         if not self.spares:
             self._mark_bad(fault.host, fault.why)
+            if self.can_shrink:
+                self.attempt += 1
+                self._shrink(fault)
+                if probe is not None:  # node 0 for a fresh port; everyone if the master moved
+                    self._probe_replaced(probe, [0] if fault.index == 0 else [])
             return None
         self.attempt += 1
         recovery = self._replace(fault.index, fault.why, fault.noticed_at)
@@ -156,14 +196,66 @@ class NodePool:
             self._probe_replaced(probe, [fault.index])
         return recovery
 
-    def used_up(self) -> str:
-        """Why a node fault ended the run: no spare (given or left)."""
+    @property
+    def can_shrink(self) -> bool:
+        """--min-nodes K: whether the run can lose one more node and go on."""
+        return self.min_nodes is not None and len(self.active) - 1 >= self.min_nodes
+
+    def used_up(self, fault: NodeFault | None = None) -> str:
+        """Why a node fault ended the run: no spare (given or left), and with --min-nodes,
+        the floor reached."""
+        if self.min_nodes is not None and fault is not None:
+            left = len(self.active) - 1
+            return (
+                f"{fault.host} {fault_word(fault)}; no spare left; {left} of {self.launched} "
+                f"nodes left, below --min-nodes {self.min_nodes}"
+            )
         if not self.spare_count:
             return "no spare node to replace it (--spares N holds N hosts back for that)"
         taken = ", ".join(f"{r.spare} replaced {r.node}" for r in self.recoveries)
         return f"no spare left: --spares {self.spare_count} used up ({taken or 'none passed'})"
 
+    def going_on(self) -> str:
+        """How the run goes on after a node fault (said before the pool acts on it)."""
+        if self.spares:
+            return "a spare replaces the node and the job starts again"
+        return (
+            f"the job starts again on the {len(self.active) - 1} node(s) left, from its "
+            "checkpoint (--min-nodes)"
+        )
+
     # --- helpers ----------------------------------------------------------------------
+
+    def _shrink(self, fault: NodeFault) -> None:
+        """The faulty node is left out: the others keep their order, renumbered."""
+        del self.active[fault.index]
+        self.change = (
+            f"{fault.host} ({fault.why}) left out, no spare left: {len(self.active)} of "
+            f"{self.launched} nodes"
+        )
+        self.note(
+            f"{fault.host} {fault_word(fault)}; no spare left; going on with "
+            f"{len(self.active)} of {self.launched} nodes (--min-nodes {self.min_nodes})"
+        )
+
+    def _can_leave_out(self, count: int) -> bool:
+        """Whether `count` hosts that no spare replaces can be left out at the start."""
+        if count <= 0:
+            return True
+        return self.min_nodes is not None and len(self.active) - count >= self.min_nodes
+
+    def _leave_out(self, why: list[tuple[Member, str]], what: str) -> None:
+        """--min-nodes: hosts no spare replaced are left out at the start, in one line."""
+        if not why:
+            return
+        for member, reason in why:
+            self.active = [m for m in self.active if m is not member]
+            self._mark_bad(member.host.name, reason)
+        named = "; ".join(f"{m.host.name} ({reason})" for m, reason in why)
+        self.note(
+            f"leaving out {len(why)} host(s) that {what}: {named}; going on with "
+            f"{len(self.active)} node(s) (--min-nodes {self.min_nodes})"
+        )
 
     def _replace(self, index: int, why: str, noticed_at: float | None) -> Recovery:
         old = self.active[index]
@@ -178,6 +270,7 @@ class NodePool:
             noticed_at if noticed_at is not None else time.time(),
         )
         self.recoveries.append(recovery)
+        self.change = recovery.describe()
         self.note(
             f"{old.host.name} taken out ({why}); spare {spare.host.name} takes node rank {index}"
         )
@@ -235,18 +328,22 @@ class NodePool:
     # --- what the run says about it -------------------------------------------------
 
     def will_replace(self, outcome: Outcome) -> bool:
-        """Whether a spare replaces the node this outcome blames (the run goes on)."""
-        return outcome.node_fault is not None and bool(self.spares)
+        """Whether the run goes on after the node this outcome blames: a spare replaces
+        it, or (--min-nodes) the others go on without it."""
+        return outcome.node_fault is not None and (bool(self.spares) or self.can_shrink)
 
     def amend(self, outcome: Outcome) -> Outcome:
         """The final outcome with the recoveries in its summary, and, when a node fault
-        ended the run, why no spare replaced it."""
+        ended the run, why no spare replaced it; last, the time spent on fewer nodes."""
         lines = [outcome.summary] if outcome.summary else []
         if outcome.node_fault is not None:
-            lines.append(self.used_up())
+            lines.append(self.used_up(outcome.node_fault))
         if self.recoveries:
             lines.append(f"recovered from {len(self.recoveries)} node fault(s) (--spares):")
             lines += [f"  {recovery.describe()}" for recovery in self.recoveries]
+        fewer = fewer_nodes_line(self.world, time.time())
+        if fewer is not None:
+            lines.append(fewer)
         return replace(outcome, summary="\n".join(lines))
 
     def carry(self, leftover: dict) -> dict:
@@ -262,5 +359,11 @@ class NodePool:
             "attempt": self.attempt,
             "spares": [m.host.name for m in self.spares],
             "recoveries": [r.to_dict() for r in self.recoveries],
+            "world": [segment.to_dict() for segment in self.world],
             **self.carried,
         }
+
+
+def fault_word(fault: NodeFault) -> str:
+    """`lost`, or what else the node did: the console's word for a node fault."""
+    return "lost" if fault.why.startswith("lost") else f"failed ({fault.why})"

@@ -23,3 +23,4 @@ class LaunchOptions:
     ssh: SshOptions | None = None
     deadline: Deadline = Deadline()  # --time/--signal over SSH (under SLURM: SlurmOptions)
     bad_nodes: str | None = None  # --bad-nodes FILE: where node faults write the hosts out
+    min_nodes: int | None = None  # --min-nodes K: a node fault with no spare left shrinks

@@ -112,6 +112,17 @@ BAD = {  # run as subprocesses
 }
 
 MORE_BAD = {  # run in this process through orchestrator.cli.main
+    "--min-nodes above the hosts": Case(
+        ("render", "two_remote.txt", "-o", "out-mn", "--min-nodes", "3", "--", "train.py"),
+        ("--min-nodes 3", "the 2 node(s) the run starts on", "two_remote.txt"),
+    ),
+    "--min-nodes above the hosts left by --spares": Case(
+        ("render", "two_remote.txt", "-o", "out-mn", "--spares", "1", "--min-nodes", "2"),
+        ("--min-nodes 2", "the 1 node(s)", "after --spares 1"),
+    ),
+    "--min-nodes 0": Case(
+        launch("local.txt", "--min-nodes", "0"), ("--min-nodes must be a positive integer",)
+    ),
     "negative --max-restarts": Case(
         launch("local.txt", "--max-restarts", "-1"), ("--max-restarts must be 0 or more, got -1",)
     ),

@@ -231,6 +231,7 @@ def test_env_carries_user_values_then_run_id_without_duplicates() -> None:
         "A": "1",
         "B": "2",
         "ORCHESTRATOR_RUN_ID": "r-7",
+        "ORCHESTRATOR_LAUNCH_WORLD_SIZE": "1",
         "PYTHONUNBUFFERED": "1",
     }
 
@@ -298,7 +299,12 @@ def test_to_dict_shape() -> None:
             "routing to 127.0.0.1",
             "omp_num_threads": "(at start: its usable cores / 2 local ranks, at least 1)  # "
             "unless OMP_NUM_THREADS is set there",
-            "env": {"A": "1", "ORCHESTRATOR_RUN_ID": "r1", "PYTHONUNBUFFERED": "1"},
+            "env": {
+                "A": "1",
+                "ORCHESTRATOR_RUN_ID": "r1",
+                "ORCHESTRATOR_LAUNCH_WORLD_SIZE": "2",
+                "PYTHONUNBUFFERED": "1",
+            },
         }
     ]
     assert data["program"] == "-m pkg.train" and data["nnodes"] == 1

@@ -67,3 +67,29 @@ def test_an_ssh_runs_time_limit_and_its_warning() -> None:
         "  time limit 40 s; SIGUSR1 to 4 rank(s) at 2026-11-28T14:00:30.000Z, 10 s before it"
         in status_text(status).splitlines()
     )
+
+
+def test_the_world_of_a_run_that_went_on_with_fewer_nodes() -> None:
+    first = {"attempt": 1, "nodes": ["a", "b", "c"], "ranks": 6, "why": "launch"}
+    status = {
+        **BASE,
+        "backend": "ssh",
+        "world": [
+            {**first, "since": "2026-11-28T14:38:34.844Z"},
+            {
+                "attempt": 2,
+                "nodes": ["a", "c"],
+                "ranks": 4,
+                "since": "2026-11-28T14:39:01.318Z",
+                "why": "b (lost: gone) left out, no spare left: 2 of 3 nodes",
+            },
+        ],
+    }
+    lines = status_text(status).splitlines()
+    at = lines.index("  world: 3 -> 2 node(s)")
+    assert lines[at + 2] == (
+        "    attempt 2: 2 node(s), 4 rank(s) since 2026-11-28T14:39:01.318Z (b (lost: gone) "
+        "left out, no spare left: 2 of 3 nodes): a, c"
+    )
+    # A world that never changed its size says nothing.
+    assert "world" not in status_text({**BASE, "world": [{**first, "since": "x"}]})

@@ -10,6 +10,7 @@ orchestrator_node() {
     export MASTER_PORT=29500  # auto, not probed: the default
     export OMP_NUM_THREADS=4
     export ORCHESTRATOR_RUN_ID=golden-local
+    export ORCHESTRATOR_LAUNCH_WORLD_SIZE=2
     export PYTHONUNBUFFERED=1
 
     local ifname

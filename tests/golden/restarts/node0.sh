@@ -9,6 +9,7 @@ orchestrator_node() {
     export MASTER_ADDR=10.1.0.1  # address of first node node-a, as reached by ssh
     export MASTER_PORT=29500  # auto: a free port the master's kernel picked
     export ORCHESTRATOR_RUN_ID=golden-restarts
+    export ORCHESTRATOR_LAUNCH_WORLD_SIZE=6
     export PYTHONUNBUFFERED=1
     # CPU threads per rank: the node's usable cores shared by its 2 local rank(s), unless
     # set already (torchrun's own default is 1 whenever it starts more than one rank).

@@ -12,6 +12,7 @@ orchestrator_node() {
     export NCCL_SOCKET_IFNAME=ens5
     export GLOO_SOCKET_IFNAME=ens5
     export ORCHESTRATOR_RUN_ID=golden-selected
+    export ORCHESTRATOR_LAUNCH_WORLD_SIZE=6
     export PYTHONUNBUFFERED=1
     # CPU threads per rank: the node's usable cores shared by its 4 local rank(s), unless
     # set already (torchrun's own default is 1 whenever it starts more than one rank).

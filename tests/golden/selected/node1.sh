@@ -10,6 +10,7 @@ orchestrator_node() {
     export MASTER_PORT=29500  # auto: a free port the master's kernel picked
     export CUDA_VISIBLE_DEVICES=0,2
     export ORCHESTRATOR_RUN_ID=golden-selected
+    export ORCHESTRATOR_LAUNCH_WORLD_SIZE=6
     export PYTHONUNBUFFERED=1
     # CPU threads per rank: the node's usable cores shared by its 2 local rank(s), unless
     # set already (torchrun's own default is 1 whenever it starts more than one rank).
