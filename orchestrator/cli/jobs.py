@@ -32,8 +32,9 @@ from orchestrator.options.scheduler import SlurmOptions
 from orchestrator.options.supervision import TASK_GRACE_S, Supervision
 from orchestrator.options.workload import JobOptions
 
-# The SLURM request's flags but --login, which only `launch` takes (render submits nothing).
-SLURM_REQUEST = [name for name in keywords_of(SlurmOptions) if name != "login"]
+# The SLURM request's flags but --login and --job-dir, which only `launch` takes (render
+# submits nothing, and its script keeps no run record).
+SLURM_REQUEST = [name for name in keywords_of(SlurmOptions) if name not in ("login", "job_dir")]
 
 
 @click.command(cls=HostfileOptional, context_settings=CONTEXT)

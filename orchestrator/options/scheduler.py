@@ -43,6 +43,13 @@ def job_name(text: str) -> str:
     return text
 
 
+def node_folder(text: str) -> str:
+    """--job-dir: an absolute path, one word (it goes into an #SBATCH line)."""
+    if not text.startswith("/") or not text.isprintable() or any(c.isspace() for c in text):
+        raise ValueError("expected an absolute folder on the nodes without spaces, e.g. /tmp")
+    return text.rstrip("/") or "/"
+
+
 def sbatch_arg(text: str) -> str:
     if not text.startswith("-") or not text.isprintable():
         raise ValueError(
@@ -130,10 +137,21 @@ class SlurmOptions(OptionGroup):
     )  # None: plan/deadline.py's DEFAULT_RESUBMITS
     login: str | None = option(
         None,
-        "[slurm] Run sbatch/squeue/scancel on this login node over SSH; --run-dir must then "
-        "be on a file system the cluster shares (same path).",
+        "[slurm] Run sbatch/squeue/scancel on this login node over SSH. Where it does not "
+        "see --run-dir (not on a file system the cluster shares, at the same path), the "
+        "nodes keep their files in /tmp (see --job-dir).",
         metavar="HOST",
     )  # submit and query over SSH on this login node
+    job_dir: str | None = option(
+        None,
+        "[slurm] A folder on the nodes (existing on each, e.g. /tmp or a node-local scratch) "
+        "where they keep their files (each rank's output and exit, the batch script's "
+        "output) when --run-dir is not on a file system they share: every line still comes "
+        "into the run record through the node agents. Default: the run record itself; with "
+        "--login, /tmp where the login node does not see --run-dir.",
+        metavar="DIR",
+        parse=node_folder,
+    )  # None: the run record's nodes/ (shared), or --login's check decides
 
     def __post_init__(self) -> None:
         super().__post_init__()

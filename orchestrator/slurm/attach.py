@@ -73,7 +73,7 @@ def attach_slurm(
         job, following = handover.job, handover.following
         secrets = {name: os.environ[name] for name in job.secret_names if name in os.environ}
         missing = [name for name in job.secret_names if name not in secrets]
-        if missing and (job.spares or job.max_resubmits):
+        if missing and (job.spares or job.min_nodes or job.max_resubmits):
             raise ConfigError(
                 f"the run's next job (after a node failure or its time limit) needs the "
                 f"secret(s) {', '.join(missing)}, which the run record never keeps: set them "
@@ -85,7 +85,7 @@ def attach_slurm(
         base = {**handover.base, "controller": this_controller()}
         resubmit = resubmitter(record, commands, following.command, secrets)
         spares = None
-        if job.spares or handover.spares:
+        if job.spares or job.min_nodes or handover.spares:
             spares = SlurmSpares(job, commands, following.bad_nodes, resubmit, lambda _: None)
             handover.restore_spares(spares)
         follower = Follower(

@@ -8,11 +8,13 @@ their results.
 
 from __future__ import annotations
 
+import base64
 import os
 import re
 import shlex
 import subprocess
 import time
+from pathlib import Path
 from typing import Any
 
 from orchestrator.errors import ConfigError, OrchestratorError
@@ -59,15 +61,21 @@ class SlurmCommands:
         return connection
 
     def run(
-        self, argv: list[str], env: dict[str, str] | None = None, timeout: float = COMMAND_TIMEOUT_S
+        self,
+        argv: list[str],
+        env: dict[str, str] | None = None,
+        timeout: float = COMMAND_TIMEOUT_S,
+        stdin: bytes | None = None,
     ) -> tuple[int, str, str]:
         """(exit status, stdout, stderr); a missing command is a ConfigError. `env` is
-        added to the command's environment (over SSH: sent on stdin, never in argv)."""
+        added to the command's environment (over SSH: sent on stdin, never in argv);
+        `stdin`: the command's standard input (else none)."""
         if self._connection is None:
             try:
                 done = subprocess.run(
                     argv,
-                    stdin=subprocess.DEVNULL,
+                    input=stdin,
+                    stdin=None if stdin is not None else subprocess.DEVNULL,
                     capture_output=True,
                     timeout=timeout,
                     env={**os.environ, **(env or {})},
@@ -81,26 +89,23 @@ class SlurmCommands:
                 ) from None
             rc, out, err = done.returncode, done.stdout, done.stderr
         else:
-            rc, out, err = self._run_remote(argv, env or {}, timeout)
+            rc, out, err = self._run_remote(argv, env or {}, timeout, stdin)
             if rc == 127 and not out:
                 raise self._missing(argv[0])
         return rc, out.decode(errors="replace"), err.decode(errors="replace")
 
     def _run_remote(
-        self, argv: list[str], env: dict[str, str], timeout: float
+        self, argv: list[str], env: dict[str, str], timeout: float, data: bytes | None = None
     ) -> tuple[int, bytes, bytes]:
         import paramiko
 
         # This shell's SLURM_CONF (a non-default cluster config) applies there too. Values
-        # travel on stdin (sourced), never on a command line other users can see.
+        # travel on stdin, never on a command line other users can see.
         settings = {
             **({"SLURM_CONF": os.environ["SLURM_CONF"]} if "SLURM_CONF" in os.environ else {}),
             **env,
         }
-        command, stdin = shlex.join(argv), b""
-        if settings:
-            stdin = "".join(f"{k}={shlex.quote(v)}\n" for k, v in settings.items()).encode()
-            command = f"set -a && . /dev/stdin && set +a && exec {command}"
+        command, stdin = remote_command(argv, settings, data)
         try:
             channel = self._connection.client.get_transport().open_session(timeout=timeout)
             channel.settimeout(timeout)
@@ -181,6 +186,34 @@ class SlurmCommands:
             self._connection = None
 
 
+# Reads NAME=BASE64 lines from stdin up to an empty one into the environment, leaving the
+# rest of stdin (read a byte at a time by `read`) to the command.
+# (The x kept after the value keeps its trailing newlines from $(...).)
+_EXPORT_LINES = (
+    'while IFS= read -r line && [ -n "$line" ]; do '
+    'value=$(printf %s "${line#*=}" | base64 -d && echo x) || exit 1; '
+    'export "${line%%=*}=${value%x}"; done; unset line value'
+)
+
+
+def remote_command(
+    argv: list[str], settings: dict[str, str], data: bytes | None
+) -> tuple[str, bytes]:
+    """The shell command a login node runs for `argv`, and what it is sent on stdin:
+    `settings` sourced into its environment (never on its command line), then `data` as
+    the command's own stdin, if any."""
+    command = shlex.join(argv)
+    if data is not None:  # the settings, then the command's own input, on one stdin
+        lines = "".join(
+            f"{k}={base64.b64encode(v.encode()).decode()}\n" for k, v in settings.items()
+        )
+        return f"{_EXPORT_LINES} && exec {command}", (lines + "\n").encode() + data
+    if not settings:
+        return command, b""
+    stdin = "".join(f"{k}={shlex.quote(v)}\n" for k, v in settings.items()).encode()
+    return f"set -a && . /dev/stdin && set +a && exec {command}", stdin
+
+
 def unreachable_or(stderr: str, argv: list[str], where: str) -> OrchestratorError:
     text = stderr.strip() or "(no message)"
     if _UNREACHABLE.search(text):
@@ -195,9 +228,17 @@ def unreachable_or(stderr: str, argv: list[str], where: str) -> OrchestratorErro
 # --- the operations ----------------------------------------------------------------------
 
 
-def submit(commands: SlurmCommands, script_path: str, secrets: dict[str, str]) -> int:
-    """sbatch the script; its job id. sbatch's refusal is a ConfigError naming the script."""
-    rc, out, err = commands.run(["sbatch", "--parsable", script_path], env=secrets)
+def submit(
+    commands: SlurmCommands, script_path: str, secrets: dict[str, str], on_stdin: bool = False
+) -> int:
+    """sbatch the script; its job id. sbatch's refusal is a ConfigError naming the script.
+    `on_stdin`: the script goes to sbatch on its stdin (`sbatch --parsable < job.sbatch`),
+    for a login node that does not see the run record."""
+    if on_stdin:
+        script = Path(script_path).read_bytes()
+        rc, out, err = commands.run(["sbatch", "--parsable"], env=secrets, stdin=script)
+    else:
+        rc, out, err = commands.run(["sbatch", "--parsable", script_path], env=secrets)
     if rc != 0:
         message = err.strip() or out.strip() or f"exit status {rc}"
         if _UNREACHABLE.search(message):

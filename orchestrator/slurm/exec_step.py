@@ -96,8 +96,8 @@ def job_of(record: RunRecord, status: Mapping) -> int:
     if login:
         raise ConfigError(
             f"run {run} was submitted on {login} (--login): exec --run runs srun on this "
-            f"machine only; run the same command on {login}, which sees the run folder "
-            f"{record.path} (a --login run's folder is shared with it)"
+            f"machine only; on {login}, run it in a step of the job: `srun --overlap "
+            f"--jobid {status.get('slurm_job_id')} COMMAND`"
         )
     if current.ended:
         raise ConfigError(f"run {run} has ended ({current.state}): its job has no nodes now")

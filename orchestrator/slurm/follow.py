@@ -46,10 +46,12 @@ from orchestrator.slurm.client import SlurmCommands
 from orchestrator.slurm.handover import Bookmarks, Following, Points, save_state
 from orchestrator.slurm.job import PORT_BASE, PORT_SPAN, SlurmJob
 from orchestrator.slurm.node_agents import NodeAgents
+from orchestrator.slurm.node_files import batch_output, kept_on_node
 from orchestrator.slurm.outcome import job_outcome
 from orchestrator.slurm.parse import UNRUNNABLE, JobInfo
+from orchestrator.slurm.resubmit import next_job
 from orchestrator.slurm.segments import WARNING_FILE, Segments, read_warning
-from orchestrator.slurm.spares import SlurmSpares, job_dir_of
+from orchestrator.slurm.spares import SlurmSpares
 from orchestrator.slurm.stream import READ_BYTES, AttemptFiles
 from orchestrator.supervise import NodeState, Outcome, RankState, Supervisor, describe_exit
 from orchestrator.supervise.stopping import signals_to
@@ -79,7 +81,7 @@ class Follower:
     ) -> None:
         self.job, self.record, self.commands, self.job_id = job, record, commands, job_id
         self.submit = submit  # submits a job again as the run's job number N; its id
-        self.segments = Segments(job_id, job.max_resubmits)
+        self.segments = Segments(job_id, job.max_resubmits, job.nnodes)
         self.first_job_dir = job.job_dir
         self.base, self.console, self.color, self.fold = base, console, color, fold
         self.footer = Footer.on(console) if footer else None  # once ranks run
@@ -241,7 +243,7 @@ class Follower:
             self._close_attempt()
         if running and self.sup is None:
             self._open_attempt(info)
-            self.segments.running()
+            self.segments.running(self.hosts, self.job.world_size)
         if (old.state, old.reason) != (info.state, info.reason):
             where = f" on {info.nodelist}" if info.nodelist and not info.ended else ""
             why = f" ({info.reason})" if info.reason and info.reason != "None" else ""
@@ -293,6 +295,7 @@ class Follower:
         agents = NodeAgents(
             self.job_id, self.attempt, dial_python(job), self.bookmarks, self.events, self.commands
         )
+        agents.kept_on_node = kept_on_node(job, self.attempt)  # where the record is not shared
         self.sup = Supervisor(
             nodes,
             ranks,
@@ -336,7 +339,7 @@ class Follower:
         came = bool(lines)
         if self.sup is not None and self.files is not None:
             self._check_warning()  # first: a rank's exit after it is a stop
-            if self.agents is None or self.agents.unreached:  # their files say it instead
+            if not self.job.node_side and (self.agents is None or self.agents.unreached):
                 only = None if self.agents is None else self.agents.unreached
                 came |= self.files.pump(
                     self.sink, self.sup, self.rank_exited, self.node_exited, only
@@ -374,7 +377,7 @@ class Follower:
     def _check_warning(self) -> None:
         """The script's warning file: the ranks were sent the time limit's (or a
         preemption's) signal; said once per segment."""
-        if self.files is None or self.segments.current.warned_at is not None:
+        if self.files is None or self.job.node_side or self.segments.current.warned_at is not None:
             return
         warning = read_warning(Path(self.files.attempt_dir) / WARNING_FILE)
         if warning is None:
@@ -443,36 +446,25 @@ class Follower:
         ):  # the ranks stopped on SLURM's SIGTERM or --signal, the script ended first
             self.segments.preempted()
         self.segments.ended(self.info.state, ranks_ok)
-        number = len(self.segments.entries) + 1
-        failure = self.spares.failure(*ended, self.hosts) if self.spares is not None else None
-        if failure is not None:
-            assert self.spares is not None
-            if self.job.spares > 0:  # else the closing summary says it
-                outcome = job_outcome(*ended, self.sup, None, Path(self.batch.path))
-                self.note(outcome.summary.splitlines()[0])
-            new = self.spares.replace(self.job, self.hosts, *failure, number)
-            if new is None:
-                return False
-            self.base.update(**self.spares.status())
-            self.segments.resubmitted(new[1], failure[1])
-        elif self.segments.carry_on() and self.submit is not None:
-            job = replace(self.job, job_dir=job_dir_of(self.first_job_dir, number))
-            new = job, self.submit(job, number)
-            self.note(self.segments.resubmitted(new[1]))
-        else:
+        new = next_job(self, len(self.segments.entries) + 1)
+        if new is None:
             return False
         self.job, self.job_id = new
         self.batch = RankFile(-1, str(self.record.path / f"slurm-{self.job_id}.out"))
         self._close_attempt()
         self.info, self.hosts = JobInfo(state="PENDING"), []
-        self.base.update(slurm_job_id=self.job_id)
+        self.base.update(slurm_job_id=new[1], nnodes=new[0].nnodes, world_size=new[0].world_size)
         self.base.setdefault("slurm_job_ids", [ended[0]]).append(self.job_id)
         self.write_status()
         return True
 
     def _outcome(self) -> Outcome:
+        on_node = batch_output(self.job, self.job_id) if self.job.node_side else None
+        files, sup = self.files, self.sup
+        if on_node is None and files and sup and self.info.state == "COMPLETED":
+            files.settle(sup, self.rank_exited, self.node_exited)  # see settle
         outcome = job_outcome(
-            self.job_id, self.info, self.sup, self.interrupted_by, Path(self.batch.path)
+            self.job_id, self.info, self.sup, self.interrupted_by, Path(self.batch.path), on_node
         )
         outcome = self.spares.amend(outcome) if self.spares is not None else outcome
         return self.segments.amend(outcome)

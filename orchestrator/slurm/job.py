@@ -6,7 +6,7 @@ submission and the following of the job only read it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from orchestrator.plan.deadline import Deadline
 from orchestrator.plan.launch_plan import omp_threads, restarts_entry
@@ -49,14 +49,46 @@ class SlurmJob:
     exclude: tuple[str, ...] = ()  # sbatch --exclude: failed and bad-listed nodes
     max_resubmits: int = 0  # submitted again after a time limit or a preemption
     container: SlurmContainer | None = None  # --container: torchrun and the ranks in an image
+    # job_dir and output are folders on the nodes, not the run record's (which the nodes do
+    # not see): the launcher hears every line through the agents (slurm/node_files.py)
+    node_side: bool = False
+    # --min-nodes: after a node failure with no spare left, the job goes on (a next job) on
+    # the survivors while at least this many remain; 0: every node is needed
+    min_nodes: int = 0
+    launch_nodes: int = 0  # the nodes the run was launched with (0: nnodes)
 
     @property
     def signal_name(self) -> str | None:
         return self.deadline.signal_name
 
     @property
+    def launched_nodes(self) -> int:
+        """The nodes the run was launched with (a job after a shrink has fewer)."""
+        return self.launch_nodes or self.nnodes
+
+    @property
     def world_size(self) -> int:
         return self.nnodes * self.nproc
+
+    def on_nodes(
+        self, nnodes: int, nodelist: tuple[str, ...], exclude: tuple[str, ...]
+    ) -> SlurmJob:
+        """The same job on other nodes: `nnodes` of them, a hostfile's `nodelist` (else
+        SLURM chooses, `exclude` left out); its #SBATCH --nodes, --nodelist and --exclude
+        lines rewritten to match."""
+        lines = [line for line in self.sbatch_lines if not line.startswith("--exclude=")]
+        lines = [f"--nodes={nnodes}" if line.startswith("--nodes=") else line for line in lines]
+        if nodelist:
+            lines = [
+                f"--nodelist={','.join(nodelist)}" if line.startswith("--nodelist=") else line
+                for line in lines
+            ]
+        elif exclude:
+            at = next((i for i, line in enumerate(lines) if line.startswith("--output=")), None)
+            lines.insert(len(lines) if at is None else at, f"--exclude={','.join(exclude)}")
+        return replace(
+            self, nnodes=nnodes, nodelist=nodelist, exclude=exclude, sbatch_lines=tuple(lines)
+        )
 
     def node_of_rank(self, rank: int) -> int:
         return rank // self.nproc
@@ -92,6 +124,7 @@ class SlurmJob:
             ),
             **restarts_entry(self.max_restarts),
             **({"spares": self.spares_entry()} if self.spares else {}),
+            **({"min_nodes": self.min_nodes_entry()} if self.min_nodes else {}),
             **({"exclude": list(self.exclude)} if self.exclude else {}),
             **({"deadline": self.deadline_entry()} if self.deadline.signal_name else {}),
             **(self.container.entry() if self.container else {}),
@@ -117,4 +150,13 @@ class SlurmJob:
         return (
             f"{self.spares}: after a node failure (NODE_FAIL) the job is submitted again "
             f"without the failed node, {whence}, up to {self.spares} time(s)"
+        )
+
+    def min_nodes_entry(self) -> str:
+        """What --min-nodes does for this job, in one line (plan.yaml, the script's header)."""
+        spares = "with no spare left, " if self.spares else ""
+        return (
+            f"{self.min_nodes}: after a node failure (NODE_FAIL), {spares}the job is submitted "
+            f"again on the nodes left, without the failed one(s), while at least "
+            f"{self.min_nodes} of the {self.launched_nodes} launched remain"
         )

@@ -61,6 +61,9 @@ class NodeAgents:
         self.sessions: list[NodeSession] = []  # the attempt's Supervisor holds this list
         self.events = events  # the attempt's: the follower waits on it (None: a wake-up)
         self.redial_at: dict[int, float] = {}  # node -> when its agent is dialled again
+        # The attempt's folder on the nodes where the run record is not shared with them
+        # (node_files.py): a node whose agent is never reached keeps its lines there.
+        self.kept_on_node: str | None = None
 
     def reach(self, hosts: list[str], offsets: dict[str, int] | None) -> None:
         """Dial every node's agent, node K's stream from offsets[str(K)] (else its start)."""
@@ -136,10 +139,16 @@ class NodeAgents:
             self.connected.add(node.index)
         if node.index not in self.connected:
             self.unreached.add(node.index)
+            instead = (
+                "are read from the run's job folder instead"
+                if self.kept_on_node is None
+                else f"stay on the node, in {self.kept_on_node}/node{node.index} (the run "
+                "folder is not on a file system the nodes share), with its exits"
+            )
             sup.sink.node_note(
                 node.host,
-                f"no way to its agent ({why.splitlines()[-1]}): its ranks' lines are read "
-                "from the run's job folder instead, with no stacks or hang checks there",
+                f"no way to its agent ({why.splitlines()[-1]}): its ranks' lines {instead}, "
+                "with no stacks or hang checks there",
             )
             return
         again = node.index in self.redial_at

@@ -33,9 +33,11 @@ def job_outcome(
     sup: Supervisor | None,
     interrupted_by: int | None,
     batch_output: Path,
+    on_node: str | None = None,
 ) -> Outcome:
     """The outcome of job `job_id`, ended as `info` says; nodes that never reported their
-    end are settled in `sup` (SLURM ended them before their script could say so)."""
+    end are settled in `sup` (SLURM ended them before their script could say so).
+    `on_node`: the batch script's output is there on the batch node, not `batch_output`."""
     if sup is not None:
         for node in sup.nodes:
             if not node.done:
@@ -68,11 +70,19 @@ def job_outcome(
     unsettled = info.state == "UNKNOWN"
     if ranks is not None and started and (ranks.state != RunState.SUCCEEDED or unsettled):
         return ranks
-    tail = [line.decode(errors="replace").rstrip("\n") for line in last_lines_of(batch_output, 20)]
+    read = [] if on_node else last_lines_of(batch_output, 20)
+    tail = [line.decode(errors="replace").rstrip("\n") for line in read]
     lines = [
         f"job failed: {name} ended {info.state} with {describe_exit(job_code)}"
         + (" and no rank failed" if started else " before any node started its ranks")
     ]
+    if on_node:
+        lines += [f"the batch script's output is on the batch node: {on_node}"]
+    elif not started and not batch_output.exists():  # SLURM could not write it there
+        lines += [
+            f"SLURM wrote no {batch_output.name} into the run folder: if --run-dir is not on "
+            "a file system the nodes share, give --job-dir DIR (a folder on the nodes)"
+        ]
     if tail:
         lines += [f"last {len(tail)} line(s) of {batch_output}:"]
         lines += [f"  {line}" for line in tail]

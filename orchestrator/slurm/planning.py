@@ -56,15 +56,26 @@ def plan_slurm_job(
     output: str | None = None,
     spares: int = 0,
     exclude: tuple[str, ...] = (),
+    min_nodes: int | None = None,
 ) -> SlurmJob:
     """Decide every value of the job; `cluster` (a hostfile) becomes the node list, its
-    spares (held back by --spares) the nodes that replace a failed one."""
+    spares (held back by --spares) the nodes that replace a failed one; `min_nodes`
+    (--min-nodes) how few nodes the job may go on with after a node failure."""
     _refuse_conflicts(spec, options, spares)
     nodes = _nodes(spec, options, cluster)
+    _check_min_nodes(min_nodes, options.requeue)
     exports = _exports(spec, run_id, nodes, from_hostfile=cluster is not None)
     deadline = plan_deadline(_time_of(options), options.signal)
+    # After a node failure the launcher submits the next job (--spares, --min-nodes).
+    resubmits_on_failure = bool(spares or min_nodes)
     lines, srun_args = _sbatch_lines(
-        options, run_id, nodes, deadline, output=output, spares=spares, exclude=exclude
+        options,
+        run_id,
+        nodes,
+        deadline,
+        output=output,
+        no_requeue=resubmits_on_failure,
+        exclude=exclude,
     )
     return SlurmJob(
         run_id=run_id,
@@ -94,6 +105,8 @@ def plan_slurm_job(
         spare_nodes=tuple(h.name for h in cluster.spares) if cluster else (),
         exclude=tuple(exclude) if not nodes.nodelist else (),
         max_resubmits=_max_resubmits(options),
+        min_nodes=min_nodes or 0,
+        launch_nodes=nodes.nnodes,
     )
 
 
@@ -115,6 +128,17 @@ def _refuse_conflicts(spec: JobSpec, options: SlurmOptions, spares: int) -> None
         raise ConfigError(
             "--sync does not apply to --backend slurm: SLURM nodes share a file "
             "system; keep the code there and give --workdir"
+        )
+
+
+def _check_min_nodes(min_nodes: int | None, requeue: bool) -> None:
+    """--min-nodes K (at most the nodes the run starts on: api/request.py) is not for
+    --requeue, with which SLURM requeues the job on as many nodes as before."""
+    if min_nodes is not None and requeue:
+        raise ConfigError(
+            "--min-nodes and --requeue: with --requeue SLURM requeues the job itself after a "
+            "node failure, on as many nodes as before; with --min-nodes the launcher submits "
+            "it again on the nodes left; give one of them"
         )
 
 
@@ -175,7 +199,7 @@ def _sbatch_lines(
     deadline: Deadline,
     *,
     output: str | None,
-    spares: int,
+    no_requeue: bool,
     exclude: tuple[str, ...],
 ) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """The `#SBATCH` lines (without `#SBATCH `), then what srun is given again of them."""
@@ -210,7 +234,7 @@ def _sbatch_lines(
         lines.append("--requeue")
     if options.requeue or output:  # a requeued job's output goes on in the same file
         lines.append("--open-mode=append")
-    if spares:
+    if no_requeue:
         lines.append("--no-requeue")  # a node failure ends the job; the launcher resubmits
     lines += options.sbatch_args
     for line in lines:

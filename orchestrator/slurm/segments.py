@@ -8,7 +8,9 @@ itself, and the follower follows it into its next start) is carried on: `orchest
 launch` submits the same job again (same run id and command, a new job id), up to
 --max-resubmits times; the program resumes from its checkpoint. A job cancelled (scancel,
 `orchestrator stop`, Ctrl-C) is never carried on; a node failure is --spares' business
-(orchestrator.slurm.spares). ENDINGS is the table, first match wins.
+(orchestrator.slurm.spares) and --min-nodes' (orchestrator.slurm.shrink: the next job on
+fewer nodes; each segment keeps its job's node count). ENDINGS is the table, first match
+wins.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from orchestrator.record.runs import now_iso
+from orchestrator.record.world import WorldSegment, fewer_nodes_line
 from orchestrator.supervise import Outcome
 
 WARNING_FILE = "warning"  # in the job folder's attempt<restart>/: "USR1 <epoch seconds>"
@@ -68,11 +71,15 @@ class Segment:
     ending: str | None = None  # a row of ENDINGS, or "requeued"
     why: str = ""
     next: str = ""  # "resubmitted as job N", "requeued by SLURM"
+    nodes: int = 0  # the nodes the job asked for (fewer after a node lost, --min-nodes)
+    hosts: tuple[str, ...] = ()  # the nodes it ran on, in node-rank order
+    ranks: int = 0  # its world size
 
     def to_dict(self) -> dict:
         return {
             "segment": self.number,
             "job_id": self.job_id,
+            "nodes": self.nodes or None,
             "submitted_at": now_iso(self.submitted_at),
             "running_at": now_iso(self.running_at) if self.running_at else None,
             "warned_at": now_iso(self.warned_at) if self.warned_at else None,
@@ -96,24 +103,27 @@ def describe_segment(entry: dict) -> str:
     how = entry.get("why") or ("running" if entry.get("running_at") else "queued")
     warned = f"; {entry['warning']} at {clock('warned_at')}" if entry.get("warned_at") else ""
     then = f"; {entry['next']}" if entry.get("next") else ""
-    return f"{entry['segment']}. job {entry['job_id']}{ran}: {how}{state}{warned}{then}"
+    nodes = f" on {entry['nodes']} node(s)" if entry.get("nodes") else ""
+    return f"{entry['segment']}. job {entry['job_id']}{nodes}{ran}: {how}{state}{warned}{then}"
 
 
 class Segments:
     """The segments of one run, and how many resubmissions are left."""
 
-    def __init__(self, job_id: int, max_resubmits: int) -> None:
+    def __init__(self, job_id: int, max_resubmits: int, nodes: int = 0) -> None:
         self.given = self.left = max_resubmits
-        self.entries = [Segment(1, job_id, time.time())]
+        self.entries = [Segment(1, job_id, time.time(), nodes=nodes)]
         self.preempted_seen = False  # SLURM said PreemptTime for the segment now followed
 
     @property
     def current(self) -> Segment:
         return self.entries[-1]
 
-    def running(self) -> None:
+    def running(self, hosts: list[str] | tuple[str, ...] = (), ranks: int = 0) -> None:
+        """The job of the current segment runs, on `hosts` with `ranks` ranks."""
         if self.current.running_at is None:
             self.current.running_at = time.time()
+            self.current.hosts, self.current.ranks = tuple(hosts), ranks
 
     def warned(self, signal_name: str, when: float, preempted: bool) -> str:
         """The script passed the warning on to the ranks; the console's line."""
@@ -154,36 +164,55 @@ class Segments:
             else f"requeued ({reason or state})"
         )
         old.next = "requeued by SLURM"
-        self._begin(old.job_id)
+        self._begin(old.job_id, old.nodes)
         return f"segment {self.current.number}: SLURM job {old.job_id} {old.why}; requeued by SLURM"
 
     def carry_on(self) -> bool:
         """Whether the ended segment's job is to be submitted again (and one more may be)."""
         return self.current.ending in CARRIED and self.left > 0
 
-    def resubmitted(self, new_id: int, why: str = "") -> str:
-        """The job was submitted again as `new_id`: a new segment; the console's line."""
+    def resubmitted(self, new_id: int, why: str = "", nodes: int = 0) -> str:
+        """The job was submitted again as `new_id` (on `nodes` nodes; 0: as many as
+        before): a new segment; the console's line."""
         old = self.current
-        old.next = f"resubmitted as job {new_id}"
-        if why:  # a node failure (--spares) says its own
+        nodes = nodes or old.nodes
+        fewer = f" on {nodes} node(s)" if old.nodes and nodes < old.nodes else ""
+        old.next = f"resubmitted as job {new_id}{fewer}"
+        if why:  # a node failure (--spares, --min-nodes) says its own
             old.ending, old.why = "node-failure", why
         elif old.ending in CARRIED:
             self.left -= 1
-        self._begin(new_id)
+        self._begin(new_id, nodes)
         return (
             f"segment {self.current.number}: SLURM job {new_id} submitted, after job "
             f"{old.job_id} {old.why}"
         )
 
-    def _begin(self, job_id: int) -> None:
-        self.entries.append(Segment(len(self.entries) + 1, job_id, time.time()))
+    def _begin(self, job_id: int, nodes: int) -> None:
+        self.entries.append(Segment(len(self.entries) + 1, job_id, time.time(), nodes=nodes))
         self.preempted_seen = False
 
+    def world(self) -> list[WorldSegment]:
+        """The nodes the run ran on over time, one entry per job that ran (status.json's
+        `world`, as over SSH: orchestrator.record.world)."""
+        world, why = [], "launch"
+        for segment in self.entries:
+            if segment.hosts:
+                world.append(
+                    WorldSegment(
+                        segment.number, segment.hosts, segment.ranks, segment.submitted_at, why
+                    )
+                )
+                world[-1].running_at = segment.running_at
+            why = f"after job {segment.job_id}: {segment.why}"
+        return world
+
     def status(self) -> dict:
-        """The segments part of status.json."""
+        """The segments part of status.json, and the world they ran on."""
         return {
             "segments": [s.to_dict() for s in self.entries],
             "resubmits_left": self.left,
+            "world": [w.to_dict() for w in self.world()],
         }
 
     def amend(self, outcome: Outcome) -> Outcome:
@@ -201,4 +230,7 @@ class Segments:
         if len(self.entries) > 1:
             lines.append(f"carried across {len(self.entries)} segment(s):")
             lines += [f"  {describe_segment(s.to_dict())}" for s in self.entries]
+        fewer = fewer_nodes_line(self.world(), time.time())
+        if fewer:
+            lines.append(fewer)
         return replace(outcome, summary="\n".join(lines))

@@ -25,9 +25,11 @@ from dataclasses import replace
 from orchestrator.errors import ConfigError
 from orchestrator.record.bad_nodes import add_bad_node
 from orchestrator.record.recoveries import Recovery
+from orchestrator.record.states import RunState
 from orchestrator.slurm.client import SlurmCommands
 from orchestrator.slurm.job import SlurmJob
 from orchestrator.slurm.parse import JobInfo
+from orchestrator.slurm.shrink import AfterLoss, after_loss, floor_line, lost_line, shrunk
 from orchestrator.supervise import Outcome
 
 BY_SLURM = "(chosen by SLURM)"
@@ -79,28 +81,13 @@ def resubmitted(job: SlurmJob, failed: str, job_dir: str | None) -> SlurmJob:
         nodelist = tuple(spare_nodes[0] if n == failed else n for n in nodelist)
         spare_nodes = spare_nodes[1:]
     exclude = job.exclude if failed in job.exclude else (*job.exclude, failed)
-    lines = [line for line in job.sbatch_lines if not line.startswith("--exclude=")]
-    if nodelist:
-        lines = [
-            f"--nodelist={','.join(nodelist)}" if line.startswith("--nodelist=") else line
-            for line in lines
-        ]
-    else:
-        at = next((i for i, line in enumerate(lines) if line.startswith("--output=")), None)
-        lines.insert(len(lines) if at is None else at, f"--exclude={','.join(exclude)}")
-    return replace(
-        job,
-        nodelist=nodelist,
-        spare_nodes=spare_nodes,
-        exclude=exclude,
-        sbatch_lines=tuple(lines),
-        spares=job.spares - 1,
-        job_dir=job_dir,
-    )
+    moved = job.on_nodes(job.nnodes, nodelist, exclude)
+    return replace(moved, spare_nodes=spare_nodes, spares=job.spares - 1, job_dir=job_dir)
 
 
 class SlurmSpares:
-    """The spares of one run: what failed, what replaced it, what is left."""
+    """The spares of one run: what failed, what replaced it, what is left; and with
+    --min-nodes, once no spare is left, the job on the nodes left (orchestrator.slurm.shrink)."""
 
     def __init__(
         self,
@@ -114,9 +101,12 @@ class SlurmSpares:
         self.commands, self.bad_nodes, self.submit, self.note = commands, bad_nodes, submit, note
         self.recoveries: list[Recovery] = []
         self.unreplaced: str | None = None  # the node fault that ended the run, if any
-        self.left, self.names = job.spares, job.spare_nodes
+        self.left, self.names, self.min_nodes = job.spares, job.spare_nodes, job.min_nodes
         self.run_id, self.job_dir = job.run_id, job.job_dir
         self.before: list[str] = []  # the nodes of the job that lost one
+        self.failed: list[str] = []  # the nodes SLURM holds down after the job's end
+        self.floor: str | None = None  # --min-nodes: fewer were left (the run ends lost)
+        self.shrunk_at: float | None = None  # when the job on fewer nodes was submitted
 
     def failure(self, job_id: int, info: JobInfo, hosts: list[str]) -> tuple[str, str] | None:
         """After job `job_id` ended as `info` says: its node that failed and why, or None
@@ -124,10 +114,16 @@ class SlurmSpares:
         if info.state in ("COMPLETED", "CANCELLED"):
             return None
         failed = failed_nodes(self.commands, hosts)
+        self.failed = [name for name, _ in failed]
         if not failed:
             return None
         node, state = failed[0]
         return node, f"SLURM job {job_id} ended {info.state}: {node} is {state}"
+
+    def after(self, job: SlurmJob) -> AfterLoss:
+        """What follows `job`, whose nodes `failure` found down: a spare, the nodes left, or
+        the run's end."""
+        return after_loss(job.nnodes, len(self.failed), job.spares, job.min_nodes)
 
     def replace(
         self, job: SlurmJob, hosts: list[str], node: str, why: str, attempt: int
@@ -135,9 +131,16 @@ class SlurmSpares:
         """Put the failed `node` on the bad-node list and submit the job again without it
         as the run's job number `attempt`: the new job and its id, or None when no spare
         is left."""
-        self._mark_bad(node, why)
-        if job.spares <= 0:
+        for name in self.failed or [node]:
+            self._mark_bad(name, why)
+        step = self.after(job)
+        if step is AfterLoss.SHRINK:
+            return self._shrink(job, hosts, attempt)
+        if step is not AfterLoss.SPARE:
             self.unreplaced = why
+            if step is AfterLoss.FLOOR:
+                lost = self.failed or [node]
+                self.floor = floor_line(lost, job.nnodes - len(lost), job)
             return None
         job_dir = job_dir_of(self.job_dir, attempt)
         new = resubmitted(job, node, job_dir)
@@ -154,8 +157,26 @@ class SlurmSpares:
         self.note(f"run {job.run_id}: SLURM job {new_id} submitted (attempt {attempt})")
         return new, new_id
 
+    def _shrink(self, job: SlurmJob, hosts: list[str], attempt: int) -> tuple[SlurmJob, int]:
+        """Submit the job again on its nodes but the failed ones (--min-nodes)."""
+        new = shrunk(job, self.failed, job_dir_of(self.job_dir, attempt))
+        self.before, self.shrunk_at = list(hosts), time.time()
+        self.note(lost_line(self.failed, new.nnodes, job))
+        new_id = self.submit(new, attempt)
+        self.note(
+            f"run {job.run_id}: SLURM job {new_id} submitted (attempt {attempt}) on "
+            f"{new.nnodes} node(s), without {', '.join(self.failed)}"
+        )
+        return new, new_id
+
     def running(self, hosts: list[str]) -> None:
-        """The newest job runs on `hosts`: the last recovery is complete."""
+        """The newest job runs on `hosts`: the last recovery (or shrink) is complete."""
+        if self.shrunk_at is not None:
+            self.note(
+                f"running again on {len(hosts)} node(s) ({', '.join(hosts)}), "
+                f"{time.time() - self.shrunk_at:.1f} s after the failure was seen (--min-nodes)"
+            )
+            self.shrunk_at = None
         if self.recoveries and self.recoveries[-1].running_at is None:
             recovery = self.recoveries[-1]
             recovery.running_at = time.time()
@@ -172,12 +193,16 @@ class SlurmSpares:
             "spares": list(self.names),
             "spares_left": self.left,
             "recoveries": [r.to_dict() for r in self.recoveries],
+            **({"min_nodes": self.min_nodes} if self.min_nodes else {}),
         }
 
     def amend(self, outcome: Outcome) -> Outcome:
         """The final outcome with the recoveries, and why no spare replaced a failed node."""
         lines = [outcome.summary] if outcome.summary else []
-        if self.unreplaced:
+        if self.floor:
+            lines.append(self.floor)
+            outcome = replace(outcome, state=RunState.LOST, exit_code=1)
+        elif self.unreplaced:
             lines.append(f"no spare left to replace it: --spares {self.given} used up")
         if self.recoveries:
             lines.append(f"recovered from {len(self.recoveries)} node failure(s) (--spares):")

@@ -8,7 +8,9 @@ node.exit). `AttemptFiles.pump` tails the output as whole lines into the sink, t
 into the run's metrics.jsonl, and passes starts and exits on to the `Supervisor`, a rank's
 exit only once all its output is on the way (as the agent does on SSH nodes). Under torchrun's
 --max-restarts a rank runs again within the same attempt: its rank-R.out grows on and its
-rank-R.exit is rewritten when it ends again, which is passed on as its next exit.
+rank-R.exit is rewritten when it ends again, which is passed on as its next exit. Where the
+agents are reached, a completed job's files still settle the exits of ranks and nodes that
+were not heard to end (`settle`: SLURM may cancel a dial before its last frames came).
 
 Times: the times the nodes write are in each node's own clock, which the follower cannot
 measure. The files' modification times are in one clock for all nodes, the shared file
@@ -143,6 +145,29 @@ class AttemptFiles:
                 node_exited(node, int(fields[0]), self.clock.written(exit_file))
                 came = True
         return came or bool(ended)
+
+    def settle(
+        self,
+        sup: Supervisor,
+        rank_exited: Callable[[int, int, float], None],
+        node_exited: Callable[[NodeState, int, float], None],
+    ) -> None:
+        """After the job completed: the exits its files hold of ranks and nodes that were
+        not heard to end. A node agent's last frames can be lost when SLURM ends the job
+        and cancels the launcher's dial steps before they passed them on; the exit files,
+        written before the node's part ended, are complete by then (their output lines
+        came, if at all, through the agent, and are not read again)."""
+        ended = []
+        for rank, state in sup.ranks.items():
+            path = self.node_dir(state.node) / f"rank-{rank}.exit"
+            if state.exit_code is None and (fields := read_fields(path)):
+                ended.append((self.clock.written(path), rank, int(fields[0])))
+        for when, rank, code in sorted(ended):
+            rank_exited(rank, code, when)
+        for node in sup.nodes:
+            path = self.node_dir(node.index) / "node.exit"
+            if not node.done and (fields := read_fields(path)):
+                node_exited(node, int(fields[0]), self.clock.written(path))
 
 
 def read_fields(path: Path) -> list[str] | None:

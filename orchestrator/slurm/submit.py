@@ -25,6 +25,7 @@ from orchestrator.slurm.client import SlurmCommands
 from orchestrator.slurm.follow import Follower
 from orchestrator.slurm.handover import Following, hold_lock
 from orchestrator.slurm.job import SlurmJob
+from orchestrator.slurm.node_files import NODE_FOLDER, in_record, kept_where, on_the_nodes
 from orchestrator.slurm.planning import plan_slurm_job
 from orchestrator.slurm.spares import SlurmSpares, check_capacity
 from orchestrator.start.detach import run_detached
@@ -40,18 +41,24 @@ def prepare_slurm(
     record_path: Path | None = None,
     spares: int = 0,
     exclude: tuple[str, ...] = (),
+    min_nodes: int | None = None,
 ) -> tuple[SlurmJob, str]:
-    """Plan and render; with a run record, nodes write their files into it."""
+    """Plan and render; with a run record, nodes write their files into it, or with
+    --job-dir into that folder on the nodes (node_files.py)."""
+    job_dir, output = in_record(record_path) if record_path else (None, None)
     job = plan_slurm_job(
         spec,
         slurm_options,
         run_id,
         cluster,
-        job_dir=str(record_path / "nodes") if record_path else None,
-        output=str(record_path / "slurm-%j.out") if record_path else None,
+        job_dir=job_dir,
+        output=output,
         spares=spares,
         exclude=exclude,
+        min_nodes=min_nodes,
     )
+    if record_path and slurm_options.job_dir:
+        job = on_the_nodes(job, slurm_options.job_dir)
     return job, render_sbatch(job, command_line(argv, job.secret_names))
 
 
@@ -64,12 +71,21 @@ def write_slurm_render(
     argv: tuple[str, ...],
     spares: int = 0,
     exclude: tuple[str, ...] = (),
+    min_nodes: int | None = None,
 ) -> list[Path]:
     """`render --backend slurm`: DIR/plan.yaml and DIR/job.sbatch (for sbatch by hand)."""
-    if slurm_options.login:
-        raise ConfigError("--login applies to launch only")
+    if slurm_options.login or slurm_options.job_dir:
+        flag = "--login" if slurm_options.login else "--job-dir"
+        raise ConfigError(f"{flag} applies to launch only")
     job, script = prepare_slurm(
-        cluster, spec, slurm_options, run_id, argv, spares=spares, exclude=exclude
+        cluster,
+        spec,
+        slurm_options,
+        run_id,
+        argv,
+        spares=spares,
+        exclude=exclude,
+        min_nodes=min_nodes,
     )
     out = make_output_dir(out_dir)
     (out / "plan.yaml").write_text(plan_yaml(job), encoding="utf-8")
@@ -93,9 +109,10 @@ def launch_slurm(
     out = out or sys.stdout.buffer
     job, script, record_path = prepared(cluster, spec, slurm_options, options, spares, exclude)
     if dry_run:
+        given = "< " if job.node_side else ""  # on stdin: the login node may not see it
         out.write(
             f"# plan.yaml\n{plan_yaml(job)}# ---- {record_path / SCRIPT_NAME} "
-            f"(submitted with: sbatch --parsable {record_path / SCRIPT_NAME}) ----\n"
+            f"(submitted with: sbatch --parsable {given}{record_path / SCRIPT_NAME}) ----\n"
             f"{script}".encode()
         )
         out.flush()
@@ -141,7 +158,15 @@ def prepared(
             )
     record_path = Path(options.run.run_dir).resolve() / options.run_id
     job, script = prepare_slurm(
-        cluster, spec, slurm_options, options.run_id, options.argv, record_path, spares, exclude
+        cluster,
+        spec,
+        slurm_options,
+        options.run_id,
+        options.argv,
+        record_path,
+        spares,
+        exclude,
+        options.min_nodes,
     )
     return job, script, record_path
 
@@ -155,9 +180,15 @@ def resubmitter(
     def resubmit(new_job: SlurmJob, number: int) -> int:
         path = record.path / f"job-{number}.sbatch"
         path.write_text(render_sbatch(new_job, command), encoding="utf-8")
-        return slurm.submit(commands, str(path), secrets)
+        return slurm.submit(commands, str(path), secrets, on_stdin=new_job.node_side)
 
     return resubmit
+
+
+def write_script(record: RunRecord, job: SlurmJob, script: str) -> None:
+    """job.sbatch and plan.yaml in the run record."""
+    (record.path / SCRIPT_NAME).write_text(script, encoding="utf-8")
+    (record.path / "plan.yaml").write_text(plan_yaml(job), encoding="utf-8")
 
 
 def _submit_and_follow(
@@ -172,8 +203,7 @@ def _submit_and_follow(
     record = RunRecord.create(Path(options.run.run_dir).resolve(), options.run_id)
     lock = hold_lock(record)  # for as long as this process follows the run (attach.py)
     script_path = record.path / SCRIPT_NAME
-    script_path.write_text(script, encoding="utf-8")
-    (record.path / "plan.yaml").write_text(plan_yaml(job), encoding="utf-8")
+    write_script(record, job, script)
     base = new_status(
         job.run_id,
         "slurm",
@@ -194,17 +224,17 @@ def _submit_and_follow(
     commands = None
     try:
         commands = SlurmCommands(slurm_options.login, options.ssh)
-        if slurm_options.login:
+        if slurm_options.login and not job.node_side:
             rc, _, _ = commands.run(["test", "-d", str(record.path)])
-            if rc != 0:
-                raise ConfigError(
-                    f"--login {slurm_options.login}: it does not see the run "
-                    f"folder {record.path}; with --login, --run-dir must be on a "
-                    "file system shared with the cluster at the same path"
-                )
+            if rc != 0:  # nor, then, the nodes: they keep their files themselves
+                job = on_the_nodes(job, NODE_FOLDER)
+                command = command_line(options.argv, job.secret_names)
+                write_script(record, job, render_sbatch(job, command))
+        if job.node_side:
+            base["node_files"] = job.job_dir  # on the nodes, each its own (node_files.py)
         secrets = {k: v for k, v in spec.env if k in job.secret_names}
         check_capacity(commands, job, slurm_options.partition)
-        job_id = slurm.submit(commands, str(script_path), secrets)
+        job_id = slurm.submit(commands, str(script_path), secrets, on_stdin=job.node_side)
     except OrchestratorError as exc:
         record.write_status(
             {
@@ -233,7 +263,7 @@ def _submit_and_follow(
     )
     resubmit = resubmitter(record, commands, following.command, secrets)
     spares = None
-    if job.spares:
+    if job.spares or job.min_nodes:
         spares = SlurmSpares(job, commands, options.bad_nodes, resubmit, lambda _: None)
         base.update(spares.status())
     follower = Follower(
@@ -256,6 +286,8 @@ def _submit_and_follow(
     follower.write_status()  # and what another controller would need (attach.py)
     try:
         follower.note(f"run {job.run_id}: SLURM job {job_id} submitted ({script_path})")
+        if job.node_side:
+            follower.note(kept_where(job, job_id))
         if report is not None:
             report({"started": True, "job_id": job_id})
         return follower.run()

@@ -58,6 +58,10 @@ def test_help_explains_every_option() -> None:
         (["--metrics", "m-{node}.jsonl"], ["--metrics m-{node}.jsonl", "{rank}"]),
         (["--timeout", "0"], ["--timeout 0", "positive number of seconds"]),
         (["--local-rank", "0", "--local-world-size", "1"], ["--local-rank", "--init-method"]),
+        (
+            ["--global-batch", "64", "--grad-accum", "2"],
+            ["--global-batch 64 with --grad-accum 2", "give one of the two"],
+        ),
     ],
 )
 def test_bad_option_values_exit_2_with_one_line(args: list[str], needles: list[str]) -> None:

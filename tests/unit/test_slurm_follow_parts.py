@@ -108,6 +108,30 @@ def test_an_attempt_streams_output_then_starts_and_exits_in_the_order_they_happe
     sup.sink.close()
 
 
+def test_a_completed_job_settles_the_exits_its_agents_could_not_bring(tmp_path: Path) -> None:
+    """SLURM cancelled the dial to node 1 before its agent's last frames came: its exit
+    files say how its rank and its part ended; nothing heard before is passed on again, and
+    no output is read (it came through the agents)."""
+    sup = supervisor(tmp_path)
+    files = AttemptFiles(tmp_path / "attempt0", nnodes=2, nproc=1)
+    sup.rank_exited(0, 0, 11.0)
+    sup.node_exited(sup.nodes[0], 0, 11.5)
+    write(files.node_dir(0) / "rank-0.exit", "0 11.0\n", 11.0)
+    write(files.node_dir(1) / "rank-1.out", "a line the agent brought\n")
+    write(files.node_dir(1) / "rank-1.exit", "0 12.0\n", 12.0)
+    write(files.node_dir(1) / "node.exit", "0 12.5\n", 12.5)
+    exits: list[tuple[int, int, float]] = []
+    files.settle(sup, lambda *exit: (exits.append(exit), sup.rank_exited(*exit)), sup.node_exited)
+    assert exits == approx([(1, 0, 12.0)])
+    assert sup.nodes[1].done and sup.nodes[1].exit_code == 0
+    assert sup.outcome().state == "succeeded"
+    sup.sink.close()
+    assert (
+        not (tmp_path / "logs" / "rank-1.log").exists()
+        or not (tmp_path / "logs" / "rank-1.log").read_text()
+    )
+
+
 def test_a_rank_exit_waits_until_its_output_is_read(tmp_path: Path) -> None:
     sup = supervisor(tmp_path, nnodes=1)
     files = AttemptFiles(tmp_path / "attempt1", nnodes=1, nproc=1)

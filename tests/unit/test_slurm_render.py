@@ -167,6 +167,29 @@ def test_golden_apptainer_container() -> None:
     assert job.python == "/opt/conda/bin/python" and "/opt/venv/bin/python" not in script
 
 
+def test_golden_files_on_the_nodes_in_an_apptainer_image() -> None:
+    """`launch ... --job-dir /scratch/local --container IMAGE --container-runtime apptainer`:
+    the nodes' files and the batch output in that folder on the nodes, never in the run
+    record (which the nodes do not see); each node makes its folder before the image
+    mounts it."""
+    container = ContainerSpec(image="/images/pytorch.sif", runtime="apptainer")
+    job, script = prepare_slurm(
+        None,
+        spec("train.py", container=container),
+        SlurmOptions(nodes=2, job_dir="/scratch/local"),
+        "run-local",
+        ARGV,
+        Path("/home/alice/laptop/runs/run-local"),
+    )
+    check_golden("node_side.sbatch", script)
+    assert job.node_side and "/home/alice/laptop" not in script
+    assert "#SBATCH --output=/scratch/local/slurm-%j.out" in script
+    assert "export ORCHESTRATOR_JOB_DIR=/scratch/local/orchestrator-run-local" in script
+    assert "/scratch/local/orchestrator-run-local:/scratch/local/orchestrator-run-local" in script
+    apptainer = script.split("orchestrator_apptainer() {")[1].split("\n}")[0]
+    assert 'mkdir -p "$ORCHESTRATOR_JOB_DIR"' in apptainer
+
+
 def test_selection_with_uneven_slots_is_refused() -> None:
     cluster = parse_hostfile("gpu-a slots=4\ngpu-b slots=4\n", "hosts.txt")
     cluster = select_hosts(cluster, Selection(include="gpu-a@gpu-b:0,2"))
