@@ -88,9 +88,8 @@ class NodePool:
             self.launched_with = tuple(node.nproc for node in plan.nodes)
             self.launched = plan.nnodes
         names = tuple(node.name for node in plan.nodes)
-        self.world.append(
-            WorldSegment(plan.attempt, names, plan.world_size, time.time(), self.change)
-        )
+        why = self.change if self.world else "launch"  # the start's changes are the launch's
+        self.world.append(WorldSegment(plan.attempt, names, plan.world_size, time.time(), why))
 
     def running(self) -> None:
         """Every node of the current attempt runs: the last recovery is complete."""

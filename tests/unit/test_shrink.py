@@ -147,9 +147,15 @@ def test_the_preflight_leaves_out_failing_hosts_down_to_the_floor() -> None:
 
 
 def test_the_preflight_takes_a_spare_before_leaving_a_host_out() -> None:
-    p, notes = pool(hosts=3, spares=1, min_nodes=1)
+    names = ["n0", "n1", "n2", "s0"]
+    cluster = hold_spares(parse_hostfile("\n".join(names) + "\n", "h.txt"), 1)
+    notes: list[str] = []
+    p = NodePool(cluster, [Connection(n) for n in names], "r1", None, notes.append, 1)
     p.preflight(Probe("n1", "n2"))
     assert [h.name for h in p.cluster.hosts] == ["n0", "s0"]
+    p.begin(make_plan(p.cluster, spec(), "r1", p.facts))
+    assert [w["why"] for w in p.status()["world"]] == ["launch"]
+    assert p.launched_with == (1, 1)
     assert any("spare s0 takes node rank 1" in n for n in notes)
     assert any(n.startswith("leaving out 1 host(s) that failed the preflight: n2") for n in notes)
 
