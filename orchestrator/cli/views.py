@@ -38,6 +38,8 @@ def status_text(status: dict) -> str:
             + (f", restart {status['attempt']}" if status.get("attempt") else "")
             + (f", via {status['slurm_login']}" if status.get("slurm_login") else "")
         )
+    if status.get("node_files"):  # SLURM without a shared file system (--job-dir)
+        lines.append(f"  the nodes' files: {status['node_files']} on each node")
     lines += [
         f"  started {status.get('started_at')}"
         + (f", ended {status['ended_at']}" if status.get("ended_at") else ""),

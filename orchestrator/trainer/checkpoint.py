@@ -214,11 +214,12 @@ def check_compatible(path: Path, saved: dict[str, Any], current: dict[str, Any])
     """Refuse to resume into a run whose model, data, seed or global batch differ."""
     for key, value in current.items():
         if saved.get(key) != value:
+            # On fewer (or more) ranks by hand, --global-batch keeps the saved one.
+            keep = f" or --global-batch {saved[key]}" if key == "global_batch" else ""
             raise CheckpointError(
                 f"--resume {path}: checkpoint has {key}={saved.get(key)!r} but this run has "
                 f"{key}={value!r}; resume with the same settings (any split of the same "
-                "global batch, world size x --batch-size x --grad-accum or --global-batch, "
-                "is fine)"
+                f"global batch, world size x --batch-size x --grad-accum{keep}, is fine)"
             )
 
 

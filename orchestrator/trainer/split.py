@@ -78,7 +78,7 @@ class BatchSplit:
                 for micro in range(accum)
             )
         base, extra = divmod(total, world)
-        start, count = rank * base + min(rank, extra), base + (rank < extra)
+        start, count = rank * base + min(rank, extra), self.samples(rank)
         steps = math.ceil(count / batch)
         size, extra = divmod(count, steps)
         parts = []

@@ -96,7 +96,8 @@ def test_a_trainer_run_is_carried_across_one_minute_limits_to_the_uninterrupted_
     shown = orchestrator(slurm_cluster, work, "status", "long", "--run-dir", str(work / "runs"))
     assert f"segments: {len(segments)} (resubmits left: " in shown.stdout, shown.stdout
     assert re.search(
-        rf"1\. job {ids[0]} ran \S+: its ranks stopped on the time limit", shown.stdout
+        rf"1\. job {ids[0]} on 2 node\(s\) ran \S+: its ranks stopped on the time limit",
+        shown.stdout,
     )
     assert_gone(slurm_cluster, ids[-1], "long")
 

@@ -93,3 +93,16 @@ def test_the_world_of_a_run_that_went_on_with_fewer_nodes() -> None:
     )
     # A world that never changed its size says nothing.
     assert "world" not in status_text({**BASE, "world": [{**first, "since": "x"}]})
+
+
+def test_a_slurm_run_whose_nodes_keep_their_files_says_where() -> None:
+    status = {
+        "run_id": "r",
+        "state": "running",
+        "backend": "slurm",
+        "slurm_job_id": 7,
+        "slurm_state": "RUNNING",
+        "node_files": "/scratch/orchestrator-r",
+    }
+    assert "  the nodes' files: /scratch/orchestrator-r on each node" in status_text(status)
+    assert "the nodes' files" not in status_text({**status, "node_files": None})
