@@ -65,13 +65,15 @@ class Selection(OptionGroup):
     min_nodes: int | None = option(
         None,
         "Go on with fewer nodes, down to K. With no spare left (or none held), a node that "
-        "is lost or fails as a node (the node lost, its disk, its node script) no longer "
-        "ends the run while at least K nodes answer: the run starts again from its "
-        "checkpoint on the survivors (node ranks renumbered, the master moved if its node "
-        "was lost; every rank told the new world, ORCHESTRATOR_LAUNCH_WORLD_SIZE the one "
-        "launched with, so the bundled trainer keeps its global batch). At the start, hosts "
-        "that fail the preflight are left out while at least K pass. A rank that fails by "
-        "itself still fails the run. Default: every node is needed.",
+        "is lost or fails as a node (the node lost, its disk, a process there killed from "
+        "outside) no longer ends the run while at least K nodes answer: the run starts "
+        "again from its checkpoint on the survivors (node ranks renumbered, the master "
+        "moved if its node was lost; every rank told the new world, "
+        "ORCHESTRATOR_LAUNCH_WORLD_SIZE the one launched with, so the bundled trainer keeps "
+        "its global batch). Over SSH a node that answers again joins at the next "
+        "checkpoint. At the start, hosts that fail the preflight are left out while at "
+        "least K pass. A rank that fails by itself still fails the run. Default: every node "
+        "is needed.",
         metavar="K",
         kind=int,
         minimum=1,

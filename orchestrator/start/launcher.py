@@ -40,6 +40,7 @@ from orchestrator.start.attempt import (
 from orchestrator.start.detach import run_detached
 from orchestrator.start.pool import NodePool
 from orchestrator.start.preflight import check_script_exists, preflight_probe, prepare
+from orchestrator.start.regrow import watch_returns
 from orchestrator.start.settings import LaunchOptions
 from orchestrator.start.sync import sync_code
 from orchestrator.supervise import Outcome, Supervisor, signals_to
@@ -133,6 +134,8 @@ def run_plan(
             if progress is not None:
                 progress.begin("starting", plan.nnodes)
             supervisor.start_beating()
+            if pool is not None:
+                watch_returns(pool, options, supervisor)
             try:
                 start_sessions(starts, events, into=sessions)
             except OrchestratorError as exc:  # the started nodes were stopped
@@ -157,7 +160,14 @@ def run_plan(
             progress.end()
     elapsed = time.monotonic() - (pool.started if pool is not None else started)
     relaunch = pool is not None and pool.will_replace(outcome)
-    if relaunch:
+    grow = pool is not None and not relaunch and grows(pool, outcome, supervisor)
+    if grow:
+        outcome = replace(outcome, state=RunState.RECOVERING)
+        sink.note(
+            f"attempt {plan.attempt} stopped at its checkpoint after {elapsed:.1f} s: the job "
+            f"starts again on {len(pool.active) + len(pool.back)} nodes"
+        )
+    elif relaunch:
         outcome = replace(outcome, state=RunState.RECOVERING)
         sink.note(outcome.summary)
         sink.note(
@@ -182,6 +192,20 @@ def run_plan(
         carry=pool.carry if pool is not None else (lambda left: left),
     )
     return outcome
+
+
+def grows(pool: NodePool, outcome: Outcome, supervisor: Supervisor) -> bool:
+    """Whether the attempt ended because its ranks checkpointed for nodes that came back
+    (start/regrow.py): every rank ended on the signal, no node fault, no time limit."""
+    clock = supervisor.deadline
+    return (
+        bool(pool.back)
+        and outcome.node_fault is None
+        and outcome.state == RunState.FAILED
+        and outcome.exit_code == 124
+        and clock.limit_s is None
+        and clock.sent_at is not None
+    )
 
 
 def launch(
@@ -288,6 +312,7 @@ def _launch(
             try:
                 probe = preflight_probe(spec, options, progress) if options.run.preflight else None
                 pool.recover(outcome.node_fault, probe)
+                pool.grow(probe, new_attempt=outcome.node_fault is None)
             except OrchestratorError as exc:  # no spare passed its probe, or Ctrl-C
                 ended = RunState.STOPPED if isinstance(exc, Interrupted) else RunState.FAILED
                 record.write_status(

@@ -73,6 +73,8 @@ class NodePool:
         self.world: list[WorldSegment] = []  # the nodes of each attempt (status.json `world`)
         self.launched_with: tuple[int, ...] | None = None  # each node's ranks at launch
         self.change = "launch"  # why the next attempt's world is what it is
+        self.gone: list[Member] = []  # left out by a fault during the run: asked if back
+        self.back: list[Member] = []  # of those, the ones that answered again (grow())
 
     @property
     def cluster(self) -> Cluster:
@@ -88,9 +90,8 @@ class NodePool:
             self.launched_with = tuple(node.nproc for node in plan.nodes)
             self.launched = plan.nnodes
         names = tuple(node.name for node in plan.nodes)
-        self.world.append(
-            WorldSegment(plan.attempt, names, plan.world_size, time.time(), self.change)
-        )
+        why = self.change if self.world else "launch"  # the start's changes are the launch's
+        self.world.append(WorldSegment(plan.attempt, names, plan.world_size, time.time(), why))
 
     def running(self) -> None:
         """Every node of the current attempt runs: the last recovery is complete."""
@@ -228,7 +229,7 @@ class NodePool:
 
     def _shrink(self, fault: NodeFault) -> None:
         """The faulty node is left out: the others keep their order, renumbered."""
-        del self.active[fault.index]
+        self.gone.append(self.active.pop(fault.index))
         self.change = (
             f"{fault.host} ({fault.why}) left out, no spare left: {len(self.active)} of "
             f"{self.launched} nodes"
@@ -237,6 +238,30 @@ class NodePool:
             f"{fault.host} {fault_word(fault)}; no spare left; going on with "
             f"{len(self.active)} of {self.launched} nodes (--min-nodes {self.min_nodes})"
         )
+
+    def answered(self, host: str, connection: NodeConnection) -> int:
+        """A node left out during the run answers again: it joins at the next attempt
+        (grow()). The number of nodes the run grows to."""
+        member = next(m for m in self.gone if m.host.name == host)
+        self.gone = [m for m in self.gone if m is not member]
+        self.back.append(Member(member.host, connection))
+        self.every_connection.append(connection)
+        return len(self.active) + len(self.back)
+
+    def grow(self, probe: Probe | None, new_attempt: bool = True) -> None:
+        """The nodes that answered again join, after the others (the master stays), never
+        more than the run was launched with; they and the master are probed."""
+        joining = self.back[: max(0, self.launched - len(self.active))]
+        self.back = []
+        if not joining:
+            return
+        self.attempt += 1 if new_attempt else 0
+        self.active += joining
+        names = ", ".join(m.host.name for m in joining)
+        self.change = f"{names} back: {len(self.active)} of {self.launched} nodes"
+        if probe is not None:
+            first = len(self.active) - len(joining)
+            self._probe_replaced(probe, list(range(first, len(self.active))))
 
     def _can_leave_out(self, count: int) -> bool:
         """Whether `count` hosts that no spare replaces can be left out at the start."""

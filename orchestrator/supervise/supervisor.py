@@ -113,6 +113,7 @@ class Supervisor:
         self.hangs = HangWatch(self.stacks, supervision.hang_timeout, sink.note, time.monotonic())
         self.hang: Hang | None = None
         self.metrics.probes(self.nodes, probes or {})
+        self.checkpoint_asked: str | None = None  # why the ranks are asked to checkpoint
 
     # --- what callers use (the SLURM follower drives a supervisor by hand) ---------------
 
@@ -121,6 +122,12 @@ class Supervisor:
         """Whether the run's stop began (what time_limit.Run reads); the rest of the stop's
         state is the stopper's (`stopper.reason`, `stopper.wall`, `stopper.interrupted_by`)."""
         return self.stopper.stopping
+
+    def ask_checkpoint(self, why: str) -> None:
+        """From another thread: have the ranks save a checkpoint and end (the warning
+        signal, time_limit.WarningClock.checkpoint); the loop sends it."""
+        self.checkpoint_asked = why
+        self.wake()
 
     def interrupt(self, signum: int) -> None:
         """Called from a signal handler: only note it; the loop acts on it."""
@@ -212,6 +219,9 @@ class Supervisor:
                 self.node_lost(node, why, gone)
             self.watch_stacks(time.monotonic())
             self.timed_out = self.deadline.tick(self, self.sink, time.time())  # stops at the limit
+            asked = self.checkpoint_asked
+            if asked is not None and self.deadline.checkpoint(self, self.sink, time.time(), asked):
+                self.checkpoint_asked = None
 
     def watch_stacks(self, now: float) -> None:
         """Rounds of stacks: `orchestrator stacks` requests, rounds that ended, hang checks.

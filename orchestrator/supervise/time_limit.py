@@ -112,18 +112,39 @@ class WarningClock:
     def send(self, run: Run, notes: Notes, now: float, left: float) -> None:
         """`signal SIG` to every node with a running rank; not while the run stops, and not
         before a rank runs (a start slower than the time to the warning)."""
+        sent = self._signal(run)
+        if sent is None:
+            return
+        self.sent_at, self.before_limit_s = now, max(0, round(left))
+        notes.note(
+            f"time limit in {self.before_limit_s} s: SIG{self.signal_name} to {sent[0]} "
+            f"rank(s) on {sent[1]} node(s)"
+        )
+
+    def checkpoint(self, run: Run, notes: Notes, now: float, why: str) -> bool:
+        """The warning signal now, with no limit behind it: the ranks save a checkpoint and
+        end (--min-nodes: the run grows at it). SIGUSR1 unless --signal chose another.
+        False while no rank runs yet (asked again later)."""
+        if self.sent_at is not None:
+            return True
+        self.signal_name = self.signal_name or "USR1"
+        sent = self._signal(run)
+        if sent is None:
+            return False
+        self.sent_at = now
+        notes.note(f"{why}: SIG{self.signal_name} to {sent[0]} rank(s) on {sent[1]} node(s)")
+        return True
+
+    def _signal(self, run: Run) -> tuple[int, int] | None:
+        """`signal SIG` to every node with a running rank: (ranks, nodes), or None."""
         ranks = sorted(run.running_ranks())
         if run.stopping or not ranks:
-            return
+            return None
         nodes = {run.ranks[rank].node for rank in ranks}
         for session in list(run.sessions):
             if session.index in nodes:
                 session.send(f"signal {self.signal_name}")
-        self.sent_at, self.before_limit_s = now, max(0, round(left))
-        notes.note(
-            f"time limit in {self.before_limit_s} s: SIG{self.signal_name} to {len(ranks)} "
-            f"rank(s) on {len(nodes)} node(s)"
-        )
+        return len(ranks), len(nodes)
 
     def signalled_on(self, node: NodeState, notes: Notes, at: str, sent: str, skipped: str) -> None:
         """The agent's answer (G): when, in its clock, the ranks it sent the signal to and
@@ -180,6 +201,8 @@ class WarningClock:
 
     def warned(self) -> str:
         """ "SIGUSR1 10 s before the 40 s limit"."""
+        if self.limit_s is None:  # asked for a checkpoint (checkpoint()), not for a limit
+            return f"SIG{self.signal_name} for a checkpoint"
         return f"SIG{self.signal_name} {self.before_limit_s} s before the {self.limit_s:g} s limit"
 
     def ended_summary(self, ranks: dict[int, RankState], succeeded: bool) -> str:

@@ -147,9 +147,15 @@ def test_the_preflight_leaves_out_failing_hosts_down_to_the_floor() -> None:
 
 
 def test_the_preflight_takes_a_spare_before_leaving_a_host_out() -> None:
-    p, notes = pool(hosts=3, spares=1, min_nodes=1)
+    names = ["n0", "n1", "n2", "s0"]
+    cluster = hold_spares(parse_hostfile("\n".join(names) + "\n", "h.txt"), 1)
+    notes: list[str] = []
+    p = NodePool(cluster, [Connection(n) for n in names], "r1", None, notes.append, 1)
     p.preflight(Probe("n1", "n2"))
     assert [h.name for h in p.cluster.hosts] == ["n0", "s0"]
+    p.begin(make_plan(p.cluster, spec(), "r1", p.facts))
+    assert [w["why"] for w in p.status()["world"]] == ["launch"]
+    assert p.launched_with == (1, 1)
     assert any("spare s0 takes node rank 1" in n for n in notes)
     assert any(n.startswith("leaving out 1 host(s) that failed the preflight: n2") for n in notes)
 
@@ -182,3 +188,22 @@ def test_time_on_fewer_nodes_counts_the_smaller_segments_only() -> None:
     assert shown.startswith("attempt 2: 2 node(s), 2 rank(s) since ") and shown.endswith(
         "(b lost): a, c"
     )
+
+
+def test_a_node_that_answers_again_joins_after_the_others_up_to_the_launch() -> None:
+    p, _ = pool()
+    p.recover(lost(0, "n0").node_fault, Probe())
+    replan(p)
+    assert [m.host.name for m in p.gone] == ["n0"]
+    assert p.answered("n0", Connection("n0")) == 4
+    probe = Probe()
+    p.grow(probe)
+    assert [h.name for h in p.cluster.hosts] == ["n1", "n2", "n3", "n0"]  # the master stays
+    assert probe.calls == [["n1", "n0"]]  # the master, and the node that came back
+    assert p.attempt == 3 and p.gone == [] and p.back == []
+    plan = replan(p)
+    assert plan.world_size == 4 and plan.master_addr == "n1"
+    assert [len(w["nodes"]) for w in p.status()["world"]] == [4, 3, 4]
+    assert p.status()["world"][2]["why"] == "n0 back: 4 of 4 nodes"
+    p.grow(Probe())  # nothing came back: nothing changes
+    assert p.attempt == 3
