@@ -221,8 +221,11 @@ def summary(
     losses = [loss for m in latest if (loss := _num(m.get("loss"))) is not None]
     rate = sum(_num(m.get("samples_per_s")) or 0.0 for m in latest)
     named = [str(s.get("rank")) for s in status.get("stragglers") or []]
+    world = status.get("world") or []  # --min-nodes: the world may differ from the launch's
+    launched = len(world[0]["nodes"]) if world else 0
+    fewer = f" of the {launched} launched" if launched > len(hosts) else ""
     return (
-        f"{status.get('state', '?')}, {len(ranks)} rank(s) on {len(hosts)} node(s) "
+        f"{status.get('state', '?')}, {len(ranks)} rank(s) on {len(hosts)} node(s){fewer} "
         f"({', '.join(f'{n} {k}' for k, n in sorted(states.items()))})"
         + (f", step {min(steps)}" if steps else "")
         + (f", loss {statistics.fmean(losses):.4f}" if losses else "")

@@ -146,3 +146,12 @@ def test_launchs_footer_says_how_long_every_rank_has_been_quiet(tmp_path: Path) 
     assert footer_of(tmp_path, 300.0, 130.2).endswith(", quiet 2m10s (hang check at 5m)")
     assert footer_of(tmp_path, 0.0, 130.2).endswith(", quiet 2m10s")
     assert "quiet" not in footer_of(tmp_path, 300.0, 5.0)
+
+
+def test_the_summary_says_when_the_run_goes_on_with_fewer_nodes_than_launched() -> None:
+    ranks = [{"rank": r, "host": f"n{r + 1}", "state": "running"} for r in range(3)]
+    world = [{"nodes": ["n0", "n1", "n2", "n3"]}, {"nodes": ["n1", "n2", "n3"]}]
+    status = {"state": "running", "ranks": ranks, "world": world}
+    assert summary(status, {}).startswith("running, 3 rank(s) on 3 node(s) of the 4 launched (")
+    assert "launched" not in summary({**status, "world": world[1:]}, {})  # as launched
+    assert "launched" not in summary({**status, "world": []}, {})  # no world: over SLURM
