@@ -74,6 +74,7 @@ class RunMetrics:
     first_time: float | None
     last_time: float | None
     skipped: int = 0  # unparsable lines skipped (a torn last line not counted)
+    world: list[int] = field(default_factory=list)  # nodes per attempt (status.json's world)
 
 
 def is_number(value: object) -> bool:
@@ -117,6 +118,11 @@ def load(record_path: Path) -> RunMetrics:
     except OSError as exc:
         raise ConfigError(f"cannot read {path}: {exc.strerror}") from None
     run = series_of(Path(record_path).name, records, skipped)
+    try:  # the world's sizes over time, where the run changed them (--min-nodes)
+        world = RunRecord(Path(record_path)).read_status().get("world") or []
+        run.world = [len(entry["nodes"]) for entry in world]
+    except (ConfigError, KeyError, TypeError):
+        pass  # no status.json, or not one this version writes: the title says no sizes
     if not run.ranks:
         raise ConfigError(
             f"{path} has no rank's report with a step ({len(records)} records): nothing to "
@@ -232,6 +238,8 @@ def title_of(run: RunMetrics) -> str:
         f"{len(run.ranks)} rank{'s' if len(run.ranks) != 1 else ''}",
         f"{nodes} node{'s' if nodes != 1 else ''}",
     ]
+    if len(set(run.world)) > 1:  # it went on with fewer nodes (--min-nodes), maybe grew back
+        parts.append("world " + " \u2192 ".join(map(str, run.world)) + " nodes")
     if run.first_time is not None and run.last_time is not None:
         start = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(run.first_time))
         parts.append(f"{start}, {duration_text(run.last_time - run.first_time)}")

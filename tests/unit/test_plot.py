@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.console.plot import Event, draw, load, read_lines, series_of, spans
+from orchestrator.console.plot import Event, draw, load, read_lines, series_of, spans, title_of
 from tests.cli_helpers import REPO, run_cli
 
 T0 = 1764094400.0
@@ -263,3 +263,15 @@ def assert_png(path: Path):
     assert image.shape[0] > 500 and image.shape[1] > 800
     assert image.std() > 0.05  # something was drawn
     return image
+
+
+def test_the_title_shows_the_world_sizes_of_a_run_that_changed_them(tmp_path) -> None:
+    folder = write_run(tmp_path, "r9", make_records(nodes=4, per_node=1, steps=10))
+    world = [{"nodes": ["n0", "n1", "n2", "n3"]}, {"nodes": ["n1", "n2", "n3"]}]
+    assert "world" not in title_of(load(folder))  # no world in status.json
+    (folder / "status.json").write_text(json.dumps({"world": world + world[:1]}))
+    assert " \u2014 4 nodes \u2014 world 4 \u2192 3 \u2192 4 nodes \u2014 " in title_of(
+        load(folder)
+    )
+    (folder / "status.json").write_text(json.dumps({"world": world[:1]}))
+    assert "world" not in title_of(load(folder))  # the same world throughout
