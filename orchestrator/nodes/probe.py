@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from orchestrator.agent.cores import Topology
 from orchestrator.backends.base import MISSING_PYTHON_WORDS, NodeConnection
@@ -32,10 +32,20 @@ from orchestrator.sizes import format_size, human_bytes
 PROBE_TIME_LIMIT_S = 60.0
 PROBE_S_PER_NODE = 0.5
 MIN_FREE_DISK = RunOptions().min_free_disk  # --min-free-disk's default, in bytes
-if TYPE_CHECKING:  # paths/ reads the probe's lines with parse_probe_output
-    from orchestrator.nodes.paths.fold import Fold
-
 SET_PYTHON = "pass --python PATH or set python for this node in the hostfile"
+
+
+class PathFold(Protocol):
+    """What the probe needs of the path check it carries (paths/in_probe.py's Fold)."""
+
+    n: int
+    port: int
+    auto: bool
+    outputs: dict[int, dict[str, str]]
+
+    def args(self, index: int, master_addr: str) -> list[str]: ...
+
+    def source(self) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -61,7 +71,7 @@ def probe_script(
     auto_port: int | None = None,
 ) -> str:
     """The probe of one node; with `reach` (reach.py's arguments but --source and --alt)
-    and its `reach_source`, the path check in the same interpreter (paths/fold.py), and
+    and its `reach_source`, the path check in the same interpreter (paths/in_probe.py), and
     with `auto_port`, the port
     that --master-port auto takes when it is free on the master."""
     if not check_port:
@@ -115,12 +125,12 @@ def probe_nodes(
     only: Collection[int] | None = None,
     raise_errors: bool = True,
     progress: Progress | None = None,
-    fold: Fold | None = None,
+    fold: PathFold | None = None,
 ) -> ProbeResult:
     """Probe every node (or the node ranks in `only`) in parallel; raise `NodeErrors`
     naming each node that cannot run (with raise_errors=False: return them, by node rank).
     With `fold`, when every node is probed, the path check runs in the probe's interpreter
-    and each node's lines are kept in `fold.outputs` (paths/fold.py).
+    and each node's lines are kept in `fold.outputs` (paths/in_probe.py).
 
     Warnings: torch versions that differ, and nodes with less than `min_free_disk` free
     where they keep the run's files (a rank whose output cannot be written fails)."""

@@ -13,8 +13,8 @@ from orchestrator.errors import ConfigError
 from orchestrator.hostlist import compress_hosts
 from orchestrator.hosts.hostfile import Cluster
 from orchestrator.nodes.execute import run_on_nodes
-from orchestrator.nodes.paths.fold import Fold
 from orchestrator.nodes.paths.found import PathNode
+from orchestrator.nodes.paths.in_probe import Fold
 from orchestrator.nodes.paths.pairs import scheme
 from orchestrator.nodes.paths.prove import prove_paths, raise_failures
 from orchestrator.nodes.probe import ProbeResult, probe_nodes
@@ -113,7 +113,7 @@ def prove_plan_paths(
 
 
 def fold_paths(pool: NodePool, spec: JobSpec) -> Fold | None:
-    """The path check in the probe's run (paths/fold.py), when the probe covers the nodes
+    """The path check in the probe's run (paths/in_probe.py), when the probe covers the nodes
     once in node-rank order: not with spares, which may replace a node."""
     if pool.spares:
         return None

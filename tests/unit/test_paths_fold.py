@@ -1,4 +1,4 @@
-"""The path check folded into the preflight probe (orchestrator/nodes/paths/fold.py): the
+"""The path check folded into the preflight probe (orchestrator/nodes/paths/in_probe.py): the
 rendered probe scripts themselves, run here as three 'nodes' on loopback."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import socket
 import subprocess
 import sys
 
-from orchestrator.nodes.paths.fold import AUTO_PORTS, Fold
 from orchestrator.nodes.paths.found import PathNode, failure_lines, matrix
+from orchestrator.nodes.paths.in_probe import AUTO_PORTS, Fold
 from orchestrator.nodes.probe import parse_probe_output, probe_script
 
 

@@ -51,7 +51,7 @@ def node_args(
     default the position itself), but --source and --alt, which depend on the node's own
     interfaces: every node serves its peers, node 0 (the master) also runs the store's
     listener. A pure function of its arguments: the preflight probe renders them before it
-    knows the nodes' addresses (fold.py)."""
+    knows the nodes' addresses (in_probe.py)."""
     peers = choose_peers(n, seed)
     sources = incoming(peers)
     at = list(at) if at is not None else list(range(n))
