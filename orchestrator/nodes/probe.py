@@ -47,6 +47,8 @@ class PathFold(Protocol):
 
     def source(self) -> str: ...
 
+    def bytecode(self) -> str: ...
+
 
 @dataclass(frozen=True)
 class ProbeResult:
@@ -68,10 +70,12 @@ def probe_script(
     trainer: bool = False,
     reach: list[str] | None = None,
     reach_source: str = "",
+    reach_bytecode: str = "",
     auto_port: int | None = None,
 ) -> str:
     """The probe of one node; with `reach` (reach.py's arguments but --source and --alt)
-    and its `reach_source`, the path check in the same interpreter (paths/in_probe.py), and
+    and its `reach_source` (and `reach_bytecode`, for a node whose interpreter can load
+    it), the path check in the same interpreter (paths/in_probe.py), and
     with `auto_port`, the port
     that --master-port auto takes when it is free on the master."""
     if not check_port:
@@ -89,6 +93,7 @@ def probe_script(
         port_arg=port_arg,
         reach=reach,
         reach_source=reach_source if reach else "",
+        reach_bytecode=reach_bytecode if reach else "",
         ifname=ifname,
         bind_cores=bind_cores,
         container=container,
@@ -154,6 +159,7 @@ def probe_nodes(
             trainer=spec.program.is_bundled_trainer,
             reach=fold.args(index, master_addr) if fold is not None else None,
             reach_source=fold.source() if fold is not None else "",
+            reach_bytecode=fold.bytecode() if fold is not None else "",
             auto_port=fold.port if fold is not None and fold.auto else None,
         )
         for index, host, python in zip(chosen, hosts, pythons, strict=True)

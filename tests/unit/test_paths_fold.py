@@ -12,13 +12,16 @@ from orchestrator.nodes.paths.in_probe import AUTO_PORTS, Fold
 from orchestrator.nodes.probe import parse_probe_output, probe_script
 
 
-def run_probes(fold: Fold, port: int | None, n: int = 3) -> dict[int, dict[str, str]]:
+def run_probes(
+    fold: Fold, port: int | None, n: int = 3, bytecode: str | None = None
+) -> dict[int, dict[str, str]]:
     """Every node's probe at once, its lines kept in fold.outputs as probe_nodes keeps them."""
     procs = {}
     for i in range(n):
         script = probe_script(
             f"n{i}", sys.executable, "127.0.0.1", check_port=i == 0, port=port, ifname=None,
             reach=fold.args(i, "127.0.0.1"), reach_source=fold.source(),
+            reach_bytecode=fold.bytecode() if bytecode is None else bytecode,
             auto_port=fold.port if fold.auto else None,
         )  # fmt: skip
         procs[i] = subprocess.Popen(["bash", "-c", script], stdout=subprocess.PIPE, text=True)
@@ -64,7 +67,8 @@ def test_a_given_port_and_what_the_fold_does_not_cover() -> None:
         port = sock.getsockname()[1]
     fold = Fold.for_launch(2, port)
     assert not fold.auto and fold.port == port
-    outputs = run_probes(fold, port, n=2)
+    outputs = run_probes(fold, port, n=2, bytecode="00000000:AAAA")  # another interpreter's
+    assert "path_check_error" not in outputs[0], outputs[0]  # compiled from the source
     assert outputs[0]["port_free"] == "yes" and outputs[0]["listen"] == "ok"
     assert fold.usable(group(2), port)
     assert not fold.usable(group(2), port + 1)  # the plan's port is another
