@@ -73,10 +73,9 @@ def probe_script(
     reach_bytecode: str = "",
     auto_port: int | None = None,
 ) -> str:
-    """The probe of one node; with `reach` (reach.py's arguments but --source and --alt)
-    and its `reach_source` (and `reach_bytecode`, for a node whose interpreter can load
-    it), the path check in the same interpreter (paths/in_probe.py), and
-    with `auto_port`, the port
+    """The probe of one node. With `reach` (reach.py's arguments but --source and --alt)
+    and its `reach_source` (and `reach_bytecode`, for a node whose interpreter can load it),
+    the path check in the same interpreter (paths/in_probe.py); with `auto_port`, the port
     that --master-port auto takes when it is free on the master."""
     if not check_port:
         port_arg = "-"

@@ -1,7 +1,7 @@
 """The path check folded into the preflight probe: every node's probe interpreter, once it
 has its facts, runs reach.py in the same process, so the check costs no second round of
-node agents and interpreters (64 of them on a node's cores at 64 nodes: most of what the
-check cost as a round of its own).
+node agents and interpreters (about half of what the check cost a node as a round of its
+own, measured by benchmarks/preflight_paths.py).
 
 The probe renders each node's reach.py arguments before it knows anything of the nodes, so
 the fold needs MASTER_PORT first: the given --master-port, or for `auto` a port drawn here
@@ -71,8 +71,7 @@ class Fold:
     @staticmethod
     def bytecode() -> str:
         """reach.py compiled here, as `MAGIC:BASE64`: a node whose interpreter has the same
-        magic number loads it instead of compiling the source (most of the check's own CPU
-        on a node, before its connections)."""
+        magic number loads it instead of compiling the source (~7 ms of CPU on a node)."""
         return reach_bytecode()
 
     def usable(self, nodes: Sequence[PathNode], port: int) -> bool:
