@@ -1,7 +1,7 @@
 """The path check folded into the preflight probe: every node's probe interpreter, once it
 has its facts, runs reach.py in the same process, so the check costs no second round of
-node agents and interpreters (about half of what the check cost a node as a round of its
-own, measured by benchmarks/preflight_paths.py).
+node agents and interpreters (~30 of the ~70 ms of CPU the check cost a node as a round of
+its own, measured by benchmarks/preflight_paths.py).
 
 The probe renders each node's reach.py arguments before it knows anything of the nodes, so
 the fold needs MASTER_PORT first: the given --master-port, or for `auto` a port drawn here
