@@ -1,7 +1,7 @@
 """A busy start is never called unreachable: N namespace nodes x P ranks, every rank and every
 torchrun importing torch on this machine's few cores at once, then one all_reduce over gloo.
 
-    python benchmarks/busy_start.py [--nodes 16] [--nproc 2] [--repeat 1]
+    python benchmarks/busy_start.py [--nodes 16] [--nproc 2] [--repeat 1] [--apart yes|no]
     (as root: it builds a namespace cluster, tests/lab)
 
 The agents' connection watch (orchestrator/agent/connects.py) calls a path unreachable when a
@@ -11,6 +11,11 @@ per run: its end (state, exit code), seconds to the end, and every line the watc
 ("cannot reach"); the target is none, every run succeeded. The path check is left out
 (--no-path-check), so that the start is the job's own. The kernel's ARP table is shared by
 every namespace of the machine: it is raised for the run (preflight_paths.arp_room).
+
+From 32 nodes (or with --apart yes) the nodes run apart from the controller and share their
+identical pages (common.lab_cluster's `apart`, as the other scale benchmarks do): every
+process that imports torch keeps ~144 MB of its own, and 64 nodes x 2 ranks with their
+torchruns (192 such processes) need more than this machine's 24 GiB unshared.
 """
 
 from __future__ import annotations
@@ -35,9 +40,17 @@ dist.destroy_process_group()
 """
 
 
+def apart(choice: str, nodes: int) -> bool:
+    return choice == "yes" or (choice == "auto" and nodes >= 32)
+
+
 def main() -> int:
     args = parser(__doc__.splitlines()[0], "16", 1)
     args.add_argument("--nproc", type=int, default=2, help="ranks per node (2)")
+    args.add_argument(
+        "--apart", choices=("auto", "yes", "no"), default="auto",
+        help="nodes apart from the controller, sharing pages (auto: from 32 nodes)",
+    )  # fmt: skip
     args = args.parse_args()
     say(__doc__.split("\n\n", 1)[1].rstrip())
     say(machine_line())
@@ -46,7 +59,7 @@ def main() -> int:
         with (
             arp_room(2 * (n * args.nproc) ** 2 + 4096),
             scratch("orchestrator-bench-busy-") as work,
-            lab_cluster(n, plain_home=work / "home") as cluster,
+            lab_cluster(n, plain_home=work / "home", apart=apart(args.apart, n)) as cluster,
         ):
             (work / "job.py").write_text(JOB)
             hostfile = cluster.write_hostfile(work / "hosts.txt", slots=args.nproc)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from orchestrator.agent.cores import Topology
 from orchestrator.backends.base import MISSING_PYTHON_WORDS, NodeConnection
@@ -34,6 +35,21 @@ MIN_FREE_DISK = RunOptions().min_free_disk  # --min-free-disk's default, in byte
 SET_PYTHON = "pass --python PATH or set python for this node in the hostfile"
 
 
+class PathFold(Protocol):
+    """What the probe needs of the path check it carries (paths/in_probe.py's Fold)."""
+
+    n: int
+    port: int
+    auto: bool
+    outputs: dict[int, dict[str, str]]
+
+    def args(self, index: int, master_addr: str) -> list[str]: ...
+
+    def source(self) -> str: ...
+
+    def bytecode(self) -> str: ...
+
+
 @dataclass(frozen=True)
 class ProbeResult:
     facts: dict[int, NodeFacts]  # by node rank: two entries may share a host name
@@ -52,14 +68,31 @@ def probe_script(
     bind_cores: bool = False,
     container: ContainerSpec | None = None,
     trainer: bool = False,
+    reach: list[str] | None = None,
+    reach_source: str = "",
+    reach_bytecode: str = "",
+    auto_port: int | None = None,
 ) -> str:
+    """The probe of one node. With `reach` (reach.py's arguments but --source and --alt)
+    and its `reach_source` (and `reach_bytecode`, for a node whose interpreter can load it),
+    the path check in the same interpreter (paths/in_probe.py); with `auto_port`, the port
+    that --master-port auto takes when it is free on the master."""
+    if not check_port:
+        port_arg = "-"
+    elif port is not None:
+        port_arg = str(port)
+    else:
+        port_arg = f"auto={auto_port}" if auto_port is not None else "auto"
     return render_template(
         "probe.sh.j2",
         host=host,
         python=python,
         master_addr=master_addr,
         check_port=check_port,
-        port=port,
+        port_arg=port_arg,
+        reach=reach,
+        reach_source=reach_source if reach else "",
+        reach_bytecode=reach_bytecode if reach else "",
         ifname=ifname,
         bind_cores=bind_cores,
         container=container,
@@ -96,9 +129,12 @@ def probe_nodes(
     only: Collection[int] | None = None,
     raise_errors: bool = True,
     progress: Progress | None = None,
+    fold: PathFold | None = None,
 ) -> ProbeResult:
     """Probe every node (or the node ranks in `only`) in parallel; raise `NodeErrors`
     naming each node that cannot run (with raise_errors=False: return them, by node rank).
+    With `fold`, when every node is probed, the path check runs in the probe's interpreter
+    and each node's lines are kept in `fold.outputs` (paths/in_probe.py).
 
     Warnings: torch versions that differ, and nodes with less than `min_free_disk` free
     where they keep the run's files (a rank whose output cannot be written fails)."""
@@ -107,6 +143,8 @@ def probe_nodes(
     hosts = [cluster.hosts[i] for i in chosen]
     connections = [connections[i] for i in chosen]
     pythons = [host.python or spec.python for host in hosts]
+    if fold is not None and chosen != list(range(fold.n)):
+        fold = None  # a re-probe of some nodes (spares): the check runs on its own
     scripts = [
         probe_script(
             host.name,
@@ -118,6 +156,10 @@ def probe_nodes(
             bind_cores=spec.bind_cores,
             container=spec.container,
             trainer=spec.program.is_bundled_trainer,
+            reach=fold.args(index, master_addr) if fold is not None else None,
+            reach_source=fold.source() if fold is not None else "",
+            reach_bytecode=fold.bytecode() if fold is not None else "",
+            auto_port=fold.port if fold is not None and fold.auto else None,
         )
         for index, host, python in zip(chosen, hosts, pythons, strict=True)
     ]
@@ -170,6 +212,8 @@ def probe_nodes(
             )
             continue
         values = parse_probe_output(result.output)
+        if fold is not None:
+            fold.outputs[index] = values
         problem = _problem(host.name, python, values, index == 0, spec, host.ifname or spec.ifname)
         if problem is not None:
             errors[index] = problem

@@ -14,6 +14,7 @@ from orchestrator.hostlist import compress_hosts
 from orchestrator.hosts.hostfile import Cluster
 from orchestrator.nodes.execute import run_on_nodes
 from orchestrator.nodes.paths.found import PathNode
+from orchestrator.nodes.paths.in_probe import Fold
 from orchestrator.nodes.paths.pairs import scheme
 from orchestrator.nodes.paths.prove import prove_paths, raise_failures
 from orchestrator.nodes.probe import ProbeResult, probe_nodes
@@ -36,9 +37,12 @@ def prepare(
     """Probe (when connected), plan and render; nothing starts. With a `pool` (--spares),
     the preflight probes the spares too, and a spare replaces a host that fails it."""
     facts: dict[int, NodeFacts] = {}
+    fold = None
     if connections is not None and options.run.preflight:
         pool = pool or NodePool(cluster, connections, options.run_id)
-        warnings = pool.preflight(preflight_probe(spec, options, progress))
+        if options.run.path_check and len(cluster.hosts) > 1 and not cluster.is_local:
+            fold = fold_paths(pool, spec)
+        warnings = pool.preflight(preflight_probe(spec, options, progress, fold))
         cluster, facts = pool.cluster, pool.facts
         for line in versions_summary(cluster, facts):
             note(line)
@@ -46,7 +50,9 @@ def prepare(
             note(f"warning: {warning}")
     plan = make_plan(cluster, spec, options.run_id, facts, pool.attempt if pool else 1)
     if facts and options.run.path_check and len(plan.nodes) > 1 and not cluster.is_local:
-        prove_plan_paths(plan, facts, pool.connections if pool else connections, options, note)
+        prove_plan_paths(
+            plan, facts, pool.connections if pool else connections, options, note, fold
+        )
     scripts = render_node_scripts(plan, command_line(options.argv, plan.secret_names))
     return plan, scripts
 
@@ -57,10 +63,12 @@ def prove_plan_paths(
     connections: Sequence[NodeConnection],
     options: LaunchOptions,
     note=lambda text: None,
+    fold: Fold | None = None,
 ) -> None:
     """Every node connects to the master's store port and to its peers from the address the
     job binds (orchestrator.nodes.paths); a path that does not connect ends the launch (exit
-    2) before anything starts."""
+    2) before anything starts. What the probe found with `fold`, when it proved the plan's
+    nodes and port; else the check's own round through the node agents."""
     nodes = [
         PathNode(
             node.node_rank,
@@ -88,14 +96,33 @@ def prove_plan_paths(
             for i, r in zip(order, results, strict=True)
         }
 
+    if fold is not None and fold.usable(nodes, plan.master_port):
+        report = fold.report(nodes, plan.master_addr)
+        raise_failures(report)
+        note(f"paths: {report.tested()} TCP connection(s) made by the probe: {scheme(len(nodes))}")
+        return
     began = time.monotonic()
-    sshd_port = getattr(getattr(connections[0], "target", None), "port", None) or 22
-    report = prove_paths(nodes, plan.master_addr, plan.master_port, run, sshd_port=sshd_port)
+    report = prove_paths(
+        nodes, plan.master_addr, plan.master_port, run, sshd_port=sshd_port(connections)
+    )
     raise_failures(report)
     note(
         f"paths: {report.tested()} TCP connection(s) made in {time.monotonic() - began:.1f} s: "
         f"{scheme(len(nodes))}"
     )
+
+
+def fold_paths(pool: NodePool, spec: JobSpec) -> Fold | None:
+    """The path check in the probe's run (paths/in_probe.py), when the probe covers the nodes
+    once in node-rank order: not with spares, which may replace a node."""
+    if pool.spares:
+        return None
+    return Fold.for_launch(len(pool.active), spec.master_port, sshd_port(pool.connections))
+
+
+def sshd_port(connections: Sequence[NodeConnection]) -> int:
+    """The master's sshd port, tried from the job's address when its store port is not."""
+    return getattr(getattr(connections[0], "target", None), "port", None) or 22
 
 
 def versions_summary(cluster: Cluster, facts: dict[int, NodeFacts]) -> list[str]:
@@ -115,7 +142,7 @@ def versions_summary(cluster: Cluster, facts: dict[int, NodeFacts]) -> list[str]
 
 
 def preflight_probe(
-    spec: JobSpec, options: LaunchOptions, progress: Progress | None = None
+    spec: JobSpec, options: LaunchOptions, progress: Progress | None = None, fold=None
 ) -> Probe:
     """The preflight probe of some node ranks of a cluster, failures returned, not raised."""
 
@@ -129,6 +156,7 @@ def preflight_probe(
             only=only,
             raise_errors=False,
             progress=progress,
+            fold=fold,
         )
 
     return probe

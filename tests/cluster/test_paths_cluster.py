@@ -96,7 +96,7 @@ def test_two_nodes_that_cannot_reach_each_other_are_named_as_a_pair(
 def test_the_paths_pass_and_the_job_runs(cluster: Cluster, tmp_path: Path) -> None:
     done, run_id = launch(cluster, tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "paths: 9 TCP connection(s) made in" in done.stdout, done.stdout
+    assert "paths: 9 TCP connection(s) made by the probe" in done.stdout, done.stdout
     assert (tmp_path / "started").read_text() == "started"
     skipped, _ = launch(cluster, tmp_path, "--no-path-check")
     assert skipped.returncode == 0 and "paths:" not in skipped.stdout, skipped.stdout

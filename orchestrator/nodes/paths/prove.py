@@ -35,6 +35,38 @@ def store_wait(nodes: int, timeout: float = PATH_TIMEOUT_S) -> float:
     return timeout + START_SKEW_S_PER_NODE * nodes
 
 
+def node_args(
+    n: int,
+    position: int,
+    master_addr: str,
+    port: int,
+    *,
+    token: str,
+    at: Sequence[int] | None = None,
+    timeout: float = PATH_TIMEOUT_S,
+    sshd_port: int = 22,
+    seed: int | str = 0,
+) -> list[str]:
+    """reach.py's arguments for the node at `position` of `n` (`at`: position -> node index,
+    default the position itself), but --source and --alt, which depend on the node's own
+    interfaces: every node serves its peers, node 0 (the master) also runs the store's
+    listener. A pure function of its arguments: the preflight probe renders them before it
+    knows the nodes' addresses (in_probe.py)."""
+    peers = choose_peers(n, seed)
+    sources = incoming(peers)
+    at = list(at) if at is not None else list(range(n))
+    args = [
+        "--host", master_addr, "--port", str(port), "--token", token, "--node", str(at[position]),
+        "--timeout", f"{timeout:g}", "--wait", f"{store_wait(n, timeout):g}",
+        "--sshd-port", str(sshd_port), "--serve",
+        "--peers", ",".join(str(at[p]) for p in peers[position]),
+        "--from", ",".join(str(at[p]) for p in sources[position]),
+    ]  # fmt: skip
+    if at[position] == STORE_NODE:
+        args += ["--listen", str(n)]
+    return args
+
+
 def path_argvs(
     nodes: Sequence[PathNode],
     master_addr: str,
@@ -47,42 +79,17 @@ def path_argvs(
 ) -> dict[int, list[str]]:
     """{node index: argv}: every node serves its peers; node 0 (the master) also runs the
     store's listener, alone when it is not among `nodes` (the check's unusable master)."""
-    peers = choose_peers(len(nodes), seed)
-    sources = incoming(peers)
     at = [n.index for n in nodes]  # position -> node index
     wait = store_wait(len(nodes), timeout)
     argvs = {}
     for position, node in enumerate(nodes):
-        argv = [
-            node.python,
-            "-c",
-            reach_source(),
-            "--host",
-            master_addr,
-            "--port",
-            str(port),
-            "--source",
-            node.source,
-            "--token",
-            token,
-            "--node",
-            str(node.index),
-            "--timeout",
-            f"{timeout:g}",
-            "--wait",
-            f"{wait:g}",
-            "--sshd-port",
-            str(sshd_port),
-            "--serve",
-            "--peers",
-            ",".join(str(at[p]) for p in peers[position]),
-            "--from",
-            ",".join(str(at[p]) for p in sources[position]),
-        ]
+        argv = [node.python, "-c", reach_source(), "--source", node.source]
+        argv += node_args(
+            len(nodes), position, master_addr, port, token=token, at=at, timeout=timeout,
+            sshd_port=sshd_port, seed=seed,
+        )  # fmt: skip
         if node.alternates:
             argv += ["--alt", ",".join(f"{name}={addr}" for name, addr in node.alternates)]
-        if node.index == STORE_NODE:
-            argv += ["--listen", str(len(nodes))]
         argvs[node.index] = argv
     if STORE_NODE not in argvs:  # the master cannot take part: it only runs the store
         argvs[STORE_NODE] = [*argvs[nodes[0].index][:3], "--host", master_addr, "--port",

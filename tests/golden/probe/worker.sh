@@ -198,7 +198,7 @@ orchestrator_route_ifname() {
 # version read from torch/version.py (importing torch would cost seconds on every node at
 # every launch, and importlib.metadata more CPU than the rest of the probe).
 python=/opt/conda/bin/python
-if ! facts=$("$python" -  2>&1 <<'PY'
+if ! facts=$("$python" - - 2>&1 <<'PY'
 import importlib.util, os, socket, sys
 print("python_version=" + sys.version.split()[0])
 spec = importlib.util.find_spec("torch")
@@ -212,13 +212,17 @@ try:
 except (AttributeError, TypeError, OSError):
     pass
 print("torch_version=" + torch_version)
-if len(sys.argv) > 1:
+if sys.argv[1] != "-":
     family = socket.AF_INET6 if socket.has_dualstack_ipv6() else socket.AF_INET
     def bind(port):
         return socket.create_server(("", port), family=family,
                                     dualstack_ipv6=family == socket.AF_INET6)
-    if sys.argv[1] == "auto":
-        with bind(0) as server:
+    if sys.argv[1].startswith("auto"):  # auto=PORT: that one if it is free (the path check's)
+        try:
+            server = bind(int(sys.argv[1][5:] or 0))
+        except OSError:
+            server = bind(0)
+        with server:
             print(f"free_port={server.getsockname()[1]}")
     else:
         try:
