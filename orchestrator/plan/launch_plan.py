@@ -367,7 +367,7 @@ def _master_port(spec: JobSpec, master_facts: NodeFacts | None) -> tuple[int, st
             else "--master-port (not checked)"
         )
     if master_facts is not None and master_facts.free_port is not None:
-        return master_facts.free_port, "auto: a free port the master's kernel picked"
+        return master_facts.free_port, "auto: a port checked free on the master"
     return DEFAULT_MASTER_PORT, "auto, not probed: the default"
 
 

@@ -255,7 +255,7 @@ def test_busy_explicit_port_is_an_error_and_auto_picks_another(cluster, workdir:
         port = int(re.search(r"master \S+:(\d+)", auto.stdout).group(1))
         assert port != 29500
         plan = yaml.safe_load((workdir / "runs" / "auto" / "plan.yaml").read_text())
-        assert "auto: a free port the master's kernel picked" in plan["master_port"]
+        assert "auto: a port checked free on the master" in plan["master_port"]
         assert_nothing_left("busy", within=1)
         assert_nothing_left("auto")
     finally:

@@ -7,7 +7,7 @@ set -euo pipefail
 
 orchestrator_node() {
     export MASTER_ADDR=10.1.0.1  # address of first node node-a, as reached by ssh
-    export MASTER_PORT=29500  # auto: a free port the master's kernel picked
+    export MASTER_PORT=29500  # auto: a port checked free on the master
     export ORCHESTRATOR_RUN_ID=golden-restarts
     export ORCHESTRATOR_LAUNCH_WORLD_SIZE=6
     export PYTHONUNBUFFERED=1

@@ -7,7 +7,7 @@ set -euo pipefail
 
 orchestrator_node() {
     export MASTER_ADDR=10.1.0.1  # address of first node worker-0, as reached by ssh
-    export MASTER_PORT=29500  # auto: a free port the master's kernel picked
+    export MASTER_PORT=29500  # auto: a port checked free on the master
     export CUDA_VISIBLE_DEVICES=0,1,2,3
     export NCCL_SOCKET_IFNAME=ens5
     export GLOO_SOCKET_IFNAME=ens5
