@@ -107,15 +107,22 @@ def one_fault(cluster, work: Path, rep: int, heartbeat: float) -> dict[str, floa
         raise SystemExit(f"the launch with a spare failed (exit {code}):\n{text[-3000:]}")
     status = json.loads((work / "runs" / run_id / "status.json").read_text())
     running = _wall(status["recoveries"][0]["running_again_at"])
+    phases = fault_phases(console, victim.name, off, running, text)
+    remove_node_dirs([run_id])
+    return {**phases, "after detection": phases["total"] - phases["detection"]}
+
+
+def fault_phases(console, victim: str, off: float, running: float, text: str) -> dict[str, float]:
+    """From the node switched off (`off`) to the first training step of the next attempt,
+    by the console's lines and the attempt's `running` time (wall clock)."""
     marks = {
-        "lost": console.first(rf"{re.escape(victim.name)}: lost", off),
+        "lost": console.first(rf"{re.escape(victim)}: lost", off),
         "ended": console.first(r"attempt 1 ended by a node fault", off),
         "attempt2": console.first(r"\[orchestrator\] attempt 2: ", off),
     }
     marks["step"] = console.first(STEP, marks["attempt2"] or off)
     if any(value is None for value in marks.values()):
         raise SystemExit(f"a line is missing from the console ({marks}):\n{text[-3000:]}")
-    remove_node_dirs([run_id])
     return {
         "detection": marks["lost"] - off,
         "stop": marks["ended"] - marks["lost"],
@@ -123,7 +130,6 @@ def one_fault(cluster, work: Path, rep: int, heartbeat: float) -> dict[str, floa
         "restart": running - marks["attempt2"],
         "resume": marks["step"] - running,
         "total": marks["step"] - off,
-        "after detection": marks["step"] - marks["lost"],
     }
 
 

@@ -21,7 +21,6 @@ shrink's median total over the spare's. Medians (min-max) of --repeat runs.
 from __future__ import annotations
 
 import json
-import re
 import time
 from pathlib import Path
 
@@ -37,7 +36,7 @@ from common import (
     table,
     wait_until,
 )
-from recovery import PHASES, STEP, Console, _wall, launch_argv
+from recovery import PHASES, Console, _wall, fault_phases, launch_argv
 
 
 def one_fault(cluster, work: Path, run_id: str, victim_rank: int, heartbeat: float, shrink: bool):
@@ -71,24 +70,9 @@ def one_fault(cluster, work: Path, run_id: str, victim_rank: int, heartbeat: flo
     nodes = [len(entry["nodes"]) for entry in status["world"]]
     if nodes != ([3, 2] if shrink else [3, 3]):
         raise SystemExit(f"{run_id}: the world went {nodes}:\n{text[-3000:]}")
-    running = _wall(status["world"][1]["running_at"])
-    marks = {
-        "lost": console.first(rf"{re.escape(victim.name)}: lost", off),
-        "ended": console.first(r"attempt 1 ended by a node fault", off),
-        "attempt2": console.first(r"\[orchestrator\] attempt 2: ", off),
-    }
-    marks["step"] = console.first(STEP, marks["attempt2"] or off)
-    if any(value is None for value in marks.values()):
-        raise SystemExit(f"a line is missing from the console ({marks}):\n{text[-3000:]}")
+    phases = fault_phases(console, victim.name, off, _wall(status["world"][1]["running_at"]), text)
     remove_node_dirs([run_id])
-    return {
-        "detection": marks["lost"] - off,
-        "stop": marks["ended"] - marks["lost"],
-        "re-probe": marks["attempt2"] - marks["ended"],
-        "restart": running - marks["attempt2"],
-        "resume": marks["step"] - running,
-        "total": marks["step"] - off,
-    }
+    return phases
 
 
 def main() -> int:
