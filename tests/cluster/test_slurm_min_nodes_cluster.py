@@ -44,10 +44,10 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slurm]
 # ranks after the loss, 6 each, in micro-batches of 4 and 2 (orchestrator/trainer/split.py).
 # The node is set DOWN at the first checkpoint (step 20), and let go once the job on two
 # nodes trains: the steps left must outlast the DOWN (about 0.3 s), then SLURM taking the
-# node back and the launcher asking (every 2 x --heartbeat-timeout: 2 s), at 2.5 ms a step
+# node back and the launcher asking (every 2 x --heartbeat-timeout: 1 s), at 2.5 ms a step
 # or more.
 TRAINER = [
-    "--synthetic-samples", "4096", "--batch-size", "4", "--epochs", "5", "--max-steps", "1200",
+    "--synthetic-samples", "4096", "--batch-size", "4", "--epochs", "5", "--max-steps", "800",
     "--no-eval", "--checkpoint-every", "20", "--log-every", "30",
 ]  # fmt: skip
 # The order of the sums changes with the split (3 x 4 against 2 x (4 + 2)), as in
@@ -63,7 +63,7 @@ def test_a_node_set_down_mid_run_goes_on_with_one_node_fewer_then_grows_back_to_
     slurm_cluster: SlurmCluster, work: Path
 ) -> None:
     args = launch_args(
-        work, "fewer", "--nodes", "3", "--min-nodes", "2", "--heartbeat-timeout", "1",
+        work, "fewer", "--nodes", "3", "--min-nodes", "2", "--heartbeat-timeout", "0.5",
         "--env=OMP_NUM_THREADS=1",
     )  # fmt: skip
     trainer = ["-m", "orchestrator.trainer", *TRAINER, "--checkpoint-dir", "ckpt", "--resume"]
@@ -137,7 +137,8 @@ def test_a_node_set_down_mid_run_goes_on_with_one_node_fewer_then_grows_back_to_
         f"{_seconds(segments[1]['running_at']) - down:.1f} s; the first job ended "
         f"{_seconds(segments[0]['ended_at']) - down:.1f} s after the DOWN; node back -> "
         f"SIGUSR1: {_seconds(segments[1]['warned_at']) - back:.1f} s, -> the job on 3 nodes "
-        f"running: {_seconds(segments[2]['running_at']) - back:.1f} s"
+        f"running: {_seconds(segments[2]['running_at']) - back:.1f} s; resumed at steps "
+        f"{resumed}"
     )
     wait_for(
         lambda: not slurm_cluster.cluster.processes_with_env("ORCHESTRATOR_RUN_ID", "fewer"),
