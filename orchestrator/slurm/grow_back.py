@@ -97,12 +97,18 @@ class SlurmRegrow:
         self.asked_at = time.monotonic()
         self.back: list[str] = []  # the nodes the next job takes back (the signal is due)
         self.signalled = False  # the ranks were sent the warning for `back`
+        self.sent_at = 0.0  # when (monotonic)
 
     def check(self, f: Followed) -> None:
         """Called on every pass of the follower's loop while the job runs: ask SLURM when
         it is time, and send the ranks the warning once a node is back."""
         sup, segment = f.sup, f.segments.current
-        if sup is None or sup.stopping or f.info.ended or segment.warned_at is not None:
+        if sup is None or sup.stopping or f.info.ended:
+            return
+        if self.signalled:
+            self._unheard(f, sup)
+            return
+        if segment.warned_at is not None:  # the time limit's (or a preemption's) warning
             return
         if not self.back:
             now = time.monotonic()
@@ -120,8 +126,20 @@ class SlurmRegrow:
         if sup.deadline.checkpoint(sup, sup.sink, time.time(), f"growing to {size} nodes"):
             segment.warned_at = time.time()  # the ranks' ends from now on are stops
             segment.warning = f"SIG{sup.deadline.signal_name} to grow to {size} nodes"
-            self.signalled = True
+            self.signalled, self.sent_at = True, time.monotonic()
             f.write_status()
+
+    def _unheard(self, f: Followed, sup: Supervisor) -> None:
+        """No rank took the warning (every node that answered says its ranks do not catch
+        it yet: a program still starting): send it again after the interval."""
+        clock = sup.deadline
+        if clock.ranks_signalled or not clock.not_catching:
+            return
+        if time.monotonic() - self.sent_at < self.every:
+            return
+        clock.sent_at, f.segments.current.warned_at, self.signalled = None, None, False
+        clock.not_catching.clear()
+        clock.signalled.clear()
 
     def take(self) -> list[str]:
         """The nodes the ended job was stopped for (the warning sent), [] when none; the

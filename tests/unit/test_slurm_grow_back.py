@@ -26,7 +26,7 @@ from orchestrator.slurm.planning import plan_slurm_job
 from orchestrator.slurm.resubmit import next_job
 from orchestrator.slurm.segments import Segments
 from orchestrator.slurm.shrink import shrunk
-from orchestrator.supervise import RankState
+from orchestrator.supervise import NodeState, RankState
 from orchestrator.supervise.time_limit import WarningClock
 from tests.unit.test_slurm_min_nodes import _job
 from tests.unit.test_slurm_render import spec
@@ -255,3 +255,25 @@ def test_a_time_limits_warning_first_is_left_to_the_time_limit() -> None:
     regrow.asked_at -= 60
     regrow.check(f)  # type: ignore[arg-type]
     assert commands.calls == [] and f.notes == []
+
+
+def test_ranks_that_do_not_catch_the_signal_yet_are_sent_it_again() -> None:
+    """A program still starting (torch's import) has no handler yet: the agents skip its
+    ranks (G ... - 0,1), and the warning goes out again after the interval."""
+    f, launched, segments = _on_two_of_three()
+    regrow = f.regrow = SlurmRegrow(launched, FakeCommands(sinfo=(0, "c1|idle\n")), None)  # type: ignore[arg-type]
+    sup = f.sup = Attempt(["c0", "c2"])
+    regrow.asked_at -= 60
+    regrow.check(f)  # type: ignore[arg-type]
+    assert sup.sessions[0].sent == ["signal USR1"]
+    for index, host in enumerate(["c0", "c2"]):  # each node's answer: none caught it
+        node = NodeState(index=index, host=host, ranks=(index,))
+        sup.deadline.signalled_on(node, sup.sink, "1.0", "-", str(index))
+    regrow.check(f)  # type: ignore[arg-type]
+    assert sup.sessions[0].sent == ["signal USR1"]  # not before the interval
+    regrow.sent_at -= 60
+    regrow.check(f)  # type: ignore[arg-type]  # forgets the first
+    regrow.check(f)  # type: ignore[arg-type]  # and sends it again
+    assert sup.sessions[0].sent == ["signal USR1", "signal USR1"]
+    assert segments.current.warned_at is not None and regrow.signalled
+    assert f.notes == ["c1 back; growing to 3 nodes at the next checkpoint"]  # said once
