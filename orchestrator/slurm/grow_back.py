@@ -87,7 +87,7 @@ def idle_nodes(commands: SlurmCommands, names: Sequence[str]) -> list[str]:
 
 class SlurmRegrow:
     """Asks SLURM for the lost nodes of one run and, when one is back, has the ranks
-    checkpoint; the next job is then the larger one (`next_job`)."""
+    checkpoint; the next job is then the larger one (`take`, `submit`: resubmit.next_job)."""
 
     def __init__(
         self, job: SlurmJob, commands: SlurmCommands, supervision: Supervision | None
