@@ -43,6 +43,7 @@ from orchestrator.slurm import client as slurm
 from orchestrator.slurm.batch_script import SCRIPT_NAME, dial_python
 from orchestrator.slurm.cadence import Cadence
 from orchestrator.slurm.client import SlurmCommands
+from orchestrator.slurm.grow_back import SlurmRegrow
 from orchestrator.slurm.handover import Bookmarks, Following, Points, save_state
 from orchestrator.slurm.job import PORT_BASE, PORT_SPAN, SlurmJob
 from orchestrator.slurm.node_agents import NodeAgents
@@ -106,6 +107,7 @@ class Follower:
         self.started = time.monotonic()
         self.cadence = Cadence()
         self.spares = spares
+        self.regrow = SlurmRegrow(job, commands, supervision) if job.min_nodes else None
         self.hosts: list[str] = []  # the nodes of the job now followed, once it runs
 
     # --- output -------------------------------------------------------------------------
@@ -339,6 +341,8 @@ class Follower:
         came = bool(lines)
         if self.sup is not None and self.files is not None:
             self._check_warning()  # first: a rank's exit after it is a stop
+            if self.regrow is not None:  # --min-nodes: a lost node back (grow_back.py)
+                self.regrow.check(self)
             if not self.job.node_side and (self.agents is None or self.agents.unreached):
                 only = None if self.agents is None else self.agents.unreached
                 came |= self.files.pump(

@@ -9,7 +9,8 @@ launch` submits the same job again (same run id and command, a new job id), up t
 --max-resubmits times; the program resumes from its checkpoint. A job cancelled (scancel,
 `orchestrator stop`, Ctrl-C) is never carried on; a node failure is --spares' business
 (orchestrator.slurm.spares) and --min-nodes' (orchestrator.slurm.shrink: the next job on
-fewer nodes; each segment keeps its job's node count). ENDINGS is the table, first match
+fewer nodes; orchestrator.slurm.grow_back: on more again, a job stopped at a checkpoint ends
+`grow`; each segment keeps its job's node count). ENDINGS is the table, first match
 wins.
 """
 
@@ -171,15 +172,18 @@ class Segments:
         """Whether the ended segment's job is to be submitted again (and one more may be)."""
         return self.current.ending in CARRIED and self.left > 0
 
-    def resubmitted(self, new_id: int, why: str = "", nodes: int = 0) -> str:
+    def resubmitted(
+        self, new_id: int, why: str = "", nodes: int = 0, kind: str = "node-failure"
+    ) -> str:
         """The job was submitted again as `new_id` (on `nodes` nodes; 0: as many as
-        before): a new segment; the console's line."""
+        before): a new segment; the console's line. `why`: a node failure (--spares,
+        --min-nodes) or a growth back (`kind` "grow", grow_back.py) says its own."""
         old = self.current
         nodes = nodes or old.nodes
-        fewer = f" on {nodes} node(s)" if old.nodes and nodes < old.nodes else ""
-        old.next = f"resubmitted as job {new_id}{fewer}"
-        if why:  # a node failure (--spares, --min-nodes) says its own
-            old.ending, old.why = "node-failure", why
+        other = f" on {nodes} node(s)" if old.nodes and nodes != old.nodes else ""
+        old.next = f"resubmitted as job {new_id}{other}"
+        if why:
+            old.ending, old.why = kind, why
         elif old.ending in CARRIED:
             self.left -= 1
         self._begin(new_id, nodes)
