@@ -65,3 +65,19 @@ def fewer_nodes_line(segments: Sequence[WorldSegment], until: float) -> str | No
         f"on fewer nodes than the {launched} launched with for {seconds:.1f} s "
         f"(down to {least}; --min-nodes)"
     )
+
+
+def going_on_line(what: str, left: int, launched: int, min_nodes: int) -> str:
+    """The console's line for a node fault the run survives on fewer nodes (--min-nodes);
+    `what`: the node(s) and what happened (`ceon3 lost`)."""
+    return (
+        f"{what}; no spare left; going on with {left} of {launched} nodes (--min-nodes {min_nodes})"
+    )
+
+
+def floor_line(what: str, left: int, launched: int, min_nodes: int) -> str:
+    """Why a node fault ended the run: fewer than --min-nodes nodes are left."""
+    return (
+        f"{what}; no spare left; {left} of {launched} nodes left, below --min-nodes "
+        f"{min_nodes}: the floor was reached"
+    )

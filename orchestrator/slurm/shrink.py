@@ -63,19 +63,3 @@ def shrunk(job: SlurmJob, failed: Sequence[str], job_dir: str | None) -> SlurmJo
     exclude = (*job.exclude, *(name for name in lost if name not in job.exclude))
     smaller = job.on_nodes(job.nnodes - len(lost), nodelist, exclude)
     return replace(smaller, job_dir=job_dir)
-
-
-def lost_line(failed: Sequence[str], nodes_left: int, job: SlurmJob) -> str:
-    """The console's line for a job that goes on with fewer nodes."""
-    return (
-        f"{', '.join(failed)} lost; no spare left; going on with {nodes_left} of "
-        f"{job.launched_nodes} nodes (--min-nodes {job.min_nodes})"
-    )
-
-
-def floor_line(failed: Sequence[str], nodes_left: int, job: SlurmJob) -> str:
-    """Why a run that lost nodes ends: fewer than --min-nodes are left."""
-    return (
-        f"{', '.join(failed)} lost; no spare left; {nodes_left} of {job.launched_nodes} "
-        f"nodes left, below --min-nodes {job.min_nodes}: the floor was reached"
-    )

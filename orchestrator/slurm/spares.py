@@ -26,10 +26,11 @@ from orchestrator.errors import ConfigError
 from orchestrator.record.bad_nodes import add_bad_node
 from orchestrator.record.recoveries import Recovery
 from orchestrator.record.states import RunState
+from orchestrator.record.world import floor_line, going_on_line
 from orchestrator.slurm.client import SlurmCommands
 from orchestrator.slurm.job import SlurmJob
 from orchestrator.slurm.parse import JobInfo
-from orchestrator.slurm.shrink import AfterLoss, after_loss, floor_line, lost_line, shrunk
+from orchestrator.slurm.shrink import AfterLoss, after_loss, shrunk
 from orchestrator.supervise import Outcome
 
 BY_SLURM = "(chosen by SLURM)"
@@ -140,7 +141,8 @@ class SlurmSpares:
             self.unreplaced = why
             if step is AfterLoss.FLOOR:
                 lost = self.failed or [node]
-                self.floor = floor_line(lost, job.nnodes - len(lost), job)
+                what, left = f"{', '.join(lost)} lost", job.nnodes - len(lost)
+                self.floor = floor_line(what, left, job.launched_nodes, job.min_nodes)
             return None
         job_dir = job_dir_of(self.job_dir, attempt)
         new = resubmitted(job, node, job_dir)
@@ -161,7 +163,8 @@ class SlurmSpares:
         """Submit the job again on its nodes but the failed ones (--min-nodes)."""
         new = shrunk(job, self.failed, job_dir_of(self.job_dir, attempt))
         self.before, self.shrunk_at = list(hosts), time.time()
-        self.note(lost_line(self.failed, new.nnodes, job))
+        what = f"{', '.join(self.failed)} lost"
+        self.note(going_on_line(what, new.nnodes, job.launched_nodes, job.min_nodes))
         new_id = self.submit(new, attempt)
         self.note(
             f"run {job.run_id}: SLURM job {new_id} submitted (attempt {attempt}) on "

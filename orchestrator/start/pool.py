@@ -25,7 +25,7 @@ from orchestrator.nodes.probe import ProbeResult
 from orchestrator.plan.launch_plan import LaunchPlan, NodeFacts
 from orchestrator.record.bad_nodes import add_bad_node
 from orchestrator.record.recoveries import Recovery
-from orchestrator.record.world import WorldSegment, fewer_nodes_line
+from orchestrator.record.world import WorldSegment, fewer_nodes_line, floor_line, going_on_line
 from orchestrator.supervise.state import NodeFault, Outcome
 
 Probe = Callable[[Cluster, Sequence[NodeConnection], Sequence[int]], ProbeResult]
@@ -206,11 +206,8 @@ class NodePool:
         """Why a node fault ended the run: no spare (given or left), and with --min-nodes,
         the floor reached."""
         if self.min_nodes is not None and fault is not None:
-            left = len(self.active) - 1
-            return (
-                f"{fault.host} {fault_word(fault)}; no spare left; {left} of {self.launched} "
-                f"nodes left, below --min-nodes {self.min_nodes}"
-            )
+            what = f"{fault.host} {fault_word(fault)}"
+            return floor_line(what, len(self.active) - 1, self.launched, self.min_nodes)
         if not self.spare_count:
             return "no spare node to replace it (--spares N holds N hosts back for that)"
         taken = ", ".join(f"{r.spare} replaced {r.node}" for r in self.recoveries)
@@ -234,10 +231,8 @@ class NodePool:
             f"{fault.host} ({fault.why}) left out, no spare left: {len(self.active)} of "
             f"{self.launched} nodes"
         )
-        self.note(
-            f"{fault.host} {fault_word(fault)}; no spare left; going on with "
-            f"{len(self.active)} of {self.launched} nodes (--min-nodes {self.min_nodes})"
-        )
+        what = f"{fault.host} {fault_word(fault)}"
+        self.note(going_on_line(what, len(self.active), self.launched, self.min_nodes or 0))
 
     def answered(self, host: str, connection: NodeConnection) -> int:
         """A node left out during the run answers again: it joins at the next attempt
