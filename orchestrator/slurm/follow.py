@@ -107,7 +107,7 @@ class Follower:
         self.started = time.monotonic()
         self.cadence = Cadence()
         self.spares = spares
-        self.regrow = SlurmRegrow(job, commands, supervision) if job.min_nodes else None
+        self.regrow = SlurmRegrow(commands, supervision) if job.min_nodes else None
         self.hosts: list[str] = []  # the nodes of the job now followed, once it runs
 
     # --- output -------------------------------------------------------------------------

@@ -11,7 +11,8 @@ more nodes than launched; the job that grew ends `grow` in `segments`, and `worl
 larger world.
 
 Which nodes are asked: only those the run lost (the nodes in the job's `--exclude` that
-were not excluded at launch), with or without a hostfile. An idle node of the partition
+were not excluded at launch: the job keeps the launch's, so a controller that `attach`
+took over asks for the same nodes), with or without a hostfile. An idle node of the partition
 that the run never ran on is not taken: it was there when the run shrank, and --spares
 (given or not) had said how many other nodes the run may take; taking it later would be a
 spare beyond --spares, and a run on a busy partition would restart each time a node comes
@@ -52,9 +53,10 @@ class Followed(Protocol):
     def write_status(self) -> None: ...
 
 
-def lost_nodes(job: SlurmJob, launch_exclude: Sequence[str]) -> list[str]:
-    """The nodes the run lost since launch: in the job's --exclude, not in the launch's."""
-    return [name for name in job.exclude if name not in launch_exclude]
+def lost_nodes(job: SlurmJob) -> list[str]:
+    """The nodes the run lost since launch: in the job's --exclude, not in the launch's
+    (the job keeps that, so a follower that attached later asks for the same nodes)."""
+    return [name for name in job.exclude if name not in job.launch_exclude]
 
 
 def coming_back(job: SlurmJob, lost: Sequence[str], idle: Sequence[str]) -> list[str]:
@@ -89,10 +91,8 @@ class SlurmRegrow:
     """Asks SLURM for the lost nodes of one run and, when one is back, has the ranks
     checkpoint; the next job is then the larger one (`take`, `submit`: resubmit.next_job)."""
 
-    def __init__(
-        self, job: SlurmJob, commands: SlurmCommands, supervision: Supervision | None
-    ) -> None:
-        self.commands, self.launch_exclude = commands, job.exclude
+    def __init__(self, commands: SlurmCommands, supervision: Supervision | None) -> None:
+        self.commands = commands
         self.every = ask_interval((supervision or Supervision()).heartbeat_timeout)
         self.asked_at = time.monotonic()
         self.back: list[str] = []  # the nodes the next job takes back (the signal is due)
@@ -112,7 +112,7 @@ class SlurmRegrow:
             return
         if not self.back:
             now = time.monotonic()
-            lost = lost_nodes(f.job, self.launch_exclude)
+            lost = lost_nodes(f.job)
             if not lost or f.job.nnodes >= f.job.launched_nodes or now - self.asked_at < self.every:
                 return
             self.asked_at = now

@@ -56,6 +56,9 @@ class SlurmJob:
     # the survivors while at least this many remain; 0: every node is needed
     min_nodes: int = 0
     launch_nodes: int = 0  # the nodes the run was launched with (0: nnodes)
+    # the --exclude of the launch (bad-listed nodes): those a shrink adds after are the lost
+    # nodes growing back asks for; kept in the job so that an attached follower knows them
+    launch_exclude: tuple[str, ...] = ()
 
     @property
     def signal_name(self) -> str | None:

@@ -107,6 +107,7 @@ def plan_slurm_job(
         max_resubmits=_max_resubmits(options),
         min_nodes=min_nodes or 0,
         launch_nodes=nodes.nnodes,
+        launch_exclude=tuple(exclude) if not nodes.nodelist else (),
     )
 
 

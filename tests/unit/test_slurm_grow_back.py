@@ -6,6 +6,7 @@ tests/cluster/test_slurm_min_nodes_cluster.py."""
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -13,6 +14,7 @@ import pytest
 from orchestrator.hosts.hostfile import parse_hostfile
 from orchestrator.options.scheduler import SlurmOptions
 from orchestrator.options.supervision import Supervision
+from orchestrator.record.plain import from_plain, to_plain
 from orchestrator.slurm.grow_back import (
     SlurmRegrow,
     coming_back,
@@ -56,10 +58,15 @@ def test_never_more_than_launched() -> None:
 
 
 def test_only_the_nodes_lost_since_launch_are_asked() -> None:
-    job = _job().on_nodes(3, (), ("c9",))  # excluded at launch (--exclude, bad-node list)
+    job = plan_slurm_job(spec("t.py"), SlurmOptions(nodes=3), "r", exclude=("c9",), min_nodes=2)
+    assert job.launch_exclude == ("c9",)  # excluded at launch (--exclude, bad-node list)
     smaller = shrunk(job, ["c1"], None)
-    assert lost_nodes(smaller, job.exclude) == ["c1"]
-    assert lost_nodes(job, job.exclude) == []
+    assert lost_nodes(smaller) == ["c1"]
+    assert lost_nodes(job) == []
+    # The job keeps what the launch excluded: read back as an attached follower reads it
+    # (follower.json), it still asks for c1 alone.
+    again = from_plain(SlurmJob, json.loads(json.dumps(to_plain(smaller))))
+    assert lost_nodes(again) == ["c1"]
 
 
 def test_the_larger_job_takes_the_node_back_with_the_same_environment() -> None:
@@ -93,7 +100,7 @@ def test_idle_means_sinfo_says_idle_and_nothing_else() -> None:
 
 @pytest.mark.parametrize(("heartbeat", "every"), [(0, 30.0), (5, 10.0), (60, 30.0)])
 def test_slurm_is_asked_as_often_as_nodes_over_ssh(heartbeat: float, every: float) -> None:
-    regrow = SlurmRegrow(_job(), FakeCommands(), Supervision(heartbeat_timeout=heartbeat))  # type: ignore[arg-type]
+    regrow = SlurmRegrow(FakeCommands(), Supervision(heartbeat_timeout=heartbeat))  # type: ignore[arg-type]
     assert regrow.every == every
 
 
@@ -173,7 +180,7 @@ def _on_two_of_three() -> tuple[Follower, SlurmJob, Segments]:
 def test_a_lost_node_back_grows_the_run_at_the_next_checkpoint() -> None:
     f, launched, segments = _on_two_of_three()
     commands = FakeCommands(sinfo=(0, "c1|down*\n"))
-    regrow = f.regrow = SlurmRegrow(launched, commands, Supervision(heartbeat_timeout=5))  # type: ignore[arg-type]
+    regrow = f.regrow = SlurmRegrow(commands, Supervision(heartbeat_timeout=5))  # type: ignore[arg-type]
     sup = f.sup = Attempt(["c0", "c2"])
 
     regrow.check(f)  # type: ignore[arg-type]
@@ -230,7 +237,7 @@ def test_a_lost_node_back_grows_the_run_at_the_next_checkpoint() -> None:
 
 def test_no_rank_running_yet_the_warning_waits_and_a_job_that_completed_is_not_grown() -> None:
     f, launched, segments = _on_two_of_three()
-    regrow = f.regrow = SlurmRegrow(launched, FakeCommands(sinfo=(0, "c1|idle\n")), None)  # type: ignore[arg-type]
+    regrow = f.regrow = SlurmRegrow(FakeCommands(sinfo=(0, "c1|idle\n")), None)  # type: ignore[arg-type]
     sup = f.sup = Attempt(["c0", "c2"], running=False)
     regrow.asked_at -= 60
     regrow.check(f)  # type: ignore[arg-type]
@@ -249,7 +256,7 @@ def test_no_rank_running_yet_the_warning_waits_and_a_job_that_completed_is_not_g
 def test_a_time_limits_warning_first_is_left_to_the_time_limit() -> None:
     f, launched, segments = _on_two_of_three()
     commands = FakeCommands(sinfo=(0, "c1|idle\n"))
-    regrow = f.regrow = SlurmRegrow(launched, commands, None)  # type: ignore[arg-type]
+    regrow = f.regrow = SlurmRegrow(commands, None)  # type: ignore[arg-type]
     f.sup = Attempt(["c0", "c2"])
     segments.current.warned_at = time.time()  # the script's warning file
     regrow.asked_at -= 60
@@ -261,7 +268,7 @@ def test_ranks_that_do_not_catch_the_signal_yet_are_sent_it_again() -> None:
     """A program still starting (torch's import) has no handler yet: the agents skip its
     ranks (G ... - 0,1), and the warning goes out again after the interval."""
     f, launched, segments = _on_two_of_three()
-    regrow = f.regrow = SlurmRegrow(launched, FakeCommands(sinfo=(0, "c1|idle\n")), None)  # type: ignore[arg-type]
+    regrow = f.regrow = SlurmRegrow(FakeCommands(sinfo=(0, "c1|idle\n")), None)  # type: ignore[arg-type]
     sup = f.sup = Attempt(["c0", "c2"])
     regrow.asked_at -= 60
     regrow.check(f)  # type: ignore[arg-type]
