@@ -134,7 +134,7 @@ def render(
             options.argv,
             request.spares,
             request.exclude,
-            options.min_nodes,
+            options.hosts.min_nodes,
         )
     assert request.cluster is not None
     if options.deadline.limit_s is not None:

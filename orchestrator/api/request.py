@@ -95,8 +95,7 @@ def build(
         console=args.console,
         ssh=args.ssh,
         deadline=deadline,
-        bad_nodes=hosts.bad_nodes,
-        min_nodes=hosts.min_nodes,
+        hosts=hosts,
     )
     return LaunchRequest(backend, cluster, spec, options, slurm, hosts.spares, exclude)
 

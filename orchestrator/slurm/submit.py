@@ -166,7 +166,7 @@ def prepared(
         record_path,
         spares,
         exclude,
-        options.min_nodes,
+        options.hosts.min_nodes,
     )
     return job, script, record_path
 
@@ -259,12 +259,12 @@ def _submit_and_follow(
         options.supervision,
         options.console.fold,
         options.console.footer,
-        options.bad_nodes,
+        options.hosts.bad_nodes,
     )
     resubmit = resubmitter(record, commands, following.command, secrets)
     spares = None
     if job.spares or job.min_nodes:
-        spares = SlurmSpares(job, commands, options.bad_nodes, resubmit, lambda _: None)
+        spares = SlurmSpares(job, commands, options.hosts.bad_nodes, resubmit, lambda _: None)
         base.update(spares.status())
     follower = Follower(
         job,

@@ -263,13 +263,13 @@ def _launch(
         # out), not the end of the launch
         connections, unreachable = (
             connect_each(everyone, options.ssh, progress.tick)
-            if cluster.spares or options.min_nodes is not None
+            if cluster.spares or options.hosts.min_nodes is not None
             else (connect_cluster(everyone, options.ssh, progress.tick), {})
         )
     finally:
         progress.end()
     pool = NodePool(
-        cluster, connections, options.run_id, options.bad_nodes, note, options.min_nodes
+        cluster, connections, options.run_id, options.hosts.bad_nodes, note, options.hosts.min_nodes
     )
     try:
         pool.replace_unreachable(unreachable)

@@ -1,11 +1,12 @@
 """A launch's settings beyond the job spec: the run's name and command line, and the option
-groups its stages use (the run's record and preflight, supervision, the console, SSH), with
-the deadline made of --time over SSH. One frozen value."""
+groups its stages use (the run's record and preflight, supervision, the console, SSH, the
+hosts chosen), with the deadline made of --time over SSH. One frozen value."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from orchestrator.options.choosing import Selection
 from orchestrator.options.display import ConsoleOptions
 from orchestrator.options.reaching import SshOptions
 from orchestrator.options.running import RunOptions
@@ -22,5 +23,6 @@ class LaunchOptions:
     console: ConsoleOptions = field(default_factory=ConsoleOptions)
     ssh: SshOptions | None = None
     deadline: Deadline = Deadline()  # --time/--signal over SSH (under SLURM: SlurmOptions)
-    bad_nodes: str | None = None  # --bad-nodes FILE: where node faults write the hosts out
-    min_nodes: int | None = None  # --min-nodes K: a node fault with no spare left shrinks
+    # which hosts (a hostfile edited mid-run is read with the same choice), --bad-nodes
+    # (where node faults write the hosts out), --min-nodes (a fault with no spare shrinks)
+    hosts: Selection = field(default_factory=Selection)
