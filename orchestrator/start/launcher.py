@@ -29,6 +29,7 @@ from orchestrator.plan.scripts import (
 from orchestrator.plan.spec import JobSpec
 from orchestrator.record.runs import RunRecord, new_status, now_iso
 from orchestrator.record.states import RunState
+from orchestrator.start import joining
 from orchestrator.start.attempt import (
     agent_starts,
     console_sink,
@@ -40,7 +41,7 @@ from orchestrator.start.attempt import (
 from orchestrator.start.detach import run_detached
 from orchestrator.start.pool import NodePool
 from orchestrator.start.preflight import check_script_exists, preflight_probe, prepare
-from orchestrator.start.regrow import watch_returns
+from orchestrator.start.regrow import Regrow
 from orchestrator.start.settings import LaunchOptions
 from orchestrator.start.sync import sync_code
 from orchestrator.supervise import Outcome, Supervisor, signals_to
@@ -58,11 +59,13 @@ def run_plan(
     on_started: Callable[[], None] = lambda: None,
     pool: NodePool | None = None,
     progress: Progress | None = None,
+    regrow: Regrow | None = None,
 ) -> Outcome:
     """Start every node's agent with its script and supervise the run to its end.
 
     `on_started` is called once every node's script is running. With a `pool` (--spares),
     an attempt that a node fault ends is not the end: the caller relaunches on a spare.
+    With `regrow` (--min-nodes), the hosts the run does not run on are asked meanwhile.
     """
     secrets = secrets_of(spec, plan)
     states = states_of(plan)
@@ -134,8 +137,8 @@ def run_plan(
             if progress is not None:
                 progress.begin("starting", plan.nnodes)
             supervisor.start_beating()
-            if pool is not None:
-                watch_returns(pool, options, supervisor)
+            if regrow is not None:
+                regrow.watch(supervisor)
             try:
                 start_sessions(starts, events, into=sessions)
             except OrchestratorError as exc:  # the started nodes were stopped
@@ -158,6 +161,8 @@ def run_plan(
             session.close()
         if progress is not None:
             progress.end()
+    if regrow is not None:
+        regrow.settle()  # what the asking found joins the pool
     elapsed = time.monotonic() - (pool.started if pool is not None else started)
     relaunch = pool is not None and pool.will_replace(outcome)
     grow = pool is not None and not relaunch and grows(pool, outcome, supervisor)
@@ -281,6 +286,8 @@ def _launch(
             out.flush()
             return 0
         record = RunRecord.create(options.run.run_dir, options.run_id)
+        asking = preflight_probe(spec, options) if options.run.preflight else None
+        regrow = Regrow.of(pool, options, asking, spec.nproc_per_node)
         pool.begin(plan)
         first_start = True
 
@@ -305,6 +312,7 @@ def _launch(
                 started,
                 pool,
                 progress,
+                regrow,
             )
             if outcome.state != RunState.RECOVERING:
                 pool.recover(outcome.node_fault, None)  # no spare: the bad-node list only
@@ -312,7 +320,7 @@ def _launch(
             try:
                 probe = preflight_probe(spec, options, progress) if options.run.preflight else None
                 pool.recover(outcome.node_fault, probe)
-                pool.grow(probe, new_attempt=outcome.node_fault is None)
+                joining.grow(pool, probe, new_attempt=outcome.node_fault is None)
             except OrchestratorError as exc:  # no spare passed its probe, or Ctrl-C
                 ended = RunState.STOPPED if isinstance(exc, Interrupted) else RunState.FAILED
                 record.write_status(

@@ -7,9 +7,10 @@ a preflight probe that fails on it) takes the node out: it goes on the bad-node 
 starts the job again with the same program and world size. With no spare left (or none
 held) and --min-nodes K, the run goes on with the survivors instead while at least K are
 left: node ranks renumbered in order, the master moved with node 0, the world smaller (the
-same at the start: hosts that cannot be reached or fail the preflight are left out). A rank
-that fails by itself (an exception, exit 3) is the job's error and never consumes a spare
-or shrinks the run.
+same at the start: hosts that cannot be reached or fail the preflight are left out). The
+hosts left out are asked again while the run goes on (start/regrow.py) and join it again
+(start/joining.py). A rank that fails by itself (an exception, exit 3) is the job's error
+and never consumes a spare or shrinks the run.
 """
 
 from __future__ import annotations
@@ -70,11 +71,13 @@ class NodePool:
         self.carried: dict = {}
         self.min_nodes = min_nodes  # --min-nodes K: the fewest nodes the run goes on with
         self.launched = count  # the nodes the run was launched with
+        self.most = count  # the hosts the launch chose, left out at the start or not: the
+        # most nodes it grows to (start/joining.py)
         self.world: list[WorldSegment] = []  # the nodes of each attempt (status.json `world`)
         self.launched_with: tuple[int, ...] | None = None  # each node's ranks at launch
         self.change = "launch"  # why the next attempt's world is what it is
-        self.gone: list[Member] = []  # left out by a fault during the run: asked if back
-        self.back: list[Member] = []  # of those, the ones that answered again (grow())
+        self.gone: list[Member] = []  # left out at the start or by a fault: asked if back
+        self.back: list[Member] = []  # hosts that answered again: they join (start/joining.py)
 
     @property
     def cluster(self) -> Cluster:
@@ -234,30 +237,6 @@ class NodePool:
         what = f"{fault.host} {fault_word(fault)}"
         self.note(going_on_line(what, len(self.active), self.launched, self.min_nodes or 0))
 
-    def answered(self, host: str, connection: NodeConnection) -> int:
-        """A node left out during the run answers again: it joins at the next attempt
-        (grow()). The number of nodes the run grows to."""
-        member = next(m for m in self.gone if m.host.name == host)
-        self.gone = [m for m in self.gone if m is not member]
-        self.back.append(Member(member.host, connection))
-        self.every_connection.append(connection)
-        return len(self.active) + len(self.back)
-
-    def grow(self, probe: Probe | None, new_attempt: bool = True) -> None:
-        """The nodes that answered again join, after the others (the master stays), never
-        more than the run was launched with; they and the master are probed."""
-        joining = self.back[: max(0, self.launched - len(self.active))]
-        self.back = []
-        if not joining:
-            return
-        self.attempt += 1 if new_attempt else 0
-        self.active += joining
-        names = ", ".join(m.host.name for m in joining)
-        self.change = f"{names} back: {len(self.active)} of {self.launched} nodes"
-        if probe is not None:
-            first = len(self.active) - len(joining)
-            self._probe_replaced(probe, list(range(first, len(self.active))))
-
     def _can_leave_out(self, count: int) -> bool:
         """Whether `count` hosts that no spare replaces can be left out at the start."""
         if count <= 0:
@@ -270,6 +249,7 @@ class NodePool:
             return
         for member, reason in why:
             self.active = [m for m in self.active if m is not member]
+            self.gone.append(member)  # asked again while the run goes on (start/regrow.py)
             self._mark_bad(member.host.name, reason)
         named = "; ".join(f"{m.host.name} ({reason})" for m, reason in why)
         self.note(

@@ -15,7 +15,8 @@ from orchestrator.hosts.hostfile import parse_hostfile
 from orchestrator.hosts.selection import hold_spares
 from orchestrator.plan.launch_plan import LAUNCH_WORLD_SIZE, make_plan
 from orchestrator.record.world import WorldSegment, describe_world, seconds_on_fewer_nodes
-from orchestrator.start.pool import NodePool
+from orchestrator.start.joining import grow, room, take
+from orchestrator.start.pool import Member, NodePool
 from orchestrator.supervise.state import NodeFault, Outcome
 from tests.unit.test_plan import spec
 from tests.unit.test_recovery import Connection, Probe
@@ -195,9 +196,11 @@ def test_a_node_that_answers_again_joins_after_the_others_up_to_the_launch() -> 
     p.recover(lost(0, "n0").node_fault, Probe())
     replan(p)
     assert [m.host.name for m in p.gone] == ["n0"]
-    assert p.answered("n0", Connection("n0")) == 4
+    assert room(p) == 1
+    take(p, Member(p.gone[0].host, Connection("n0")), joins=True)
+    assert room(p) == 0 and p.gone == []
     probe = Probe()
-    p.grow(probe)
+    grow(p, probe)
     assert [h.name for h in p.cluster.hosts] == ["n1", "n2", "n3", "n0"]  # the master stays
     assert probe.calls == [["n1", "n0"]]  # the master, and the node that came back
     assert p.attempt == 3 and p.gone == [] and p.back == []
@@ -205,5 +208,5 @@ def test_a_node_that_answers_again_joins_after_the_others_up_to_the_launch() -> 
     assert plan.world_size == 4 and plan.master_addr == "n1"
     assert [len(w["nodes"]) for w in p.status()["world"]] == [4, 3, 4]
     assert p.status()["world"][2]["why"] == "n0 back: 4 of 4 nodes"
-    p.grow(Probe())  # nothing came back: nothing changes
+    grow(p, Probe())  # nothing came back: nothing changes
     assert p.attempt == 3
