@@ -70,10 +70,11 @@ class Selection(OptionGroup):
         "again from its checkpoint on the survivors (node ranks renumbered, the master "
         "moved if its node was lost; every rank told the new world, "
         "ORCHESTRATOR_LAUNCH_WORLD_SIZE the one launched with, so the bundled trainer keeps "
-        "its global batch). Over SSH a node that answers again joins at the next "
-        "checkpoint. At the start, hosts that fail the preflight are left out while at "
-        "least K pass. A rank that fails by itself still fails the run. Default: every node "
-        "is needed.",
+        "its global batch). Over SSH the hosts it does not run on (lost, left out at the "
+        "start, or added to the hostfile since) are asked again: one that answers joins at "
+        "the next checkpoint, or is held as a spare at full size. At the start, hosts that "
+        "fail the preflight are left out while at least K pass. A rank that fails by itself "
+        "still fails the run. Default: every node is needed.",
         metavar="K",
         kind=int,
         minimum=1,

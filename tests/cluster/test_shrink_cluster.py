@@ -4,7 +4,8 @@ renumbered) within the heartbeat timeout + 20 s of the fault; the node back, it 
 checkpoint; the run ends exit 0 with the weights of an uninterrupted run of the same global
 batch, and its record shows the world's sizes (4, 3, 4). Real sshd, real torchrun, real
 power loss (link down, SIGKILL). The master is the harder case (the store and node 0 move),
-so it is the one run this test pays for."""
+so it is the one run this test pays for. A second, cheap test: a host left out at the start
+joins later, and a run at its floor ends lost."""
 
 from __future__ import annotations
 
@@ -162,29 +163,91 @@ def test_the_masters_node_switched_off_and_the_run_goes_on_with_three(
         assert not bad_days.agent_pids(own, victim, run_id)
 
 
-def test_a_host_that_cannot_be_reached_at_the_start_is_left_out(cluster, tmp_path: Path) -> None:
-    (tmp_path / "hello.py").write_text("import os; print('hello from', os.environ['RANK'])\n")
-    nobody = str(cluster.subnet.network_address + 251)  # no node holds it
-    hostfile = cluster.write_hostfile(tmp_path / "hosts.txt", slots=1)
-    hostfile.write_text(hostfile.read_text() + f"{nobody} slots=1\n")
-    runs, nodes = tmp_path / "runs", len(cluster.nodes)
+# Waits on 2 ranks for the time limit's warning signal (the checkpoint the run grows at);
+# on 3 it is done.
+GROWS = """
+import os, signal, sys, time
+rank, world = os.environ["RANK"], int(os.environ["WORLD_SIZE"])
+if world == 3:
+    print("hello from", rank, "of 3", flush=True)
+    sys.exit(0)
+signal.signal(signal.SIGUSR1, lambda *_: sys.exit(138))
+print("waiting", rank, "of", world, flush=True)
+time.sleep(120)
+"""
+SLEEPS = "import os, time; print('up', os.environ['RANK'], flush=True); time.sleep(120)\n"
 
-    def launch(run_id: str, *flags: str):
-        return run_cli(
-            ["launch", str(hostfile), "--run-dir", str(runs), "--run-id", run_id, "--color",
-             "never", "--connect-timeout", "3", *flags, "--", "hello.py"],
-            cwd=tmp_path,
-            env=cluster.environ(),
-        )  # fmt: skip
 
-    done = launch("left-out", "--min-nodes", "2")
-    out = done.stdout + done.stderr
-    assert done.returncode == 0, out
-    assert f"leaving out 1 host(s) that cannot be reached: {nobody} (" in out, out
-    assert f"going on with {nodes} node(s) (--min-nodes 2)" in out, out
-    assert all(f"hello from {rank}" in out for rank in range(nodes)), out
-    status = status_of(runs, "left-out")
-    assert [w["nodes"] for w in status["world"]] == [[n.name for n in cluster.nodes]], status
-    # Without the flag the launch is refused as before: test_ssh_cluster.py's
-    # test_unreachable_node_is_named_before_anything_starts.
-    assert_nothing_left("left-out")
+def test_a_host_left_out_at_the_start_joins_later_and_the_floor_ends_a_run(
+    make_cluster, tmp_path: Path
+) -> None:
+    """One lab, two short runs (no torch in the ranks): a host the controller cannot reach
+    at the start is left out, asked again, and joins at the checkpoint once it answers; then
+    a run at its floor (--min-nodes 3 of 3) loses a node and ends lost, naming it."""
+    (tmp_path / "grows.py").write_text(GROWS)
+    (tmp_path / "sleeps.py").write_text(SLEEPS)
+    with make_cluster(3) as own:
+        hostfile = own.write_hostfile(tmp_path / "hosts.txt", slots=1)
+        late, runs = own.nodes[2], tmp_path / "runs"
+
+        def start(run_id: str, *flags: str):
+            return start_cli(
+                ["launch", str(hostfile), "--run-dir", str(runs), "--run-id", run_id, "--color",
+                 "never", "--heartbeat-timeout", "2", "--grace", "2", *flags],
+                cwd=tmp_path,
+                env=own.environ(),
+            )  # fmt: skip
+
+        block = own.block(None, late, port=22)  # its sshd refuses the controller at once
+        try:
+            proc = start("left-out", "--min-nodes", "2", "--", "grows.py")
+            lines = Lines(proc)
+            wait_until(
+                lambda: lines.first(0, "waiting 1 of 2") or proc.poll() is not None,
+                120,
+                "the run on 2 nodes",
+            )
+        finally:
+            own.unblock(block)
+        try:
+            proc.wait(timeout=120)
+            lines.thread.join(timeout=10)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        out = lines.text()
+        assert proc.returncode == 0, out
+        assert f"leaving out 1 host(s) that cannot be reached: {late.name} (" in out, out
+        assert "going on with 2 node(s) (--min-nodes 2)" in out, out
+        assert f"{late.name} back; growing to 3 nodes at the next checkpoint" in out, out
+        assert all(f"hello from {rank} of 3" in out for rank in range(3)), out
+        status = status_of(runs, "left-out")
+        names = [n.name for n in own.nodes]
+        assert [w["nodes"] for w in status["world"]] == [names[:2], names], status
+        assert_nothing_left("left-out")
+        # Without the flag the launch is refused as before: test_ssh_cluster.py's
+        # test_unreachable_node_is_named_before_anything_starts.
+
+        proc = start("floor", "--min-nodes", "3", "--", "sleeps.py")
+        lines = Lines(proc)
+        try:
+            wait_until(
+                lambda: all(lines.first(0, f"up {r}") for r in range(3)) or proc.poll(),
+                120,
+                "3 ranks up",
+            )
+            bad_days.power_off(own, late)
+            proc.wait(timeout=120)
+            lines.thread.join(timeout=10)
+        finally:
+            bad_days.power_on(own, late)
+            if proc.poll() is None:
+                proc.kill()
+        out = lines.text()
+        assert proc.returncode == 1, out
+        assert (
+            f"{late.name} lost; no spare left; 2 of 3 nodes left, below --min-nodes 3: the "
+            "floor was reached"
+        ) in out, out
+        assert status_of(runs, "floor")["state"] == "lost"
+        assert_nothing_left("floor")
