@@ -12,6 +12,8 @@ from orchestrator.options.declare import OptionGroup, option
 # times the other ranks' median (supervise/stragglers.py).
 STRAGGLER_RATIO = 1.5
 STRAGGLER_WINDOW_S = 20.0
+# --min-nodes: how often a run asks the nodes it lost whether they are back, at most.
+ASK_AGAIN_S = 30.0
 
 
 def straggler_rule(value: str | tuple[float, float]) -> tuple[float, float]:
@@ -90,6 +92,14 @@ class Supervision(OptionGroup):
         metavar="RATIO,SECONDS",
         parse=straggler_rule,
     )
+
+    @property
+    def ask_again_every(self) -> float:
+        """--min-nodes: how often the hosts a run does not run on are asked whether they
+        are back (over SSH and under SLURM alike): every 30 s, or twice the heartbeat
+        timeout if less."""
+        timeout = self.heartbeat_timeout
+        return min(ASK_AGAIN_S, 2 * timeout) if timeout > 0 else ASK_AGAIN_S
 
 
 # Work on the nodes that is not a job (exec's command, probes, cleaning): its processes get

@@ -32,7 +32,6 @@ from orchestrator.slurm.job import SlurmJob
 from orchestrator.slurm.parse import JobInfo
 from orchestrator.slurm.segments import Segments
 from orchestrator.slurm.spares import job_dir_of
-from orchestrator.start.regrow import ask_interval
 from orchestrator.supervise import Supervisor
 
 GROW = "grow"  # the ending of a job stopped at a checkpoint to grow back (segments)
@@ -93,7 +92,7 @@ class SlurmRegrow:
 
     def __init__(self, commands: SlurmCommands, supervision: Supervision | None) -> None:
         self.commands = commands
-        self.every = ask_interval((supervision or Supervision()).heartbeat_timeout)
+        self.every = (supervision or Supervision()).ask_again_every
         self.asked_at = time.monotonic()
         self.back: list[str] = []  # the nodes the next job takes back (the signal is due)
         self.signalled = False  # the ranks were sent the warning for `back`

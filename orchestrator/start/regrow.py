@@ -26,14 +26,7 @@ from orchestrator.start.pool import Member, NodePool, Probe
 from orchestrator.start.settings import LaunchOptions
 from orchestrator.supervise import Supervisor
 
-ASK_EVERY_S = 30.0
-
 Connect = Callable[[Host], NodeConnection | None]
-
-
-def ask_interval(heartbeat_timeout: float) -> float:
-    """How often a host the run does not run on is asked whether it answers again."""
-    return min(ASK_EVERY_S, 2 * heartbeat_timeout) if heartbeat_timeout > 0 else ASK_EVERY_S
 
 
 class Regrow:
@@ -75,8 +68,7 @@ class Regrow:
             return None if errors else connections[0]
 
         watch = HostfileWatch.of(pool.base.path, options.hosts, nproc)
-        every = ask_interval(options.supervision.heartbeat_timeout)
-        return cls(pool, every, probe, connect, watch)
+        return cls(pool, options.supervision.ask_again_every, probe, connect, watch)
 
     def watch(self, supervisor: Supervisor) -> None:
         """Ask in a thread of its own until the attempt ends."""

@@ -18,6 +18,7 @@ import pytest
 from orchestrator.errors import NodeError, NodeErrors
 from orchestrator.hosts.hostfile import load_hostfile
 from orchestrator.options.choosing import Selection
+from orchestrator.options.supervision import Supervision
 from orchestrator.plan.deadline import Deadline
 from orchestrator.plan.launch_plan import make_plan
 from orchestrator.record.bad_nodes import add_bad_node
@@ -242,3 +243,9 @@ def test_an_error_while_asking_is_a_warning_line_not_a_traceback(tmp_path) -> No
     attempt = Attempt()
     Regrow(pool, 10.0, probe, lambda h: Connection(h.name)).round(attempt)
     assert attempt.lines == ["warning: asking n1 again: n1: the agent sent garbage"]
+
+
+def test_hosts_are_asked_every_30_s_or_twice_the_heartbeat_timeout_if_less() -> None:
+    assert Supervision(heartbeat_timeout=5).ask_again_every == 10
+    assert Supervision(heartbeat_timeout=60).ask_again_every == 30
+    assert Supervision(heartbeat_timeout=0).ask_again_every == 30  # no heartbeats: the most
