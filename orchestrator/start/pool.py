@@ -35,7 +35,7 @@ Probe = Callable[[Cluster, Sequence[NodeConnection], Sequence[int]], ProbeResult
 @dataclass
 class Member:
     host: Host
-    connection: NodeConnection  # None for a host that could not be reached (replace_unreachable)
+    connection: NodeConnection  # None for a host not reached (yet): unreachable, or asked again
     facts: NodeFacts | None = None
     probed: tuple[float, float] | None = None  # its last probe: began, ended (wall clock)
 

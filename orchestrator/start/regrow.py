@@ -134,7 +134,11 @@ class Regrow:
         if self.probe is not None and not supervisor.ended.is_set():
             cluster = replace(pool.cluster, hosts=(*pool.cluster.hosts, member.host))
             index = len(cluster.hosts) - 1
-            result = self.probe(cluster, [*pool.connections, connection], [index])
+            try:
+                result = self.probe(cluster, [*pool.connections, connection], [index])
+            except BaseException:
+                close_all([connection])
+                raise
             if index in result.failed:
                 close_all([connection])
                 self.say_once(name, result.failed[index].message, supervisor.sink.note)
