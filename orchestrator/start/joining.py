@@ -6,8 +6,6 @@ back among the hosts asked again, in one line saying why, and the run goes on wi
 
 from __future__ import annotations
 
-import time
-
 from orchestrator.backends import close_all
 from orchestrator.errors import NodeErrors
 from orchestrator.start.pool import Member, NodePool, Probe
@@ -59,13 +57,7 @@ def grow(pool: NodePool, probe: Probe | None, new_attempt: bool = True) -> None:
 def probe_joining(pool: NodePool, probe: Probe, first: int) -> dict[str, str]:
     """Probe the master (a fresh port) and the nodes joining from node rank `first` on;
     one that fails goes back among the hosts asked again. Host -> why, for those."""
-    indices = sorted({0, *range(first, len(pool.active))})
-    began = time.time()
-    result = probe(pool.cluster, pool.connections, indices)
-    for index in indices:
-        pool.active[index].probed = (began, time.time())
-        if index in result.facts:
-            pool.active[index].facts = result.facts[index]
+    result = pool.probe_ranks(probe, sorted({0, *range(first, len(pool.active))}))
     if any(index < first for index in result.failed):
         raise NodeErrors([result.failed[i] for i in sorted(result.failed)], "preflight")
     failed = [pool.active[index] for index in sorted(result.failed)]

@@ -284,18 +284,23 @@ class NodePool:
         self.active[index] = Member(host, spare.connection, spare.facts, spare.probed)
         return self.active[index]
 
+    def probe_ranks(self, probe: Probe, indices: Sequence[int]) -> ProbeResult:
+        """Probe these node ranks as they stand, keeping each one's facts and probe times."""
+        began = time.time()
+        result = probe(self.cluster, self.connections, indices)
+        for index in indices:
+            self.active[index].probed = (began, time.time())
+            if index in result.facts:
+                self.active[index].facts = result.facts[index]
+        return result
+
     def _probe_replaced(self, probe: Probe, replaced: list[int]) -> None:
         """Probe the replacements as their node ranks (and node 0 for a fresh port; everyone
         when the master moved, since every route leads to it); a replacement that fails is
         replaced by the next spare, until one passes or none is left."""
         while True:
             indices = range(len(self.active)) if 0 in replaced else sorted({0, *replaced})
-            began = time.time()
-            result = probe(self.cluster, self.connections, indices)
-            for index in indices:
-                self.active[index].probed = (began, time.time())
-                if index in result.facts:
-                    self.active[index].facts = result.facts[index]
+            result = self.probe_ranks(probe, indices)
             failed = [i for i in result.failed if i in replaced]
             others = [i for i in result.failed if i not in replaced]
             if others or len(failed) > len(self.spares):
