@@ -34,12 +34,12 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slurm]
 
 # SLURM's warning comes 15-45 s into a one-minute job (slurmctld looks at time limits
 # every 30 s, a compile-time constant, and sends --signal's warning up to that much early)
-# and the ranks start a few seconds in, so a job trains for 10-43 s. Each step is paced by a
-# 20 ms sleep (tests/data/paced_trainer.py): 2400 steps are at least 48 s on the clock
-# whatever the machine's speed, so the run crosses at least one limit (two jobs, three
-# when the first is warned early), while the unpaced trainer reaches the same weights for
-# the comparison in seconds.
-STEPS = 2400
+# and the ranks start a few seconds in, so a job trains for 10-43 s. The steps are paced,
+# one every 20 ms at most (tests/data/paced_trainer.py): 2600 steps last 52 s on the clock
+# whatever the machine's speed and load, so the run crosses at least one limit (two jobs,
+# three when the first is warned early), while the unpaced trainer reaches the same weights
+# for the comparison in seconds.
+STEPS = 2600
 TRAINER_ARGS = [
     "--synthetic-samples",
     "1024",
@@ -48,7 +48,7 @@ TRAINER_ARGS = [
     "--max-steps",
     str(STEPS),
     "--log-every",
-    "400",
+    "500",
 ]
 PACED_TRAINER = Path(__file__).resolve().parents[1] / "data" / "paced_trainer.py"
 
@@ -56,7 +56,7 @@ PACED_TRAINER = Path(__file__).resolve().parents[1] / "data" / "paced_trainer.py
 def test_a_trainer_run_is_carried_across_one_minute_limits_to_the_uninterrupted_model(
     slurm_cluster: SlurmCluster, work: Path
 ) -> None:
-    """--time 1 with about 55 s of work: each job's ranks are warned 15 s before its
+    """--time 1 with 52 s of work: each job's ranks are warned 15 s before its
     limit, save and stop; `launch` submits the next job, the trainer resumes; the run ends
     with exit 0 and the weights of an uninterrupted run, every job in status.json."""
     done = orchestrator(
