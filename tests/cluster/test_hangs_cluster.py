@@ -89,11 +89,12 @@ def test_stacks_name_the_stuck_rank_and_a_hang_ends_the_run(make_cluster, tmp_pa
             run_cli(["stop", "asked", "--run-dir", str(runs), "--wait", "60"], env=env)
         assert_nothing_left("asked")
 
-        # Found by the run itself: --hang-timeout 60.
+        # Found by the run itself: --hang-timeout 20 (a check while the 8 ranks still
+        # start sees their main threads move, and the next comes 20 s later).
         began = time.monotonic()
         hung = run_cli(
             ["launch", str(hostfile), "--run-dir", str(runs), "--run-id", "found",
-             "--hang-timeout", "60", *LAUNCH],
+             "--hang-timeout", "20", *LAUNCH],
             cwd=tmp_path, env=env, timeout=600,
         )  # fmt: skip
         took = time.monotonic() - began

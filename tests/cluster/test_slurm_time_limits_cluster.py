@@ -32,27 +32,31 @@ from tests.slurm_helpers import (  # noqa: F401 (fixtures, used by name)
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slurm]
 
-# About 70 s of training at the lab's ~2.5 ms a step: a one-minute job trains 10-40 s (its
-# ranks start ~4 s in; SLURM's warning comes 15-45 s in, at its 30 s periodic check), so
-# the run takes two jobs at the least and three or more most times.
-TRAINER = [
-    "-m",
-    "orchestrator.trainer",
+# SLURM's warning comes 15-45 s into a one-minute job (slurmctld looks at time limits
+# every 30 s, a compile-time constant, and sends --signal's warning up to that much early)
+# and the ranks start a few seconds in, so a job trains for 10-43 s. The steps are paced,
+# one every 20 ms at most (tests/data/paced_trainer.py): 2600 steps last 52 s on the clock
+# whatever the machine's speed and load, so the run crosses at least one limit (two jobs,
+# three when the first is warned early), while the unpaced trainer reaches the same weights
+# for the comparison in seconds.
+STEPS = 2600
+TRAINER_ARGS = [
     "--synthetic-samples",
     "1024",
     "--epochs",
     "100000",
     "--max-steps",
-    "30000",
+    str(STEPS),
     "--log-every",
-    "2000",
+    "500",
 ]
+PACED_TRAINER = Path(__file__).resolve().parents[1] / "data" / "paced_trainer.py"
 
 
 def test_a_trainer_run_is_carried_across_one_minute_limits_to_the_uninterrupted_model(
     slurm_cluster: SlurmCluster, work: Path
 ) -> None:
-    """--time 1 with about 70 s of work: each job's ranks are warned 15 s before its
+    """--time 1 with 52 s of work: each job's ranks are warned 15 s before its
     limit, save and stop; `launch` submits the next job, the trainer resumes; the run ends
     with exit 0 and the weights of an uninterrupted run, every job in status.json."""
     done = orchestrator(
@@ -66,8 +70,10 @@ def test_a_trainer_run_is_carried_across_one_minute_limits_to_the_uninterrupted_
             "--time",
             "1",
             "--env=OMP_NUM_THREADS=1",
+            "--env=PACED_STEP_S=0.02",
             "--",
-            *TRAINER,
+            str(PACED_TRAINER),
+            *TRAINER_ARGS,
             "--checkpoint-dir",
             "ckpt-long",
             "--resume",
@@ -88,10 +94,13 @@ def test_a_trainer_run_is_carried_across_one_minute_limits_to_the_uninterrupted_
         assert f"segment {ids.index(after) + 1}: SLURM job {after} submitted, after job " in out
     assert (status["state"], status["exit_code"]) == ("succeeded", 0)
     assert status["resubmits_left"] == 10 - (len(segments) - 1)  # the default, 10
-    saves = re.findall(r"stopped by SIGUSR1 after step \d+/30000; checkpoint saved to \S+ in ", out)
+    saves = re.findall(
+        rf"stopped by SIGUSR1 after step \d+/{STEPS}; checkpoint saved to \S+ in ", out
+    )
     assert len(saves) == len(segments) - 1, out
     resumed = re.findall(r"r0\] resumed from ckpt-long/ckpt-\d+\.pt at step (\d+)", out)
     assert len(resumed) == len(segments) - 1 and all(int(s) > 0 for s in resumed), out
+    print(f"{len(segments)} jobs, resumed at steps {', '.join(resumed)} of {STEPS}")
     assert re.search(rf"carried across {len(segments)} segment\(s\):\n", out), out
     shown = orchestrator(slurm_cluster, work, "status", "long", "--run-dir", str(work / "runs"))
     assert f"segments: {len(segments)} (resubmits left: " in shown.stdout, shown.stdout
@@ -102,7 +111,7 @@ def test_a_trainer_run_is_carried_across_one_minute_limits_to_the_uninterrupted_
     assert_gone(slurm_cluster, ids[-1], "long")
 
     assert_model_of_an_uninterrupted_run(
-        slurm_cluster, work, "ckpt-long", ["--", *TRAINER], timeout=300
+        slurm_cluster, work, "ckpt-long", ["--", "-m", "orchestrator.trainer", *TRAINER_ARGS]
     )
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.console.plot import load
+from orchestrator.options.supervision import STRAGGLER_WINDOW_S
 from tests.cli_helpers import (
     ORCHESTRATOR,
     assert_nothing_left,
@@ -107,8 +108,8 @@ def test_top_shows_every_rank_live_and_names_the_rank_slowed_from_outside(
             except AssertionError as exc:
                 raise AssertionError(f"{exc}; the screen:\n{terminal.screen()}") from None
             first = steps_on(terminal.screen())
-            # Unslowed: the steps advance and nobody is named.
-            time.sleep(40)
+            # Unslowed: the steps advance and nobody is named over a whole window and more.
+            time.sleep(STRAGGLER_WINDOW_S + 5)
             screen = terminal.screen()
             later = steps_on(screen)
             assert all(later[r] > first[r] for r in range(WORLD)), (first, later)

@@ -44,6 +44,9 @@ JOB = textwrap.dedent("""
         sys.exit(3)
     print(f"rank {rank} done", flush=True)
 """)
+# The stalls below: three heartbeat timeouts of 4 s; the ranks run on ~6 s after one ends.
+STALL_S = 12
+OUTLASTS_STALL = {"SLEEP": str(STALL_S + 6)}
 
 
 class Console:
@@ -217,11 +220,11 @@ def test_a_node_once_lost_stays_lost_when_its_agent_reports_later(cluster, job) 
 def test_a_starved_agent_is_silent_not_lost(cluster, job) -> None:
     run_id = "agent-starved"
     victim = cluster.nodes[1]
-    console = job(cluster, run_id, "--heartbeat-timeout", "4", env={"SLEEP": "25"})
+    console = job(cluster, run_id, "--heartbeat-timeout", "4", env=OUTLASTS_STALL)
     wait_started(console, job, run_id, 1)
     agents = bad_days.agent_pids(cluster, victim, run_id)
     assert agents, cluster.processes_on(victim)
-    bad_days.stall(agents, 12)  # only the agent: its sshd and its ranks run on
+    bad_days.stall(agents, STALL_S)  # only the agent: its sshd and its ranks run on
     code, out = console.wait(timeout=180)
     assert code == 0, out
     assert " lost" not in out, out
@@ -239,7 +242,7 @@ def test_a_node_whose_sshd_is_starved_too_is_busy_not_lost(cluster, job) -> None
     # acknowledged every packet. Here the node's agent and every sshd process of it stop.
     run_id = "sshd-starved"
     victim = cluster.nodes[1]
-    console = job(cluster, run_id, "--heartbeat-timeout", "4", env={"SLEEP": "25"})
+    console = job(cluster, run_id, "--heartbeat-timeout", "4", env=OUTLASTS_STALL)
     wait_started(console, job, run_id, 1)
     agents = bad_days.agent_pids(cluster, victim, run_id)
     sshds = [
@@ -249,7 +252,7 @@ def test_a_node_whose_sshd_is_starved_too_is_busy_not_lost(cluster, job) -> None
     ]
     assert agents and sshds, cluster.processes_on(victim, include_lab=True)
     with bad_days.frozen(agents + sshds):
-        time.sleep(12)  # three heartbeat timeouts
+        time.sleep(STALL_S)  # three heartbeat timeouts
     code, out = console.wait(timeout=180)
     assert code == 0, out
     assert " lost" not in out, out
@@ -261,9 +264,9 @@ def test_a_node_whose_sshd_is_starved_too_is_busy_not_lost(cluster, job) -> None
 
 def test_a_stalled_controller_loses_no_node(cluster, job) -> None:
     run_id = "controller-stalled"
-    console = job(cluster, run_id, "--heartbeat-timeout", "4", env={"SLEEP": "25"})
+    console = job(cluster, run_id, "--heartbeat-timeout", "4", env=OUTLASTS_STALL)
     wait_started(console, job, run_id, 2)
-    bad_days.stall([console.proc.pid], 12)
+    bad_days.stall([console.proc.pid], STALL_S)
     code, out = console.wait(timeout=180)
     assert code == 0, out
     assert " lost" not in out, out

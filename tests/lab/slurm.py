@@ -37,6 +37,9 @@ MIN_JOB_AGE = 300
 SLURMD_TIMEOUT = 10
 URGENT_PARTITION = "urgent"  # its jobs preempt the default partition's
 PREEMPT_GRACE_S = 20  # a preempted job's ranks have this long to save after the signal
+# Labs running at once share one /tmp, where a node agent's socket is named by its job id:
+# each lab numbers its jobs from its own block, so two labs' jobs never share an id.
+JOB_IDS_PER_LAB = 100_000
 
 
 def _free_port(preferred: int) -> int:
@@ -188,6 +191,7 @@ class SlurmCluster:
             names = ",".join(n.name for n in self.nodes)
         lines = [
             f"ClusterName={self.cluster.name}",
+            f"FirstJobId={1 + self.cluster.state.index * JOB_IDS_PER_LAB}",
             f"SlurmctldHost={socket.gethostname()}({self.cluster.bridge_address})",
             f"SlurmctldPort={self.ctld_port}",
             f"SlurmdPort={SLURMD_PORT}",

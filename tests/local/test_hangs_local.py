@@ -1,5 +1,6 @@
-"""A job that computes silently is not a hang: two local ranks crunch numbers for 40 s
-without printing, under --hang-timeout 10; the checks see their main threads move, say once
+"""A job that computes silently is not a hang: two local ranks crunch numbers for 20 s
+without printing, under --hang-timeout 4 (a check every 9 s: two rounds of stacks 5 s
+apart), so at least two checks fall in the crunch; they see the main threads move, say once
 that the job works, and the run succeeds."""
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ def crunch(seconds):
 
 
 dist.init_process_group("gloo")
-crunch(40)
+crunch(20)
 tensor = torch.ones(1)
 dist.all_reduce(tensor)
 print("reduced", tensor.item(), flush=True)
@@ -50,12 +51,13 @@ def launch_local(tmp_path: Path, run_id: str, *args: str):
 def test_silent_work_is_not_stopped(tmp_path: Path) -> None:
     (tmp_path / "crunch.py").write_text(JOB)
     runs = tmp_path / "runs"
-    done = launch_local(tmp_path, "silent", "--hang-timeout", "10", "--", "crunch.py")
+    done = launch_local(tmp_path, "silent", "--hang-timeout", "4", "--", "crunch.py")
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.count(" s apart: working") == 1, done.stdout
     assert "hung" not in done.stdout
     assert status_of(runs, "silent")["state"] == "succeeded"
-    assert list((runs / "silent" / "stacks").iterdir()), "the checks' stacks are kept"
+    rounds = list((runs / "silent" / "stacks").iterdir())
+    assert len(rounds) >= 4, "two checks of two samples or more, their stacks kept"
 
 
 def test_a_local_hang_is_named_by_stacks_and_the_flight_recorder(tmp_path: Path) -> None:
