@@ -135,8 +135,7 @@ class Detector:
             return None
         self.warning.ended_run = True
         self.sink.note(
-            f"the {len(left)} rank(s) left do not catch the warning; stopping the run on "
-            "every node"
+            f"the {len(left)} rank(s) left do not catch the warning; stopping the run on every node"
         )
         return f"rank {state.rank} on {state.host} ended on the time limit's warning"
 

@@ -13,9 +13,9 @@ SKIPPED`, T its own clock just before its first signal: a rank of that node whos
 other rank: they were warned too and may still be saving (a save ends a rank before its
 peers when their shards differ), so the run stops only once the ranks left are those that do
 not catch the warning (`may_save`); the limit bounds the wait. The verdict is "the ranks
-stopped on the time limit's warning" (failed, 124: the work is not done). At the limit the supervisor stops
-what still runs at once (failed, 124), and the ranks still running then are named in the
-summary.
+stopped on the time limit's warning" (failed, 124: the work is not done). At the limit the
+supervisor stops what still runs at once (failed, 124), and the ranks still running then are
+named in the summary.
 """
 
 from __future__ import annotations
