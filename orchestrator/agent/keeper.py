@@ -18,8 +18,13 @@ from its stdin (`bootstrap.slurm_bundle`) and calls `main`. Here:
 - Without a job folder (a script rendered for `sbatch` by hand), the script's own output
   (frames N) and the agent's messages (M) also go to this task's stdout and stderr, where
   SLURM puts them (slurm-JOB.out), as the script's output went before there was an agent.
+- SLURM's warning (the time limit's or a preemption's, which srun passes to every process
+  of the step) is held for the ranks still starting when it came: each gets it once it
+  catches it (`hold`, limit_warning.HeldWarning).
 - Once the agent has finished, what a connected controller has not yet taken is sent to it
-  (up to DRAIN_S), and the task ends with the script's exit code, which srun reads.
+  (up to DRAIN_S), and the task ends with the script's exit code, which srun reads; after
+  the warning a nonzero one is kept in a file and the task ends 0 (`stopped_on_warning`),
+  so that srun's --kill-on-bad-exit spares the nodes whose ranks still save.
 
 Standard library only: this module runs on the nodes (see orchestrator.agent.bootstrap).
 """
