@@ -49,7 +49,11 @@ if rank == int(os.environ.get("FAIL_RANK", "-1")):
 time.sleep(300)
 """
 # Waits for SIGUSR1, saves a "checkpoint" and exits 128+SIGUSR1; in its next job (a
-# requeue, or the job submitted again), resumes.
+# requeue, or the job submitted again), resumes; a rank that finds a peer's checkpoint but
+# not its own (it never saved) says so and fails at once instead of waiting for a signal.
+# LATE_RANK=R: rank R installs its handler only once the job's warning file exists (a
+# rank still importing its libraries when the warning came); SLOW_RANK=R: rank R takes
+# SAVE_S seconds to save (a bigger shard than its peers').
 CHECKPOINTING = """\
 import os, signal, sys, time
 from pathlib import Path
@@ -60,11 +64,25 @@ if checkpoint.exists():
           f"{os.environ['SLURM_JOB_ID']}, restart {os.environ.get('SLURM_RESTART_COUNT', 0)})",
           flush=True)
     raise SystemExit(0)
+peers = sorted(p.name for p in Path(sys.argv[1]).glob("rank-*.ckpt"))
+if peers:
+    print(f"rank {rank} has no checkpoint, though its peers saved: {peers}", flush=True)
+    raise SystemExit(3)
 got = []
+if os.environ.get("LATE_RANK") == str(rank):
+    print(f"rank {rank} starting: its handler comes after the warning", flush=True)
+    attempt = f"attempt{os.environ.get('SLURM_RESTART_COUNT', 0)}"
+    warning = Path(os.environ["ORCHESTRATOR_JOB_DIR"]) / attempt / "warning"
+    deadline = time.monotonic() + 60
+    while not warning.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.2)  # the warning has reached every process of the step by now
 signal.signal(signal.SIGUSR1, lambda signum, frame: got.append(signum))
 print(f"rank {rank} waiting for SIGUSR1", flush=True)
 while not got:
     time.sleep(0.05)
+if os.environ.get("SLOW_RANK") == str(rank):
+    time.sleep(float(os.environ.get("SAVE_S", "2")))
 checkpoint.write_text(f"checkpoint {rank}")
 print(f"rank {rank} got SIGUSR1 in job {os.environ['SLURM_JOB_ID']}", flush=True)
 raise SystemExit(128 + signal.SIGUSR1)

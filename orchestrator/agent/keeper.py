@@ -18,8 +18,13 @@ from its stdin (`bootstrap.slurm_bundle`) and calls `main`. Here:
 - Without a job folder (a script rendered for `sbatch` by hand), the script's own output
   (frames N) and the agent's messages (M) also go to this task's stdout and stderr, where
   SLURM puts them (slurm-JOB.out), as the script's output went before there was an agent.
+- SLURM's warning (the time limit's or a preemption's, which srun passes to every process
+  of the step) is held for the ranks still starting when it came: each gets it once it
+  catches it (`hold`, limit_warning.HeldWarning).
 - Once the agent has finished, what a connected controller has not yet taken is sent to it
-  (up to DRAIN_S), and the task ends with the script's exit code, which srun reads.
+  (up to DRAIN_S), and the task ends with the script's exit code, which srun reads; after
+  the warning a nonzero one is kept in a file and the task ends 0 (`stopped_on_warning`),
+  so that srun's --kill-on-bad-exit spares the nodes whose ranks still save.
 
 Standard library only: this module runs on the nodes (see orchestrator.agent.bootstrap).
 """
@@ -36,6 +41,7 @@ import threading
 import time
 from collections import deque
 
+from orchestrator.agent.limit_warning import HeldWarning, catching_now, rank_targets
 from orchestrator.agent.main import Agent
 from orchestrator.agent.protocol import WITH_PAYLOAD, Frame, frame, read_config
 
@@ -43,6 +49,7 @@ KEPT_BYTES = 64 << 20  # of the node's stream, for a controller that connects la
 TRIM_STEP = 64 << 10  # what is dropped past KEPT_BYTES goes in whole frames of about this
 DRAIN_S = 10.0  # after the step: how long a connected controller may take to read the rest
 SEND_BYTES = 1 << 16
+HELD_POLL_S = 0.1  # after the warning: how often ranks that ignored it are looked for
 # The batch script hands the bundle to the interpreter from this variable; the step's
 # processes do not need a copy of it in their environment.
 CODE_ENV = "ORCHESTRATOR_AGENT_CODE"
@@ -89,11 +96,14 @@ while True:
 """
 
 
-def socket_path(job_id: str | int, restart: str | int, node: str | int) -> str:
+def socket_path(
+    job_id: str | int, restart: str | int, node: str | int, uid: str | int | None = None
+) -> str:
     """Where node `node`'s keeper listens in attempt `restart` of SLURM job `job_id`: a
-    folder of the user's own in the node's /tmp (a job's private /tmp, where the site gives
-    jobs one, is shared by all its steps)."""
-    return f"/tmp/orchestrator-agent-{os.getuid()}/{job_id}.{restart}.{node}.sock"
+    folder of the user's own (`uid`, this process's by default) in the node's /tmp (a
+    job's private /tmp, where the site gives jobs one, is shared by all its steps)."""
+    uid = os.getuid() if uid is None else uid
+    return f"/tmp/orchestrator-agent-{uid}/{job_id}.{restart}.{node}.sock"
 
 
 class Stream:
@@ -360,8 +370,16 @@ def main() -> int:
     # the agent starts get the default back (the node script ignores it itself). Once the
     # relay runs, the handler also tells the launcher (a G frame, warned_frame).
     warned: deque[bytes] = deque()
+    came: list[HeldWarning] = []  # the warning, once it came: held for ranks still starting
+
+    def on_warning(number: int, _frame: object) -> None:
+        warned.append(warned_frame(number))
+        if not came:
+            targets = rank_targets(os.getpid())
+            came.append(HeldWarning(number, catching_now(targets, number)))
+
     for signum in (signal.SIGUSR1, signal.SIGUSR2):
-        signal.signal(signum, lambda number, _: warned.append(warned_frame(number)))
+        signal.signal(signum, on_warning)
     config = node_config(read_config(), dict(os.environ))
     os.environ.pop(CODE_ENV, None)
     env = os.environ
@@ -384,6 +402,8 @@ def main() -> int:
     thread = threading.Thread(target=relay.run, args=(done,), name="relay", daemon=True)
     thread.start()
     agent = Agent(config)
+    holder = threading.Thread(target=hold, args=(came, agent, done), name="held", daemon=True)
+    holder.start()
     agent.run()
     os.close(1)  # the relay reads the agent's last frame, then the end of its stream
     deadline = time.monotonic() + DRAIN_S
@@ -395,7 +415,43 @@ def main() -> int:
     rc = agent.processes.script_rc
     if rc is None:
         return 1
-    return rc if rc >= 0 else 128 - rc  # a signal's number, as a shell says it
+    rc = rc if rc >= 0 else 128 - rc  # a signal's number, as a shell says it
+    if rc and (came or agent.warned):
+        return stopped_on_warning(path, rc)
+    return rc
+
+
+def hold(came: list[HeldWarning], agent: Agent, done: threading.Event) -> None:
+    """Once the warning came, send it to each rank that starts catching it later (a rank
+    still importing its libraries when SLURM sent it ignored it), and say so."""
+    while not done.wait(HELD_POLL_S):
+        if not came:
+            continue
+        agent.warned = True
+        for rank in came[0].deliver(rank_targets(os.getpid())):
+            name = signal.Signals(came[0].signum).name
+            agent.outbox.message(
+                f"rank {rank} was still starting when {name} came: sent it now that it catches it"
+            )
+
+
+def stopped_on_warning(path: str, rc: int) -> int:
+    """The step's end after the warning, with the script's nonzero code `rc` (the ranks
+    saved and stopped, e.g. 138): not a failure of this node, so srun's task ends 0 and
+    srun (--kill-on-bad-exit) does not end the step on the nodes whose ranks still save.
+    The code is kept beside the socket (`stopped_file`): the batch script, on node 0,
+    ends with it."""
+    try:
+        with open(stopped_file(path), "w") as out:
+            out.write(f"{rc}\n")
+    except OSError as error:
+        print(f"orchestrator agent: cannot keep the exit code {rc}: {error}", file=sys.stderr)
+    return 0
+
+
+def stopped_file(path: str) -> str:
+    """Where the keeper whose socket is `path` keeps its script's code after the warning."""
+    return path.removesuffix(".sock") + ".stopped"
 
 
 if __name__ == "__main__":  # pragma: no cover - run on the node through the bundle

@@ -104,6 +104,7 @@ class Agent:
         self.beating = threading.Event()
         self.started_wall = time.time()
         self.flight_shipped: dict[int, float] = {}  # rank -> when its dump was last asked for
+        self.warned = False  # the ranks were sent the warning (`signal`)
 
     def stop(self, reason: str, grace: float | None = None) -> None:
         """Stop the step's processes: after the config's grace unless told another."""
@@ -238,6 +239,8 @@ class Agent:
         self.ranks.ship_output()
         self.ranks.ship_exits()
         self.processes.reap()
+        if self.warned and self.processes.script_rc is None and not self.processes.stopping:
+            self.after_warning()
         now = time.monotonic()
         self.disk.tick(now)
         self.check_controller(now)
@@ -253,6 +256,13 @@ class Agent:
             or (wakeup is not None and wakeup.files in readable)
         )
         self.wait = POLL_S if busy else min(self.quiet_wait, self.wait * 2)
+
+    def after_warning(self) -> None:
+        """Every rank here ended after the warning, one at least not with 0 (it saved and
+        stopped): what is left is torchrun's own exit after its workers' failure, seconds
+        that nothing waits for. (The other nodes' ranks are not ours: they save on.)"""
+        if self.ranks.all_exited() and not self.ranks.all_succeeded():
+            self.stop("every rank here stopped on the warning")
 
     def heartbeats(self) -> None:
         """H from a thread of its own, whatever the loop is doing (protocol.beat_intervals);
@@ -358,6 +368,7 @@ class Agent:
             elif command == "signal":  # the time limit's warning, answered by G
                 from orchestrator.agent.limit_warning import warn_ranks
 
+                self.warned = True
                 self.outbox.send(warn_ranks(os.getpid(), str(argument)))
             else:
                 self.stop(f"{command} requested", argument)  # type: ignore[arg-type]

@@ -36,6 +36,7 @@ import base64
 import gzip
 
 from orchestrator.agent.bootstrap import BOOTSTRAP, slurm_bundle, stack_hook_source
+from orchestrator.agent.keeper import socket_path, stopped_file
 from orchestrator.agent.protocol import GRACE_S
 from orchestrator.plan.scripts import render_template
 from orchestrator.slurm.job import PORT_BASE, PORT_SPAN, SlurmJob
@@ -57,6 +58,11 @@ def render_sbatch(job: SlurmJob, command: str) -> str:
         agent_code=agent_code(job),
         agent_python=agent_python(job),
         node_part=node_part(job),
+        # node 0's keeper's code after the warning (keeper.stopped_on_warning): shell words
+        # for "$..." in the script, node 0 being the batch script's own node
+        stopped_file=stopped_file(
+            socket_path("$SLURM_JOB_ID", "${SLURM_RESTART_COUNT:-0}", 0, "$UID")
+        ),
         apptainer=in_apptainer(job),
     )
 

@@ -109,12 +109,7 @@ class Detector:
         elif stopped:
             state.state = "stopped"
             if warned and self.warning is not None and not self.stopper.stopping:
-                self.warning.ended_run = True
-                self.sink.note(
-                    f"rank {rank} on {state.host} ended with {describe_exit(code)} after the "
-                    "time limit's warning; stopping the run on every node"
-                )
-                return f"rank {rank} on {state.host} ended on the time limit's warning"
+                return self.ended_on_warning(state, code)
         else:
             state.state = "failed"
             if self.stop_on_failure and not self.stopper.stopping:
@@ -124,6 +119,25 @@ class Detector:
                 )
                 return f"rank {rank} on {state.host} failed"
         return None
+
+    def ended_on_warning(self, state: RankState, code: int) -> str | None:
+        """A rank ended after the warning: its save is done. The other ranks were warned too
+        and may still be saving, so nothing stops them while one that catches the signal
+        runs (the limit, or SLURM's grace, bounds the wait); once only ranks that do not
+        catch it are left, the run stops: the reason, or None while ranks still save."""
+        assert self.warning is not None
+        self.sink.note(
+            f"rank {state.rank} on {state.host} ended with {describe_exit(code)} after the "
+            "time limit's warning"
+        )
+        left = [r for r in self.ranks.values() if r.state in ("starting", "running")]
+        if not left or self.warning.may_save(left):
+            return None
+        self.warning.ended_run = True
+        self.sink.note(
+            f"the {len(left)} rank(s) left do not catch the warning; stopping the run on every node"
+        )
+        return f"rank {state.rank} on {state.host} ended on the time limit's warning"
 
     def note_restart(self, round_: int) -> None:
         """Once every rank has ended the round (so the first to fail in it is known, not
@@ -148,9 +162,13 @@ class Detector:
         for rank in node.ranks:  # ranks still running had no chance to say how they ended
             if self.ranks[rank].state in ("starting", "running"):
                 self.ranks[rank].state = "killed" if stopping else "unknown"
+        # After the warning, a node whose ranks all stopped on it (none failed) ends with
+        # torchrun's nonzero code: stopped as asked, though no stop was sent.
+        states = {self.ranks[r].state for r in node.ranks}
+        on_warning = "stopped" in states and states <= {"stopped", "succeeded"}
         if code == 0:
             node.state = "succeeded"
-        elif stopping:
+        elif stopping or on_warning:
             node.state = "stopped"
         else:
             node.state = "failed"

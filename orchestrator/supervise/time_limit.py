@@ -9,11 +9,13 @@ SIGUSR1 on to its workers, so the agent signals them itself: agent/limit_warning
 if the process catches it (its default action would end it; one that does not runs on to
 the limit, as under SLURM, where it inherits "ignore"). Each agent answers `G SIG T SENT
 SKIPPED`, T its own clock just before its first signal: a rank of that node whose exit time
-(same clock) is not before T ended on the warning. That is not a failure: the detector stops
-the rest of the run as for any rank that ended, and the verdict is "the ranks stopped on the
-time limit's warning" (failed, 124: the work is not done). At the limit the supervisor stops
-what still runs at once (failed, 124), and the ranks still running then are named in the
-summary.
+(same clock) is not before T ended on the warning. That is not a failure, and it stops no
+other rank: they were warned too and may still be saving (a save ends a rank before its
+peers when their shards differ), so the run stops only once the ranks left are those that do
+not catch the warning (`may_save`); the limit bounds the wait. The verdict is "the ranks
+stopped on the time limit's warning" (failed, 124: the work is not done). At the limit the
+supervisor stops what still runs at once (failed, 124), and the ranks still running then are
+named in the summary.
 """
 
 from __future__ import annotations
@@ -168,6 +170,12 @@ class WarningClock:
         if sent is None:
             return False
         return node_time >= (math.floor(sent) if node_time.is_integer() else sent)
+
+    def may_save(self, running: Iterable[RankState]) -> bool:
+        """Whether one of the `running` ranks may still be saving on the warning: all but
+        those its node's agent found not to catch it (a node that has not answered yet
+        may have sent it to all its ranks)."""
+        return any(rank.rank not in self.not_catching for rank in running)
 
     def ended_on_it(
         self, ranks: Iterable[RankState], nodes: Iterable[NodeState], stopping: bool

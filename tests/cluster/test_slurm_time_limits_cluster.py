@@ -115,13 +115,16 @@ def test_a_trainer_run_is_carried_across_one_minute_limits_to_the_uninterrupted_
     )
 
 
-def _waiting_ranks(slurm: SlurmCluster, work: Path, run_id: str) -> subprocess.Popen[str]:
+def _waiting_ranks(
+    slurm: SlurmCluster, work: Path, run_id: str, *env: str
+) -> subprocess.Popen[str]:
     """`launch` of 2 nodes of checkpointing.py with a 5-minute limit (so a --signal), in the
-    background; returned once both ranks wait for their SIGUSR1."""
+    background, `env` its --env flags; returned once both ranks wait for their SIGUSR1 (or
+    one, LATE_RANK, for the warning before it installs its handler)."""
     proc = subprocess.Popen(
         command(
             *launch_args(
-                work, run_id, "--nodes", "2", "--time", "5", "--", "checkpointing.py", "ckpt"
+                work, run_id, "--nodes", "2", "--time", "5", *env, "--", "checkpointing.py", "ckpt"
             )
         ),
         cwd=work,
@@ -131,7 +134,14 @@ def _waiting_ranks(slurm: SlurmCluster, work: Path, run_id: str) -> subprocess.P
         text=True,
     )
     try:
-        wait_for(lambda: combined(work, run_id).count("waiting for SIGUSR1") == 2, 120, "ranks")
+        wait_for(
+            lambda: (
+                len(re.findall(r"rank \d (waiting for SIGUSR1|starting)", combined(work, run_id)))
+                == 2
+            ),
+            120,
+            "ranks",
+        )
     except BaseException:
         proc.kill()
         raise
@@ -144,10 +154,15 @@ def test_a_preempted_job_resumes_and_a_stopped_one_is_never_resubmitted(
     """A job of the `urgent` partition takes every node: SLURM sends the run's ranks their
     SIGUSR1 at once (--time 5 asks for one), they save and stop, the script ends, and
     `launch` submits the job again; it starts once the urgent job is done, the ranks
-    resume and the run succeeds. Then a second run is stopped with `orchestrator stop`:
-    cancelled, never submitted again."""
+    resume and the run succeeds. Made to race on purpose: rank 1 is still starting when
+    the warning comes (its handler comes after it: node 1's agent holds the warning and
+    sends it once rank 1 catches it), so it saves and ends while rank 0 still saves (2 s):
+    neither the launcher nor srun's --kill-on-bad-exit may end rank 0 before it saved.
+    Then a second run is stopped with `orchestrator stop`: cancelled, never submitted
+    again."""
     (work / "ckpt").mkdir()
-    proc = _waiting_ranks(slurm_cluster, work, "pre")
+    race = ("--env=LATE_RANK=1", "--env=SLOW_RANK=0", "--env=SAVE_S=2")
+    proc = _waiting_ranks(slurm_cluster, work, "pre", *race)
     try:
         job_id = job_id_in(combined(work, "pre"))
         urgent = slurm_cluster.sbatch(
@@ -168,10 +183,14 @@ def test_a_preempted_job_resumes_and_a_stopped_one_is_never_resubmitted(
     assert (
         f"SLURM job {again} submitted, after job {job_id} preempted by a higher-priority job" in out
     )
+    assert "rank 1 was still starting when SIGUSR1 came: sent it now that it catches it" in out
     for rank in (0, 1):
         got = out.index(f" r{rank}] rank {rank} got SIGUSR1 in job {job_id}")
         resumed = f" r{rank}] rank {rank} resumed from checkpoint {rank} (job {again}, restart 0)"
         assert out.index(resumed) > got, out
+    # Rank 1 ended first; nothing stopped rank 0 while it saved.
+    assert out.index(" r1] rank 1 got SIGUSR1") < out.index(" r0] rank 0 got SIGUSR1"), out
+    assert "stopping the run on every node" not in out and "Terminated" not in out, out
     assert [(s["job_id"], s["ended"], s["next"]) for s in status["segments"]] == [
         (job_id, "preempted", f"resubmitted as job {again}"),
         (again, "completed", None),

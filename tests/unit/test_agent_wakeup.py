@@ -126,3 +126,28 @@ def test_a_sleeping_agent_wakes_when_its_script_ends(asleep: tuple[Agent, int]) 
     woke_after = time.monotonic() - began
     assert woke_after < ASLEEP_S / 2, f"slept {woke_after:.1f} s: the child's end did not wake it"
     assert agent.processes.script_rc == 0  # reaped in the same pass
+
+
+@pytest.mark.parametrize(("code", "ended"), [(138, True), (0, False)])
+def test_once_every_rank_here_stopped_on_the_warning_the_agent_ends_torchrun(
+    asleep: tuple[Agent, int], tmp_path: Path, code: int, ended: bool
+) -> None:
+    """After the warning, the node's only rank exits 138 (saved): what is left, torchrun's
+    own exit (a sleeping script here), is stopped at once. A rank that exited 0 finished
+    its work: torchrun is left to end by itself (its exit barrier waits for the others)."""
+    agent, _ = asleep
+    agent.config["argv"] = ["bash", "-c", "sleep 60"]
+    agent.quiet_wait = agent.wait = POLL_S
+    agent.start()
+    try:
+        agent.warned = True
+        (tmp_path / "rank-0.exit").write_text(f"{code} {time.time():.6f}\n")
+        deadline = time.monotonic() + (5 if ended else 1)
+        while agent.processes.script_rc is None and time.monotonic() < deadline:
+            agent.step()
+        assert agent.processes.stopping is ended
+        assert agent.processes.script_rc == (-signal.SIGTERM if ended else None)
+    finally:
+        if agent.processes.script_rc is None:
+            os.killpg(agent.processes.proc.pid, signal.SIGKILL)
+            agent.processes.proc.wait()

@@ -13,7 +13,8 @@ from pathlib import Path
 
 from orchestrator.agent import BOOTSTRAP
 from orchestrator.agent.bootstrap import slurm_bundle
-from orchestrator.agent.keeper import DIAL, KEPT_BYTES, Stream, listen, socket_path
+from orchestrator.agent.keeper import DIAL, KEPT_BYTES, Stream, listen, socket_path, stopped_file
+from orchestrator.agent.limit_warning import HeldWarning
 from orchestrator.agent.protocol import Frame, frame
 from orchestrator.backends.sessions import FrameParser
 
@@ -80,7 +81,10 @@ def test_the_agent_runs_alone_and_a_controller_that_comes_late_gets_it_all(tmp_p
         with open(node_dir / "fifo", "w") as fifo:
             fifo.write("go\n")
         out = dial.stdout.read()  # to the end of the stream: stdin stays open (closed, the
-        assert keeper.wait(timeout=30) == 3  # dial leaves); the script's code, for srun
+        # dial leaves). The script ended 3 after the warning: its ranks stopped on it, which
+        # is no failure of the node's, so srun's task ends 0 (srun's --kill-on-bad-exit
+        # would end the step on nodes still saving) and the code is kept for the script.
+        assert keeper.wait(timeout=30) == 0
         dial.stdin.close()
         dial.wait(timeout=10)
     finally:
@@ -99,6 +103,8 @@ def test_the_agent_runs_alone_and_a_controller_that_comes_late_gets_it_all(tmp_p
     (warned,) = [fields for kind, fields, _ in parsed if kind == "G"]
     assert warned[0] == "USR1" and warned[2:] == ("-", "-")
     assert not os.path.exists(path)  # the socket goes with the agent
+    assert Path(stopped_file(path)).read_text() == "3\n"
+    os.unlink(stopped_file(path))
     assert keeper.stdout.read() == b""  # with a job folder, nothing for SLURM's output file
 
 
@@ -127,3 +133,27 @@ def test_a_long_stream_of_small_frames_keeps_few_marks_and_its_bound(monkeypatch
     assert len(stream.starts) <= 20
     kinds = {kind for kind, _, _ in FrameParser().feed(bytes(stream.kept))}
     assert kinds == {"H"}  # it still begins at a frame
+
+
+def test_a_held_warning_goes_to_each_rank_once_it_catches_it_and_never_twice() -> None:
+    """SLURM's warning came while rank 1 was still starting (it ignored it) and rank 0 had
+    its handler (it got it then: `seen`). Rank 1 gets it from the agent once it catches
+    it, once; rank 0 never again; rank 2, whose program is not Python (its children are
+    the targets), gets it when its child catches it."""
+    catching: set[int] = {100}
+    sent: list[tuple[int, int]] = []
+    held = HeldWarning(signal.SIGUSR1, seen={100})
+    targets = {0: [100], 1: [101], 2: [102, 103]}
+
+    def deliver() -> list[int]:
+        return held.deliver(targets, lambda pid, _: pid in catching, lambda *a: sent.append(a))
+
+    assert deliver() == [] and sent == []  # rank 1 still starting: held
+    catching.add(101)
+    assert deliver() == [1] and sent == [(101, signal.SIGUSR1)]
+    assert deliver() == [] and len(sent) == 1  # never twice
+    catching.add(103)
+    assert deliver() == [2] and sent[-1] == (103, signal.SIGUSR1)
+    targets[1] = [104]  # torchrun started rank 1 again: its new process is warned too
+    catching.add(104)
+    assert deliver() == [1] and sent[-1] == (104, signal.SIGUSR1)

@@ -126,12 +126,13 @@ def test_apptainer_keeps_the_environment_and_gets_the_gpus_where_there_are() -> 
         "--pwd /home/alice/project /images/pytorch.sif)" in script
     )
     assert "bash -c \"$(declare -fx)\"$'\\norchestrator_node'" in script
-    assert script.endswith(
+    assert (
         "--ntasks-per-node=1 bash -c orchestrator_agent &\n"
         'orchestrator_srun=$!\nrc=0\nwhile :; do\n    wait "$orchestrator_srun" && rc=0 || '
         'rc=$?\n    kill -0 "$orchestrator_srun" 2>/dev/null || break  # a trapped signal '
-        'ended the wait early\ndone\nexit "$rc"\n'
+        "ended the wait early\ndone\n" in script
     )
+    assert script.endswith('rm -f "$orchestrator_stopped"\nexit "$rc"\n')
 
 
 @pytest.mark.parametrize(

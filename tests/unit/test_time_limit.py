@@ -203,7 +203,11 @@ def wait_for_line(session: FakeSession, line: str) -> None:
         time.sleep(0.005)
 
 
-def test_ranks_that_end_on_the_warning_stop_the_run_as_the_limit_would(tmp_path: Path) -> None:
+def test_a_rank_that_ends_on_the_warning_stops_no_other_while_they_save(tmp_path: Path) -> None:
+    """Rank 0 saves first and exits 138; the others were warned too and save more slowly:
+    nothing is sent a stop (a SIGTERM would end a rank before its save), every rank ends
+    by itself, and the run ends as one stopped on the warning."""
+
     def agents(sessions, events) -> None:
         for node in (0, 1):
             wait_for_line(sessions[node], "signal USR1")
@@ -212,14 +216,13 @@ def test_ranks_that_end_on_the_warning_stop_the_run_as_the_limit_would(tmp_path:
             events.put(
                 Event(node, "G", ("USR1", f"{warned:.6f}", f"{2 * node},{2 * node + 1}", "-"))
             )
-        events.put(Event(0, "E", ("0", "138", f"{warned + 0.01:.6f}", "0")))  # checkpoint, exit
+        events.put(Event(0, "E", ("0", "138", f"{warned + 0.01:.6f}", "0")))  # saved first
+        time.sleep(0.3)  # the others still save: nothing may stop them meanwhile
+        events.put(Event(0, "E", ("1", "138", f"{warned + 0.3:.6f}", "0")))
+        events.put(Event(1, "E", ("2", "138", f"{warned + 0.3:.6f}", "0")))
+        events.put(Event(1, "E", ("3", "138", f"{warned + 0.31:.6f}", "0")))
         for node in (0, 1):
-            wait_for_line(sessions[node], "stop")
-        events.put(Event(0, "E", ("1", "138", f"{warned + 0.02:.6f}", "1")))
-        events.put(Event(1, "E", ("2", "138", f"{warned + 0.02:.6f}", "0")))  # before its stop
-        events.put(Event(1, "E", ("3", "143", f"{warned + 0.03:.6f}", "1")))
-        for node in (0, 1):
-            events.put(Event(node, "X", ("1", f"{warned + 0.1:.6f}")))
+            events.put(Event(node, "X", ("1", f"{warned + 0.4:.6f}")))
 
     sup, outcome, sessions = supervise(tmp_path, agents)
     assert (outcome.state, outcome.exit_code) == ("failed", 124), outcome
@@ -230,16 +233,54 @@ def test_ranks_that_end_on_the_warning_stop_the_run_as_the_limit_would(tmp_path:
     assert "failed first" not in outcome.summary and outcome.node_fault is None
     status = sup.status()
     assert [r["state"] for r in status["ranks"]] == ["stopped"] * 4
-    assert status["stop_reason"] == "rank 0 on a ended on the time limit's warning"
+    assert status["stop_reason"] is None and not status["stopping"]
     assert status["warning"]["ranks_signalled"] == 4 and "running_at_limit" not in status
-    assert sessions[0].sent.count("signal USR1") == 1 and "kill" not in sessions[0].sent
+    for session in sessions:
+        assert session.sent.count("signal USR1") == 1
+        assert not any(line.startswith(("stop", "kill")) for line in session.sent), session.sent
     assert not sup.timed_out
     combined = (tmp_path / "combined.log").read_text()
     assert "time limit in 1 s: SIGUSR1 to 4 rank(s) on 2 node(s)" in combined
     assert "rank 0 on a ended with signal SIGUSR1 (exit code 138) after the time limit's" in (
         combined
     )
-    assert "failed with" not in combined
+    assert "failed with" not in combined and "stopping the run" not in combined
+
+
+def test_once_only_ranks_that_do_not_catch_the_warning_are_left_the_run_stops(
+    tmp_path: Path,
+) -> None:
+    """Node b's ranks do not catch SIGUSR1 (its agent did not send it): when node a's
+    ranks have both saved and ended, the run stops b's at once instead of waiting for
+    the limit; the summary names them."""
+
+    def agents(sessions, events) -> None:
+        for node in (0, 1):
+            wait_for_line(sessions[node], "signal USR1")
+        warned = time.time()
+        events.put(Event(0, "G", ("USR1", f"{warned:.6f}", "0,1", "-")))
+        events.put(Event(1, "G", ("USR1", f"{warned:.6f}", "-", "2,3")))
+        events.put(Event(0, "E", ("0", "138", f"{warned + 0.01:.6f}", "0")))
+        time.sleep(0.2)
+        assert not any(line.startswith("stop") for line in sessions[1].sent), sessions[1].sent
+        events.put(Event(0, "E", ("1", "138", f"{warned + 0.2:.6f}", "0")))
+        for node in (0, 1):
+            wait_for_line(sessions[node], "stop")
+        events.put(Event(1, "E", ("2", "143", f"{time.time():.6f}", "1")))
+        events.put(Event(1, "E", ("3", "143", f"{time.time():.6f}", "1")))
+        for node in (0, 1):
+            events.put(Event(node, "X", ("1", f"{time.time():.6f}")))
+
+    sup, outcome, _ = supervise(tmp_path, agents)
+    assert (outcome.state, outcome.exit_code) == ("failed", 124), outcome
+    assert "2 rank(s) exited after it, and the run was stopped: 2 do not catch it" in (
+        outcome.summary
+    ), outcome.summary
+    assert sup.status()["stop_reason"] == "rank 1 on a ended on the time limit's warning"
+    combined = (tmp_path / "combined.log").read_text()
+    assert "the 2 rank(s) left do not catch the warning; stopping the run on every node" in (
+        combined
+    )
 
 
 def test_ranks_that_ignore_the_warning_are_stopped_at_the_limit_and_named(tmp_path: Path) -> None:
