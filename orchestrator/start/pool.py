@@ -70,9 +70,9 @@ class NodePool:
         self.started, self.started_wall = time.monotonic(), time.time()
         self.carried: dict = {}
         self.min_nodes = min_nodes  # --min-nodes K: the fewest nodes the run goes on with
-        self.launched = count  # the nodes the run was launched with
-        self.most = count  # the hosts the launch chose, left out at the start or not: the
-        # most nodes it grows to (start/joining.py)
+        # the hosts the launch chose, left out at the start or not: the most nodes the run
+        # grows to (start/joining.py), and the N of the console's `3 of N nodes`
+        self.most = count
         self.world: list[WorldSegment] = []  # the nodes of each attempt (status.json `world`)
         self.launched_with: tuple[int, ...] | None = None  # each node's ranks at launch
         self.change = "launch"  # why the next attempt's world is what it is
@@ -91,7 +91,6 @@ class NodePool:
         """An attempt is planned on these nodes: a segment of the run's world begins."""
         if self.launched_with is None:
             self.launched_with = tuple(node.nproc for node in plan.nodes)
-            self.launched = plan.nnodes
         names = tuple(node.name for node in plan.nodes)
         why = self.change if self.world else "launch"  # the start's changes are the launch's
         self.world.append(WorldSegment(plan.attempt, names, plan.world_size, time.time(), why))
@@ -210,7 +209,7 @@ class NodePool:
         the floor reached."""
         if self.min_nodes is not None and fault is not None:
             what = f"{fault.host} {fault_word(fault)}"
-            return floor_line(what, len(self.active) - 1, self.launched, self.min_nodes)
+            return floor_line(what, len(self.active) - 1, self.most, self.min_nodes)
         if not self.spare_count:
             return "no spare node to replace it (--spares N holds N hosts back for that)"
         taken = ", ".join(f"{r.spare} replaced {r.node}" for r in self.recoveries)
@@ -232,10 +231,10 @@ class NodePool:
         self.gone.append(self.active.pop(fault.index))
         self.change = (
             f"{fault.host} ({fault.why}) left out, no spare left: {len(self.active)} of "
-            f"{self.launched} nodes"
+            f"{self.most} nodes"
         )
         what = f"{fault.host} {fault_word(fault)}"
-        self.note(going_on_line(what, len(self.active), self.launched, self.min_nodes or 0))
+        self.note(going_on_line(what, len(self.active), self.most, self.min_nodes or 0))
 
     def _can_leave_out(self, count: int) -> bool:
         """Whether `count` hosts that no spare replaces can be left out at the start."""

@@ -177,6 +177,26 @@ def test_hosts_that_cannot_be_reached_are_left_out_at_the_start() -> None:
         p.replace_unreachable({1: NodeError("n1", "no answer within 5 s")})
 
 
+def test_after_a_host_left_out_at_the_start_every_line_counts_the_hosts_chosen() -> None:
+    """One N in `K of N nodes`, whether a node is lost, joins, or the floor is reached: the
+    hosts the launch chose, the one left out at the start included (it may join later)."""
+    cluster = parse_hostfile("n0\nn1\nn2\nn3\n", "h.txt")
+    connections = [Connection("n0"), Connection("n1"), None, Connection("n3")]
+    notes: list[str] = []
+    p = NodePool(cluster, connections, "r1", None, notes.append, 2)
+    p.replace_unreachable({2: NodeError("n2", "no answer within 5 s")})
+    p.begin(make_plan(p.cluster, spec(), "r1", p.facts))
+    assert p.recover(lost(2, "n3").node_fault, Probe()) is None
+    assert "n3 lost; no spare left; going on with 2 of 4 nodes (--min-nodes 2)" in notes
+    assert p.change.endswith(": 2 of 4 nodes"), p.change
+    assert p.used_up(lost(1, "n1").node_fault) == (
+        "n1 lost; no spare left; 1 of 4 nodes left, below --min-nodes 2: the floor was reached"
+    )
+    take(p, Member(cluster.hosts[2], Connection("n2")), joins=True)
+    grow(p, None)
+    assert p.change == "n2 back: 3 of 4 nodes", p.change
+
+
 def test_time_on_fewer_nodes_counts_the_smaller_segments_only() -> None:
     segments = [
         WorldSegment(1, ("a", "b", "c"), 3, 100.0, "launch"),
