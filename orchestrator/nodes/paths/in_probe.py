@@ -23,10 +23,11 @@ import marshal
 import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from functools import cache
+from functools import cache, cached_property
 from importlib.util import MAGIC_NUMBER
 
 from orchestrator.nodes.paths.found import PathNode, PathReport, read_report
+from orchestrator.nodes.paths.pairs import Schedule
 from orchestrator.nodes.paths.prove import PATH_TIMEOUT_S, STORE_NODE, node_args, reach_source
 
 AUTO_PORTS = (32768, 60999)  # Linux's default ip_local_port_range
@@ -57,11 +58,16 @@ class Fold:
         port = secrets.SystemRandom().randint(*AUTO_PORTS)
         return cls(n, port, auto=True, sshd_port=sshd_port)
 
+    @cached_property
+    def schedule(self) -> Schedule:
+        """Who connects to whom: drawn once, from the token, for every node's arguments."""
+        return Schedule.of(self.n, self.token)
+
     def args(self, index: int, master_addr: str) -> list[str]:
         """reach.py's arguments for node `index` but --source and --alt (the probe's)."""
         return node_args(
-            self.n, index, master_addr, self.port, token=self.token, timeout=self.timeout,
-            sshd_port=self.sshd_port, seed=self.token,
+            self.schedule, index, master_addr, self.port, token=self.token,
+            timeout=self.timeout, sshd_port=self.sshd_port,
         )  # fmt: skip
 
     @staticmethod

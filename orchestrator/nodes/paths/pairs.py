@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 ALL_PAIRS_UP_TO = 64
 PEERS_PER_NODE = ALL_PAIRS_UP_TO - 1
@@ -45,6 +46,21 @@ def incoming(peers: Sequence[Sequence[int]]) -> tuple[tuple[int, ...], ...]:
         for j in targets:
             found[j].append(i)
     return tuple(tuple(sorted(f)) for f in found)
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """Who connects to whom in one check: `peers[i]` the nodes node i connects to,
+    `sources[i]` those that connect to it. Drawn once per check, however many nodes'
+    arguments are rendered from it (a draw costs O(n^2))."""
+
+    peers: tuple[tuple[int, ...], ...]
+    sources: tuple[tuple[int, ...], ...]
+
+    @classmethod
+    def of(cls, n: int, seed: int | str = 0) -> Schedule:
+        peers = choose_peers(n, seed)
+        return cls(peers, incoming(peers))
 
 
 def pair_coverage(n: int) -> float:

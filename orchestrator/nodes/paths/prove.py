@@ -16,7 +16,7 @@ from orchestrator.nodes.paths.found import (
     failure_lines,
     read_report,
 )
-from orchestrator.nodes.paths.pairs import choose_peers, incoming
+from orchestrator.nodes.paths.pairs import Schedule
 from orchestrator.nodes.probe import parse_probe_output
 
 STORE_NODE = 0  # the master: node 0 runs the store's listener
@@ -36,7 +36,7 @@ def store_wait(nodes: int, timeout: float = PATH_TIMEOUT_S) -> float:
 
 
 def node_args(
-    n: int,
+    schedule: Schedule,
     position: int,
     master_addr: str,
     port: int,
@@ -45,22 +45,20 @@ def node_args(
     at: Sequence[int] | None = None,
     timeout: float = PATH_TIMEOUT_S,
     sshd_port: int = 22,
-    seed: int | str = 0,
 ) -> list[str]:
-    """reach.py's arguments for the node at `position` of `n` (`at`: position -> node index,
-    default the position itself), but --source and --alt, which depend on the node's own
-    interfaces: every node serves its peers, node 0 (the master) also runs the store's
-    listener. A pure function of its arguments: the preflight probe renders them before it
-    knows the nodes' addresses (in_probe.py)."""
-    peers = choose_peers(n, seed)
-    sources = incoming(peers)
+    """reach.py's arguments for the node at `position` of the `schedule`'s (`at`: position
+    -> node index, default the position itself), but --source and --alt, which depend on
+    the node's own interfaces: every node serves its peers, node 0 (the master) also runs
+    the store's listener. A pure function of its arguments: the preflight probe renders
+    them before it knows the nodes' addresses (in_probe.py)."""
+    n = len(schedule.peers)
     at = list(at) if at is not None else list(range(n))
     args = [
         "--host", master_addr, "--port", str(port), "--token", token, "--node", str(at[position]),
         "--timeout", f"{timeout:g}", "--wait", f"{store_wait(n, timeout):g}",
         "--sshd-port", str(sshd_port), "--serve",
-        "--peers", ",".join(str(at[p]) for p in peers[position]),
-        "--from", ",".join(str(at[p]) for p in sources[position]),
+        "--peers", ",".join(str(at[p]) for p in schedule.peers[position]),
+        "--from", ",".join(str(at[p]) for p in schedule.sources[position]),
     ]  # fmt: skip
     if at[position] == STORE_NODE:
         args += ["--listen", str(n)]
@@ -81,12 +79,13 @@ def path_argvs(
     store's listener, alone when it is not among `nodes` (the check's unusable master)."""
     at = [n.index for n in nodes]  # position -> node index
     wait = store_wait(len(nodes), timeout)
+    schedule = Schedule.of(len(nodes), seed)
     argvs = {}
     for position, node in enumerate(nodes):
         argv = [node.python, "-c", reach_source(), "--source", node.source]
         argv += node_args(
-            len(nodes), position, master_addr, port, token=token, at=at, timeout=timeout,
-            sshd_port=sshd_port, seed=seed,
+            schedule, position, master_addr, port, token=token, at=at, timeout=timeout,
+            sshd_port=sshd_port,
         )  # fmt: skip
         if node.alternates:
             argv += ["--alt", ",".join(f"{name}={addr}" for name, addr in node.alternates)]
