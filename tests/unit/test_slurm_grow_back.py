@@ -33,6 +33,7 @@ from orchestrator.supervise.time_limit import WarningClock
 from tests.unit.test_slurm_min_nodes import _job
 from tests.unit.test_slurm_render import spec
 from tests.unit.test_slurm_spares import FakeCommands
+from tests.unit.test_supervise import Notes
 
 
 @pytest.mark.parametrize(
@@ -114,17 +115,6 @@ class Session:
         self.sent.append(command)
 
 
-class Sink:
-    def __init__(self) -> None:
-        self.notes: list[str] = []
-
-    def note(self, text: str) -> None:
-        self.notes.append(text)
-
-    def node_note(self, host: str, text: str) -> None:
-        self.notes.append(f"{host}: {text}")
-
-
 class Attempt:
     """The supervisor of the attempt on 2 nodes: what the warning clock reads of it."""
 
@@ -132,7 +122,7 @@ class Attempt:
         self.sessions = [Session(k) for k in range(len(hosts))]
         self.ranks = {r: RankState(r, r // 2, r % 2, hosts[r // 2]) for r in range(2 * len(hosts))}
         self.running, self.stopping = running, False
-        self.sink, self.deadline = Sink(), WarningClock(None, None, time.time())
+        self.sink, self.deadline = Notes(), WarningClock(None, None, time.time())
 
     def running_ranks(self) -> set[int]:
         return set(self.ranks) if self.running else set()
