@@ -95,6 +95,16 @@ def test_the_master_then_a_worker_switched_off_and_the_run_goes_on_with_three(
             assert proc.poll() is None, lines.text()
             return lines.first(after, "resumed from")
 
+        def switch_off(node, what: str) -> float:
+            """Power `node` off until the run trains again without it; when it was."""
+            try:
+                bad_days.power_off(own, node)
+                fault = time.monotonic()
+                training_again(fault, what)
+            finally:
+                bad_days.power_on(own, node)
+            return fault
+
         try:
             wait_until(
                 lambda: any(checkpoints.glob("ckpt-*.pt")) or proc.poll() is not None,
@@ -102,12 +112,7 @@ def test_the_master_then_a_worker_switched_off_and_the_run_goes_on_with_three(
                 "the first checkpoint",
             )
             assert proc.poll() is None, lines.text()
-            try:
-                bad_days.power_off(own, victim)
-                fault = time.monotonic()
-                training_again(fault, "training again on 3 nodes")
-            finally:
-                bad_days.power_on(own, victim)
+            fault = switch_off(victim, "training again on 3 nodes")
             # Back on 4 (attempt 3), a worker is switched off: 3 again, and back to 4.
             wait_until(
                 lambda: lines.first(fault, "[orchestrator] attempt 3: ") or proc.poll() is not None,
@@ -115,12 +120,7 @@ def test_the_master_then_a_worker_switched_off_and_the_run_goes_on_with_three(
                 "attempt 3 on 4 nodes",
             )
             training_again(lines.first(fault, "[orchestrator] attempt 3: "), "training on 4")
-            try:
-                bad_days.power_off(own, worker)
-                fault2 = time.monotonic()
-                training_again(fault2, "training again on 3 nodes, a second time")
-            finally:
-                bad_days.power_on(own, worker)
+            fault2 = switch_off(worker, "training again on 3 nodes, a second time")
             # A host added to the hostfile while the worker comes back: it is asked too,
             # after the worker, and held as a spare once the run is back at 4.
             hostfile.write_text(hostfile.read_text() + f"{extra.name} slots=1\n")
