@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
@@ -32,6 +31,7 @@ from orchestrator.trainer.config import Topology, TrainConfig
 from orchestrator.trainer.datasets import Split
 from orchestrator.trainer.distributed import Runtime, is_peer_failure, start_runtime
 from orchestrator.trainer.exits import EXIT_OK, TrainerRuntimeError
+from orchestrator.trainer.gradients import ExactGradients, block_loss
 from orchestrator.trainer.graphs import applies, graph_module
 from orchestrator.trainer.models import parameter_count
 from orchestrator.trainer.reporting import (
@@ -119,6 +119,11 @@ class Trainer:
                 device_ids=[device.index] if device.type == "cuda" else None,
                 gradient_as_bucket_view=True,
             )
+        # Gradients summed exactly over blocks and ranks (gradients.py), so that every
+        # world trains the same model bit for bit; the hook replaces DDP's average.
+        self.exact = ExactGradients(session.model.parameters())
+        if self.ddp is not None:
+            self.ddp.register_comm_hook(self.ddp.process_group, self.exact.hook)
         self.model: nn.Module = self.ddp if self.ddp is not None else session.model
         self.channel = session.channel
         # Waits in collectives are timed only where there are collectives: alone, sync_s is 0.
@@ -184,13 +189,10 @@ class Trainer:
         micro_batches = s.split.micro_batches(rt.rank)
         last_micro = len(micro_batches) - 1
         agreement = StopAgreement(rt, stop, cfg.stop_check_every)
-        # Micro-batch mean losses since the last report, left on the device so no step
-        # waits for a GPU->CPU copy; weighted by their sample counts, summed and read
-        # only when reporting.
+        # Micro-batch loss sums since the last report, left on the device so no step
+        # waits for a GPU->CPU copy; summed and read only when reporting.
         losses: list[torch.Tensor] = []
-        counts = torch.tensor(
-            [part.count for part in micro_batches], dtype=torch.float32, device=rt.device
-        )
+        global_batch, exact = s.plan.global_batch, self.exact
         channel, meter = self.channel, self.sync_meter
         train_start = time.perf_counter()
         window, data_total = Window(train_start), 0.0
@@ -204,24 +206,28 @@ class Trainer:
                 t0 = time.perf_counter()
                 x, y = s.feeder.fetch(global_indices[part.start : part.start + part.count])
                 window.data_s += time.perf_counter() - t0
-                # Gradients are all-reduced only on the last micro-step. Dividing each
-                # micro-batch's mean loss by G / (its samples x W) (by the accumulation
-                # count when the split is even; DDP divides by the world size itself)
-                # makes the result the mean gradient over the whole global batch,
-                # whatever the split (split.py).
+                # Gradients are all-reduced only on the last micro-step. Each block's
+                # loss is its samples' sum divided by G, the same on every world, and
+                # the blocks' gradients are summed exactly (gradients.py): the mean
+                # gradient over the whole global batch, the launch's bit for bit.
                 last = micro == last_micro
                 sync = self.ddp.no_sync() if self.ddp is not None and not last else nullcontext()
                 with sync:
                     with s.autocast():
-                        loss = F.cross_entropy(self.model(x), y)
-                    scaled = loss / part.divisor if part.divisor != 1 else loss
+                        loss, scaled = block_loss(self.model(x), y, global_batch)
                     (s.scaler.scale(scaled) if s.scaler is not None else scaled).backward()
+                if not last:
+                    exact.hold()
                 if meter is not None and last:
                     meter.waited(meter.grad_ready)  # DDP's all-reduce, after the computation
                 loss = loss.detach()
                 losses.append(loss)
-                if channel is not None:
-                    channel.losses.append(loss)
+                if channel is not None and part.count:
+                    channel.losses.append(loss / part.count)
+            if self.ddp is None:
+                exact.finish_alone()
+            else:
+                exact.reduced()
             if s.scaler is not None:
                 s.scaler.step(s.optimizer)
                 s.scaler.update()
@@ -236,7 +242,7 @@ class Trainer:
             if meter is not None:
                 meter.waited(waiting)
             if reported_at(completed, log_every, s.total_steps, bool(signum)):
-                loss_sum = (torch.stack(losses).view(-1, len(micro_batches)) * counts).sum()
+                loss_sum = torch.stack(losses).sum()
                 self._report(completed, window, loss_sum)
                 data_total += window.data_s
                 losses.clear()
@@ -266,7 +272,8 @@ class Trainer:
         """
         rt, plan = self.runtime, self.s.plan
         own_samples = window.steps * self.s.split.samples(rt.rank)
-        rank_loss = loss_sum.item() / own_samples  # read before the in-place all-reduce
+        # Read before the in-place all-reduce; a rank with no samples has no loss.
+        rank_loss = loss_sum.item() / own_samples if own_samples else math.nan
         waiting = time.perf_counter()
         global_loss = rt.all_reduce_sum(loss_sum).item() / (window.steps * plan.global_batch)
         if self.sync_meter is not None:

@@ -1,23 +1,20 @@
 """How one global batch is divided over the ranks and their micro-steps (pure: no torch).
 
-The global batch G of a step is a fixed set of samples (batching.py); this module says
-which contiguous slices of it each rank trains on, and how each slice's mean loss is
-scaled so that, after DDP's average over the W ranks, the gradient is the sum of the G
-per-sample gradients divided by G, whatever the split.
+The global batch G of a step is a fixed set of samples (batching.py). It is cut into
+blocks that depend on G and --batch-size b alone, never on the world: n = ceil(G / b)
+contiguous blocks whose sizes differ by at most one (n = launch world x accumulation
+blocks of exactly b when G is the launch's). A rank takes whole blocks, dealt round-robin:
+in micro-step m, rank r trains on block m x W + r. With W x b x a given on the command
+line that is the split the trainer always used; on a world that shrank (or grew back)
+under a kept G, every block is still the launch's, ranks take one block more or less
+than each other, and only the last micro-step, which reduces the gradients, has to meet
+the other ranks. A rank with no block left (more ranks than blocks, only possible with
+--global-batch) trains on an empty micro-batch, so it still meets them.
 
-Even split (G divides by W x --batch-size b): a = G / (W b) micro-steps; in micro-step m
-rank r takes the r-th block of b samples inside the m-th block of W b. Every slice has b
-samples and its loss is divided by a. With W x b x a given on the command line this is
-the only split there is.
-
-Uneven split (the world shrank under a kept G, or --global-batch): rank r takes one
-contiguous shard of G // W samples, the first G % W ranks one more, cut into
-ceil(n_r / b) micro-batches whose sizes differ by at most one, so no micro-batch is
-larger than b and memory per micro-step never grows. A micro-batch of k samples has its
-mean loss divided by G / (k W): its gradient is then W / G times the sum of its k
-per-sample gradients, and DDP's average over W ranks leaves the sum over all G divided
-by G. Ranks may take different numbers of micro-steps (at most one apart): only the
-last, which all-reduces the gradients, has to meet the other ranks.
+Every block's gradient is then the launch's own, bit for bit: the same samples in the
+same shape through the same weights, the loss summed over the block and divided by G
+(the same for every block and world). How the n block gradients are added up is
+gradients.py's: exactly, so the order the ranks add them in does not matter either.
 """
 
 from __future__ import annotations
@@ -31,12 +28,10 @@ from orchestrator.trainer.exits import TrainerUsageError
 
 @dataclass(frozen=True)
 class MicroBatch:
-    """One micro-step's slice of the step's global indices, and its loss divisor."""
+    """One micro-step's slice of the step's global indices (``count`` may be 0: idle)."""
 
     start: int
     count: int
-    # The micro-batch's mean loss is divided by this before backward: G / (count x W).
-    divisor: float
 
 
 @dataclass(frozen=True)
@@ -59,34 +54,31 @@ class BatchSplit:
                 "or train on fewer ranks"
             )
 
+    def blocks(self) -> tuple[MicroBatch, ...]:
+        """The step's blocks, in order: a function of G and --batch-size alone."""
+        count = math.ceil(self.global_batch / self.batch_size)
+        size, extra = divmod(self.global_batch, count)
+        parts, start = [], 0
+        for index in range(count):
+            k = size + (index < extra)
+            parts.append(MicroBatch(start, k))
+            start += k
+        return tuple(parts)
+
     @property
     def even(self) -> bool:
-        return self.global_batch % (self.world_size * self.batch_size) == 0
+        """Every block has --batch-size samples and every rank takes as many."""
+        blocks = self.global_batch // self.batch_size
+        return self.global_batch % self.batch_size == 0 and blocks % self.world_size == 0
+
+    def micro_batches(self, rank: int) -> tuple[MicroBatch, ...]:
+        """The blocks ``rank`` trains on, one per micro-step, in order."""
+        own = self.blocks()[rank :: self.world_size]
+        return own or (MicroBatch(0, 0),)
 
     def samples(self, rank: int) -> int:
         """How many of the global batch's samples ``rank`` trains on in every step."""
-        base, extra = divmod(self.global_batch, self.world_size)
-        return base + (rank < extra)
-
-    def micro_batches(self, rank: int) -> tuple[MicroBatch, ...]:
-        """The slices ``rank`` trains on, one per micro-step, in order."""
-        world, batch, total = self.world_size, self.batch_size, self.global_batch
-        if self.even:
-            accum = total // (world * batch)
-            return tuple(
-                MicroBatch((micro * world + rank) * batch, batch, float(accum))
-                for micro in range(accum)
-            )
-        base, extra = divmod(total, world)
-        start, count = rank * base + min(rank, extra), self.samples(rank)
-        steps = math.ceil(count / batch)
-        size, extra = divmod(count, steps)
-        parts = []
-        for micro in range(steps):
-            k = size + (micro < extra)
-            parts.append(MicroBatch(start, k, total / (k * world)))
-            start += k
-        return tuple(parts)
+        return sum(part.count for part in self.micro_batches(rank))
 
     @property
     def most_micro_steps(self) -> int:
@@ -102,12 +94,11 @@ class BatchSplit:
         if self.even:
             ranks += f" x batch {batch} x accum {total // (world * batch)}"
         else:
-            small, large = self.samples(world - 1), self.samples(0)
-            samples = f"{small}-{large}" if small != large else f"{large}"
-            steps = sorted({len(self.micro_batches(r)) for r in (0, world - 1)})
+            sizes = sorted({part.count for part in self.blocks()})
+            steps = sorted({len(self.blocks()[r::world]) for r in (0, world - 1)})
             ranks += (
-                f" x {samples} samples (micro-batches of at most {batch}, "
-                f"{'-'.join(map(str, steps))} per step)"
+                f" x {'-'.join(map(str, steps))} micro-batch(es) of "
+                f"{'-'.join(map(str, sizes))} per step"
             )
         if self.asked:
             return f"{ranks} = global batch {total} (--global-batch)"

@@ -14,7 +14,7 @@ from orchestrator.trainer.config import (
     resolve_topology,
 )
 from orchestrator.trainer.exits import TrainerUsageError
-from orchestrator.trainer.split import BatchSplit, plan_split
+from orchestrator.trainer.split import BatchSplit, MicroBatch, plan_split
 
 TORCHRUN = {"RANK": "0", "WORLD_SIZE": "3", "MASTER_ADDR": "a", "MASTER_PORT": "1"}
 
@@ -30,26 +30,25 @@ def test_every_split_covers_the_global_batch_once_in_micro_batches_of_at_most_b(
 ) -> None:
     split = BatchSplit(world + extra, world, batch)
     total = split.global_batch
+    # The blocks depend on G and b alone: ceil(G / b) of them, sizes one apart.
+    blocks = split.blocks()
+    assert blocks == BatchSplit(total, 1, batch).blocks()
+    assert len(blocks) == math.ceil(total / batch)
+    assert max(b.count for b in blocks) - min(b.count for b in blocks) <= 1
     covered: list[int] = []
-    per_rank, steps = [], []
+    steps = []
     for rank in range(world):
         parts = split.micro_batches(rank)
-        assert parts and all(1 <= part.count <= batch for part in parts)
+        # Rank r takes blocks r, r + W, r + 2W, ... whole; a rank with none left, one
+        # empty micro-batch (it still meets the others in the all-reduce).
+        assert parts == (blocks[rank::world] or (MicroBatch(0, 0),))
+        assert all(part.count <= batch for part in parts)
         for part in parts:
             covered.extend(range(part.start, part.start + part.count))
-            # Mean loss / divisor, averaged over W ranks by DDP: every sample's gradient
-            # enters with weight 1/G, whatever its micro-batch and rank.
-            assert math.isclose(part.count * part.divisor * world, total, rel_tol=1e-12)
-        per_rank.append(sum(part.count for part in parts))
         steps.append(len(parts))
-        assert per_rank[-1] == split.samples(rank)
+        assert sum(part.count for part in parts) == split.samples(rank)
     assert sorted(covered) == list(range(total))  # every sample exactly once
-    assert max(per_rank) - min(per_rank) <= 1
     assert max(steps) - min(steps) <= 1 and split.most_micro_steps == max(steps)
-    if not split.even:
-        # One contiguous shard per rank, in rank order.
-        starts = [split.micro_batches(rank)[0].start for rank in range(world)]
-        assert starts == [sum(per_rank[:rank]) for rank in range(world)]
 
 
 @settings(max_examples=100, deadline=None)
@@ -57,8 +56,7 @@ def test_every_split_covers_the_global_batch_once_in_micro_batches_of_at_most_b(
 def test_an_even_split_is_the_one_the_trainer_always_used(
     world: int, batch: int, accum: int
 ) -> None:
-    # Micro-step m of rank r: the r-th block of b in the m-th block of W x b, its loss
-    # divided by the accumulation count itself, so training numbers stay bit for bit.
+    # Micro-step m of rank r: the r-th block of b in the m-th block of W x b.
     split = BatchSplit(world * batch * accum, world, batch)
     assert split.even
     for rank in range(world):
@@ -66,7 +64,6 @@ def test_an_even_split_is_the_one_the_trainer_always_used(
         assert [(p.start, p.count) for p in parts] == [
             ((micro * world + rank) * batch, batch) for micro in range(accum)
         ]
-        assert all(p.divisor == accum for p in parts)
 
 
 def test_the_launch_global_batch_is_kept_on_a_smaller_world() -> None:
@@ -82,20 +79,18 @@ def test_the_launch_global_batch_is_kept_on_a_smaller_world() -> None:
     assert two.describe() == (
         "2 rank(s) (launched with 4) x batch 32 x accum 2 = global batch 128 kept"
     )
-    # 4 -> 3: shards of 43, 43 and 42, each in two micro-batches of at most 32.
+    # 4 -> 3: the launch's 4 blocks of 32, rank 0 taking two (blocks 0 and 3).
     three = plan_split(config, 3, 4)
-    assert [three.samples(r) for r in range(3)] == [43, 43, 42]
-    assert [[p.count for p in three.micro_batches(r)] for r in range(3)] == [
-        [22, 21], [22, 21], [21, 21]
+    assert [three.samples(r) for r in range(3)] == [64, 32, 32]
+    assert [[(p.start, p.count) for p in three.micro_batches(r)] for r in range(3)] == [
+        [(0, 32), (96, 32)], [(32, 32)], [(64, 32)]
     ]  # fmt: skip
     assert three.describe() == (
-        "3 rank(s) (launched with 4) x 42-43 samples (micro-batches of at most 32, "
-        "2 per step) = global batch 128 kept"
+        "3 rank(s) (launched with 4) x 1-2 micro-batch(es) of 32 per step = global batch 128 kept"
     )
-    # Shards one micro-step apart: 8 on 3 ranks in micro-batches of at most 2.
     small = plan_split(TrainConfig(batch_size=2), 3, 4)
-    assert [len(small.micro_batches(r)) for r in range(3)] == [2, 2, 1]
-    assert "2-3 samples (micro-batches of at most 2, 1-2 per step)" in small.describe()
+    assert [len(small.micro_batches(r)) for r in range(3)] == [2, 1, 1]
+    assert "x 1-2 micro-batch(es) of 2 per step" in small.describe()
 
 
 def test_global_batch_flag_fixes_the_global_batch_on_any_world() -> None:
@@ -104,10 +99,13 @@ def test_global_batch_flag_fixes_the_global_batch_on_any_world() -> None:
         split = plan_split(config, world, launch)
         assert split.global_batch == 100
         assert split.describe().endswith("= global batch 100 (--global-batch)")
+    # Blocks of G and b alone: 4 of 25, one a rank on 4 ranks, on 8 half of them idle.
     assert plan_split(config, 4, None).describe() == (
-        "4 rank(s) x 25 samples (micro-batches of at most 32, 1 per step) "
-        "= global batch 100 (--global-batch)"
+        "4 rank(s) x 1 micro-batch(es) of 25 per step = global batch 100 (--global-batch)"
     )
+    eight = plan_split(config, 8, None)
+    assert [eight.samples(r) for r in range(8)] == [25] * 4 + [0] * 4
+    assert eight.describe().startswith("8 rank(s) x 0-1 micro-batch(es) of 25 per step")
     with pytest.raises(TrainerUsageError, match="--global-batch sets the accumulation itself"):
         TrainConfig(global_batch=64, grad_accum=2)
     with pytest.raises(TrainerUsageError, match="--global-batch 0: must be a positive"):
