@@ -33,8 +33,9 @@ from orchestrator.backends.ssh.retry import Transient, is_transient, with_retrie
 from orchestrator.backends.ssh.sftp import put_tree
 from orchestrator.backends.ssh.transport import close_client, new_transport, settle
 from orchestrator.backends.ssh.trust import HostKeyRefused, Trust
-from orchestrator.errors import NodeError
+from orchestrator.errors import ConfigError, NodeError
 from orchestrator.hosts.hostfile import Host
+from orchestrator.numerals import PORT, NumberError, whole_number
 from orchestrator.options.reaching import SshOptions
 
 # paramiko logs a failed handshake (`Exception (client): ...` and a traceback) as records
@@ -398,5 +399,9 @@ def _lease(session: SshSession, hops: list[tuple[str, Target]], shown: str) -> J
 
 def _hop_target(jump: str, session: SshSession) -> Target:
     user, _, rest = jump.rpartition("@")
-    name, _, port = rest.partition(":")
-    return session.resolve(Host(name=name, user=user or None, port=int(port) if port else None))
+    name, colon, port = rest.partition(":")
+    try:
+        number = whole_number(port, f"the port of ProxyJump {jump}", *PORT) if colon else None
+    except NumberError as exc:
+        raise ConfigError(f"{exc} (ssh config ProxyJump)") from None
+    return session.resolve(Host(name=name, user=user or None, port=number))
