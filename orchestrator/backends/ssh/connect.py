@@ -325,9 +325,13 @@ def _refused(shown: str, target: Target, exc: HostKeyRefused) -> NodeError:
 
 
 def _authentication_failed(shown: str, target: Target, where: str, exc: Exception) -> NodeError:
+    # An ssh config's IdentityFile that is not there is skipped, as ssh skips it (--identity
+    # files were checked when given); a typo in one is then the likely cause: named.
+    missing = [path for path in target.identity_files if not os.path.isfile(path)]
+    skipped = f"; IdentityFile {', '.join(missing)} does not exist" if missing else ""
     return NodeError(
         shown,
-        f"authentication failed as {target.user}@{where} ({exc}); "
+        f"authentication failed as {target.user}@{where} ({exc}){skipped}; "
         "check the user (hostfile user=, ssh config User) and that your key "
         "is in the ssh-agent, a default key, or an IdentityFile (a certificate: "
         "CertificateFile, or KEY-cert.pub beside it)",
