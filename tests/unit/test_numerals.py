@@ -171,3 +171,28 @@ def test_an_ssh_config_number_out_of_range_names_its_line(tmp_path, line: str, s
         resolve("node1", SshConfig(str(config)), SshOptions())
     assert str(caught.value).startswith(f"{tmp_path}/") and says in str(caught.value)
     assert len(str(caught.value)) < LONGEST_LINE
+
+
+@pytest.mark.parametrize(
+    ("hostfile", "flags", "says"),
+    [
+        (f"n1 slots={LONG}\n", (), "h.txt:1: slots must be a number from 1 to 65536"),
+        (f"n1 port={LONG}\n", (), "h.txt:1: port must be a number from 1 to 65535"),
+        (f"n0\nn[1-{LONG}]\n", (), "h.txt:2: a range bound in host 'n[1-111"),
+        ("localhost slots=2\n", ("--include", f"localhost:{LONG}"), "--include 'localhost:111"),
+    ],
+)
+def test_through_the_command_line_exit_2_one_line_no_traceback(
+    tmp_path, capsys, monkeypatch, hostfile: str, flags: tuple[str, ...], says: str
+) -> None:
+    from orchestrator.cli import main
+
+    (tmp_path / "h.txt").write_text(hostfile)
+    (tmp_path / "x.py").write_text("print('x')\n")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as info:  # anything else escaping main is a traceback
+        main(["launch", "h.txt", *flags, "--dry-run", "--run-dir", "runs", "--", "x.py"])
+    err = capsys.readouterr().err
+    assert info.value.code == 2, err
+    assert err.startswith(f"orchestrator: error: {says}"), err
+    assert err.count("\n") == 1 and len(err) < LONGEST_LINE and "Traceback" not in err
