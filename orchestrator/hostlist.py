@@ -10,7 +10,10 @@ import itertools
 import re
 from collections.abc import Iterable, Mapping, Sequence
 
+from orchestrator.numerals import MAX_DIGITS, NumberError, shown, whole_number
+
 MAX_EXPANDED_HOSTS = 100_000
+MAX_NAME, MAX_LABEL = 253, 63  # a DNS name, and each part of it between dots (RFC 1035)
 
 _HOSTNAME = re.compile(r"^[A-Za-z0-9_](?:[A-Za-z0-9._-]*[A-Za-z0-9_])?$")
 _RANGE = re.compile(r"\[([^\[\]]*)\]")
@@ -22,7 +25,7 @@ def expand_range(target: str, fail=None) -> list[str]:
     fail = fail or (lambda msg: ValueError(msg))
     parts = _RANGE.split(target)
     if "[" in target and len(parts) == 1 or any("[" in p or "]" in p for p in parts[::2]):
-        raise fail(f"unbalanced brackets in host {target!r}")
+        raise fail(f"unbalanced brackets in host {shown(target)}")
     choices: list[list[str]] = []
     total = 1
     for index, part in enumerate(parts):
@@ -32,7 +35,9 @@ def expand_range(target: str, fail=None) -> list[str]:
         expanded = _expand_group(part, target, fail)
         total *= len(expanded)
         if total > MAX_EXPANDED_HOSTS:
-            raise fail(f"host range {target!r} expands to more than {MAX_EXPANDED_HOSTS} hosts")
+            raise fail(
+                f"host range {shown(target)} expands to more than {MAX_EXPANDED_HOSTS} hosts"
+            )
         choices.append(expanded)
     return ["".join(combo) for combo in itertools.product(*choices)]
 
@@ -42,31 +47,47 @@ def _expand_group(group: str, target: str, fail) -> list[str]:
     for item in group.split(","):
         lo, dash, hi = item.partition("-")
         if not DIGITS.fullmatch(lo) or (dash and not DIGITS.fullmatch(hi)):
-            raise fail(f"bad range {item!r} in host {target!r}; use e.g. node[01-04,07]")
+            raise fail(f"bad range {shown(item)} in host {shown(target)}; use e.g. node[01-04,07]")
         if not dash:
             names.append(lo)
             continue
-        start, stop = int(lo), int(hi)
+        try:
+            start, stop = (
+                whole_number(n, f"a range bound in host {shown(target)}") for n in (lo, hi)
+            )
+        except NumberError as exc:
+            raise fail(str(exc)) from None
         if stop < start:
-            raise fail(f"range {item!r} in host {target!r} counts down")
+            raise fail(f"range {shown(item)} in host {shown(target)} counts down")
         if stop - start >= MAX_EXPANDED_HOSTS:
-            raise fail(f"host range {target!r} expands to more than {MAX_EXPANDED_HOSTS} hosts")
+            raise fail(
+                f"host range {shown(target)} expands to more than {MAX_EXPANDED_HOSTS} hosts"
+            )
         width = len(lo) if lo.startswith("0") else 0
         names.extend(str(n).zfill(width) for n in range(start, stop + 1))
         if len(names) > MAX_EXPANDED_HOSTS:
-            raise fail(f"host range {target!r} expands to more than {MAX_EXPANDED_HOSTS} hosts")
+            raise fail(
+                f"host range {shown(target)} expands to more than {MAX_EXPANDED_HOSTS} hosts"
+            )
     return names
 
 
 def check_host(name: str, fail) -> str:
     if not name:
         raise fail("empty host name")
-    if _HOSTNAME.fullmatch(name) or is_ipv6(name):
+    if is_ipv6(name):
+        return name
+    if _HOSTNAME.fullmatch(name):
+        if len(name) > MAX_NAME or any(len(label) > MAX_LABEL for label in name.split(".")):
+            raise fail(
+                f"host {shown(name)} is too long for a host name (at most {MAX_NAME} "
+                f"characters, {MAX_LABEL} between dots)"
+            )
         return name
     bad = sorted({c for c in name if not (c.isalnum() or c in "._-")})
-    shown = " ".join(repr(c) for c in bad) if bad else "its form"
+    because = " ".join(repr(c) for c in bad) if bad else "its form"
     raise fail(
-        f"host {name!r} is not a valid host name (because of {shown}); "
+        f"host {shown(name)} is not a valid host name (because of {because}); "
         "use letters, digits, '.', '-' and '_'"
     )
 
@@ -93,6 +114,9 @@ def compress_hosts(names: Iterable[str]) -> str:
             order.append(name)
             continue
         prefix, digits, suffix = match.groups()
+        if len(digits) > MAX_DIGITS:  # a name, not a number to count with: kept whole
+            order.append(name)
+            continue
         width = len(digits) if digits.startswith("0") and len(digits) > 1 else 0
         key = (prefix, suffix, width)
         if key not in groups:

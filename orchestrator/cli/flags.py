@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from orchestrator.options.declare import Flag, OptionGroup, declared
+from orchestrator.options.declare import Flag, OptionGroup, declared, whole_from_text
 from orchestrator.options.display import ConsoleOptions
 from orchestrator.options.running import RunOptions
 
@@ -42,6 +42,24 @@ def options_of(
     return lambda func: functools.reduce(lambda f, option: option(f), reversed(options), func)
 
 
+class WholeNumber(click.ParamType):
+    """An int flag's type: click's INT, but text of any length is a value or one line."""
+
+    name = "integer"
+
+    def __init__(self, minimum: int | None = None) -> None:
+        self.minimum = minimum  # for a flag no option group checks (logs --tail)
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None):
+        try:
+            number = value if isinstance(value, int) else whole_from_text(value)
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+        if self.minimum is not None and number < self.minimum:
+            self.fail(f"must be {self.minimum} or more, got {number}", param, ctx)
+        return number
+
+
 def click_option(
     keyword: str, flag: Flag, default: Any, helps: Mapping[str, str] | None
 ) -> Decorator:
@@ -58,7 +76,7 @@ def click_option(
         settings.update(is_flag=True, flag_value=flag.switch == "on", default=default)
     else:
         settings.update(
-            type=flag.kind,
+            type=WholeNumber() if flag.kind is int else flag.kind,
             default=default,
             metavar=flag.metavar,
             multiple=flag.repeat,

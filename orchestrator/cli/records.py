@@ -8,7 +8,7 @@ import sys
 import click
 
 from orchestrator.cli.context import CONTEXT
-from orchestrator.cli.flags import fold_option, options_of, run_dir_option
+from orchestrator.cli.flags import WholeNumber, fold_option, options_of, run_dir_option
 from orchestrator.errors import ConfigError
 from orchestrator.options.display import ConsoleOptions
 
@@ -17,12 +17,12 @@ from orchestrator.options.display import ConsoleOptions
 @click.argument("run_id", metavar="RUN")
 @run_dir_option
 @click.option("-f", "--follow", is_flag=True, help="Keep printing new lines until the run ends.")
-@click.option("--rank", type=int, default=None, help="Only this global rank's output.")
+@click.option("--rank", type=WholeNumber(), default=None, help="Only this global rank's output.")
 @click.option("--node", metavar="HOST", help="Only lines of this node's ranks and its torchrun.")
 @click.option("--grep", metavar="REGEX", help="Only lines matching REGEX.")
 @click.option(
     "--tail",
-    type=click.IntRange(min=0),
+    type=WholeNumber(minimum=0),
     default=None,
     metavar="N",
     help="Start with the last N lines instead of the whole log.",
@@ -109,7 +109,7 @@ def stop(run_id, run_dir, wait):
 @click.command(context_settings=CONTEXT)
 @click.argument("run_id", metavar="RUN")
 @run_dir_option
-@click.option("--rank", type=int, default=None, help="Only this global rank's stack.")
+@click.option("--rank", type=WholeNumber(), default=None, help="Only this global rank's stack.")
 @click.option("--node", metavar="HOST", help="Only the stacks of this node's ranks.")
 @click.option(
     "--method",

@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from orchestrator.errors import SourceError
-from orchestrator.hostlist import DIGITS, check_host, expand_range, is_ipv6
+from orchestrator.hostlist import check_host, expand_range, is_ipv6
+from orchestrator.numerals import MAX_SLOTS, PORT, NumberError, shown, whole_number
 
 if TYPE_CHECKING:
     import yaml  # imported where YAML hostfiles are read: the others need not pay ~20 ms
@@ -150,7 +151,7 @@ def _parse_text(text: str, path: str) -> list[Host]:
 
 def _parse_text_line(line: str, path: str, lineno: int) -> list[Host]:
     def fail(msg: str) -> SourceError:
-        return SourceError(path, lineno, f"{msg} (in {line!r})")
+        return SourceError(path, lineno, f"{msg} (in {shown(line)})")
 
     tokens = line.split()
     target, fields = tokens[0], tokens[1:]
@@ -320,8 +321,8 @@ def _entry_values(node: yaml.Node, path: str, *, allow_host: bool) -> dict[str, 
 
 def _make_hosts(target: str, values: dict[str, object], path: str, lineno: int, fail) -> list[Host]:
     fields = {
-        "slots": _positive_int(values.get("slots"), "slots", fail),
-        "max_slots": _positive_int(values.get("max_slots"), "max_slots", fail),
+        "slots": _slots(values.get("slots"), "slots", fail),
+        "max_slots": _slots(values.get("max_slots"), "max_slots", fail),
         "port": _port(values.get("port"), fail),
         "user": _checked(values.get("user"), _USER, "user name", fail),
         "ifname": _checked(values.get("ifname"), _IFNAME, "interface name", fail),
@@ -334,25 +335,22 @@ def _make_hosts(target: str, values: dict[str, object], path: str, lineno: int, 
     return [replace(template, name=check_host(name, fail)) for name in expand_range(target, fail)]
 
 
-def _positive_int(value: object, name: str, fail) -> int | None:
+def _slots(value: object, name: str, fail) -> int | None:
     if value is None:
         return None
-    text = str(value).strip()
-    if not re.fullmatch(r"[+-]?[0-9]+", text):
-        raise fail(f"{name} must be a positive integer, got {value!r}")
-    number = int(text)
-    if number <= 0:
-        raise fail(f"{name} must be a positive integer, got {number}")
-    return number
+    try:
+        return whole_number(value, name, 1, MAX_SLOTS)
+    except NumberError as exc:
+        raise fail(str(exc)) from None
 
 
 def _port(value: object, fail) -> int | None:
     if value is None:
         return None
-    text = str(value).strip()
-    if not DIGITS.fullmatch(text) or not 1 <= int(text) <= 65535:
-        raise fail(f"port must be a number from 1 to 65535, got {value!r}")
-    return int(text)
+    try:
+        return whole_number(value, "port", *PORT)
+    except NumberError as exc:
+        raise fail(str(exc)) from None
 
 
 def _checked(value: object, pattern: re.Pattern[str], what: str, fail) -> str | None:

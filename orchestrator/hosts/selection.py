@@ -12,14 +12,12 @@ the i-th chosen slot.
 
 from __future__ import annotations
 
-import re
 from dataclasses import replace
 
 from orchestrator.errors import ConfigError
 from orchestrator.hosts.hostfile import Cluster, Host
+from orchestrator.numerals import MAX_SLOTS, NumberError, shown, whole_number
 from orchestrator.options.choosing import Selection
-
-_SLOT = re.compile(r"[0-9]+")
 
 
 def slot_count(host: Host, nproc_per_node: int | None) -> int:
@@ -76,7 +74,7 @@ def select_hosts(
     if not chosen:
         flag = "--exclude" if selection.exclude is not None else "--include"
         raise ConfigError(
-            f"{flag} {_flag_value(selection)!r} leaves no slot on any host of "
+            f"{flag} {shown(_flag_value(selection))} leaves no slot on any host of "
             f"{cluster.path}; nothing to run"
         )
     hosts = tuple(
@@ -124,7 +122,8 @@ def _filter(
             known = ", ".join(h.name for h in cluster.hosts[:8])
             more = ", ..." if len(cluster.hosts) > 8 else ""
             raise ConfigError(
-                f"{flag} {text!r}: host {name!r} is not in {cluster.path} (hosts: {known}{more})"
+                f"{flag} {shown(text)}: host {shown(name)} is not in {cluster.path} "
+                f"(hosts: {known}{more})"
             )
         for index in indexes:
             host = cluster.hosts[index]
@@ -144,17 +143,19 @@ def _slot_ids(
     ids = set()
     for item in slot_text.split(","):
         item = item.strip()
-        if not _SLOT.fullmatch(item):
+        try:
+            slot = whole_number(item, "a slot id", 0, MAX_SLOTS - 1)
+        except NumberError:
             raise ConfigError(
-                f"{flag} {text!r}: slot {item!r} of host {host.name} is not a "
-                "slot id; write NAME:0,2"
-            )
-        if int(item) not in available:
+                f"{flag} {shown(text)}: slot {shown(item)} of host {host.name} is not a "
+                f"slot id (0 to {MAX_SLOTS - 1}); write NAME:0,2"
+            ) from None
+        if slot not in available:
             raise ConfigError(
-                f"{flag} {text!r}: host {host.name} has no slot {item} (its "
+                f"{flag} {shown(text)}: host {host.name} has no slot {slot} (its "
                 f"slots are 0-{len(available) - 1}; {host.source})"
             )
-        ids.add(int(item))
+        ids.add(slot)
     return ids
 
 

@@ -18,14 +18,16 @@ class Selection(OptionGroup):
         None,
         "Use only these hosts, and of a host given as NAME:0,2 only those slot ids, e.g. "
         "'worker-0@worker-1:0,2'. Each node's CUDA_VISIBLE_DEVICES lists its chosen slot "
-        "ids; LOCAL_RANK i runs on the i-th. DeepSpeed's --include.",
+        "ids; LOCAL_RANK i runs on the i-th. DeepSpeed's --include (and -i).",
         metavar="NAME[:SLOTS][@NAME...]",
+        aliases=("-i",),
     )
     exclude: str | None = option(
         None,
         "Use every host and slot but these, e.g. 'worker-1:0' (a NAME alone drops the whole "
-        "host). DeepSpeed's --exclude.",
+        "host). DeepSpeed's --exclude (and -e).",
         metavar="NAME[:SLOTS][@NAME...]",
+        aliases=("-e",),
     )
     num_nodes: int | None = option(
         None,

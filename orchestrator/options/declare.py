@@ -8,11 +8,13 @@ got -5 (keyword grace)`), the same whether it came from the command line or a Py
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator.errors import ConfigError
+from orchestrator.numerals import MAX_DIGITS, NumberError, shown, whole_number
 
 
 @dataclass(frozen=True)
@@ -91,8 +93,8 @@ def refused(keyword: str, flag: Flag, value: Any, problem: str) -> ConfigError:
     """`--flag must be ..., got 'value' (keyword name)` or `--flag 'value': expected ...
     (keyword name)`: what, where, and what to give instead."""
     if problem.startswith("must "):
-        return keyword_error(keyword, f"{flag.flag_for(keyword)} {problem}, got {value!r}")
-    return keyword_error(keyword, f"{flag.flag_for(keyword)} {value!r}: {problem}")
+        return keyword_error(keyword, f"{flag.flag_for(keyword)} {problem}, got {shown(value)}")
+    return keyword_error(keyword, f"{flag.flag_for(keyword)} {shown(value)}: {problem}")
 
 
 def out_of_range(keyword: str, flag: Flag, value: float, bound: str) -> ConfigError:
@@ -138,12 +140,29 @@ def checked_one(keyword: str, flag: Flag, value: Any) -> Any:
     return value
 
 
+def whole_from_text(text: str) -> int:
+    """A whole-number flag's text as the command line converts it (click's int() would
+    raise past 4300 digits): signed, at most MAX_DIGITS digits; its bounds are the
+    group's. NumberError saying what it takes."""
+    limit = 10**MAX_DIGITS - 1
+    try:
+        return whole_number(text, "it", -limit, limit)
+    except NumberError:
+        raise NumberError(
+            f"{shown(text)} is not a whole number of at most {MAX_DIGITS} digits"
+        ) from None
+
+
 def number(keyword: str, flag: Flag, value: Any) -> int | float:
     wanted = "a whole number" if flag.kind is int else "a number"
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise refused(keyword, flag, value, f"expected {wanted}")
-    if flag.kind is int and not float(value).is_integer():
+    if isinstance(value, float) and not math.isfinite(value):
+        raise refused(keyword, flag, value, f"expected {wanted}, not {value}")
+    if flag.kind is int and isinstance(value, float) and not value.is_integer():
         raise refused(keyword, flag, value, f"expected {wanted}")
+    if isinstance(value, int) and abs(value) >= 10**MAX_DIGITS:  # from Python: never typed
+        raise refused(keyword, flag, value, f"expected {wanted} of at most {MAX_DIGITS} digits")
     value = flag.kind(value)
     if flag.minimum is not None and value < flag.minimum:
         whole = flag.kind is int and flag.minimum == 1

@@ -7,6 +7,7 @@ import re
 from dataclasses import dataclass
 
 from orchestrator.errors import ConfigError
+from orchestrator.numerals import NumberError, whole_number
 from orchestrator.options.declare import OptionGroup, flag_name, option
 
 BOTH_BACKENDS = ("time", "signal")  # the fields an SSH launch takes too
@@ -20,12 +21,15 @@ def time_limit_alias(text: str) -> str:
     it minutes: refused, with the two ways to write what was meant."""
     if not isinstance(text, str):
         raise ValueError("expected a time limit as text, e.g. '4:00:00'")
-    number = text.strip()
-    if number.isascii() and number.isdigit() and int(number) > 0:
-        seconds = f"{int(number) // 60}:{int(number) % 60:02d}"
+    try:
+        number = whole_number(text, "it")
+    except NumberError:
+        return text  # not a bare number: --time reads it (a bare one of 19 digits too)
+    if number > 0:
+        seconds = f"{number // 60}:{number % 60:02d}"
         raise ValueError(
             "a bare number is ambiguous here (seconds, or SLURM's minutes?); write "
-            f"--time {seconds} for {int(number)} s or --time {int(number)} for {int(number)} "
+            f"--time {seconds} for {number} s or --time {number} for {number} "
             "minutes (SLURM's forms)"
         )
     return text

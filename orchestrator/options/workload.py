@@ -3,10 +3,10 @@ takes the first few)."""
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 from orchestrator.errors import ConfigError
+from orchestrator.numerals import PORT, NumberError, whole_number
 from orchestrator.options.declare import OptionGroup, option
 
 AUTO = "auto"
@@ -16,10 +16,12 @@ def master_port(value: str | int) -> int | None:
     """`--master-port`: a number from 1 to 65535, or 'auto' (None: chosen at start)."""
     if isinstance(value, str) and value.strip().lower() == AUTO:
         return None
-    text = str(value).strip()
-    if isinstance(value, bool) or not re.fullmatch(r"[0-9]+", text) or not 1 <= int(text) <= 65535:
+    if isinstance(value, bool):
         raise ValueError("must be a number from 1 to 65535 or 'auto'")
-    return int(text)
+    try:
+        return whole_number(value, "it", *PORT)
+    except NumberError:
+        raise ValueError(f"must be a number from {PORT[0]} to {PORT[1]} or 'auto'") from None
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ import signal
 from dataclasses import dataclass
 
 from orchestrator.errors import ConfigError
+from orchestrator.numerals import MAX_DIGITS, NumberError, shown, whole_number
 
 DEFAULT_WARNING_S = 120
 SHORT_LIMIT_SHARE = 4  # a limit under 4 x 120 s is warned a quarter of it ahead
@@ -40,10 +41,15 @@ def limit_seconds(value: str, flag: str = "--time") -> int | None:
     match = _TIME.match(text)
     if match is None:
         raise ConfigError(
-            f"{flag} {value!r}: expected a time limit: MINUTES, MINUTES:SECONDS, HH:MM:SS or "
+            f"{flag} {shown(value)}: expected a time limit: MINUTES, MINUTES:SECONDS, HH:MM:SS or "
             "DAYS-HH[:MM[:SS]] (SLURM's forms; e.g. 90, 4:00:00, 2-00)"
         )
-    g = {k: int(v) for k, v in match.groupdict().items() if v is not None}
+    try:
+        g = {k: whole_number(v, "a number") for k, v in match.groupdict().items() if v}
+    except NumberError:
+        raise ConfigError(
+            f"{flag} {shown(value)}: a number in it has more than {MAX_DIGITS} digits"
+        ) from None
     if "days" in g:
         seconds = ((g["days"] * 24 + g["dh"]) * 60 + g.get("dm", 0)) * 60 + g.get("ds", 0)
     elif "c" in g:
@@ -51,7 +57,7 @@ def limit_seconds(value: str, flag: str = "--time") -> int | None:
     else:
         seconds = g["a"] * 60 + g.get("b", 0)
     if seconds <= 0:
-        raise ConfigError(f"{flag} {value!r}: a time limit must be above zero")
+        raise ConfigError(f"{flag} {shown(value)}: a time limit must be above zero")
     return seconds
 
 
@@ -64,15 +70,20 @@ def parse_signal(value: str) -> tuple[str, int] | None:
     name = match.group(1).upper() if match else ""
     if name.isdigit():
         try:
-            name = signal.Signals(int(name)).name[3:]
-        except ValueError:
+            name = signal.Signals(whole_number(name, "a signal number")).name[3:]
+        except ValueError:  # NumberError too
             name = ""
-    if not match or name not in FORWARDABLE_SIGNALS or not 0 < int(match.group(2)) <= 65535:
+    try:
+        seconds = whole_number(match.group(2), "SECONDS", 1, 65535) if match else None
+    except NumberError:
+        seconds = None
+    if seconds is None or name not in FORWARDABLE_SIGNALS:
         raise ConfigError(
-            f"--signal {value!r}: expected USR1@SECONDS or USR2@SECONDS (e.g. "
-            "USR1@120: SIGUSR1 to the ranks 120 s before the time limit), or none"
+            f"--signal {shown(value)}: expected USR1@SECONDS or USR2@SECONDS, SECONDS from "
+            "1 to 65535 (e.g. USR1@120: SIGUSR1 to the ranks 120 s before the time limit), "
+            "or none"
         )
-    return name, int(match.group(2))
+    return name, seconds
 
 
 def default_warning(limit_s: int) -> int:

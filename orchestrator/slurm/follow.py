@@ -56,6 +56,7 @@ from orchestrator.slurm.spares import SlurmSpares
 from orchestrator.slurm.stream import READ_BYTES, AttemptFiles
 from orchestrator.supervise import NodeState, Outcome, RankState, Supervisor, describe_exit
 from orchestrator.supervise.stopping import signals_to
+from orchestrator.supervise.time_limit import Cause
 
 UNREACHABLE_GRACE_S = 120.0  # how long squeue may fail before the launcher gives up
 
@@ -312,6 +313,8 @@ class Follower:
             record_dir=self.record.path,
         )
         self.bookmarks.restore(self.sup, start)  # what a follower before this one knew
+        if self.segments.preempted_seen:  # warned before this attempt's ranks were followed
+            self.sup.deadline.warned_for(Cause.PREEMPTION)
         self.agents = agents  # through srun here, or on the --login node
         agents.reach(hosts, start.agents)
         self.cadence.reached(agents.sessions)
@@ -395,6 +398,8 @@ class Follower:
             return
         preempted = slurm.job_details(self.commands, self.job_id).preempted
         self.note(self.segments.warned(signal_name, when, preempted))
+        if self.sup is not None:  # the ranks that end on it are named with what it was for
+            self.sup.deadline.warned_for(Cause.PREEMPTION if preempted else Cause.TIME_LIMIT)
         self.write_status()
         self.cadence.poll_now()
 

@@ -10,6 +10,7 @@ import re
 from dataclasses import dataclass
 
 from orchestrator.errors import OrchestratorError
+from orchestrator.numerals import NumberError, shown, whole_number
 
 # Pending reasons that no amount of waiting resolves: the request does not fit the
 # partition, account or QOS (sbatch accepts such jobs unless EnforcePartLimits is set).
@@ -62,17 +63,19 @@ def parse_job_id(stdout: str) -> int:
     match = re.search(r"^(\d+)(?:;\S+)?$", text, re.MULTILINE) or re.search(
         r"Submitted batch job (\d+)", text
     )
-    if not match:
-        raise OrchestratorError(f"sbatch printed no job id: {text!r}")
-    return int(match.group(1))
+    try:
+        return whole_number(match.group(1) if match else "", "a job id", 1)
+    except NumberError:
+        raise OrchestratorError(f"sbatch printed no job id: {shown(text)}") from None
 
 
 def parse_exit_code(text: str) -> int | None:
     """SLURM's `EXIT:SIGNAL` (`3:0`, `0:15`) -> a shell-style code (3, 143)."""
-    match = re.match(r"^(\d+):(\d+)$", text.strip())
-    if not match:
+    code, _, signum = text.strip().partition(":")
+    try:  # SLURM's codes are bytes; 255 bounds both, and anything else is not one
+        code, signum = (whole_number(n, "an exit code", 0, 255) for n in (code, signum))
+    except NumberError:
         return None
-    code, signum = int(match.group(1)), int(match.group(2))
     return code if code or not signum else 128 + signum
 
 
@@ -109,10 +112,18 @@ def parse_scontrol_job(stdout: str) -> JobInfo | None:
         reason=pairs.get("Reason", ""),
         nodelist=pairs.get("NodeList", "") if pairs.get("NodeList") != "(null)" else "",
         exit_code=parse_exit_code(pairs.get("ExitCode", "")),
-        restarts=int(pairs.get("Restarts", "0") or 0),
+        restarts=_count(pairs.get("Restarts")),
         source="scontrol",
         preempted=pairs.get("PreemptTime", "None") not in ("None", "", "Unknown"),
     )
+
+
+def _count(text: str | None) -> int:
+    """A count SLURM printed (Restarts=); 0 when absent or not a number."""
+    try:
+        return whole_number(text or "0", "a count")
+    except NumberError:
+        return 0
 
 
 def parse_sacct(stdout: str) -> JobInfo | None:

@@ -89,7 +89,8 @@ class Detector:
         """`after_stop`: the rank ended after its node had received the stop (its agent
         says so, in its own clock). Without that word (SLURM), `when` is compared with
         when the stop began, both in one clock. `warned`: it ended after its agent sent
-        it the time limit's warning: asked to stop, so stopped, and the run stops."""
+        it the warning signal (the time limit's, a preemption's, or one for a checkpoint):
+        asked to stop, so stopped, and the run stops."""
         state = self.ranks[rank]
         if self.nodes[state.node].state == "lost":  # what a lost node says later is not heard
             state.exit_code = code
@@ -127,8 +128,8 @@ class Detector:
         catch it are left, the run stops: the reason, or None while ranks still save."""
         assert self.warning is not None
         self.sink.note(
-            f"rank {state.rank} on {state.host} ended with {describe_exit(code)} after the "
-            "time limit's warning"
+            f"rank {state.rank} on {state.host} ended with {describe_exit(code)} after "
+            f"{self.warning.the_warning()}"
         )
         left = [r for r in self.ranks.values() if r.state in ("starting", "running")]
         if not left or self.warning.may_save(left):
@@ -137,7 +138,7 @@ class Detector:
         self.sink.note(
             f"the {len(left)} rank(s) left do not catch the warning; stopping the run on every node"
         )
-        return f"rank {state.rank} on {state.host} ended on the time limit's warning"
+        return f"rank {state.rank} on {state.host} ended on {self.warning.the_warning()}"
 
     def note_restart(self, round_: int) -> None:
         """Once every rank has ended the round (so the first to fail in it is known, not

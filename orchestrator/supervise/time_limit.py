@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
+from enum import Enum
 from typing import Protocol
 
 from orchestrator.hostlist import name_ranks
@@ -30,6 +31,15 @@ from orchestrator.record.runs import now_iso
 from orchestrator.supervise.state import NodeState, RankState
 
 SHOWN_RANKS = 8  # a summary names this many ranks, then says how many more
+
+
+class Cause(Enum):
+    """What the warning signal was sent for; `WarningClock.the_warning` words it, for the
+    console's line and the run's stop reason, over SSH and under SLURM alike."""
+
+    TIME_LIMIT = "time limit"  # --time's warning (SSH: this clock; SLURM: --signal)
+    PREEMPTION = "preemption"  # SLURM's signal to a preempted job's ranks
+    CHECKPOINT = "checkpoint"  # asked with no limit behind it: growing back (checkpoint())
 
 
 class Session(Protocol):
@@ -79,6 +89,8 @@ class WarningClock:
         self.not_catching: set[int] = set()  # ranks found that do not catch it: not sent it
         self.at_limit: list[int] | None = None  # the ranks still running at the limit
         self.ended_run = False  # the run's stop began with a rank that ended on the warning
+        self.cause = Cause.TIME_LIMIT  # what the warning is for
+        self.why = ""  # with Cause.CHECKPOINT, why one is asked ("growing to 4 nodes")
 
     @classmethod
     def of(cls, deadline: Deadline, started_wall: float) -> WarningClock:
@@ -134,8 +146,20 @@ class WarningClock:
         if sent is None:
             return False
         self.sent_at = now
+        self.warned_for(Cause.CHECKPOINT, why)
         notes.note(f"{why}: SIG{self.signal_name} to {sent[0]} rank(s) on {sent[1]} node(s)")
         return True
+
+    def warned_for(self, cause: Cause, why: str = "") -> None:
+        """What the warning went out for (SLURM's signal: the time limit or a preemption)."""
+        self.cause, self.why = cause, why
+
+    def the_warning(self) -> str:
+        """The warning as the console names it: "the time limit's warning", "the
+        preemption's warning", "the warning for growing to 4 nodes at a checkpoint"."""
+        if self.cause is Cause.CHECKPOINT:
+            return f"the warning for {self.why or 'a checkpoint'} at a checkpoint"
+        return f"the {self.cause.value}'s warning"
 
     def _signal(self, run: Run) -> tuple[int, int] | None:
         """`signal SIG` to every node with a running rank: (ranks, nodes), or None."""
@@ -209,8 +233,8 @@ class WarningClock:
 
     def warned(self) -> str:
         """ "SIGUSR1 10 s before the 40 s limit"."""
-        if self.limit_s is None:  # asked for a checkpoint (checkpoint()), not for a limit
-            return f"SIG{self.signal_name} for a checkpoint"
+        if self.limit_s is None or self.cause is not Cause.TIME_LIMIT:  # no limit of ours
+            return f"SIG{self.signal_name}"
         return f"SIG{self.signal_name} {self.before_limit_s} s before the {self.limit_s:g} s limit"
 
     def ended_summary(self, ranks: dict[int, RankState], succeeded: bool) -> str:
@@ -218,7 +242,7 @@ class WarningClock:
         (those that do not catch it: in the stop that the others' exits began)."""
         if succeeded:
             return (
-                f"the time limit's warning went out ({self.warned()}); every rank ended "
+                f"{self.the_warning()} went out ({self.warned()}); every rank ended "
                 "with exit code 0 before the limit"
             )
         deaf = sorted(self.not_catching & set(ranks))
@@ -230,7 +254,7 @@ class WarningClock:
             f"{len(deaf)} do not catch it ({name_ranks(deaf, hosts, listed=SHOWN_RANKS)})"
         )
         return (
-            f"stopped on the time limit's warning ({self.warned()}): {ended}; a program "
+            f"stopped on {self.the_warning()} ({self.warned()}): {ended}; a program "
             "that saves a checkpoint on it resumes from there when launched again (the "
             "bundled trainer: --checkpoint-dir DIR --resume)"
         )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -349,7 +350,11 @@ def _env_optional_int(env: Mapping[str, str], name: str) -> int | None:
     raw = env.get(name)
     if raw is None or raw == "":
         return None
-    try:
-        return int(raw)
-    except ValueError:
-        raise TrainerUsageError(f"environment variable {name}={raw!r} is not an integer") from None
+    # Counted before int(), which raises past 4300 digits (the trainer stands alone: the
+    # controller's orchestrator/numerals.py bounds its numbers the same way).
+    if not re.fullmatch(r"\s*[+-]?[0-9]{1,18}\s*", raw):
+        shown = repr(raw) if len(raw) <= 60 else f"{raw[:60]!r}… ({len(raw)} characters)"
+        raise TrainerUsageError(
+            f"environment variable {name}={shown} is not an integer of at most 18 digits"
+        )
+    return int(raw)

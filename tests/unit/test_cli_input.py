@@ -67,10 +67,11 @@ BAD = {  # run as subprocesses
         launch("unparsable.txt"), ("unparsable.txt:2:", "expected key=value, got 'slots'")
     ),
     "slots=0": Case(
-        launch("slots0.txt"), ("slots0.txt:2:", "slots must be a positive integer, got 0")
+        launch("slots0.txt"), ("slots0.txt:2:", "slots must be a number from 1 to 65536, got 0")
     ),
     "negative slots": Case(
-        launch("negative.txt"), ("negative.txt:1:", "slots must be a positive integer, got -2")
+        launch("negative.txt"),
+        ("negative.txt:1:", "slots must be a number from 1 to 65536, got -2"),
     ),
     "duplicate host": Case(
         launch("duplicate.txt"),

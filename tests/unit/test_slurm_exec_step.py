@@ -156,7 +156,7 @@ def test_only_a_running_job_has_nodes_to_use(info: JobInfo, says: str) -> None:
         (["--", "hostname"], "exec needs the nodes: a HOSTFILE"),
         (["hosts.txt", "--run", "r1", "--", "hostname"], "not both (HOSTFILE hosts.txt, --run r1)"),
         (["--run", "r1"], "no COMMAND; give it after `--`"),
-        (["--run", "r1", "-i", "key", "--", "hostname"], "--identity cannot be used here"),
+        (["--run", "r1", "--identity", "key", "--", "hostname"], "--identity cannot be used here"),
         (["hosts.txt", "--run-dir", "x", "--", "hostname"], "--run-dir cannot be used here"),
         (["--run", "r1", "--run-dir", "nowhere", "--", "hostname"], "no run 'r1' in nowhere"),
     ],

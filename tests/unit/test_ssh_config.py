@@ -98,16 +98,17 @@ def test_flags_win_over_the_config_and_hostfile_user_port_win(home: Path) -> Non
         "    UserKnownHostsFile ~/kh/cfg\n    ConnectTimeout 3\n    IdentityFile ~/k\n"
     )
     config = SshConfig(str(write(home / ".ssh" / "config", text)))
+    first = str(write(home / "first", "a key\n"))  # --identity must name a file that is there
     flags = SshOptions(
         known_hosts="/tmp/flag_kh",
         accept_new_host_keys=True,
         connect_timeout=7.0,
-        identity_files=("/tmp/first",),
+        identity_files=(first,),
     )
     found = resolve("node1", config, flags, user="hostfile", port=2200)
     assert (found.user, found.port, found.connect_timeout) == ("hostfile", 2200, 7.0)
     assert found.trust.user_files == ("/tmp/flag_kh",) and found.trust.strict == "accept-new"
-    assert found.identity_files == ("/tmp/first", f"{home}/k")
+    assert found.identity_files == (first, f"{home}/k")
     plain = resolve("node1", config, SshOptions())
     assert (plain.user, plain.port, plain.connect_timeout) == ("cfg", 2222, 3.0)
 

@@ -23,10 +23,13 @@ import paramiko
 
 from orchestrator.backends.base import DEFAULT_CONNECT_TIMEOUT_S
 from orchestrator.backends.ssh.notices import warn_once
-from orchestrator.errors import SourceError
+from orchestrator.errors import ConfigError, SourceError
+from orchestrator.numerals import PORT, NumberError, shown, whole_number
 from orchestrator.options.reaching import SshOptions
 
 USER_CONFIG = "~/.ssh/config"
+DEFAULT_PORT = 22
+MAX_SECONDS = 86400 * 365  # ConnectTimeout, ServerAliveInterval: a year is more than any
 SYSTEM_CONFIG = "/etc/ssh/ssh_config"
 USER_KNOWN_HOSTS = ("~/.ssh/known_hosts", "~/.ssh/known_hosts2")
 GLOBAL_KNOWN_HOSTS = ("/etc/ssh/ssh_known_hosts", "/etc/ssh/ssh_known_hosts2")
@@ -120,6 +123,31 @@ class SshConfig:
                 )
         return found
 
+    def port(self, found: paramiko.SSHConfigDict) -> int:
+        """Port (22 when not set); one out of range is an error naming its line."""
+        value = found.get("port")
+        if value is None:
+            return DEFAULT_PORT
+        try:
+            return whole_number(value, "Port", *PORT)
+        except NumberError as exc:
+            raise ConfigError(f"{self._origin('port', value)}: {exc}") from None
+
+    def seconds(self, found: paramiko.SSHConfigDict, keyword: str) -> float | None:
+        """A time in seconds (ConnectTimeout, ServerAliveInterval); None when not set or
+        not a number (ssh's 1m30s forms), an error naming its line past MAX_SECONDS."""
+        value = found.get(keyword.lower())
+        try:
+            number = float(value) if value else None
+        except ValueError:
+            return None
+        if number is not None and not 0 <= number <= MAX_SECONDS:  # inf and nan too
+            where = self._origin(keyword.lower(), value)
+            raise ConfigError(
+                f"{where}: {keyword} must be from 0 to {MAX_SECONDS} seconds, got {shown(value)}"
+            )
+        return number
+
     def _origin(self, keyword: str, value: object) -> str:
         first = None
         for where, word, text in self.lines:
@@ -207,7 +235,7 @@ def resolve(
     """Where `alias` leads, as `ssh -G` would say; a hostfile `user`/`port` wins."""
     found = config.lookup(alias)
     hostname = found.get("hostname", alias)
-    port = port or int(found.get("port", 22))
+    port = port or config.port(found)
     user = user or found.get("user") or getpass.getuser()
     jump = found.get("proxyjump")
     command = found.get("proxycommand")
@@ -223,7 +251,7 @@ def resolve(
         strict = "accept-new"  # the flag is ssh's `-o StrictHostKeyChecking=accept-new`
     timeout = (
         options.connect_timeout
-        or _seconds(found.get("connecttimeout"))
+        or config.seconds(found, "ConnectTimeout")
         or DEFAULT_CONNECT_TIMEOUT_S
     )
     return Target(
@@ -237,7 +265,7 @@ def resolve(
         proxy_jump=None if not jump or jump.lower() == "none" else jump,
         proxy_command=command if command and command.lower() != "none" else None,
         connect_timeout=timeout,
-        keepalive_s=_seconds(found.get("serveraliveinterval")),
+        keepalive_s=config.seconds(found, "ServerAliveInterval"),
         trust=HostTrust(
             user_files=user_files,
             global_files=global_files,
@@ -262,13 +290,6 @@ def _certificate_files(found: paramiko.SSHConfigDict, tokens: dict[str, str]) ->
 
 def _yes(value: str | None) -> bool:
     return (value or "").lower() in ("yes", "true")
-
-
-def _seconds(value: str | None) -> float | None:
-    try:
-        return float(value) if value else None
-    except ValueError:
-        return None
 
 
 def _strictness(value: str) -> str:

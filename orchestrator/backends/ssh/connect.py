@@ -33,8 +33,9 @@ from orchestrator.backends.ssh.retry import Transient, is_transient, with_retrie
 from orchestrator.backends.ssh.sftp import put_tree
 from orchestrator.backends.ssh.transport import close_client, new_transport, settle
 from orchestrator.backends.ssh.trust import HostKeyRefused, Trust
-from orchestrator.errors import NodeError
+from orchestrator.errors import ConfigError, NodeError
 from orchestrator.hosts.hostfile import Host
+from orchestrator.numerals import PORT, NumberError, whole_number
 from orchestrator.options.reaching import SshOptions
 
 # paramiko logs a failed handshake (`Exception (client): ...` and a traceback) as records
@@ -324,9 +325,13 @@ def _refused(shown: str, target: Target, exc: HostKeyRefused) -> NodeError:
 
 
 def _authentication_failed(shown: str, target: Target, where: str, exc: Exception) -> NodeError:
+    # An ssh config's IdentityFile that is not there is skipped, as ssh skips it (--identity
+    # files were checked when given); a typo in one is then the likely cause: named.
+    missing = [path for path in target.identity_files if not os.path.isfile(path)]
+    skipped = f"; IdentityFile {', '.join(missing)} does not exist" if missing else ""
     return NodeError(
         shown,
-        f"authentication failed as {target.user}@{where} ({exc}); "
+        f"authentication failed as {target.user}@{where} ({exc}){skipped}; "
         "check the user (hostfile user=, ssh config User) and that your key "
         "is in the ssh-agent, a default key, or an IdentityFile (a certificate: "
         "CertificateFile, or KEY-cert.pub beside it)",
@@ -398,5 +403,9 @@ def _lease(session: SshSession, hops: list[tuple[str, Target]], shown: str) -> J
 
 def _hop_target(jump: str, session: SshSession) -> Target:
     user, _, rest = jump.rpartition("@")
-    name, _, port = rest.partition(":")
-    return session.resolve(Host(name=name, user=user or None, port=int(port) if port else None))
+    name, colon, port = rest.partition(":")
+    try:
+        number = whole_number(port, f"the port of ProxyJump {jump}", *PORT) if colon else None
+    except NumberError as exc:
+        raise ConfigError(f"{exc} (ssh config ProxyJump)") from None
+    return session.resolve(Host(name=name, user=user or None, port=number))

@@ -133,6 +133,8 @@ def fetch_incomplete(record: RunRecord, say: Callable[[str], None]) -> int:
         )
     except TypeError:
         raise ConfigError(f"{record.status_path}: unreadable ssh_options: {ssh!r}") from None
+    except ConfigError as exc:  # an --identity file the launch named, gone since
+        raise ConfigError(f"{record.status_path}: the launch's SSH options: {exc}") from None
     nodes = list(dict.fromkeys(gap.node for gap in gaps))
     pythons = {gap.node: gap.python for gap in gaps}
     hosts = tuple(
