@@ -42,6 +42,7 @@ NODE_MODULES = (
     "sampling",
     "ranks",
     "py_spy",
+    "child_stacks",
     "stacks",
     "limit_warning",
     "flight",

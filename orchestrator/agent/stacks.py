@@ -92,9 +92,30 @@ def take_stacks(
     """
     return each_rank(
         ranks,
-        lambda rank, pid: take_one(rank, pid, hook_dir, py_spy, timeout),
+        lambda rank, pid: with_children(
+            take_one(rank, pid, hook_dir, py_spy, timeout), hook_dir, py_spy, timeout
+        ),
         lambda rank, pid, why: {**empty_record(rank, pid), "error": why},
     )
+
+
+def with_children(record: dict, hook_dir: str, py_spy: str | None, timeout: float) -> dict:
+    """The rank's record with its child processes' records (orchestrator.agent.child_stacks),
+    each child read in a thread of its own, the ways the rank's own stack was tried."""
+    from orchestrator.agent.child_stacks import child_record, children_of_rank
+
+    rank, pid = record["rank"], record["pid"]
+    pids, left = children_of_rank(pid) if record["main_cpu_ticks"] is not None else ([], 0)
+
+    def take(child: int) -> dict:
+        return take_one(rank, child, hook_dir, py_spy, timeout, forked_from=pid)
+
+    found = each_rank(
+        {child: child for child in pids},
+        lambda child, _: child_record(child, take),
+        lambda child, _, why: {"pid": child, "method": None, "threads": [], "error": why},
+    )
+    return {**record, "children": list(found.values()), "children_left": left}
 
 
 def each_rank(
@@ -121,8 +142,16 @@ def each_rank(
     return dict(sorted(found.items()))
 
 
-def take_one(rank: int, pid: int, hook_dir: str, py_spy: str | None, timeout: float) -> dict:
-    """One rank's record: py-spy first, then the signal hook."""
+def take_one(
+    rank: int,
+    pid: int,
+    hook_dir: str,
+    py_spy: str | None,
+    timeout: float,
+    forked_from: int | None = None,
+) -> dict:
+    """One rank's record (or, with `forked_from`, the record of that rank's child `pid`):
+    py-spy first, then the signal hook."""
     record = empty_record(rank, pid)
     used = main_thread_cpu(pid)
     if used is None:
@@ -140,7 +169,7 @@ def take_one(rank: int, pid: int, hook_dir: str, py_spy: str | None, timeout: fl
     else:
         reasons.append("py-spy: not found on this node")
     try:
-        record["threads"] = not_ours(dump_with_hook(pid, hook_dir, timeout))
+        record["threads"] = not_ours(dump_with_hook(pid, hook_dir, timeout, forked_from))
         record["method"] = "signal"
         return record
     except StackError as error:
@@ -198,20 +227,29 @@ def main_thread_cpu(pid: int) -> tuple[int, int | None, int | None] | None:
     return ticks, wanted, wakeups
 
 
-def dump_with_hook(pid: int, hook_dir: str, timeout: float) -> list[dict]:
-    """The threads the process's hook writes on its signal (see the module docstring)."""
-    seen_as = own_pid(pid)  # the hook names its files by the pid it sees
-    ready = read_ready(hook_dir, seen_as)
-    fields = stat_fields(pid)
+def dump_with_hook(
+    pid: int, hook_dir: str, timeout: float, forked_from: int | None = None
+) -> list[dict]:
+    """The threads the process's hook writes on its signal (see the module docstring). A
+    child of process `forked_from` without a hook of its own is read through the hook it
+    inherited, where it still holds that process's dump file (orchestrator.agent.child_stacks)."""
+    owner, ready = announced(pid, hook_dir, forked_from)
+    fields = stat_fields(owner)
     if fields is None:
-        raise StackError(f"process {pid} has ended")
+        raise StackError(f"process {owner} has ended")
     if ready.get("start") != fields[19].decode():  # field 22: when the process started
-        raise StackError(NO_HOOK + f" (the ready file is an earlier process's with pid {pid})")
+        raise StackError(NO_HOOK + f" (the ready file is an earlier process's with pid {owner})")
     signum = int(ready["signal"])
-    stacks = ready.get("stacks") or os.path.join(hook_dir, f"{seen_as}.stacks")
+    stacks = ready.get("stacks") or os.path.join(hook_dir, f"{own_pid(owner)}.stacks")
+    if owner != pid:
+        from orchestrator.agent.child_stacks import holds_same_file
+
+        fd = ready.get("fd", "")
+        if not fd.isdigit() or not holds_same_file(pid, int(fd), stacks):
+            raise StackError(NO_HOOK + f" (nor the hook of process {owner}, its parent)")
     if not catches(pid, signum):
         raise StackError(f"the process no longer catches signal {signum} (its own handler?)")
-    with lock_for(pid):
+    with lock_for(owner):  # one dump at a time into the file
         try:
             offset = os.path.getsize(stacks)
         except OSError as error:
@@ -231,6 +269,17 @@ def dump_with_hook(pid: int, hook_dir: str, timeout: float) -> list[dict]:
     if not threads:
         raise StackError(f"the dump in {stacks} holds no thread")
     return threads
+
+
+def announced(pid: int, hook_dir: str, forked_from: int | None) -> tuple[int, dict[str, str]]:
+    """(the process whose hook announced itself for `pid`, its ready file): the process's
+    own, else, for a child, the hook of the process it was forked from."""
+    try:
+        return pid, read_ready(hook_dir, own_pid(pid))  # named by the pid the hook sees
+    except StackError:
+        if forked_from is None:
+            raise
+    return forked_from, read_ready(hook_dir, own_pid(forked_from))
 
 
 def read_ready(hook_dir: str, pid: int) -> dict[str, str]:

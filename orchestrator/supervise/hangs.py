@@ -2,8 +2,9 @@
 
 Progress is the program's, not any printed line: a rank progresses when it reports a new
 step on the metrics channel (a record whose `step` differs from its last; one that repeats
-it is not progress), or when its main thread moves between the two samples of a check
-(stack_groups.moved: its stack changed, or it wanted half a core in its own code). When no
+it is not progress), or when its main thread, or that of a child process of its own (a
+DataLoader worker), moves between the two samples of a check (stack_groups.moved: its stack
+changed, or it wanted half a core in its own code). When no
 rank has progressed for the hang timeout, while every node still runs and answers, the
 stacks of every rank are taken twice, SAMPLE_GAP_S apart (stack_rounds.py). If any rank's
 main thread moved, the job works: that is said once, it counts as progress, and the next

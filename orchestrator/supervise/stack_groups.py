@@ -12,28 +12,32 @@ way):
 
 A rank whose stack could not be taken is a group of its own, named by why.
 
+A rank's child processes (DataLoader workers) are shown under its threads, alike ones
+folded, and part of what makes two ranks alike:
+
+    [node3 r5] 1 rank: main thread in _MultiProcessingDataLoaderIter._try_get_data (torch/...
+        child process pt_data_worker: main thread in FifoDataset.__getitem__ (train.py:14)...
+
+Each thread is named by stack_names.thread_text: the library call the deepest frame of the
+user's made, that frame and those outside it, and the innermost frame beside them.
+
 Two records of a rank taken some seconds apart tell a hang from work (`moved`), by its
-main thread.
+main thread and those of its child processes.
 
 Pure: records in, groups and lines out.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 from orchestrator.hostlist import compress_hosts
+from orchestrator.supervise.stack_names import is_user_frame, thread_text
 
 BUSY_SHARE = 0.5  # of one core over the interval: a main thread wanting this much is busy
 WOKEN_PER_S = 2.0  # a main thread woken this often in a library call keeps finishing calls
-USER_FRAMES = 3  # frames of the user's code shown per thread
 THREADS_SHOWN = 3  # threads shown per group (the main thread first); the rest are counted
-# Where code is not the user's: installed packages (torch and the rest), the interpreter's
-# standard library (threading, queue, selectors, ...), and our own stack hook.
-_INSTALLED = re.compile(r"/(?:site|dist)-packages/")
-_STDLIB = re.compile(r"/lib/python\d+(?:\.\d+)?t?/|/python\d+\.zip/")
-_HOOK = "/stack_hook/sitecustomize.py"
+CHILDREN_SHOWN = 3  # lines of child processes shown per group; the rest are counted
 
 
 @dataclass(frozen=True)
@@ -76,7 +80,14 @@ def stack_key(record: dict) -> tuple:
     frame say nothing and are left out. A record without a stack: ("error", why)."""
     if record.get("error"):
         return ("error", record["error"])
-    return tuple(sorted(key for key in map(thread_key, record.get("threads") or ()) if key))
+    threads = tuple(sorted(key for key in map(thread_key, record.get("threads") or ()) if key))
+    children = tuple(sorted(map(child_key, record.get("children") or ())))
+    return (threads, children) if children else threads
+
+
+def child_key(child: dict) -> tuple:
+    """A child process as compared: its name and its stack (its pid aside)."""
+    return (str(child.get("name") or ""), stack_key({**child, "children": ()}))
 
 
 def fold(records: list[dict], hosts: dict[int, str]) -> list[Group]:
@@ -98,11 +109,14 @@ def fold(records: list[dict], hosts: dict[int, str]) -> list[Group]:
 
 
 def in_own_code(record: dict) -> bool:
-    """Whether the record's main thread (else its first) has its innermost frame in the
+    """Whether the record's main thread (else its first), or that of a child process of
+    the rank (a DataLoader worker in the user's Dataset), has its innermost frame in the
     user's code."""
     threads = record.get("threads") or ()
     frames = (main_thread(record) or (threads[0] if threads else {})).get("frames") or ()
-    return bool(frames) and is_user_frame(frames[0])
+    if frames and is_user_frame(frames[0]):
+        return True
+    return any(in_own_code(child) for child in record.get("children") or ())
 
 
 def is_main(thread: dict) -> bool:
@@ -115,52 +129,6 @@ def is_main(thread: dict) -> bool:
 def main_thread(record: dict) -> dict | None:
     """A record's main thread; None where it names none (no stack)."""
     return next((t for t in record.get("threads") or () if is_main(t)), None)
-
-
-def is_user_frame(frame: dict) -> bool:
-    """Whether a frame is the user's code: not an installed package, not the standard
-    library, not our hook, not frozen start-up code."""
-    path = str(frame.get("file") or "")
-    if path.startswith("<frozen"):
-        return False
-    return not (_INSTALLED.search(path) or _STDLIB.search(path) or path.endswith(_HOOK))
-
-
-def innermost_user_frames(frames: list[dict], n: int = USER_FRAMES) -> list[dict]:
-    """The `n` innermost frames of the user's code in a thread's frames (innermost first);
-    where there are none, the `n` innermost frames."""
-    return [frame for frame in frames if is_user_frame(frame)][:n] or frames[:n]
-
-
-def short_file(path: str) -> str:
-    """A frame's file as shown: within its package or the standard library
-    (`torch/distributed/distributed_c10d.py`, `threading.py`), else the file's name
-    (`train.py`; `model/__init__.py` for a package's)."""
-    for pattern in (_INSTALLED, _STDLIB):
-        ends = [found.end() for found in pattern.finditer(path)]
-        if ends:
-            return path[ends[-1] :]
-    parts = path.rsplit("/", 2)
-    if parts[-1] == "__init__.py" and len(parts) > 1:
-        return "/".join(parts[-2:])
-    return parts[-1]
-
-
-def frame_text(frame: dict) -> str:
-    line = frame.get("line")
-    where = short_file(str(frame.get("file") or "?"))
-    return f"{frame.get('function') or '?'} ({where}:{line if line is not None else '?'})"
-
-
-def thread_text(frames: list[dict]) -> str:
-    """Where a thread is: its innermost frame where that is not the user's (the call it
-    waits in), then the innermost frames of the user's code, outward."""
-    if not frames:
-        return "no Python frame"
-    shown = innermost_user_frames(frames)
-    if frames[0] is not shown[0]:
-        shown = [frames[0], *shown]
-    return " <- ".join(frame_text(frame) for frame in shown)
 
 
 def threads_to_show(record: dict) -> tuple[list[dict], int]:
@@ -194,12 +162,56 @@ def render_groups(groups: list[Group]) -> list[str]:
             lines.append(head + text if index == 0 else f"    {text}")
         if others:
             lines.append(f"    and {others} other thread{'s' if others != 1 else ''}")
+        lines += children_lines(group.record)
+    return lines
+
+
+def children_lines(record: dict) -> list[str]:
+    """A line per kind of child process of the rank (alike ones folded, as ranks are: by
+    name and stack), those in the user's code first, up to CHILDREN_SHOWN; each with its
+    main thread (else its first)."""
+    alike: dict[tuple, list[dict]] = {}
+    for child in record.get("children") or ():
+        alike.setdefault(child_key(child), []).append(child)
+    kinds = sorted(alike.values(), key=lambda kind: not in_own_code(kind[0]))
+    left = sum(map(len, kinds[CHILDREN_SHOWN:])) + (record.get("children_left") or 0)
+    lines = []
+    for kind in kinds[:CHILDREN_SHOWN]:
+        child = kind[0]
+        who = f"{len(kind)} child processes" if len(kind) > 1 else "child process"
+        who += f" {child.get('name') or '?'}"
+        threads = [t for t in child.get("threads") or () if t.get("frames")]
+        thread = next((t for t in threads if is_main(t)), threads[0] if threads else None)
+        if child.get("error"):
+            lines.append(f"    {who}: no stack: {child['error']}")
+        elif thread is None:
+            lines.append(f"    {who}: no Python thread")
+        else:
+            lines.append(f"    {who}: main thread in {thread_text(thread['frames'])}")
+    if left:
+        lines.append(f"    and {left} other child process{'es' if left != 1 else ''}")
     return lines
 
 
 def moved(first: dict, second: dict, interval_s: float, clk_tck: int) -> bool:
-    """Whether a rank's main thread moved between two records taken `interval_s` apart: it
-    did where
+    """Whether a rank moved between two records taken `interval_s` apart: its main thread
+    did (`main_moved`), or the main thread of a child process of its own seen in both (a
+    DataLoader worker that reads and decodes while the main thread waits for its batch), by
+    the same rule. A child seen in one record only (started or ended between) says nothing:
+    a rank whose main thread is stuck may still start tools."""
+    if main_moved(first, second, interval_s, clk_tck):
+        return True
+    before = {child.get("pid"): child for child in first.get("children") or ()}
+    return any(
+        main_moved(before[child.get("pid")], child, interval_s, clk_tck)
+        for child in second.get("children") or ()
+        if child.get("pid") in before
+    )
+
+
+def main_moved(first: dict, second: dict, interval_s: float, clk_tck: int) -> bool:
+    """Whether a process's main thread moved between two records taken `interval_s` apart:
+    it did where
 
     - its stack differs (its frames' functions, files and lines), or
     - the stacks are the same but the main thread wanted at least BUSY_SHARE of a core

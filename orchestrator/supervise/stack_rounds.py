@@ -226,12 +226,24 @@ def write_round(record_dir: Path, round_: StackRound, node_hosts: dict[int, str]
 
 
 def rank_text(record: dict) -> str:
-    """One rank's stacks as text, innermost frame last, as Python prints a traceback."""
+    """One rank's stacks as text, innermost frame last, as Python prints a traceback; then
+    those of its child processes, each the same way."""
+    lines = process_text(record, f"rank {record.get('rank')} pid {record.get('pid')}")
+    for child in record.get("children") or ():
+        who = f"child process {child.get('name') or '?'} pid {child.get('pid')}"
+        lines += ["", *process_text(child, f"{who} (parent {child.get('parent')})")]
+    left = record.get("children_left")
+    if left:
+        lines += ["", f"and {left} more child process(es), not taken"]
+    return "\n".join(lines) + "\n"
+
+
+def process_text(record: dict, who: str) -> list[str]:
+    """One process's threads, as `rank_text` writes them, under the line `who: taken by`."""
     how = record.get("method") or "not taken"
     pause = record.get("pause_s")
     lines = [
-        f"rank {record.get('rank')} pid {record.get('pid')}: taken by {how}"
-        + (f", paused {pause * 1000:.1f} ms" if pause is not None else "")
+        f"{who}: taken by {how}" + (f", paused {pause * 1000:.1f} ms" if pause is not None else "")
     ]
     if record.get("error"):
         lines.append(f"no stack: {record['error']}")
@@ -243,7 +255,7 @@ def rank_text(record: dict) -> str:
         for frame in reversed(thread.get("frames") or ()):
             where, line = frame.get("file"), frame.get("line")
             lines.append(f'  File "{where}", line {line}, in {frame.get("function")}')
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def ask_for_stacks(record_dir: Path, request: str, method: str) -> None:

@@ -10,7 +10,12 @@ names the rank, and nothing is left running.
 Output is not progress: on the session's 3 nodes, ranks whose logging threads print every
 2 s while rank 1's main thread is deadlocked on a lock (the others in an all_reduce) are
 found hung within --hang-timeout + 30 s, rank 1's frame first; the same job whose main
-threads work runs to its end, said working once."""
+threads work runs to its end, said working once.
+
+Where a user looks: rank 1 of the session's 3 nodes waits on its DataLoader, whose worker
+blocks reading a pipe nobody writes in the user's Dataset; `stacks` and the hung verdict
+name the main thread's line in the training loop and, under it, the worker's frame in the
+Dataset."""
 
 from __future__ import annotations
 
@@ -21,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli_helpers import assert_nothing_left, run_cli, status_of, wait_until
+from tests.cli_helpers import assert_nothing_left, run_cli, start_cli, status_of, wait_until
 
 pytestmark = pytest.mark.cluster
 
@@ -177,3 +182,53 @@ def test_ranks_that_print_and_work_are_never_stopped(cluster, tmp_path: Path) ->
     assert "hung" not in done.stdout and "stopping" not in done.stdout
     assert log.count("worked") == len(cluster.nodes), log
     assert status_of(tmp_path / "runs", "works")["state"] == "succeeded"
+
+
+LOADER = Path(__file__).resolve().parents[1] / "data" / "stuck_loader_job.py"
+LOADER_LINES = LOADER.read_text().splitlines()
+READ_LINE = 1 + next(i for i, line in enumerate(LOADER_LINES) if "open(self.path" in line)
+LOOP_LINE = 1 + LOADER_LINES.index("    for batch in loader:")
+
+
+def check_loader_groups(lines: list[str], host: str) -> None:
+    """Rank 1 first: its main thread in DataLoader's call from the loop, the innermost
+    frame beside; the worker's frame in the Dataset under it."""
+    assert lines[0].startswith(f"[{host} r1] 1 rank: main thread in "), lines
+    assert "(torch/utils/data/dataloader.py:" in lines[0], lines
+    assert f"<- train (stuck_loader_job.py:{LOOP_LINE})" in lines[0], lines
+    assert "; innermost " in lines[0], lines
+    worker = next(line for line in lines[1:] if line.startswith("    child process"))
+    assert worker.startswith("    child process pt_data_worker: main thread in "), lines
+    assert f"__getitem__ (stuck_loader_job.py:{READ_LINE})" in worker, lines
+
+
+def test_a_rank_stuck_on_its_data_loader_is_named_in_the_dataset(cluster, tmp_path: Path):
+    runs = tmp_path / "runs"
+    hostfile = cluster.write_hostfile(tmp_path / "hosts.txt", slots=1)
+    env, host = cluster.environ(), cluster.nodes[1].name
+    launch = start_cli(
+        ["launch", str(hostfile), "--run-dir", str(runs), "--run-id", "loader",
+         "--hang-timeout", "20", "--env", "STUCK_RANK=1", "--", str(LOADER)],
+        cwd=tmp_path, env=env,
+    )  # fmt: skip
+    try:
+        log = runs / "loader" / "logs" / "combined.log"
+        wait_until(lambda: log.exists() and log.read_text().count("ready") >= 3, 240, "ready")
+        time.sleep(3)  # the worker reaches its read
+        shown = run_cli(["stacks", "loader", "--run-dir", str(runs)], env=env, timeout=60)
+        print(shown.stdout)
+        assert shown.returncode == 0, shown.stdout + shown.stderr
+        check_loader_groups(shown.stdout.splitlines(), host)
+        out, _ = launch.communicate(timeout=300)
+    finally:
+        if launch.poll() is None:
+            launch.kill()
+    print(out)
+    assert launch.returncode == 1, out
+    console = [line.removeprefix("[orchestrator] ") for line in out.splitlines()]
+    at = next(i for i, line in enumerate(console) if line.startswith("hung: no new step"))
+    check_loader_groups(console[at + 1 :], host)
+    status = status_of(runs, "loader")
+    assert status["state"] == "hung" and status["hang"]["stuck_ranks"] == [1], status
+    assert f"__getitem__ (stuck_loader_job.py:{READ_LINE})" in status["summary"]
+    assert_nothing_left("loader")

@@ -5,7 +5,9 @@ a line every 2 s, while rank 1's main thread is deadlocked (a lock taken twice) 
 all_reduce rank 0 waits in: `orchestrator stacks RUN` names rank 1 and its frame first, and
 `--hang-timeout` ends the run `hung` (exit 1) within the timeout and 30 s, naming it, with
 the job gone from squeue and no process of the run left on any node. The same job without
-the deadlock (main threads working, the threads printing) is never stopped."""
+the deadlock (main threads working, the threads printing) is never stopped. A rank stuck on
+its DataLoader worker is named as over SSH: the loop's line, and the worker's read in the
+Dataset under it."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.cluster.test_hangs_cluster import LOADER, check_loader_groups
 from tests.lab.slurm import SlurmCluster
 from tests.slurm_helpers import (  # noqa: F401 (fixtures, used by name)
     assert_gone,
@@ -128,3 +131,34 @@ def test_a_hang_under_max_restarts_restarts_the_workers_under_slurm(
     assert status["state"] == "succeeded" and status["restarts"] == 1, status
     assert "hang" not in status  # restarted, not ended hung
     assert_gone(slurm_cluster, job_id_in(done.stdout), "again")
+
+
+def test_a_rank_stuck_on_its_data_loader_under_slurm(slurm_cluster: SlurmCluster, work: Path):
+    runs = str(work / "runs")
+    args = launch_args(
+        work, "loader", "--nodes", "2", "--nproc-per-node", "1", "--partition", "debug",
+        "--hang-timeout", str(HANG_TIMEOUT), "--env", "STUCK_RANK=1", "--", str(LOADER),
+    )  # fmt: skip
+    launch = subprocess.Popen(
+        command(*args), cwd=work, env=slurm_cluster.environ(), stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        wait_for(lambda: combined(work, "loader").count("ready") >= 2, 120, "both ranks ready")
+        time.sleep(3)  # the worker reaches its read
+        shown = orchestrator(slurm_cluster, work, "stacks", "loader", "--run-dir", runs, timeout=60)
+        print(shown.stdout)
+        assert shown.returncode == 0, shown.stdout + shown.stderr
+        hosts = [node["host"] for node in status_of(work, "loader")["nodes"]]
+        check_loader_groups(shown.stdout.splitlines(), hosts[1])
+        out, _ = launch.communicate(timeout=HANG_TIMEOUT + 120)
+    finally:
+        if launch.poll() is None:
+            launch.kill()
+    print(out)
+    assert launch.returncode == 1, out
+    console = [line.removeprefix("[orchestrator] ") for line in out.splitlines()]
+    at = next(i for i, line in enumerate(console) if line.startswith("hung: no new step"))
+    check_loader_groups(console[at + 1 :], hosts[1])
+    assert status_of(work, "loader")["hang"]["stuck_ranks"] == [1]
+    assert_gone(slurm_cluster, job_id_in(out), "loader")

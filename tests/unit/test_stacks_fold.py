@@ -6,15 +6,8 @@ whatever its other threads do."""
 
 from __future__ import annotations
 
-from orchestrator.supervise.stack_groups import (
-    fold,
-    innermost_user_frames,
-    is_user_frame,
-    moved,
-    render_groups,
-    short_file,
-    stack_key,
-)
+from orchestrator.supervise.stack_groups import fold, moved, render_groups, stack_key
+from orchestrator.supervise.stack_names import innermost_user_frames, is_user_frame, short_file
 
 SITE = "/venv/lib/python3.11/site-packages"
 STDLIB = "/usr/lib/python3.11"

@@ -25,7 +25,9 @@ would see EINTR.
 Successive dumps: the file is opened once, O_APPEND, and faulthandler appends each dump; the
 agent (one per node) notes the size before it signals and reads what was added (see
 orchestrator.agent.stacks). A file per dump would need a new file for each signal, which a
-C-level handler we cannot write in Python would have to open.
+C-level handler we cannot write in Python would have to open. A process forked from this
+one (a DataLoader worker) inherits the registration and the file, at the descriptor the
+ready file names (`fd`): the agent reads such a child through it (agent/child_stacks.py).
 
 The flight recorder (torch's record of each rank's last collectives): where
 ORCHESTRATOR_FLIGHT_DIR is set and the process is a rank (RANK set), one thread waits on a
@@ -81,7 +83,7 @@ def install(folder: str) -> None:
     start = stat[stat.rfind(b")") + 2 :].split()[19].decode()  # field 22: start time, ticks
     main = main_thread_ident()
     ready = os.path.join(folder, f"{pid}.ready")
-    text = f"signal {signum}\nstart {start}\nmain_thread {main}\nstacks {stacks}\n"
+    text = f"signal {signum}\nstart {start}\nmain_thread {main}\nstacks {stacks}\nfd {high}\n"
     write_whole(ready, text.encode())  # whole or absent: the agent never reads half a file
 
     import atexit
