@@ -1,13 +1,13 @@
 """Unit tests of `orchestrator check`'s pure parts: sizes, nccl-tests' bandwidth formulas,
-the exact values every rank must get, report lines, diagnoses and tables. Plus the two
-small programs it ships to nodes (the probe script and orchestrator.check.reach), run here."""
+the exact values every rank must get, report lines, diagnoses and tables. Plus the probe
+script it ships to nodes, rendered and run here where it fails fast; the probe with torch
+and orchestrator.check.reach run here in tests/local (test_probes_local, test_reach_local)."""
 
 from __future__ import annotations
 
 import itertools
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -20,7 +20,6 @@ from orchestrator.check.diagnose import node_problems
 from orchestrator.check.facts import choose_backend
 from orchestrator.check.report import bandwidth_table, node_table
 from orchestrator.check.results import Problem, collective_results
-from orchestrator.nodes.paths.prove import reach_source
 from tests.check_helpers import MASTER, facts, node
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
@@ -470,22 +469,6 @@ def test_probe_script_golden() -> None:
     assert subprocess.run(["bash", "-n"], input=text, text=True).returncode == 0
 
 
-@pytest.mark.slow
-def test_probe_script_runs_here() -> None:
-    done = subprocess.run(
-        ["bash", "-c", render_probe()], capture_output=True, text=True, timeout=120
-    )
-    assert done.returncode == 0, done.stderr
-    from orchestrator.nodes.probe import parse_probe_output
-
-    values = parse_probe_output(done.stdout)
-    assert values["python_version"] == sys.version.split()[0]
-    assert values["torch_version"]  # this environment has torch
-    assert values["ifname"] == "lo" and values["ifname_addr"] == "127.0.0.1"
-    assert int(values["disk_free_kb"]) > 0
-    assert values["port_free"] == "yes" and int(values["port"]) > 0
-
-
 def test_probe_script_reports_a_python_without_torch(tmp_path: Path) -> None:
     bare = tmp_path / "python-no-site"
     bare.write_text(f'#!/bin/sh\nexec {sys.executable} -S "$@"\n')
@@ -506,86 +489,6 @@ def test_probe_script_reports_a_python_without_torch(tmp_path: Path) -> None:
         timeout=60,
     )
     assert "python_error=" in missing.stdout
-
-
-def reach(*args: str, timeout: float = 30) -> dict[str, str]:
-    done = subprocess.run(
-        [sys.executable, "-c", reach_source(), *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-    assert done.returncode == 0, done.stderr
-    return dict(line.split("=", 1) for line in done.stdout.splitlines())
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def test_reach_listener_hears_every_node() -> None:
-    port = free_port()
-    common = ["--host", "127.0.0.1", "--port", str(port), "--token", "t0k", "--timeout", "5"]
-    listener = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            reach_source(),
-            *common,
-            "--node",
-            "0",
-            "--listen",
-            "2",
-            "--source",
-            "127.0.0.1",
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    other = reach(*common, "--node", "1")  # retries until the listener is up
-    out, _ = listener.communicate(timeout=30)
-    master = dict(line.split("=", 1) for line in out.splitlines())
-    assert other["reach"] == "ok" and float(other["reach_ms"]) >= 0
-    assert master == {**master, "listen": "ok", "reach": "ok", "heard": "0,1"}
-
-
-def test_reach_reports_refused_and_a_busy_port() -> None:
-    port = free_port()
-    refused = reach(
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--token",
-        "x",
-        "--node",
-        "1",
-        "--timeout",
-        "0.5",
-        "--sshd-port",
-        str(port),
-    )
-    assert refused["reach"] == "error" and refused["reach_error"].startswith("ECONNREFUSED")
-    assert refused["sshd_port"].startswith("ECONNREFUSED")
-    with socket.create_server(("127.0.0.1", port)):
-        wrong = reach(
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--token",
-            "x",
-            "--node",
-            "0",
-            "--timeout",
-            "1",
-            "--listen",
-            "1",
-        )
-    assert wrong["listen_error"].startswith("EADDRINUSE")
-    assert wrong["reach"] == "error"
 
 
 def test_json_of_a_node_report_is_plain_data() -> None:

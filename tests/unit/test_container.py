@@ -27,7 +27,6 @@ from orchestrator.plan.container import (
 from orchestrator.plan.launch_plan import NodeFacts, make_plan
 from orchestrator.plan.scripts import plan_yaml, render_node_scripts
 from orchestrator.plan.spec import JobSpec, Program
-from tests.cli_helpers import run_cli
 
 BASH = shutil.which("bash") or "/bin/bash"
 SECRET = "tok-0123456789abcdef"
@@ -91,17 +90,6 @@ def test_a_bad_container_in_the_hostfile_names_its_line() -> None:
     assert str(caught.value).startswith("hosts.yaml:3: unknown container key 'mount'")
     with pytest.raises(SourceError, match="hosts.yaml:4: container image must be a value"):
         parse_hostfile("hosts:\n  - node1\ncontainer:\n  image: {a: 1}\n", "hosts.yaml")
-
-
-def test_options_without_an_image_are_exit_2_on_the_command_line(tmp_path: Path) -> None:
-    (tmp_path / "hosts.txt").write_text("node1\n")
-    done = run_cli(
-        ["render", "hosts.txt", "-o", "out", "--container-workdir", "/w", "--", "t.py"],
-        cwd=tmp_path,
-    )
-    assert done.returncode == 2, done.stdout + done.stderr
-    assert "--container-workdir given without --container IMAGE" in done.stderr
-    assert "Traceback" not in done.stderr
 
 
 def fake_runtime(directory: Path, out: Path) -> Path:

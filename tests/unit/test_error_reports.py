@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import signal
-from pathlib import Path
 
 import pytest
 
@@ -22,7 +21,6 @@ from orchestrator.errors import (
     SourceError,
     error_report,
 )
-from orchestrator.start.detach import run_detached
 
 ERRORS = {
     "config": ConfigError("--nproc-per-node 0: give 1 or more"),
@@ -76,14 +74,3 @@ def test_a_report_without_a_type_is_typed_by_its_exit_code() -> None:
     assert type(ended) is OrchestratorError and ended.exit_code == 3
     unknown = started_error({"error": "x", "exit_code": 1, "error_type": "FromTheFuture"})
     assert type(unknown) is OrchestratorError and str(unknown) == "x"
-
-
-def raise_error(name: str, report) -> int:
-    """A detached controller's work that fails before any node starts."""
-    raise ERRORS[name]
-
-
-@pytest.mark.parametrize("name", ["nodes", "sigterm"])
-def test_an_error_crosses_the_detached_controllers_pipe(name: str, tmp_path: Path) -> None:
-    report = run_detached(f"{__name__}:raise_error", (name,), str(tmp_path / "controller.log"))
-    same_error(started_error(report), ERRORS[name])

@@ -1,20 +1,16 @@
 """Finding the interface that reaches an address without iproute2 (orchestrator/agent/route.py):
-parsing the kernel's tables, this machine, and the probes run with `ip` hidden from PATH.
-Agreement with `ip` on the namespace nodes is in test_route_cluster.py."""
+parsing the kernel's tables and this machine. The probes run with `ip` hidden from PATH are
+in tests/local/test_probes_local.py, agreement with `ip` on the namespace nodes in
+test_route_cluster.py."""
 
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from orchestrator.agent import route
-from orchestrator.nodes.probe import parse_probe_output
-from orchestrator.plan.scripts import render_template
 
 # /proc/net/route as the kernel writes it (little-endian hex): a default route via eth0,
 # 10.0.4.0/24 on br0, 10.0.4.128/25 on br1 (longer prefix), 10.9.0.0/16 twice (metrics),
@@ -82,38 +78,3 @@ def test_cli_prints_one_line_and_refuses_bad_use() -> None:
     assert run("addr", "nosuch0").stdout == "\n"
     bad = run("where", "x")
     assert bad.returncode == 2 and "ifname ADDR" in bad.stderr
-
-
-def path_without_ip(tmp_path: Path) -> str:
-    """A PATH with every command of this one except iproute2's `ip`."""
-    shadow = tmp_path / "bin"
-    shadow.mkdir()
-    for directory in os.environ["PATH"].split(os.pathsep):
-        if not os.path.isdir(directory):
-            continue
-        for name in os.listdir(directory):
-            target = Path(directory) / name
-            if name != "ip" and not (shadow / name).exists() and os.access(target, os.X_OK):
-                (shadow / name).symlink_to(target)
-    assert shutil.which("ip", path=str(shadow)) is None
-    return str(shadow)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("template", ["check_probe.sh.j2", "probe.sh.j2"])
-def test_probes_find_the_interface_without_ip(tmp_path: Path, template: str) -> None:
-    context: dict[str, object] = {
-        "host": "node0", "python": sys.executable, "master_addr": "127.0.0.1", "ifname": None,
-        "is_master": True, "port": None, "default_port": 29500, "check_port": False,
-        "bind_cores": False,
-    }  # fmt: skip
-    env = dict(os.environ, PATH=path_without_ip(tmp_path))
-    done = subprocess.run(["bash", "-c", render_template(template, **context)],
-                          capture_output=True, text=True, timeout=120, env=env)  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    values = parse_probe_output(done.stdout)
-    assert values["ifname"] == "lo", done.stdout
-    if template == "check_probe.sh.j2":
-        assert values["ifname_addr"] == "127.0.0.1", done.stdout
-    else:
-        assert values["route_source"] == "127.0.0.1", done.stdout
