@@ -186,7 +186,7 @@ def test_ranks_that_print_and_work_are_never_stopped(cluster, tmp_path: Path) ->
 
 LOADER = Path(__file__).resolve().parents[1] / "data" / "stuck_loader_job.py"
 LOADER_LINES = LOADER.read_text().splitlines()
-READ_LINE = 1 + next(i for i, line in enumerate(LOADER_LINES) if "open(self.path" in line)
+READ_LINE = 1 + next(i for i, line in enumerate(LOADER_LINES) if "os.read(self.fd" in line)
 LOOP_LINE = 1 + LOADER_LINES.index("    for batch in loader:")
 
 

@@ -1,25 +1,25 @@
 """A hung job whose stuck rank waits on its DataLoader: every rank joins a gloo group and
 prints "ready"; rank STUCK_RANK (from the environment) then iterates a DataLoader with one
-worker whose Dataset reads a named pipe nobody writes (the worker blocks in open()), and
-every other rank waits in an all_reduce for it."""
+worker whose Dataset reads a pipe nobody writes (the worker, forked, inherits both ends, so
+its read blocks for ever and nothing is left on disk), and every other rank waits in an
+all_reduce for it."""
 
 import os
-import tempfile
 
 import torch
 import torch.distributed as dist
 
 
 class PipeDataset(torch.utils.data.Dataset):
-    def __init__(self, path):
-        self.path = path
+    def __init__(self, fd):
+        self.fd = fd
 
     def __len__(self):
         return 4
 
     def __getitem__(self, index):
-        with open(self.path, "rb") as pipe:  # nobody writes: blocks for ever
-            return torch.tensor(len(pipe.read()))
+        data = os.read(self.fd, 1)  # nobody writes: blocks for ever
+        return torch.tensor(len(data))
 
 
 def train(loader):
@@ -30,9 +30,8 @@ def train(loader):
 dist.init_process_group("gloo")
 print("ready", flush=True)
 if dist.get_rank() == int(os.environ["STUCK_RANK"]):
-    fifo = os.path.join(tempfile.mkdtemp(), "never-written")
-    os.mkfifo(fifo)
-    train(torch.utils.data.DataLoader(PipeDataset(fifo), num_workers=1))
+    read_end, _write_end = os.pipe()
+    train(torch.utils.data.DataLoader(PipeDataset(read_end), num_workers=1))
 tensor = torch.ones(1)
 dist.all_reduce(tensor)
 print("reduced", tensor.item(), flush=True)

@@ -6,9 +6,6 @@ accepted."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import click
@@ -16,8 +13,6 @@ import paramiko
 import pytest
 
 from orchestrator.errors import ConfigError
-
-CLI = [sys.executable, "-m", "orchestrator"]
 
 
 @pytest.fixture(scope="module")
@@ -28,15 +23,9 @@ def workdir(tmp_path_factory) -> Path:
     return directory
 
 
-def dry_run(workdir: Path, *flags: str) -> subprocess.CompletedProcess:
-    """`orchestrator launch h.txt FLAGS --dry-run -- x.py` as a user runs it."""
-    argv = [*CLI, "launch", "h.txt", *flags, "--dry-run", "--run-dir", "runs", "--", "x.py"]
-    env = {**os.environ, "NO_COLOR": "1"}
-    return subprocess.run(argv, cwd=workdir, env=env, capture_output=True, text=True, timeout=120)
-
-
 def dry_run_here(workdir: Path, capsys, monkeypatch, *flags: str) -> tuple[int, str, str]:
-    """The same through the same entry point, in this process (no interpreter to start)."""
+    """`orchestrator launch h.txt FLAGS --dry-run -- x.py` through the console script's entry
+    point, in this process (tests/local/test_short_flags_local.py runs it as a process)."""
     from orchestrator.cli import main
 
     monkeypatch.chdir(workdir)
@@ -57,8 +46,7 @@ def ranks(code: int, out: str, err: str) -> tuple[str, list[str], list[str]]:
 
 
 def test_dash_i_is_include_one_rank_on_slot_1(workdir: Path, capsys, monkeypatch) -> None:
-    result = dry_run(workdir, "-i", "localhost:1")
-    shown = ranks(result.returncode, result.stdout, result.stderr)
+    shown = ranks(*dry_run_here(workdir, capsys, monkeypatch, "-i", "localhost:1"))
     assert shown == ("world_size: 1", ["export CUDA_VISIBLE_DEVICES=1"], ["--nproc_per_node=1"])
     assert ranks(*dry_run_here(workdir, capsys, monkeypatch, "--include", "localhost:1")) == shown
 
