@@ -202,6 +202,31 @@ def check_loader_groups(lines: list[str], host: str) -> None:
     assert f"__getitem__ (stuck_loader_job.py:{READ_LINE})" in worker, lines
 
 
+def check_loader_stacks(take_stacks, host: str) -> None:
+    """`stacks` (``take_stacks()``, the CLI's completed process) as check_loader_groups
+    wants it, once rank 1's worker is in its read: it forks after "ready", and a loaded
+    machine may take seconds to get it there."""
+    deadline = time.monotonic() + 60
+    while True:
+        shown = take_stacks()
+        print(shown.stdout)
+        assert shown.returncode == 0, shown.stdout + shown.stderr
+        try:
+            check_loader_groups(shown.stdout.splitlines(), host)
+            return
+        except AssertionError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(2)
+
+
+def check_loader_hung(out: str, host: str) -> None:
+    """The launch's console: the hung verdict's groups as check_loader_groups wants them."""
+    console = [line.removeprefix("[orchestrator] ") for line in out.splitlines()]
+    at = next(i for i, line in enumerate(console) if line.startswith("hung: no new step"))
+    check_loader_groups(console[at + 1 :], host)
+
+
 def test_a_rank_stuck_on_its_data_loader_is_named_in_the_dataset(cluster, tmp_path: Path):
     runs = tmp_path / "runs"
     hostfile = cluster.write_hostfile(tmp_path / "hosts.txt", slots=1)
@@ -214,20 +239,15 @@ def test_a_rank_stuck_on_its_data_loader_is_named_in_the_dataset(cluster, tmp_pa
     try:
         log = runs / "loader" / "logs" / "combined.log"
         wait_until(lambda: log.exists() and log.read_text().count("ready") >= 3, 240, "ready")
-        time.sleep(3)  # the worker reaches its read
-        shown = run_cli(["stacks", "loader", "--run-dir", str(runs)], env=env, timeout=60)
-        print(shown.stdout)
-        assert shown.returncode == 0, shown.stdout + shown.stderr
-        check_loader_groups(shown.stdout.splitlines(), host)
+        stacks = ["stacks", "loader", "--run-dir", str(runs)]
+        check_loader_stacks(lambda: run_cli(stacks, env=env, timeout=60), host)
         out, _ = launch.communicate(timeout=300)
     finally:
         if launch.poll() is None:
             launch.kill()
     print(out)
     assert launch.returncode == 1, out
-    console = [line.removeprefix("[orchestrator] ") for line in out.splitlines()]
-    at = next(i for i, line in enumerate(console) if line.startswith("hung: no new step"))
-    check_loader_groups(console[at + 1 :], host)
+    check_loader_hung(out, host)
     status = status_of(runs, "loader")
     assert status["state"] == "hung" and status["hang"]["stuck_ranks"] == [1], status
     assert f"__getitem__ (stuck_loader_job.py:{READ_LINE})" in status["summary"]

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster.test_hangs_cluster import LOADER, check_loader_groups
+from tests.cluster.test_hangs_cluster import LOADER, check_loader_hung, check_loader_stacks
 from tests.lab.slurm import SlurmCluster
 from tests.slurm_helpers import (  # noqa: F401 (fixtures, used by name)
     assert_gone,
@@ -145,20 +145,19 @@ def test_a_rank_stuck_on_its_data_loader_under_slurm(slurm_cluster: SlurmCluster
     )  # fmt: skip
     try:
         wait_for(lambda: combined(work, "loader").count("ready") >= 2, 120, "both ranks ready")
-        time.sleep(3)  # the worker reaches its read
-        shown = orchestrator(slurm_cluster, work, "stacks", "loader", "--run-dir", runs, timeout=60)
-        print(shown.stdout)
-        assert shown.returncode == 0, shown.stdout + shown.stderr
         hosts = [node["host"] for node in status_of(work, "loader")["nodes"]]
-        check_loader_groups(shown.stdout.splitlines(), hosts[1])
+        check_loader_stacks(
+            lambda: orchestrator(
+                slurm_cluster, work, "stacks", "loader", "--run-dir", runs, timeout=60
+            ),
+            hosts[1],
+        )
         out, _ = launch.communicate(timeout=HANG_TIMEOUT + 120)
     finally:
         if launch.poll() is None:
             launch.kill()
     print(out)
     assert launch.returncode == 1, out
-    console = [line.removeprefix("[orchestrator] ") for line in out.splitlines()]
-    at = next(i for i, line in enumerate(console) if line.startswith("hung: no new step"))
-    check_loader_groups(console[at + 1 :], hosts[1])
+    check_loader_hung(out, hosts[1])
     assert status_of(work, "loader")["hang"]["stuck_ranks"] == [1]
     assert_gone(slurm_cluster, job_id_in(out), "loader")
