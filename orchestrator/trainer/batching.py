@@ -25,7 +25,7 @@ from orchestrator.trainer.exits import TrainerUsageError
 
 
 class GlobalBatchPlan:
-    """Maps an optimizer step to its global batch, and a (rank, micro-step) to its share."""
+    """Maps an optimizer step to its global batch (which rank takes which part: split.py)."""
 
     def __init__(self, num_samples: int, global_batch: int, seed: int) -> None:
         if global_batch > num_samples:
@@ -62,18 +62,6 @@ class GlobalBatchPlan:
         epoch, within = self.position(step)
         start = within * self.global_batch
         return self.permutation(epoch)[start : start + self.global_batch]
-
-    @staticmethod
-    def share(
-        global_indices: torch.Tensor, rank: int, micro_step: int, world_size: int, batch: int
-    ) -> torch.Tensor:
-        """The ``batch`` indices that ``rank`` trains on in accumulation ``micro_step``.
-
-        Micro-step m of all ranks together covers the m-th contiguous block of
-        ``world_size * batch`` indices; inside it rank r takes the r-th block of ``batch``.
-        """
-        start = (micro_step * world_size + rank) * batch
-        return global_indices[start : start + batch]
 
 
 class BatchFeeder:

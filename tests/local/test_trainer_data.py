@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from orchestrator.trainer.batching import GlobalBatchPlan
 from orchestrator.trainer.datasets import load_cifar10, load_npz, make_synthetic
 from orchestrator.trainer.exits import TrainerUsageError
+from orchestrator.trainer.split import BatchSplit
 from tests.trainer_helpers import run_trainer
 
 
@@ -38,11 +39,14 @@ def test_every_split_covers_exactly_the_global_batch(
         return
     plan = GlobalBatchPlan(samples, global_batch, seed)
     indices = plan.global_indices(step)
+    # The trainer's own split (split.py): rank r's micro-step slices of the step's indices.
+    split = BatchSplit(global_batch, world, batch)
     shares = [
-        GlobalBatchPlan.share(indices, rank, micro, world, batch)
+        indices[part.start : part.start + part.count]
         for rank in range(world)
-        for micro in range(accum)
+        for part in split.micro_batches(rank)
     ]
+    assert len(shares) == world * accum
     assert all(len(share) == batch for share in shares)
     assert sorted(torch.cat(shares).tolist()) == sorted(indices.tolist())
     # The global batch itself depends only on (seed, global batch size, step):
