@@ -101,7 +101,7 @@ def run(args: argparse.Namespace, reporter: Reporter) -> int:
     import torch.distributed as dist
 
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    if args.backend == "nccl":
+    if measure.on_gpus(args.backend):
         torch.cuda.set_device(local_rank)
         device = torch.device("cuda", local_rank)
     else:
@@ -126,7 +126,7 @@ def run(args: argparse.Namespace, reporter: Reporter) -> int:
             torch.cuda.synchronize(device)
 
     def barrier() -> None:
-        if args.backend == "nccl":
+        if measure.on_gpus(args.backend):
             dist.barrier(device_ids=[local_rank])
         else:
             dist.barrier()

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from orchestrator.check.facts import Master, NodeReport
+from orchestrator.check.measure import on_gpus
 from orchestrator.check.results import Problem
 from orchestrator.nodes.paths.found import PathReport, failure_lines
 from orchestrator.nodes.probe import MIN_FREE_DISK
@@ -57,11 +58,11 @@ def _one_node(node: NodeReport, master: Master, backend: str) -> list[Problem]:
                 host,
                 f"torch {node.get('torch_version')} here has no "
                 f"{backend} backend; install a torch build with it"
-                + (" or use --backend gloo" if backend == "nccl" else ""),
+                + (" or use --backend gloo" if on_gpus(backend) else ""),
                 column="TORCH",
             )
         )
-    elif backend == "nccl" and node.gpu_shortfall:
+    elif on_gpus(backend) and node.gpu_shortfall:
         found.append(
             Problem(
                 host,
@@ -137,7 +138,7 @@ def _mismatches(nodes: Sequence[NodeReport], backend: str) -> list[Problem]:
         "PYTHON",
         lambda v: ".".join(v.split(".")[:2]),
     )
-    if backend == "nccl":
+    if on_gpus(backend):
         differs("nccl_version", "NCCL versions", "install the same torch/NCCL everywhere", "NCCL")
     with_gpus = [n.host for n in usable if n.cuda_devices]
     if with_gpus and len(with_gpus) < len(usable):

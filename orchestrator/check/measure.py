@@ -30,6 +30,13 @@ PATTERN_LENGTH = 999  # odd and not a power of two: uneven splits show up
 ELEMENT_BYTES = 4  # float32 buffers for the bandwidth sweep
 MIN_SIZE = 1024
 DEFAULT_MAX_SIZE = {"gloo": 64 << 20, "nccl": 1 << 30}
+# The torch.distributed backends (not the launch's) whose every rank needs a GPU of its own.
+ON_GPUS = frozenset({"nccl"})
+
+
+def on_gpus(backend: str) -> bool:
+    """Whether the collective backend `backend` runs on one GPU per rank (NCCL; gloo: CPU)."""
+    return backend in ON_GPUS
 
 
 def sweep_sizes(max_size: int, min_size: int = MIN_SIZE) -> list[int]:
