@@ -24,6 +24,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import BinaryIO
 
+from orchestrator.api.registry import backend_named
 from orchestrator.api.request import LaunchRequest, build
 from orchestrator.api.run_handle import Run
 from orchestrator.errors import ConfigError, OrchestratorError, error_from_report
@@ -36,13 +37,8 @@ from orchestrator.options.reaching import SshOptions
 from orchestrator.options.running import DEFAULT_RUN_DIR
 from orchestrator.options.supervision import NODE_TASKS, Supervision
 from orchestrator.options.workload import JobOptions
-from orchestrator.plan.scripts import write_rendered
 from orchestrator.record.runs import RunRecord
 from orchestrator.slurm.exec_step import find_allocation, run_step
-from orchestrator.slurm.submit import launch_slurm, start_slurm_detached, write_slurm_render
-from orchestrator.start.launcher import launch as launch_attached
-from orchestrator.start.launcher import start_detached as start_ssh_detached
-from orchestrator.start.preflight import check_script_exists, prepare
 
 LOG = logging.getLogger("orchestrator")
 Say = Callable[[str], None]
@@ -70,34 +66,12 @@ def launch(
 def start_detached(request: LaunchRequest) -> dict:
     """The run's controller started as a process of its own; its report once every node
     runs (SLURM: once the job is submitted): {"started": True, ...} or {"error": ...}."""
-    if request.backend == "slurm":
-        return start_slurm_detached(
-            request.cluster,
-            request.spec,
-            request.slurm,
-            request.options,
-            spares=request.spares,
-            exclude=request.exclude,
-        )
-    assert request.cluster is not None
-    return start_ssh_detached(request.cluster, request.spec, request.options)
+    return backend_named(request.backend).start_detached(request)
 
 
 def start_attached(request: LaunchRequest, dry_run: bool, out: BinaryIO) -> int:
     """The run driven from this process, its console on `out`; the exit code."""
-    if request.backend == "slurm":
-        return launch_slurm(
-            request.cluster,
-            request.spec,
-            request.slurm,
-            request.options,
-            dry_run=dry_run,
-            out=out,
-            spares=request.spares,
-            exclude=request.exclude,
-        )
-    assert request.cluster is not None
-    return launch_attached(request.cluster, request.spec, request.options, dry_run=dry_run, out=out)
+    return backend_named(request.backend).launch(request, dry_run=dry_run, out=out)
 
 
 def started_error(report: dict) -> OrchestratorError:
@@ -123,29 +97,7 @@ def render(
         argv = ("orchestrator", "render", *([str(hostfile)] if hostfile else []), "--", *program)
     hostfile = str(hostfile) if hostfile else None
     request = build(hostfile, program, args, argv, say or LOG.info, new_run=False)
-    options = request.options
-    if request.backend == "slurm":
-        return write_slurm_render(
-            str(out_dir),
-            request.cluster,
-            request.spec,
-            request.slurm,
-            options.run_id,
-            options.argv,
-            request.spares,
-            request.exclude,
-            options.hosts.min_nodes,
-        )
-    assert request.cluster is not None
-    if options.deadline.limit_s is not None:
-        raise ConfigError(
-            "--time over SSH is kept by launch's controller: the node scripts run by hand "
-            "have no time limit and no warning signal; leave --time (and --signal) out of "
-            "render, or render --backend slurm"
-        )
-    check_script_exists(request.cluster, request.spec)  # as launch does, on this machine
-    plan, scripts = prepare(request.cluster, request.spec, options, connections=None)
-    return write_rendered(str(out_dir), plan, scripts)
+    return backend_named(request.backend).render(request, str(out_dir))
 
 
 # exec's flags: the interpreter of its agent, the time between SIGTERM and SIGKILL on a

@@ -15,11 +15,13 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
+from orchestrator.api.registry import backend_named
 from orchestrator.errors import ConfigError
 from orchestrator.hosts.hostfile import Cluster, load_hostfile
 from orchestrator.hosts.selection import check_min_nodes, hold_spares, select_hosts
+from orchestrator.options.backend_facts import BackendFacts
 from orchestrator.options.choosing import Selection
 from orchestrator.options.image import ContainerOptions
 from orchestrator.options.keywords import LaunchArgs
@@ -39,22 +41,9 @@ from orchestrator.plan.spec import (
 )
 from orchestrator.record.bad_nodes import read_bad_nodes, skip_bad_nodes
 from orchestrator.record.runs import check_run_id, new_run_id, refuse_existing
-from orchestrator.start.settings import LaunchOptions
+from orchestrator.start.settings import LaunchOptions, LaunchRequest
 
 Say = Callable[[str], None]
-
-
-@dataclass(frozen=True)
-class LaunchRequest:
-    """A launch, checked and ready to start: what `launch` needs, whoever asked."""
-
-    backend: str  # "slurm", or "ssh" for every SSH and local launch
-    cluster: Cluster | None  # None: SLURM without a hostfile
-    spec: JobSpec
-    options: LaunchOptions
-    slurm: SlurmOptions
-    spares: int = 0
-    exclude: tuple[str, ...] = ()  # SLURM: hosts held back from the allocation
 
 
 def build(
@@ -69,24 +58,24 @@ def build(
     """Check every input and make the launch's parts. `new_run`: the run's folder must not
     exist yet (a launch; a render or a dry run writes none)."""
     run, hosts, slurm = args.run, args.hosts, args.slurm
-    if not run.is_slurm and slurm.login:
+    backend = backend_named(run.backend).facts
+    if not backend.scheduled and slurm.login:
         raise ConfigError("--login applies to --backend slurm only")
     run_id = check_run_id(run.run_id) if run.run_id else new_run_id()
     if new_run:
         refuse_existing(run.run_dir, run_id)
     exclude: tuple[str, ...] = ()
     deadline = Deadline()  # under SLURM, --time and --signal go to the sbatch script
-    if run.is_slurm:
+    if backend.scheduled:  # the SLURM group's request: its hosts are SLURM's to allocate
         cluster, exclude = slurm_nodes(hostfile, hosts, args.job.nproc_per_node, say)
     else:
-        checked = check_backend(run.backend, slurm, hostfile)
+        checked = check_backend(backend, slurm, hostfile)
         deadline = ssh_deadline(slurm.time, slurm.signal)
         cluster = select(checked, hosts, args.job.nproc_per_node, say)
         cluster = hold_spares(cluster, hosts.spares)
-    backend = "slurm" if run.is_slurm else "ssh"
     check_min_nodes(hosts.min_nodes, *starting_nodes(cluster, hostfile, slurm, hosts.spares))
     spec = make_spec(program, args.job, gpus_chosen(hosts, cluster, backend), say)
-    spec = replace(spec, container=container_of(cluster, args.container, backend))
+    spec = replace(spec, container=container_of(cluster, args.container, backend.name))
     options = LaunchOptions(
         run_id=run_id,
         argv=tuple(argv),
@@ -97,7 +86,7 @@ def build(
         deadline=deadline,
         hosts=hosts,
     )
-    return LaunchRequest(backend, cluster, spec, options, slurm, hosts.spares, exclude)
+    return LaunchRequest(backend.name, cluster, spec, options, slurm, hosts.spares, exclude)
 
 
 def starting_nodes(
@@ -135,7 +124,7 @@ def ssh_deadline(time: str | None, signal: str | None) -> Deadline:
     return deadline
 
 
-def check_backend(backend: str, slurm: SlurmOptions, hostfile: str | None) -> Cluster:
+def check_backend(backend: BackendFacts, slurm: SlurmOptions, hostfile: str | None) -> Cluster:
     """For the SSH/local path: no SLURM-only option, and a hostfile; its Cluster."""
     slurm.refuse_for_ssh()
     if hostfile is None:
@@ -144,10 +133,10 @@ def check_backend(backend: str, slurm: SlurmOptions, hostfile: str | None) -> Cl
             "out only with --backend slurm)"
         )
     cluster = load_hostfile(hostfile)
-    if backend == "local" and not cluster.is_local:
+    if backend.hosts_must_be_local and not cluster.is_local:
         first = next(h for h in cluster.hosts if not h.is_local)
         raise ConfigError(
-            f"{first.source}: --backend local, but {first.name} is not this "
+            f"{first.source}: --backend {backend.name}, but {first.name} is not this "
             "machine; use --backend ssh (or auto)"
         )
     return cluster
@@ -186,11 +175,11 @@ def slurm_nodes(
     return None, tuple(read_bad_nodes(selection.bad_nodes)) if selection.bad_nodes else ()
 
 
-def gpus_chosen(selection: Selection, cluster: Cluster | None, backend: str) -> bool:
+def gpus_chosen(selection: Selection, cluster: Cluster | None, backend: BackendFacts) -> bool:
     """Whether the controller's CUDA_VISIBLE_DEVICES is moot for this job: a selection chose
     each node's GPUs, or (not under SLURM) every node is this machine, whose ranks inherit
     the controller's environment."""
-    return selection.given or (backend != "slurm" and cluster is not None and cluster.is_local)
+    return selection.given or (not backend.scheduled and cluster is not None and cluster.is_local)
 
 
 def env_file_layers(

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.api.rank_stacks import take_stacks
+from orchestrator.api.registry import recorded_backend
 from orchestrator.api.stop import stop_run
 from orchestrator.console.reading import (
     NodeReports,
@@ -26,10 +27,10 @@ from orchestrator.console.reading import (
 )
 from orchestrator.errors import ConfigError, RunFailed
 from orchestrator.nodes.refill import fetch_incomplete
+from orchestrator.options.backend_facts import facts_of
 from orchestrator.options.running import DEFAULT_RUN_DIR
 from orchestrator.record.runs import RunRecord, controller_alive, list_runs, run_status
 from orchestrator.record.states import RunState, RunStatus
-from orchestrator.slurm.client import refresh_status
 
 LAST_LINES = 20  # of the failing rank, in a Failure
 POLL_S = 0.2
@@ -85,9 +86,7 @@ class Run:
         summary, ...; `.document` is status.json itself (nodes, ranks, metrics, ...), a
         SLURM run not yet ended with squeue's or sacct's word on its job."""
         current = self.record.run_status()
-        if current.backend == "slurm" and not current.ended_in_record:
-            return run_status(refresh_status(self.record, dict(current.document)))
-        return current
+        return recorded_backend(current.backend).poll(self.record, current)
 
     def stacks(self, method: str = "auto") -> dict:
         """Every rank's Python stack, taken now, folded (see `orchestrator stacks`): the
@@ -186,7 +185,7 @@ def needs_controller(record: RunRecord) -> bool:
 
     status = record.read_status()
     return (
-        status.get("backend") == "slurm"
+        facts_of(status.get("backend")).scheduled
         and (record.path / STATE_FILE).exists()
         and not run_status(status).ended_in_record
         and not controller_alive(status)

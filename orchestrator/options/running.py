@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from orchestrator.options.backend_facts import CHOICES
 from orchestrator.options.declare import OptionGroup, option
 from orchestrator.sizes import parse_size
 
-BACKENDS = ("auto", "local", "ssh", "slurm")
+BACKENDS = CHOICES  # options/backend_facts.py: the names the registry knows, and auto
 # Less free space where a node keeps its runs is worth a warning in the preflight.
 MIN_FREE_DISK = "1G"
 DEFAULT_RUN_DIR = "runs"  # where run records are kept: launch's --run-dir, attach(), runs()
@@ -68,7 +69,3 @@ class RunOptions(OptionGroup):
         "until `orchestrator clean` removes them.",
         switch="on",
     )
-
-    @property
-    def is_slurm(self) -> bool:
-        return self.backend == "slurm"

@@ -27,10 +27,9 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 
 from orchestrator.errors import ConfigError, SourceError
+from orchestrator.options.backend_facts import facts_of
 from orchestrator.options.image import AUTO, RUNTIMES, ContainerOptions
 
-SSH_RUNTIMES = ("docker", "podman", "apptainer")
-SLURM_RUNTIMES = ("pyxis", "apptainer")
 # `auto` on a node: the first of these it has (the probe says which it found).
 AUTO_ORDER = ("docker", "podman", "apptainer")
 DEFAULT_PYTHON = "python3"
@@ -82,10 +81,11 @@ class ContainerSpec:
 
     def for_backend(self, backend: str) -> ContainerSpec:
         """Checked against the backend: pyxis only under SLURM, docker/podman only over SSH."""
-        allowed = SLURM_RUNTIMES if backend == "slurm" else SSH_RUNTIMES
+        facts = facts_of(backend)
+        allowed = facts.container_runtimes
         if self.runtime not in (AUTO, *allowed):
             raise ConfigError(
-                f"--container-runtime {self.runtime} does not run under the {backend} "
+                f"--container-runtime {self.runtime} does not run under the {facts.family} "
                 f"backend; there: {', '.join((AUTO, *allowed))}"
             )
         return self

@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 
+from orchestrator.options.backend_facts import facts_of
+
 
 class RunState(str, Enum):
     """What a run is doing, or how it ended; the value is the word status.json keeps."""
@@ -65,7 +67,7 @@ def observed_state(
     """The state a reader sees: the recorded one, or `lost` where an SSH or local run has
     not ended and its controller is gone. A SLURM run keeps its recorded state: its job
     does not depend on the controller."""
-    if recorded is None or recorded.is_final or controller_alive or backend == "slurm":
+    if recorded is None or recorded.is_final or controller_alive or facts_of(backend).scheduled:
         return recorded
     return RunState.LOST
 
@@ -123,4 +125,5 @@ class RunStatus:
     @property
     def asks_slurm(self) -> bool:
         """A SLURM run not ended and followed by no controller: only SLURM knows its end."""
-        return self.backend == "slurm" and not self.controller_alive and not self.ended
+        scheduled = facts_of(self.backend).scheduled
+        return scheduled and not self.controller_alive and not self.ended

@@ -22,6 +22,7 @@ from typing import BinaryIO
 
 from orchestrator.console.sink import use_color
 from orchestrator.errors import ConfigError
+from orchestrator.options.backend_facts import facts_of
 from orchestrator.record.runs import RunRecord, controller_alive, this_controller
 from orchestrator.record.states import RunState
 from orchestrator.slurm.client import SlurmCommands
@@ -37,7 +38,7 @@ def check_attachable(record: RunRecord) -> dict:
     ConfigError saying why not and what to do."""
     status = record.read_status()
     run_id = record.run_id
-    if status.get("backend") != "slurm":
+    if not facts_of(status.get("backend")).scheduled:
         raise ConfigError(
             f"run {run_id} ran over SSH: its nodes stop their part when its controller is "
             f"gone, so there is nothing to attach to; `orchestrator status {run_id}` says how "

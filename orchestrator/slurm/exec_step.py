@@ -46,6 +46,7 @@ from typing import BinaryIO
 from orchestrator.console.sink import LogSink, use_color
 from orchestrator.errors import ConfigError, Interrupted, OrchestratorError
 from orchestrator.nodes.execute import NodeResult
+from orchestrator.options.backend_facts import facts_of
 from orchestrator.options.display import ConsoleOptions
 from orchestrator.record.runs import RunRecord, run_status
 from orchestrator.slurm.client import SlurmCommands, expand_nodelist, query
@@ -83,7 +84,7 @@ def job_of(record: RunRecord, status: Mapping) -> int:
     has ended, or has no job yet."""
     run = record.run_id
     current = run_status(dict(status))
-    if current.backend != "slurm":
+    if not facts_of(current.backend).exec_in_job_step:
         hosts = ", ".join(str(n.get("host")) for n in status.get("nodes") or []) or "none"
         raise ConfigError(
             f"run {run} is {KINDS.get(current.backend or '', 'not a SLURM run')} (nodes: "

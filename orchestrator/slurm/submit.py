@@ -29,7 +29,7 @@ from orchestrator.slurm.node_files import NODE_FOLDER, in_record, kept_where, on
 from orchestrator.slurm.planning import plan_slurm_job
 from orchestrator.slurm.spares import SlurmSpares, check_capacity
 from orchestrator.start.detach import run_detached
-from orchestrator.start.settings import LaunchOptions
+from orchestrator.start.settings import LaunchRequest
 
 
 def prepare_slurm(
@@ -62,31 +62,13 @@ def prepare_slurm(
     return job, render_sbatch(job, command_line(argv, job.secret_names))
 
 
-def write_slurm_render(
-    out_dir: str,
-    cluster: Cluster | None,
-    spec: JobSpec,
-    slurm_options: SlurmOptions,
-    run_id: str,
-    argv: tuple[str, ...],
-    spares: int = 0,
-    exclude: tuple[str, ...] = (),
-    min_nodes: int | None = None,
-) -> list[Path]:
+def write_slurm_render(request: LaunchRequest, out_dir: str) -> list[Path]:
     """`render --backend slurm`: DIR/plan.yaml and DIR/job.sbatch (for sbatch by hand)."""
+    slurm_options = request.slurm
     if slurm_options.login or slurm_options.job_dir:
         flag = "--login" if slurm_options.login else "--job-dir"
         raise ConfigError(f"{flag} applies to launch only")
-    job, script = prepare_slurm(
-        cluster,
-        spec,
-        slurm_options,
-        run_id,
-        argv,
-        spares=spares,
-        exclude=exclude,
-        min_nodes=min_nodes,
-    )
+    job, script = prepare_request(request, None)
     out = make_output_dir(out_dir)
     (out / "plan.yaml").write_text(plan_yaml(job), encoding="utf-8")
     (out / SCRIPT_NAME).write_text(script, encoding="utf-8")
@@ -95,19 +77,11 @@ def write_slurm_render(
 
 
 def launch_slurm(
-    cluster: Cluster | None,
-    spec: JobSpec,
-    slurm_options: SlurmOptions,
-    options: LaunchOptions,
-    *,
-    dry_run: bool = False,
-    out: BinaryIO | None = None,
-    spares: int = 0,
-    exclude: tuple[str, ...] = (),
+    request: LaunchRequest, *, dry_run: bool = False, out: BinaryIO | None = None
 ) -> int:
     """Submit the job and follow it to its end from this process; the exit code."""
     out = out or sys.stdout.buffer
-    job, script, record_path = prepared(cluster, spec, slurm_options, options, spares, exclude)
+    job, script, record_path = prepared(request)
     if dry_run:
         given = "< " if job.node_side else ""  # on stdin: the login node may not see it
         out.write(
@@ -117,39 +91,26 @@ def launch_slurm(
         )
         out.flush()
         return 0
-    return _submit_and_follow(job, script, spec, slurm_options, options, out, None)
+    return _submit_and_follow(job, script, request, out, None)
 
 
-def start_slurm_detached(
-    cluster: Cluster | None,
-    spec: JobSpec,
-    slurm_options: SlurmOptions,
-    options: LaunchOptions,
-    *,
-    spares: int = 0,
-    exclude: tuple[str, ...] = (),
-) -> dict:
+def start_slurm_detached(request: LaunchRequest) -> dict:
     """Submit the job with a controller of its own to follow it (start/detach.py); its
     report once the job is submitted: {"started": True, "job_id": ...} or {"error": ...,
     "exit_code": n}."""
-    job, script, _ = prepared(cluster, spec, slurm_options, options, spares, exclude)
+    job, script, _ = prepared(request)
+    options = request.options
     log_path = os.path.join(options.run.run_dir, f".{options.run_id}.controller.log")
-    work = (job, script, spec, slurm_options, options, None)
+    work = (job, script, request, None)
     return run_detached(f"{__name__}:_submit_and_follow", work, log_path)
 
 
-def prepared(
-    cluster: Cluster | None,
-    spec: JobSpec,
-    slurm_options: SlurmOptions,
-    options: LaunchOptions,
-    spares: int,
-    exclude: tuple[str, ...],
-) -> tuple[SlurmJob, str, Path]:
+def prepared(request: LaunchRequest) -> tuple[SlurmJob, str, Path]:
     """The job and its script, the script checked first where it is this machine's to see;
     and where the run's record goes."""
+    spec, options = request.spec, request.options
     program = spec.program
-    if not slurm_options.login and not program.is_module:
+    if not request.slurm.login and not program.is_module:
         path = os.path.join(spec.workdir, program.target)
         if not os.path.isfile(path):
             raise ConfigError(
@@ -157,18 +118,24 @@ def prepared(
                 "give its path relative to --workdir or an absolute path"
             )
     record_path = Path(options.run.run_dir).resolve() / options.run_id
-    job, script = prepare_slurm(
-        cluster,
-        spec,
-        slurm_options,
+    job, script = prepare_request(request, record_path)
+    return job, script, record_path
+
+
+def prepare_request(request: LaunchRequest, record_path: Path | None) -> tuple[SlurmJob, str]:
+    """`prepare_slurm` of a launch's request: its run's name, command line and hosts."""
+    options = request.options
+    return prepare_slurm(
+        request.cluster,
+        request.spec,
+        request.slurm,
         options.run_id,
         options.argv,
         record_path,
-        spares,
-        exclude,
+        request.spares,
+        request.exclude,
         options.hosts.min_nodes,
     )
-    return job, script, record_path
 
 
 def resubmitter(
@@ -192,14 +159,9 @@ def write_script(record: RunRecord, job: SlurmJob, script: str) -> None:
 
 
 def _submit_and_follow(
-    job: SlurmJob,
-    script: str,
-    spec: JobSpec,
-    slurm_options: SlurmOptions,
-    options: LaunchOptions,
-    console: BinaryIO | None,
-    report,
+    job: SlurmJob, script: str, request: LaunchRequest, console: BinaryIO | None, report
 ) -> int:
+    spec, slurm_options, options = request.spec, request.slurm, request.options
     record = RunRecord.create(Path(options.run.run_dir).resolve(), options.run_id)
     lock = hold_lock(record)  # for as long as this process follows the run (attach.py)
     script_path = record.path / SCRIPT_NAME

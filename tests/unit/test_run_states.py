@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 
 import orchestrator
-from orchestrator.api import run_handle
 from orchestrator.api.run_handle import Run
 from orchestrator.cli.views import runs_table, shown_state, status_text
 from orchestrator.record.runs import RunRecord, process_start_time
 from orchestrator.record.states import RunState, RunStatus, observed_state
+from orchestrator.slurm import backend as slurm_backend  # where a SLURM run asks squeue
 
 FINAL = {"succeeded", "failed", "stopped", "lost", "hung", "unreachable"}
 ACTIVE = {"starting", "queued", "running", "stopping", "recovering"}
@@ -75,7 +75,7 @@ def test_the_command_line_and_the_api_see_the_same_state(
     status = document(word, backend, alive)
     record = RunRecord.create(tmp_path, "r1")
     record.write_status(status)
-    monkeypatch.setattr(run_handle, "refresh_status", lambda record, status: status)
+    monkeypatch.setattr(slurm_backend, "refresh_status", lambda record, status: status)
     assert Run("r1", tmp_path).state is seen
     shown = seen.value if seen is not None else "?"
     assert shown_state(status) == shown
@@ -108,7 +108,7 @@ def test_wait_asks_slurm_about_a_job_no_controller_follows(
         record.write_status(ended)  # as slurm.client.refresh_status records it
         return ended
 
-    monkeypatch.setattr(run_handle, "refresh_status", squeue_says_ended)
+    monkeypatch.setattr(slurm_backend, "refresh_status", squeue_says_ended)
     outcome = Run("r1", tmp_path).wait(timeout=5)
     assert (outcome.state, outcome.exit_code, asked) == (RunState.SUCCEEDED, 0, [7])
     assert json.loads(record.status_path.read_text())["state"] == "succeeded"

@@ -217,21 +217,14 @@ def test_launch_with_restarts_dry_run_shows_the_c10d_script(tmp_path: Path) -> N
 
     from orchestrator.options.running import RunOptions
     from orchestrator.slurm.submit import launch_slurm
-    from orchestrator.start.settings import LaunchOptions
+    from orchestrator.start.settings import LaunchOptions, LaunchRequest
 
     options = LaunchOptions(run_id="r", argv=ARGV, run=RunOptions(run_dir=str(tmp_path)))
     out = io.BytesIO()
-    assert (
-        launch_slurm(
-            None,
-            spec("-m", "pkg", max_restarts=1),
-            SlurmOptions(nodes=2),
-            options,
-            dry_run=True,
-            out=out,
-        )
-        == 0
+    request = LaunchRequest(
+        "slurm", None, spec("-m", "pkg", max_restarts=1), options, SlurmOptions(nodes=2)
     )
+    assert launch_slurm(request, dry_run=True, out=out) == 0
     shown = out.getvalue().decode()
     assert "--max-restarts=1 \\\n        --rdzv-backend=c10d" in shown
     assert "max_restarts: '1  # torchrun --max-restarts, c10d rendezvous" in shown
