@@ -272,3 +272,80 @@ def test_no_stdlib_name_is_shadowed() -> None:
 def test_layers_name_only_real_modules() -> None:
     dead = [p for layer in LAYERS for p in layer if p not in MODULES]
     assert not dead, f"tests/unit/test_layout.py names modules that do not exist: {dead}"
+
+
+# The one module where a launch backend's name may be compared with a word: the registry,
+# which turns names into backends (start/launch_backend.py). Everywhere else a backend is
+# asked (its methods, its facts in options/backend_facts.py), never named.
+BACKEND_REGISTRY = "orchestrator.api.registry"
+
+
+def names_a_backend(node: ast.expr) -> bool:
+    """`backend`, `x.backend`, `x["backend"]` or `x.get("backend")`."""
+    if isinstance(node, ast.Name):
+        return node.id == "backend"
+    if isinstance(node, ast.Attribute):
+        return node.attr == "backend"
+    if isinstance(node, ast.Subscript):
+        key = node.slice
+    elif (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "get"
+        and node.args
+    ):
+        key = node.args[0]
+    else:
+        return False
+    return isinstance(key, ast.Constant) and key.value == "backend"
+
+
+def is_words(node: ast.expr) -> bool:
+    """A string literal, or a tuple, list or set of them."""
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        return bool(node.elts) and all(is_words(element) for element in node.elts)
+    return isinstance(node, ast.Constant) and isinstance(node.value, str)
+
+
+def backend_comparisons(source: str) -> list[int]:
+    """The lines where something named `backend` is compared with a word or words."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Compare):
+            continue
+        operands = [node.left, *node.comparators]
+        for left, right in zip(operands, operands[1:], strict=False):
+            if (names_a_backend(left) and is_words(right)) or (
+                names_a_backend(right) and is_words(left)
+            ):
+                found.append(node.lineno)
+                break
+    return found
+
+
+def test_a_backend_is_asked_not_compared_by_name() -> None:
+    """`backend == "slurm"` (or `!=`, `in ("ssh", "local")`, `status.get("backend") ==
+    "slurm"`) anywhere but the registry scatters what a backend is over its callers: a new
+    backend would mean finding every such line. Callers ask the backend object
+    (api/registry.py's `backend_named`) or its facts (options/backend_facts.py); the
+    collective backend of `check` is asked through check/measure.py's `on_gpus`."""
+    found = [
+        f"{path.relative_to(ROOT)}:{line}"
+        for name, path in MODULES.items()
+        if name != BACKEND_REGISTRY
+        for line in backend_comparisons(path.read_text(encoding="utf-8"))
+    ]
+    assert not found, f"a backend compared by name outside {BACKEND_REGISTRY}: {found}"
+
+
+def test_backend_comparisons_are_found_in_every_spelling() -> None:
+    source = (
+        'if backend == "slurm": pass\n'
+        'if run.backend != "ssh": pass\n'
+        'if backend in ("ssh", "local"): pass\n'
+        'if status.get("backend") == "slurm": pass\n'
+        'if "slurm" == status["backend"]: pass\n'
+        "if backend == SLURM or facts_of(backend).scheduled: pass\n"
+        'if name == "slurm": pass\n'
+    )
+    assert backend_comparisons(source) == [1, 2, 3, 4, 5]
