@@ -13,7 +13,7 @@ from orchestrator.record.runs import RunRecord
 
 
 def stop_run(record: RunRecord, wait_s: float, say=print) -> int:
-    """Ask the run's controller to stop it everywhere and wait for the end; exit code."""
+    """Stop the run everywhere through its backend and wait for the end; exit code."""
     current = record.run_status()
     if current.ended_in_record:
         say(f"run {record.run_id} already ended: {current.recorded_state}")
