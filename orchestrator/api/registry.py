@@ -13,7 +13,7 @@ from orchestrator.start.launch_backend import Backend
 from orchestrator.start.ssh_backend import LocalBackend, SshBackend
 
 BACKENDS: dict[str, Backend] = {
-    backend.name: backend for backend in (LocalBackend(), SshBackend(), SlurmBackend())
+    each.name: each for each in (LocalBackend(), SshBackend(), SlurmBackend())
 }
 
 
