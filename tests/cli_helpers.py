@@ -9,8 +9,11 @@ import sys
 import textwrap
 import time
 import zlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from functools import partial
 from pathlib import Path
+
+from tests.factories import wait_for
 
 REPO = Path(__file__).resolve().parent.parent
 ORCHESTRATOR = [sys.executable, "-m", "orchestrator"]
@@ -92,17 +95,8 @@ def run_on_terminal(
         return 124, seen
 
 
-def wait_until(
-    predicate: Callable[[], object], timeout: float, what: str, poll: float = 0.1
-) -> object:
-    """Poll until `predicate()` is truthy; fail the test with `what` after `timeout`."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(poll)
-    raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+# The CLI tests' conditions read a run's files: ten times a second.
+wait_until = partial(wait_for, poll=0.1)
 
 
 def wait_ready(runs: Path, run_id: str, world: int, proc: subprocess.Popen) -> None:

@@ -10,11 +10,13 @@ import re
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 
 import pytest
 
+from tests import factories
 from tests.cli_helpers import REPO
 from tests.lab.slurm import SlurmCluster
 from tests.trainer_helpers import RESUME_TOLERANCE, load_weights, max_abs_difference
@@ -157,11 +159,8 @@ def status_of(work: Path, run_id: str) -> dict:
     return json.loads((work / "runs" / run_id / "status.json").read_text())
 
 
-def wait_for(predicate: Callable[[], object], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.2)
+# The SLURM tests' conditions read the lab's files and ask its nodes: five times a second.
+wait_for = partial(factories.wait_for, poll=0.2)
 
 
 def combined(work: Path, run_id: str) -> str:

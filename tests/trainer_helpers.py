@@ -8,10 +8,12 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
+
+from tests.factories import wait_for as wait_for  # the trainer tests take it from here
 
 PYTHON = sys.executable
 TRAINER = [PYTHON, "-m", "orchestrator.trainer"]
@@ -127,14 +129,6 @@ def wait_all(procs: Sequence[subprocess.Popen[str]], timeout: float) -> list[int
             proc.kill()
         raise AssertionError(f"trainer processes still running after {timeout} s (hang)") from None
     return codes
-
-
-def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.05)
 
 
 def kill_group(proc: subprocess.Popen[str], sig: signal.Signals = signal.SIGKILL) -> None:

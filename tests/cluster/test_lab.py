@@ -12,11 +12,13 @@ import textwrap
 import threading
 import time
 import uuid
+from functools import partial
 from pathlib import Path
 
 import paramiko
 import pytest
 
+from tests import factories
 from tests.lab import pages, state
 from tests.lab.cluster import Cluster, Node
 from tests.lab.faults import Proc
@@ -34,13 +36,8 @@ def tcp_reachable(address: str, port: int = 22, timeout: float = 1.0) -> bool:
         return False
 
 
-def wait_for(predicate, timeout: float = 5.0) -> bool:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return predicate()
+# What the lab does happens at once or not at all: 5 s are plenty.
+wait_for = partial(factories.wait_for, timeout=5.0)
 
 
 # ----- nodes, names, ssh -----------------------------------------------------------------------

@@ -10,11 +10,10 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -26,6 +25,7 @@ from orchestrator.agent.stacks import (
     take_stacks,
 )
 from orchestrator.supervise.stack_groups import fold, moved, render_groups
+from tests.factories import free_port, wait_for
 
 HOOK = str(Path(__file__).resolve().parents[2] / "orchestrator" / "agent" / HOOK_FOLDER)
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -54,11 +54,8 @@ def started(argv: list[str], env: dict[str, str], **kwargs) -> subprocess.Popen:
     return subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, **kwargs)
 
 
-def wait_for(paths: list[Path], what: str, limit: float = 60.0) -> None:
-    deadline = time.monotonic() + limit
-    while not all(p.exists() for p in paths):
-        assert time.monotonic() < deadline, f"no {what} after {limit:g} s: {paths}"
-        time.sleep(0.02)
+def exist(paths: list[Path]) -> Callable[[], bool]:
+    return lambda: all(p.exists() for p in paths)
 
 
 def stop(procs: list[subprocess.Popen]) -> None:
@@ -77,7 +74,7 @@ def trio(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[dict[int, i
     env = hook_environment(dict(os.environ), HOOK, str(hook_dir))
     procs = {kind: started([sys.executable, str(script), kind], env) for kind in RANK_OF}
     try:
-        wait_for([hook_dir / f"{p.pid}.ready" for p in procs.values()], "ready files")
+        wait_for(exist([hook_dir / f"{p.pid}.ready" for p in procs.values()]), 60, "ready files")
         yield {RANK_OF[kind]: p.pid for kind, p in procs.items()}, hook_dir, script
     finally:
         stop(list(procs.values()))
@@ -203,7 +200,7 @@ def test_a_deadlocked_main_thread_has_not_moved_while_another_thread_prints_and_
     env = hook_environment(dict(os.environ), HOOK, str(hook_dir))
     proc = started([sys.executable, str(script)], env, stdout=subprocess.DEVNULL)
     try:
-        wait_for([hook_dir / f"{proc.pid}.ready"], "a ready file")
+        wait_for(exist([hook_dir / f"{proc.pid}.ready"]), 60, "a ready file")
         time.sleep(0.5)
         for spy in dict.fromkeys((None, py_spy_path())):
             first = take_stacks({1: proc.pid}, str(hook_dir), spy, TIMEOUT)[1]
@@ -284,7 +281,7 @@ def test_rank_pids_are_the_topmost_python_process_of_each_rank(tmp_path: Path) -
     env = {k: v for k, v in os.environ.items() if k != "RANK"}
     root = started(["bash", "-c", script], env, start_new_session=True)
     try:
-        wait_for([tmp_path / "r0", tmp_path / "r1"], "ranks")
+        wait_for(exist([tmp_path / "r0", tmp_path / "r1"]), 60, "ranks")
         time.sleep(0.2)
         found = rank_pids(root.pid)
         assert sorted(found) == [0, 1, 2]
@@ -316,12 +313,6 @@ main()
 """
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_the_hook_dumps_a_main_thread_blocked_in_a_gloo_all_reduce(tmp_path: Path) -> None:
     script, hook_dir = tmp_path / "gloo_rank.py", tmp_path / "stacks"
@@ -333,7 +324,7 @@ def test_the_hook_dumps_a_main_thread_blocked_in_a_gloo_all_reduce(tmp_path: Pat
         started([sys.executable, str(script), str(r), port, str(markers[r])], env) for r in (0, 1)
     ]
     try:
-        wait_for(markers, "process group", limit=90)
+        wait_for(exist(markers), 90, "process group")
         time.sleep(0.5)  # rank 0 is inside the all_reduce now, and stays there
         ranks = {r: p.pid for r, p in enumerate(procs)}
         for py_spy in (None, py_spy_path()) if py_spy_path() else (None,):

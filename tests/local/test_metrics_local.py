@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import queue
 import re
 import time
 from pathlib import Path
@@ -20,19 +19,10 @@ from tests.unit.test_metrics import write_record
 
 
 def test_the_rule_is_the_users_and_a_bad_one_is_refused(tmp_path: Path) -> None:
-    from orchestrator.console.sink import LogSink
-    from orchestrator.supervise import NodeState, RankState, Supervisor
+    from tests.factories import supervisor
 
-    nodes, ranks = [NodeState(0, "n0", (0, 1))], [RankState(r, 0, r, "n0") for r in (0, 1)]
-    sink = LogSink(None, {0: "n0 r0", 1: "n0 r1"}, {0: "n0"}, None, False)
-    sup = Supervisor(
-        nodes,
-        ranks,
-        [],
-        queue.Queue(),
-        sink,
-        Supervision(grace=1, heartbeat_timeout=0, stragglers=(3.0, 60), hang_timeout=0),
-    )
+    supervision = Supervision(grace=1, heartbeat_timeout=0, stragglers=(3.0, 60), hang_timeout=0)
+    sup = supervisor(None, ("n0",), label="{host} r{rank}", supervision=supervision)
     assert (sup.metrics.stragglers.ratio, sup.metrics.stragglers.window_s) == (3.0, 60)
     for bad in ("1,20", "2", "x,20", "1.5,0"):
         refused = run_cli(["launch", "hostfiles/local.txt", "--stragglers", bad, "--dry-run"])

@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 from orchestrator.nodes.paths.prove import reach_source
+from tests.factories import free_port
 
 
 def reach(*args: str, timeout: float = 30) -> dict[str, str]:
@@ -21,12 +22,6 @@ def reach(*args: str, timeout: float = 30) -> dict[str, str]:
     )
     assert done.returncode == 0, done.stderr
     return dict(line.split("=", 1) for line in done.stdout.splitlines())
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def test_reach_listener_hears_every_node() -> None:

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from orchestrator.plan.scripts import render_template
+from tests.factories import free_port
 
 BASH = shutil.which("bash") or "/bin/bash"
 
@@ -48,12 +49,6 @@ def stand_in_torch(root: Path) -> Path:
     (package / "__init__.py").write_text("")
     (package / "run.py").write_text(STAND_IN)
     return root
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def test_torchrun_starts_once_the_store_answers_with_its_arguments(tmp_path) -> None:

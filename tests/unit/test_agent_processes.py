@@ -21,13 +21,7 @@ from orchestrator.agent.processes import (
     state_of,
     tree_of,
 )
-
-
-def wait_for(condition, timeout: float = 10.0) -> None:
-    end = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < end, "timed out"
-        time.sleep(0.02)
+from tests.factories import wait_for
 
 
 def sleeping(tree: ProcessTree) -> int:

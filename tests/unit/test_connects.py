@@ -5,7 +5,6 @@ socket table's lines, the age rule, the line that names the pair, the run's end.
 from __future__ import annotations
 
 import os
-import queue
 import socket
 import subprocess
 import sys
@@ -24,12 +23,12 @@ from orchestrator.agent.connects import (
 )
 from orchestrator.agent.protocol import Frame
 from orchestrator.backends.sessions import Event
-from orchestrator.console.sink import LogSink
 from orchestrator.options.supervision import Supervision
 from orchestrator.record.states import RunState
 from orchestrator.supervise import NodeState, RankState, Supervisor
 from orchestrator.supervise.frame_handlers import handle
 from orchestrator.supervise.unreachable import NoAnswer, node_at, parse_addresses
+from tests.factories import supervisor
 
 HEAD = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  inode\n"
 
@@ -200,14 +199,12 @@ def test_the_watch_names_what_a_process_of_the_step_could_not_reach(
         proc.wait()
 
 
-def supervisor(tmp_path: Path) -> Supervisor:
+def three_nodes(tmp_path: Path) -> Supervisor:
+    """A rank on each of node0..node2, each node at the address its agent said."""
     nodes = [NodeState(i, f"node{i}", (i,), addresses=(f"10.200.0.{i + 1}",)) for i in range(3)]
     ranks = [RankState(r, r, 0, f"node{r}") for r in range(3)]
-    hosts = {r: f"node{r}" for r in range(3)}
-    sink = LogSink(tmp_path, {r: f"r{r}" for r in range(3)}, hosts, None, False)
-    return Supervisor(
-        nodes, ranks, [], queue.Queue(), sink, Supervision(grace=3, heartbeat_timeout=30)
-    )
+    supervision = Supervision(grace=3, heartbeat_timeout=30)
+    return supervisor(tmp_path, nodes=nodes, ranks=ranks, supervision=supervision)
 
 
 def no_answer(node: int, *fields: object) -> Event:
@@ -223,7 +220,7 @@ def test_the_nodes_addresses_come_with_s_and_name_the_node() -> None:
 
 
 def test_a_pair_that_cannot_connect_ends_the_run_unreachable_named_once(tmp_path: Path) -> None:
-    sup = supervisor(tmp_path)
+    sup = three_nodes(tmp_path)
     handle(sup, no_answer(1, "10.200.0.3", 30001, 6, "peer", "rank1"))
     assert sup.stopping and sup.stopper.reason == "node1 cannot reach node2"
     handle(sup, no_answer(2, "10.200.0.2", 30002, 7, "peer", "rank2"))  # the other end
@@ -239,14 +236,14 @@ def test_a_pair_that_cannot_connect_ends_the_run_unreachable_named_once(tmp_path
 
 
 def test_the_store_is_node_0s_whatever_address_it_was_reached_at(tmp_path: Path) -> None:
-    sup = supervisor(tmp_path)
+    sup = three_nodes(tmp_path)
     handle(sup, no_answer(2, "192.168.9.9", 29500, 6, "store", "torchrun"))
     line = sup.detector.unreachable_lines[0]
     assert line.startswith("node2 cannot reach the store on node0 at 192.168.9.9:29500: torchrun")
 
 
 def test_an_address_of_no_node_is_said_but_stops_nothing(tmp_path: Path) -> None:
-    sup = supervisor(tmp_path)
+    sup = three_nodes(tmp_path)
     said = NoAnswer.of(sup.nodes, sup.nodes[1], ("203.0.113.5", "443", "6", "peer", "rank1"))
     assert said.pair is None and "(an address of no node of this run)" in said.line()
     handle(sup, no_answer(1, "203.0.113.5", 443, 6, "peer", "rank1"))
@@ -254,7 +251,7 @@ def test_an_address_of_no_node_is_said_but_stops_nothing(tmp_path: Path) -> None
 
 
 def test_after_a_stop_for_another_reason_it_is_only_said(tmp_path: Path) -> None:
-    sup = supervisor(tmp_path)
+    sup = three_nodes(tmp_path)
     sup.begin_stop(3, "rank 0 failed")
     handle(sup, no_answer(1, "10.200.0.3", 30001, 6, "peer", "rank1"))
     assert not sup.detector.unreachable_lines

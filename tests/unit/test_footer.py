@@ -6,7 +6,6 @@ tests/local/test_footer_launch.py."""
 from __future__ import annotations
 
 import io
-import queue
 import re
 import time
 from pathlib import Path
@@ -16,16 +15,7 @@ from orchestrator.console.progress import CLEAR
 from orchestrator.console.rank_table import duration, summary
 from orchestrator.console.sink import LogSink
 from orchestrator.options.supervision import Supervision
-from orchestrator.supervise import NodeState, RankState, Supervisor
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
+from tests.factories import FakeClock, supervisor
 
 COLOUR = re.compile(rb"\x1b\[[0-9;]*m")
 
@@ -37,7 +27,7 @@ def shown(raw: bytes) -> list[str]:
 
 
 def test_the_footer_stays_under_the_lines_and_is_made_at_most_once_a_second() -> None:
-    console, clock = io.BytesIO(), Clock()
+    console, clock = io.BytesIO(), FakeClock()
     footer = Footer(console, clock, width=60)
     sink = LogSink(None, {0: "n0 r0"}, {0: "n0"}, console, False, footer=footer)
     made = []
@@ -70,7 +60,7 @@ def test_the_footer_stays_under_the_lines_and_is_made_at_most_once_a_second() ->
 
 def test_the_footer_is_cut_to_the_terminal_width() -> None:
     console = io.BytesIO()
-    footer = Footer(console, Clock(), width=30)
+    footer = Footer(console, FakeClock(), width=30)
     footer.update(lambda: "x" * 100)
     line = shown(console.getvalue())[-1]
     assert len(line) < 30 and line.endswith("...") and line.startswith(PREFIX)
@@ -126,17 +116,8 @@ def test_float_noise_in_a_silence_does_not_take_a_second_off() -> None:
 
 def footer_of(tmp_path: Path, hang_timeout: float, quiet: float) -> str:
     """launch's footer of a supervisor whose ranks last said something `quiet` s ago."""
-    nodes = [NodeState(0, "a", (0, 1))]
-    ranks = [RankState(r, 0, r, "a") for r in range(2)]
-    sink = LogSink(tmp_path, {0: "r0", 1: "r1"}, {0: "a"}, None, False)
-    sup = Supervisor(
-        nodes,
-        ranks,
-        [],
-        queue.Queue(),
-        sink,
-        Supervision(grace=1, heartbeat_timeout=0, hang_timeout=hang_timeout),
-    )
+    supervision = Supervision(grace=1, heartbeat_timeout=0, hang_timeout=hang_timeout)
+    sup = supervisor(tmp_path, ("a",), supervision=supervision)
     for rank in (0, 1):
         sup.metrics.heard_from(rank, time.time() - quiet - rank)
     sup.hangs.heard(time.monotonic() - quiet)

@@ -5,7 +5,6 @@ test_metrics.py, test_time_limit.py and test_hangs.py."""
 
 from __future__ import annotations
 
-import queue
 import time
 from pathlib import Path
 
@@ -13,10 +12,8 @@ import pytest
 
 from orchestrator.agent.protocol import WITH_PAYLOAD, Frame, frame
 from orchestrator.backends.sessions import CHANNEL_CLOSED, Event, FrameParser
-from orchestrator.console.sink import LogSink
-from orchestrator.options.supervision import Supervision
-from orchestrator.supervise import NodeState, RankState, Supervisor
 from orchestrator.supervise.frame_handlers import HANDLERS, handle
+from tests.factories import supervisor
 
 T = "1700000000.250000"
 # One frame of each kind, as the agent's senders write it.
@@ -37,20 +34,6 @@ EXAMPLES: dict[Frame, bytes] = {
     Frame.TIME_WARNING: frame(Frame.TIME_WARNING, "USR1", T, "0,1", "-"),
     Frame.NO_ANSWER: frame(Frame.NO_ANSWER, "10.0.0.2", 29500, 6, "store", "torchrun"),
 }
-
-
-def supervisor(tmp_path: Path) -> Supervisor:
-    nodes = [NodeState(0, "a", (0, 1))]
-    ranks = [RankState(r, 0, r, "a") for r in range(2)]
-    sink = LogSink(tmp_path, {0: "r0", 1: "r1"}, {0: "a"}, None, False)
-    return Supervisor(
-        nodes,
-        ranks,
-        [],
-        queue.Queue(),
-        sink,
-        Supervision(grace=3, heartbeat_timeout=30, hang_timeout=0),
-    )
 
 
 def test_the_wire_letters_are_the_protocols() -> None:
@@ -76,7 +59,7 @@ def test_a_decoded_frame_reaches_its_kinds_handler(
             each,
             lambda run, node, event, each=each: reached.append((each, node.index, event.fields)),
         )
-    sup = supervisor(tmp_path)
+    sup = supervisor(tmp_path, ("a",))
     arrived = time.time()
     (decoded,) = FrameParser().feed(EXAMPLES[kind])
     handle(sup, Event(0, *decoded, at=arrived))
@@ -85,14 +68,14 @@ def test_a_decoded_frame_reaches_its_kinds_handler(
 
 
 def test_a_closed_channel_reaches_its_handler_and_loses_the_node(tmp_path: Path) -> None:
-    sup = supervisor(tmp_path)
+    sup = supervisor(tmp_path, ("a",))
     handle(sup, Event(0, CHANNEL_CLOSED, (), b"Connection reset\n"))
     assert sup.nodes[0].state == "lost" and sup.stopper.reason == "a lost"
     assert sup.nodes[0].detail == "its agent ended without reporting: Connection reset"
 
 
 def test_a_kind_this_controller_does_not_know_is_only_heard(tmp_path: Path) -> None:
-    sup = supervisor(tmp_path)
+    sup = supervisor(tmp_path, ("a",))
     sup.nodes[0].heard_wall = 0.0
     handle(sup, Event(0, "Z", ("1",), b"", at=123.0))
     assert sup.nodes[0].heard_wall == 123.0 and sup.nodes[0].state == "starting"

@@ -12,18 +12,9 @@ from pathlib import Path
 
 from orchestrator.supervise.hangs import LULL_S, SAMPLE_GAP_S, HangWatch
 from orchestrator.supervise.stack_rounds import StackRounds, answer_to, ask_for_stacks
+from tests.factories import FakeSession, supervisor
 
 HOSTS = {0: "a", 1: "a", 2: "b", 3: "b"}
-
-
-class Session:
-    """A node's session as a round sees it: an index, and the lines sent to it."""
-
-    def __init__(self, index: int) -> None:
-        self.index, self.sent = index, []
-
-    def send(self, line: str, may_skip: bool = False) -> None:
-        self.sent.append(line)
 
 
 def record(rank: int, function: str, line: int, ticks: int = 0) -> dict:
@@ -49,14 +40,14 @@ def stuck_world(ticks: int = 0) -> dict[int, list[dict]]:
     }
 
 
-def answer(rounds: StackRounds, sessions: list[Session], world: dict[int, list[dict]]) -> None:
+def answer(rounds: StackRounds, sessions: list[FakeSession], world: dict[int, list[dict]]) -> None:
     for session in sessions:
         seq = session.sent[-1].split()[1]
         rounds.received(session.index, seq, json.dumps(world[session.index]).encode())
 
 
-def make(tmp_path: Path, notes: list[str]) -> tuple[StackRounds, HangWatch, list[Session]]:
-    sessions = [Session(0), Session(1)]
+def make(tmp_path: Path, notes: list[str]) -> tuple[StackRounds, HangWatch, list[FakeSession]]:
+    sessions = [FakeSession(0), FakeSession(1)]
     rounds = StackRounds(sessions, HOSTS, {0: "a", 1: "b"}, tmp_path, notes.append)
     return rounds, HangWatch(rounds, 60.0, notes.append, now=0.0), sessions
 
@@ -246,20 +237,13 @@ def test_ranks_that_print_while_their_main_threads_stay_put_are_found_hung(tmp_p
 def test_a_new_step_on_the_metrics_channel_is_progress_a_repeated_one_is_not(tmp_path):
     """Through the frame handlers, as the agent's frames arrive: a rank's output and a
     metrics record that repeats its step leave the check due; a new step puts it off."""
-    import queue
 
     from orchestrator.backends.sessions import Event
-    from orchestrator.console.sink import LogSink
     from orchestrator.options.supervision import Supervision
-    from orchestrator.supervise import NodeState, RankState, Supervisor
     from orchestrator.supervise.frame_handlers import handle
 
-    nodes = [NodeState(0, "a", (0, 1))]
-    ranks = [RankState(r, 0, r, "a") for r in range(2)]
-    sink = LogSink(tmp_path, {0: "r0", 1: "r1"}, {0: "a"}, None, False)
-    sup = Supervisor(
-        nodes, ranks, [], queue.Queue(), sink, Supervision(heartbeat_timeout=30, hang_timeout=60)
-    )
+    supervision = Supervision(heartbeat_timeout=30, hang_timeout=60)
+    sup = supervisor(tmp_path, ("a",), supervision=supervision)
     due = sup.hangs.next_check
 
     def frame(kind: str, payload: bytes) -> float:

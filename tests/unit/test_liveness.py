@@ -11,21 +11,14 @@ import pytest
 from orchestrator.supervise import liveness
 from orchestrator.supervise.liveness import Liveness
 from orchestrator.supervise.state import NodeState
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def monotonic(self) -> float:
-        return self.now
+from tests.factories import FakeClock
 
 
 class Session:
     """A node's session: `heard` moves when its agent speaks; its sshd answers or not."""
 
     def __init__(
-        self, index: int, clock: Clock, sshd_up: bool = True, kernel_up: bool | None = None
+        self, index: int, clock: FakeClock, sshd_up: bool = True, kernel_up: bool | None = None
     ) -> None:
         self.index = index
         self.clock = clock
@@ -48,8 +41,8 @@ class Session:
 
 
 @pytest.fixture
-def clock(monkeypatch) -> Clock:
-    fake = Clock()
+def clock(monkeypatch) -> FakeClock:
+    fake = FakeClock(1000.0)
     monkeypatch.setattr(liveness.time, "monotonic", fake.monotonic)
     monkeypatch.setattr(liveness.threading, "Thread", InlineThread)
     return fake
@@ -70,7 +63,7 @@ class InlineThread:
         thread.join(0.2)
 
 
-def run(live: Liveness, clock: Clock, seconds: float, *, overdue=lambda slack: False,
+def run(live: Liveness, clock: FakeClock, seconds: float, *, overdue=lambda slack: False,
         speaking=()):  # fmt: skip
     """Advance `seconds` in loop passes of 0.1 s; returns what was found lost."""
     lost = []
@@ -86,7 +79,7 @@ def run(live: Liveness, clock: Clock, seconds: float, *, overdue=lambda slack: F
     return lost
 
 
-def setup(clock: Clock, *sshd_up: bool, hb: float = 30, stall: float = 600):
+def setup(clock: FakeClock, *sshd_up: bool, hb: float = 30, stall: float = 600):
     nodes = [NodeState(i, f"n{i}") for i in range(len(sshd_up))]
     sessions = [Session(i, clock, up) for i, up in enumerate(sshd_up)]
     notes: list[str] = []

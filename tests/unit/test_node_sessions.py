@@ -26,10 +26,9 @@ from orchestrator.agent.protocol import frame
 from orchestrator.backends.base import IdleAgent
 from orchestrator.backends.sessions import NodeSession, start_sessions
 from orchestrator.backends.ssh.connect import SshChannel, tcp_acks
-from orchestrator.console.sink import LogSink
-from orchestrator.options.supervision import Supervision
-from orchestrator.supervise import NodeState, Supervisor
+from orchestrator.supervise import NodeState
 from orchestrator.supervise.stopping import Stopper
+from tests.factories import supervisor, world
 
 
 class Channel:
@@ -171,17 +170,10 @@ def test_heartbeats_and_samples_reach_the_run_without_waking_the_loop(tmp_path: 
     while not events.empty():
         kinds.append(events.get_nowait().kind)
     assert kinds == ["M", "EOF"]  # the beat and the sample did not go through the queue
-    nodes = [NodeState(index=0, host="a")]
-    sink = LogSink(tmp_path, {}, {0: "a"}, None, False)
+    nodes, ranks = world(("a",), 0)
     metrics = tmp_path / "metrics.jsonl"
-    sup = Supervisor(
-        nodes,
-        [],
-        [session],
-        events,
-        sink,
-        Supervision(grace=3, heartbeat_timeout=30, hang_timeout=0),
-        metrics_path=metrics,
+    sup = supervisor(
+        tmp_path, nodes=nodes, ranks=ranks, sessions=[session], events=events, metrics_path=metrics
     )
     sup.take_aside()
     best = nodes[0].clock.best()

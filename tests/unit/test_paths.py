@@ -5,7 +5,6 @@ runs; and the node-side script itself, run here on loopback."""
 from __future__ import annotations
 
 import itertools
-import socket
 import subprocess
 import sys
 
@@ -29,6 +28,7 @@ from orchestrator.nodes.paths.pairs import (
 )
 from orchestrator.nodes.paths.prove import path_argvs, raise_failures, store_wait
 from orchestrator.nodes.probe import parse_probe_output
+from tests.factories import free_port
 
 
 def nodes(n: int) -> list[PathNode]:
@@ -202,12 +202,6 @@ def test_argvs_quote_nothing_and_name_the_peers() -> None:
     # the check's master that cannot take part still runs the store
     alone = path_argvs(nodes(3)[1:], "10.0.0.1", 29500, token="t", timeout=3)
     assert "--no-connect" in alone[0] and alone[0][alone[0].index("--listen") + 1] == "2"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def test_the_node_side_script_on_loopback() -> None:

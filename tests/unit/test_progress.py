@@ -6,18 +6,11 @@ import io
 import threading
 
 from orchestrator.console.progress import CLEAR, LONGEST_GAP_S, QUIET_S, Progress
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.factories import FakeClock
 
 
 def test_on_a_terminal_one_line_is_redrawn_and_cleared_at_the_end() -> None:
-    out, clock = io.BytesIO(), Clock()
+    out, clock = io.BytesIO(), FakeClock()
     progress = Progress(out, tty=True, clock=clock)
     progress.begin("probing", 3)
     clock.now += 1
@@ -37,7 +30,7 @@ def test_on_a_terminal_one_line_is_redrawn_and_cleared_at_the_end() -> None:
 
 
 def test_elsewhere_a_quick_step_says_nothing_and_a_slow_one_a_line_now_and_then() -> None:
-    out, clock = io.BytesIO(), Clock()
+    out, clock = io.BytesIO(), FakeClock()
     progress = Progress(out, tty=False, clock=clock)
     progress.begin("connecting", 4)
     clock.now += 1
@@ -60,7 +53,7 @@ def test_elsewhere_a_quick_step_says_nothing_and_a_slow_one_a_line_now_and_then(
 
 
 def test_elsewhere_a_start_of_many_minutes_says_so_a_few_times_not_every_few_seconds() -> None:
-    out, clock = io.BytesIO(), Clock()
+    out, clock = io.BytesIO(), FakeClock()
     progress = Progress(out, tty=False, clock=clock)
     progress.begin("probing", 100_000)
     for step in range(1, 6001):  # ten minutes, a node every 0.1 s

@@ -8,13 +8,12 @@ from __future__ import annotations
 import queue
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from orchestrator.backends.sessions import CHANNEL_CLOSED, Event, NodeSession
-from orchestrator.console.sink import LogSink
 from orchestrator.options.supervision import Supervision
 from orchestrator.slurm.agents import AllocationNode, SrunChannel, leave_agents
 from orchestrator.slurm.cadence import (
@@ -25,7 +24,8 @@ from orchestrator.slurm.cadence import (
     POLL_S,
     Cadence,
 )
-from orchestrator.supervise import NodeState, RankState, Supervisor
+from orchestrator.supervise import Supervisor
+from tests.factories import supervisor, wait_for
 
 # An agent as the dial shows it: the keeper's first line, then a heartbeat for each line
 # it is sent; it ends when its stdin closes.
@@ -35,14 +35,6 @@ AGENT = (
     "for line in sys.stdin:\n"
     "    print('H 1.0 0 0', flush=True)\n"
 )
-
-
-def until(condition: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + 10
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within 10 s: {what}")
-        time.sleep(0.01)
 
 
 @pytest.fixture
@@ -62,20 +54,17 @@ def beat(session: NodeSession) -> None:
     """The agent says something; returns once its reader has it."""
     before = session.heard
     session.channel.write(b"beat\n")
-    until(lambda: session.heard != before, f"node {session.index} heard")
+    wait_for(lambda: session.heard != before, 10, f"node {session.index} heard", poll=0.01)
 
 
-def supervisor(tmp_path: Path) -> Supervisor:
-    nodes = [NodeState(index=k, host=f"n{k}", ranks=(k,)) for k in range(2)]
-    ranks = [RankState(k, k, 0, f"n{k}") for k in range(2)]
-    sink = LogSink(tmp_path / "logs", {0: "n0 r0", 1: "n1 r1"}, {0: "n0", 1: "n1"}, None, False)
-    return Supervisor(
-        nodes,
-        ranks,
-        [],
-        queue.Queue(),
-        sink,
-        Supervision(grace=0, heartbeat_timeout=0),
+def attempt(tmp_path: Path) -> Supervisor:
+    """The follower's supervisor of an attempt on n0 and n1, a rank on each."""
+    return supervisor(
+        tmp_path / "logs",
+        ("n0", "n1"),
+        1,
+        label="{host} r{rank}",
+        supervision=Supervision(grace=0, heartbeat_timeout=0),
         stop_on_failure=False,
     )
 
@@ -103,7 +92,7 @@ def test_a_queued_job_is_asked_about_every_second() -> None:
 
 def test_agents_not_reached_or_not_heard_yet_keep_the_pace(sessions, tmp_path: Path) -> None:
     started, _ = sessions
-    cadence, sup, now = Cadence(), supervisor(tmp_path), time.monotonic()
+    cadence, sup, now = Cadence(), attempt(tmp_path), time.monotonic()
     cadence.reached([])  # not reached (--login)
     assert cadence.squeue_now(now, sup)
     assert cadence.squeue_now(now + POLL_S, sup)
@@ -115,7 +104,7 @@ def test_agents_not_reached_or_not_heard_yet_keep_the_pace(sessions, tmp_path: P
 
 def test_while_every_agent_answers_squeue_runs_rarely(sessions, tmp_path: Path) -> None:
     started, _ = sessions
-    cadence, sup = Cadence(), supervisor(tmp_path)
+    cadence, sup = Cadence(), attempt(tmp_path)
     now = answering(cadence, started)
     assert cadence.squeue_now(now, sup)
     assert not cadence.squeue_now(now + POLL_S, sup)
@@ -129,7 +118,7 @@ def test_while_every_agent_answers_squeue_runs_rarely(sessions, tmp_path: Path) 
 
 def test_a_closed_channel_asks_at_once_then_every_second(sessions, tmp_path: Path) -> None:
     started, events = sessions
-    cadence, sup = Cadence(), supervisor(tmp_path)
+    cadence, sup = Cadence(), attempt(tmp_path)
     now = answering(cadence, started)
     assert cadence.squeue_now(now, sup)
     started[1].channel.hang_up()  # the step ends: the agent's process leaves
@@ -144,7 +133,7 @@ def test_a_closed_channel_asks_at_once_then_every_second(sessions, tmp_path: Pat
 
 def test_an_agent_gone_quiet_asks_at_once(sessions, tmp_path: Path) -> None:
     started, _ = sessions
-    cadence, sup = Cadence(), supervisor(tmp_path)
+    cadence, sup = Cadence(), attempt(tmp_path)
     now = answering(cadence, started)
     assert cadence.squeue_now(now, sup)
     quiet = min(session.heard for session in started) + HEARD_S
@@ -154,14 +143,14 @@ def test_an_agent_gone_quiet_asks_at_once(sessions, tmp_path: Path) -> None:
 
 def test_a_stop_or_a_node_ending_asks_at_once(sessions, tmp_path: Path) -> None:
     started, _ = sessions
-    cadence, sup = Cadence(), supervisor(tmp_path)
+    cadence, sup = Cadence(), attempt(tmp_path)
     now = answering(cadence, started)
     assert cadence.squeue_now(now, sup)
     sup.node_exited(sup.nodes[0], 0, time.time())
     assert cadence.squeue_now(now + 0.01, sup)
     assert cadence.squeue_now(now + 0.01 + POLL_S, sup)
 
-    cadence, sup = Cadence(), supervisor(tmp_path)
+    cadence, sup = Cadence(), attempt(tmp_path)
     now = answering(cadence, started)
     assert cadence.squeue_now(now, sup)
     sup.begin_stop(0, "test")
@@ -170,7 +159,7 @@ def test_a_stop_or_a_node_ending_asks_at_once(sessions, tmp_path: Path) -> None:
 
 def test_an_exit_or_a_warning_asks_at_once(sessions, tmp_path: Path) -> None:
     started, _ = sessions
-    cadence, sup = Cadence(), supervisor(tmp_path)
+    cadence, sup = Cadence(), attempt(tmp_path)
     now = answering(cadence, started)
     assert cadence.squeue_now(now, sup)
     cadence.poll_now()

@@ -5,39 +5,27 @@ The whole path runs against real SLURM in test_slurm_cluster.py."""
 from __future__ import annotations
 
 import os
-import queue
 import signal
 from pathlib import Path
 
 import pytest
 
-from orchestrator.console.sink import LogSink
 from orchestrator.options.supervision import Supervision
 from orchestrator.slurm.outcome import job_outcome
 from orchestrator.slurm.parse import JobInfo
 from orchestrator.slurm.stream import AttemptFiles, read_fields
-from orchestrator.supervise import NodeState, RankState, Supervisor
+from orchestrator.supervise import Supervisor
+from tests.factories import supervisor
 
 
-def supervisor(
-    tmp_path: Path, nnodes: int = 2, nproc: int = 1, max_restarts: int = 0
-) -> Supervisor:
+def attempt(tmp_path: Path, nnodes: int = 2, nproc: int = 1, max_restarts: int = 0) -> Supervisor:
     """As the follower builds one for an attempt: no sessions, SLURM stops the nodes."""
-    nodes, ranks, labels = [], [], {}
-    for k in range(nnodes):
-        node_ranks = tuple(range(k * nproc, (k + 1) * nproc))
-        nodes.append(NodeState(index=k, host=f"n{k}", ranks=node_ranks))
-        for local, rank in enumerate(node_ranks):
-            ranks.append(RankState(rank, k, local, f"n{k}"))
-            labels[rank] = f"n{k} r{rank}"
-    sink = LogSink(tmp_path / "logs", labels, {k: f"n{k}" for k in range(nnodes)}, None, False)
-    return Supervisor(
-        nodes,
-        ranks,
-        [],
-        queue.Queue(),
-        sink,
-        Supervision(grace=0, heartbeat_timeout=0, hang_timeout=0),
+    return supervisor(
+        tmp_path / "logs",
+        [f"n{k}" for k in range(nnodes)],
+        nproc,
+        label="{host} r{rank}",
+        supervision=Supervision(grace=0, heartbeat_timeout=0, hang_timeout=0),
         stop_on_failure=False,
         max_restarts=max_restarts,
     )
@@ -66,7 +54,7 @@ def approx(values):
 def test_an_attempt_streams_output_then_starts_and_exits_in_the_order_they_happened(
     tmp_path: Path,
 ) -> None:
-    sup = supervisor(tmp_path)
+    sup = attempt(tmp_path)
     files = AttemptFiles(tmp_path / "attempt0", nnodes=2, nproc=1)
     exits: list[tuple[int, int, float]] = []
 
@@ -112,7 +100,7 @@ def test_a_completed_job_settles_the_exits_its_agents_could_not_bring(tmp_path: 
     """SLURM cancelled the dial to node 1 before its agent's last frames came: its exit
     files say how its rank and its part ended; nothing heard before is passed on again, and
     no output is read (it came through the agents)."""
-    sup = supervisor(tmp_path)
+    sup = attempt(tmp_path)
     files = AttemptFiles(tmp_path / "attempt0", nnodes=2, nproc=1)
     sup.rank_exited(0, 0, 11.0)
     sup.node_exited(sup.nodes[0], 0, 11.5)
@@ -133,7 +121,7 @@ def test_a_completed_job_settles_the_exits_its_agents_could_not_bring(tmp_path: 
 
 
 def test_a_rank_exit_waits_until_its_output_is_read(tmp_path: Path) -> None:
-    sup = supervisor(tmp_path, nnodes=1)
+    sup = attempt(tmp_path, nnodes=1)
     files = AttemptFiles(tmp_path / "attempt1", nnodes=1, nproc=1)
     write(files.node_dir(0) / "rank-0.exit", "0 5.0\n")
     write(files.node_dir(0) / "rank-0.out", "x" * (3 << 20) + "\n")  # more than one pump reads
@@ -149,7 +137,7 @@ def test_a_rank_exit_waits_until_its_output_is_read(tmp_path: Path) -> None:
 def test_a_rewritten_rank_exit_is_the_ranks_next_run_ending(tmp_path: Path) -> None:
     """--max-restarts: run_rank rewrites rank-R.exit each time torchrun's restart of the rank
     ends; each new line is passed on once, and output after a failure means it runs again."""
-    sup = supervisor(tmp_path, nnodes=1, nproc=2, max_restarts=1)
+    sup = attempt(tmp_path, nnodes=1, nproc=2, max_restarts=1)
     files = AttemptFiles(tmp_path / "attempt0", nnodes=1, nproc=2)
     exits: list[tuple[int, int, float]] = []
 
@@ -210,7 +198,7 @@ def test_read_fields(tmp_path: Path, text, fields) -> None:
 
 
 def test_a_completed_job_whose_ranks_succeeded_succeeded(tmp_path: Path) -> None:
-    sup = supervisor(tmp_path)
+    sup = attempt(tmp_path)
     for node in sup.nodes:
         for rank in node.ranks:
             sup.rank_exited(rank, 0, 5.0)
@@ -220,7 +208,7 @@ def test_a_completed_job_whose_ranks_succeeded_succeeded(tmp_path: Path) -> None
 
 
 def test_slurm_ending_the_job_is_said_first_and_nodes_left_are_settled(tmp_path: Path) -> None:
-    sup = supervisor(tmp_path)
+    sup = attempt(tmp_path)
     sup.nodes[0].started_at = 1.0
     outcome = job_outcome(7, JobInfo("TIMEOUT", exit_code=0), sup, None, tmp_path / "none")
     assert (outcome.state, outcome.exit_code) == ("failed", 1)
@@ -237,7 +225,7 @@ def test_slurm_ending_the_job_is_said_first_and_nodes_left_are_settled(tmp_path:
 
 
 def test_the_first_failing_rank_decides_a_failed_job(tmp_path: Path) -> None:
-    sup = supervisor(tmp_path)
+    sup = attempt(tmp_path)
     sup.nodes[0].started_at = 1.0
     sup.rank_exited(1, 4, 9.0)
     sup.rank_exited(0, 3, 8.0)
@@ -249,7 +237,7 @@ def test_the_first_failing_rank_decides_a_failed_job(tmp_path: Path) -> None:
 def test_a_job_that_failed_before_its_ranks_shows_the_batch_output(tmp_path: Path) -> None:
     batch = tmp_path / "slurm-7.out"
     batch.write_text("".join(f"line {i}\n" for i in range(30)))
-    outcome = job_outcome(7, JobInfo("FAILED", exit_code=2), supervisor(tmp_path), None, batch)
+    outcome = job_outcome(7, JobInfo("FAILED", exit_code=2), attempt(tmp_path), None, batch)
     assert (outcome.state, outcome.exit_code) == ("failed", 2)
     lines = outcome.summary.splitlines()
     assert lines[0] == (
@@ -259,7 +247,7 @@ def test_a_job_that_failed_before_its_ranks_shows_the_batch_output(tmp_path: Pat
 
 
 def test_an_interrupted_follow_is_stopped_by_its_signal(tmp_path: Path) -> None:
-    sup = supervisor(tmp_path)
+    sup = attempt(tmp_path)
     outcome = job_outcome(7, JobInfo("CANCELLED"), sup, signal.SIGINT, tmp_path / "none")
     assert (outcome.state, outcome.exit_code) == ("stopped", 130)
     assert outcome.summary == "stopped by SIGINT: SLURM job 7 cancelled"

@@ -30,10 +30,10 @@ from orchestrator.slurm.segments import Segments
 from orchestrator.slurm.shrink import shrunk
 from orchestrator.supervise import NodeState, RankState
 from orchestrator.supervise.time_limit import WarningClock
+from tests.factories import FakeSession, Notes
 from tests.unit.test_slurm_min_nodes import _job
 from tests.unit.test_slurm_render import spec
 from tests.unit.test_slurm_spares import FakeCommands
-from tests.unit.test_supervise import Notes
 
 
 @pytest.mark.parametrize(
@@ -105,21 +105,11 @@ def test_slurm_is_asked_as_often_as_nodes_over_ssh(heartbeat: float, every: floa
     assert regrow.every == every
 
 
-class Session:
-    """A node agent's session at the boundary: what the follower sent it."""
-
-    def __init__(self, index: int) -> None:
-        self.index, self.sent = index, []
-
-    def send(self, command: str, may_skip: bool = False) -> None:
-        self.sent.append(command)
-
-
 class Attempt:
     """The supervisor of the attempt on 2 nodes: what the warning clock reads of it."""
 
     def __init__(self, hosts: list[str], running: bool = True) -> None:
-        self.sessions = [Session(k) for k in range(len(hosts))]
+        self.sessions = [FakeSession(k) for k in range(len(hosts))]
         self.ranks = {r: RankState(r, r // 2, r % 2, hosts[r // 2]) for r in range(2 * len(hosts))}
         self.running, self.stopping = running, False
         self.sink, self.deadline = Notes(), WarningClock(None, None, time.time())

@@ -11,12 +11,12 @@ from pathlib import Path
 
 from orchestrator.agent.protocol import Frame
 from orchestrator.backends.sessions import CHANNEL_CLOSED, Event
-from orchestrator.console.sink import LogSink
 from orchestrator.options.supervision import Supervision
 from orchestrator.record.runs import RunRecord
 from orchestrator.slurm.handover import Bookmarks
 from orchestrator.slurm.node_agents import NodeAgents
-from orchestrator.supervise import NodeState, RankState, Supervisor
+from orchestrator.supervise import Supervisor
+from tests.factories import FakeSession, supervisor
 
 
 class Judge:
@@ -44,25 +44,21 @@ class Channel:
     connected = True
 
 
-class Session:
-    channel = Channel()
-    index = 0
-
-    def __init__(self) -> None:
-        self.sent: list[str] = []
-
-    def send(self, line: str, may_skip: bool = False) -> None:
-        self.sent.append(line)
-
-
 def agents_of(tmp_path: Path) -> tuple[NodeAgents, Supervisor, queue.Queue]:
     events: queue.Queue = queue.Queue()
     record = RunRecord.create(tmp_path, "r1")
     agents = NodeAgents(7, 0, "python3", Bookmarks(record, None), events)
-    agents.sessions.append(Session())  # type: ignore[arg-type]
-    sink = LogSink(tmp_path / "logs", {0: "n0 r0"}, {0: "n0"}, None, False)
-    nodes, ranks = [NodeState(0, "n0", (0,))], [RankState(0, 0, 0, "n0")]
-    sup = Supervisor(nodes, ranks, agents.sessions, events, sink, Supervision(hang_timeout=0))
+    agents.sessions.append(FakeSession(0, Channel()))  # type: ignore[arg-type]
+    supervision = Supervision(hang_timeout=0)
+    sup = supervisor(
+        tmp_path / "logs",
+        ("n0",),
+        1,
+        sessions=agents.sessions,
+        events=events,
+        label="{host} r{rank}",
+        supervision=supervision,
+    )
     return agents, sup, events
 
 

@@ -14,7 +14,6 @@ import pytest
 
 from orchestrator.backends.sessions import CHANNEL_CLOSED, Event
 from orchestrator.cli import main
-from orchestrator.console.sink import LogSink
 from orchestrator.options.scheduler import SlurmOptions
 from orchestrator.options.supervision import Supervision
 from orchestrator.plan.spec import JobSpec, Program
@@ -26,7 +25,7 @@ from orchestrator.slurm.node_files import batch_output, in_record, on_the_nodes
 from orchestrator.slurm.outcome import job_outcome
 from orchestrator.slurm.parse import JobInfo
 from orchestrator.slurm.submit import prepare_slurm
-from orchestrator.supervise import NodeState, RankState, Supervisor
+from tests.factories import FakeSession, supervisor
 
 RECORD = Path("/home/alice/runs/r1")
 ARGV = ("orchestrator", "launch", "--backend", "slurm")
@@ -146,13 +145,18 @@ def test_an_unreached_nodes_lines_are_said_to_stay_on_it(tmp_path: Path) -> None
     class Channel:
         connected = False  # the dial never reached the keeper
 
-    class Session:
-        channel = Channel()
-
-    agents.sessions.append(Session())  # type: ignore[arg-type]
-    sink = LogSink(tmp_path / "logs", {0: "n0 r0"}, {0: "n0"}, None, False)
-    nodes, ranks = [NodeState(0, "n0", (0,))], [RankState(0, 0, 0, "n0")]
-    sup = Supervisor(nodes, ranks, agents.sessions, events, sink, Supervision(hang_timeout=0))
+    agents.sessions.append(FakeSession(0, Channel()))  # type: ignore[arg-type]
+    supervision = Supervision(hang_timeout=0)
+    sup = supervisor(
+        tmp_path / "logs",
+        ("n0",),
+        1,
+        sessions=agents.sessions,
+        events=events,
+        label="{host} r{rank}",
+        supervision=supervision,
+    )
+    sink = sup.sink
 
     class Judge:
         def channel_closed(self, node: int) -> None:

@@ -9,63 +9,22 @@ import queue
 import signal
 import threading
 import time
-from collections import deque
 from pathlib import Path
 
 from orchestrator.backends.sessions import Event
-from orchestrator.console.sink import LogSink
 from orchestrator.options.supervision import Supervision
-from orchestrator.supervise import NodeState, RankState, Supervisor, describe_exit
+from orchestrator.supervise import describe_exit
 from orchestrator.supervise.detect import Detector
 from orchestrator.supervise.state import Outcome
 from orchestrator.supervise.stopping import STOP_MARGIN_S, Stopper, signals_to
 from orchestrator.supervise.supervisor import IDLE_TICK_S
-
-
-class FakeSession:
-    """A node agent's session as supervision sees it: the command lines sent to it."""
-
-    def __init__(self, index: int) -> None:
-        self.index = index
-        self.sent: list[str] = []
-        self.heard = time.monotonic()  # liveness reads it once a pass comes 0.5 s late
-        self.aside: deque = deque()  # frames its reader set aside (none here)
-
-    def send(self, line: str, may_skip: bool = False) -> None:
-        self.sent.append(line)
-
-    def answers(self) -> bool:
-        return True
-
-    def acknowledged(self, within: float) -> bool:
-        return True
-
-
-class Notes:
-    def __init__(self) -> None:
-        self.notes: list[str] = []
-
-    def note(self, text: str) -> None:
-        self.notes.append(text)
-
-    def node_note(self, host: str, text: str) -> None:
-        self.notes.append(f"{host}: {text}")
-
-    def last_lines(self, rank: int | None = None, node: int | None = None) -> list[str]:
-        return [f"line of rank {rank}"] if rank is not None else [f"line of node {node}"]
-
-
-def two_nodes() -> tuple[list[NodeState], list[RankState]]:
-    nodes = [NodeState(0, "a", (0, 1)), NodeState(1, "b", (2, 3))]
-    ranks = [RankState(r, r // 2, r % 2, "ab"[r // 2]) for r in range(4)]
-    return nodes, ranks
-
+from tests.factories import FakeSession, Notes, supervisor, world
 
 # --- stopping -------------------------------------------------------------------------
 
 
 def test_stop_goes_to_running_nodes_once_and_only_shortens() -> None:
-    nodes, _ = two_nodes()
+    nodes, _ = world()
     sessions = [FakeSession(0), FakeSession(1)]
     nodes[1].done = True
     first: list[int] = []
@@ -80,7 +39,7 @@ def test_stop_goes_to_running_nodes_once_and_only_shortens() -> None:
 
 
 def test_first_signal_stops_with_grace_second_kills() -> None:
-    nodes, _ = two_nodes()
+    nodes, _ = world()
     session, notes = FakeSession(0), Notes()
     stopper = Stopper(nodes, [session], notes, grace=7)
     stopper.interrupt(signal.SIGINT)
@@ -94,7 +53,7 @@ def test_first_signal_stops_with_grace_second_kills() -> None:
 
 
 def test_exits_after_the_stop_began_are_its_doing() -> None:
-    nodes, _ = two_nodes()
+    nodes, _ = world()
     stopper = Stopper(nodes, [], Notes(), grace=1)
     assert not stopper.caused(time.time())
     stopper.begin(1, "test")
@@ -106,7 +65,7 @@ def test_exits_after_the_stop_began_are_its_doing() -> None:
 
 
 def detector(stop_on_failure: bool = True) -> tuple[Detector, Stopper, Notes]:
-    nodes, ranks = two_nodes()
+    nodes, ranks = world()
     notes = Notes()
     stopper = Stopper(nodes, [], notes, grace=1)
     return Detector(nodes, ranks, notes, stopper, stop_on_failure=stop_on_failure), stopper, notes
@@ -278,18 +237,13 @@ def test_describe_exit_names_signals() -> None:
 
 
 def test_loop_stops_every_node_when_a_rank_fails(tmp_path: Path) -> None:
-    nodes, ranks = two_nodes()
     sessions = [FakeSession(0), FakeSession(1)]
     events: queue.Queue[Event] = queue.Queue()
-    sink = LogSink(tmp_path, {r: f"r{r}" for r in range(4)}, {0: "a", 1: "b"}, None, False)
     states: list[str] = []
-    sup = Supervisor(
-        nodes,
-        ranks,
-        sessions,
-        events,
-        sink,
-        Supervision(grace=3, heartbeat_timeout=30, hang_timeout=0),
+    sup = supervisor(
+        tmp_path,
+        sessions=sessions,
+        events=events,
         on_change=lambda s: states.append("stopping" if s.stopping else "running"),
     )
     now = time.time()
@@ -310,17 +264,13 @@ def test_loop_stops_every_node_when_a_rank_fails(tmp_path: Path) -> None:
 
 
 def test_an_idle_loop_sleeps_long_yet_a_signal_wakes_it_at_once(tmp_path: Path) -> None:
-    nodes, ranks = two_nodes()
     sessions = [FakeSession(0), FakeSession(1)]
     events: queue.Queue[Event | None] = queue.Queue()
-    sink = LogSink(tmp_path, {r: f"r{r}" for r in range(4)}, {0: "a", 1: "b"}, None, False)
-    sup = Supervisor(
-        nodes,
-        ranks,
-        sessions,
-        events,
-        sink,
-        Supervision(grace=3, heartbeat_timeout=60, hang_timeout=0),
+    sup = supervisor(
+        tmp_path,
+        sessions=sessions,
+        events=events,
+        supervision=Supervision(grace=3, heartbeat_timeout=60, hang_timeout=0),
     )
     assert sup._pause() == IDLE_TICK_S == 2.0  # nothing happens: one wake-up in 2 s
     now = time.time()
@@ -348,18 +298,9 @@ def test_an_idle_loop_sleeps_long_yet_a_signal_wakes_it_at_once(tmp_path: Path) 
 
 
 def test_loop_takes_a_w_frame_for_the_nodes_disk(tmp_path: Path) -> None:
-    nodes, ranks = two_nodes()
     sessions = [FakeSession(0), FakeSession(1)]
     events: queue.Queue[Event] = queue.Queue()
-    sink = LogSink(tmp_path, {r: f"r{r}" for r in range(4)}, {0: "a", 1: "b"}, None, False)
-    sup = Supervisor(
-        nodes,
-        ranks,
-        sessions,
-        events,
-        sink,
-        Supervision(grace=3, heartbeat_timeout=30, hang_timeout=0),
-    )
+    sup = supervisor(tmp_path, sessions=sessions, events=events)
     now = time.time()
     for node in (0, 1):
         events.put(Event(node, "S", (str(100 + node), f"{now:.6f}")))
@@ -382,7 +323,7 @@ def test_loop_takes_a_w_frame_for_the_nodes_disk(tmp_path: Path) -> None:
 
 
 def restarting_detector() -> tuple[Detector, Stopper, Notes]:
-    nodes, ranks = two_nodes()
+    nodes, ranks = world()
     notes = Notes()
     stopper = Stopper(nodes, [], notes, grace=1)
     return Detector(nodes, ranks, notes, stopper, max_restarts=2), stopper, notes
@@ -454,17 +395,12 @@ def test_exits_from_our_own_stop_are_not_restarts() -> None:
 
 
 def test_loop_counts_a_restart_and_sees_the_rank_again(tmp_path: Path) -> None:
-    nodes, ranks = two_nodes()
     events: queue.Queue[Event] = queue.Queue()
-    sink = LogSink(tmp_path, {r: f"r{r}" for r in range(4)}, {0: "a", 1: "b"}, None, False)
     seen: list[dict] = []
-    sup = Supervisor(
-        nodes,
-        ranks,
-        [FakeSession(0), FakeSession(1)],
-        events,
-        sink,
-        Supervision(grace=3, heartbeat_timeout=30, hang_timeout=0),
+    sup = supervisor(
+        tmp_path,
+        sessions=[FakeSession(0), FakeSession(1)],
+        events=events,
         max_restarts=1,
         on_change=lambda s: seen.append(s.status()),
     )

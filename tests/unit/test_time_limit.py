@@ -17,22 +17,20 @@ from orchestrator.agent.protocol import CommandReader
 from orchestrator.api.launching import render
 from orchestrator.api.request import LaunchArgs, build
 from orchestrator.backends.sessions import Event
-from orchestrator.console.sink import LogSink
 from orchestrator.errors import ConfigError
-from orchestrator.options.supervision import Supervision
 from orchestrator.plan.deadline import Deadline
 from orchestrator.supervise import NodeState, Supervisor
 from orchestrator.supervise.detect import Detector
 from orchestrator.supervise.stopping import Stopper
 from orchestrator.supervise.time_limit import WarningClock
-from tests.unit.test_supervise import FakeSession, Notes, two_nodes
+from tests.factories import FakeSession, Notes, supervisor, world
 
 
 class FakeRun:
     """What the clock reads of a supervisor."""
 
     def __init__(self, running: set[int], stopping: bool = False) -> None:
-        nodes, ranks = two_nodes()
+        nodes, ranks = world()
         self.ranks = {r.rank: r for r in ranks}
         self.sessions = [FakeSession(0), FakeSession(1)]
         self.running = running
@@ -92,7 +90,7 @@ def test_the_clock_of_a_deadline() -> None:
 
 def test_an_exit_counts_as_after_the_warning_by_the_nodes_own_clock() -> None:
     clock, notes = WarningClock(40, ("USR1", 10), 0.0), Notes()
-    node_a, node_b = two_nodes()[0]
+    node_a, node_b = world()[0]
     clock.signalled_on(node_a, notes, "5000.250000", "0,1", "-")
     clock.signalled_on(node_b, notes, "9000.500000", "2", "3")
     assert notes.notes == [
@@ -115,7 +113,7 @@ def test_status_and_summaries() -> None:
     assert warning["signal"] == "USR1" and warning["before_limit_s"] == 10
     assert warning["ranks_signalled"] == 2 and warning["ranks_not_catching_it"] == []
     assert warning["sent_at"].startswith("19")  # an ISO time
-    ranks = {r.rank: r for r in two_nodes()[1]}
+    ranks = {r.rank: r for r in world()[1]}
     assert clock.ended_summary(ranks, succeeded=False).startswith(
         "stopped on the time limit's warning (SIGUSR1 10 s before the 40 s limit): every "
         "rank exited after it; a program that saves a checkpoint on it resumes"
@@ -140,7 +138,7 @@ def test_status_and_summaries() -> None:
 
 def test_ended_on_it_needs_every_rank_done_and_no_other_stop() -> None:
     clock = WarningClock(40, ("USR1", 10), 0.0)
-    nodes, ranks = two_nodes()
+    nodes, ranks = world()
     for rank in ranks:
         rank.state = "stopped"
     assert not clock.ended_on_it(ranks, nodes, stopping=False)  # never sent
@@ -171,20 +169,10 @@ def test_the_agent_reads_a_signal_command() -> None:
 def supervise(tmp_path: Path, agents) -> tuple[Supervisor, object, list[FakeSession]]:
     """A supervisor of 2 nodes x 2 ranks with a limit of 1.5 s and SIGUSR1 1 s before it;
     `agents(sessions, events)` plays the nodes' agents in a thread."""
-    nodes, ranks = two_nodes()
     sessions = [FakeSession(0), FakeSession(1)]
     events: queue.Queue[Event | None] = queue.Queue()
-    sink = LogSink(tmp_path, {r: f"r{r}" for r in range(4)}, {0: "a", 1: "b"}, None, False)
     clock = WarningClock(1.5, ("USR1", 1), started_wall=time.time())
-    sup = Supervisor(
-        nodes,
-        ranks,
-        sessions,
-        events,
-        sink,
-        Supervision(grace=3, heartbeat_timeout=30, hang_timeout=0),
-        deadline=clock,
-    )
+    sup = supervisor(tmp_path, sessions=sessions, events=events, deadline=clock)
     now = time.time()
     for node in (0, 1):
         events.put(Event(node, "S", (str(100 + node), f"{now:.6f}")))
@@ -192,7 +180,7 @@ def supervise(tmp_path: Path, agents) -> tuple[Supervisor, object, list[FakeSess
     helper.start()
     outcome = sup.run()
     helper.join(timeout=10)
-    sink.close()
+    sup.sink.close()
     return sup, outcome, sessions
 
 
@@ -310,7 +298,7 @@ def test_ranks_that_ignore_the_warning_are_stopped_at_the_limit_and_named(tmp_pa
 
 
 def test_a_rank_that_failed_before_the_warning_is_still_the_first_failure() -> None:
-    nodes, ranks = two_nodes()
+    nodes, ranks = world()
     notes = Notes()
     stopper = Stopper(nodes, [FakeSession(0), FakeSession(1)], notes, 3)
     det = Detector(nodes, ranks, notes, stopper)

@@ -15,8 +15,8 @@ from orchestrator.slurm.segments import Segments
 from orchestrator.supervise.detect import Detector
 from orchestrator.supervise.stopping import Stopper
 from orchestrator.supervise.time_limit import Cause, WarningClock
+from tests.factories import FakeSession, Notes, world
 from tests.unit.test_slurm_spares import FakeCommands
-from tests.unit.test_supervise import FakeSession, Notes, two_nodes
 from tests.unit.test_time_limit import FakeRun
 
 LIMIT = "the time limit's warning"
@@ -26,7 +26,7 @@ GROWING = "the warning for growing to 4 nodes at a checkpoint"
 
 def warned_detector(cause: str) -> tuple[Detector, Notes]:
     """Two nodes of two ranks each, warned for `cause`; ranks 2 and 3 do not catch it."""
-    nodes, ranks = two_nodes()
+    nodes, ranks = world()
     notes = Notes()
     det = Detector(nodes, ranks, notes, Stopper(nodes, [FakeSession(0), FakeSession(1)], notes, 3))
     t0 = det.started_wall
