@@ -30,7 +30,7 @@ from dataclasses import dataclass, field, replace
 from orchestrator.errors import ConfigError
 from orchestrator.hostlist import compress_hosts
 from orchestrator.record.runs import RunRecord
-from orchestrator.record.states import RunState
+from orchestrator.record.states import RankPhase, RunState
 
 SLOW_WORK = 1.5  # average work above this times the median: shown first (as stragglers)
 SMOOTH = 0.2  # the weight of a rank's newest work in its average (one record a second)
@@ -140,7 +140,7 @@ class RunView:
             for key in ("loss", "samples_per_s", "step_s", "work_s"):
                 setattr(row, key, _num(metrics.get(key)))
             row.avg_work_s = self.work.get(rank)
-            heard = self.last_heard(rank) if row.state == "running" else None
+            heard = self.last_heard(rank) if row.state == RankPhase.RUNNING else None
             row.silent_s = max(0.0, now - heard) if heard is not None else None
             sample = self.samples.get(row.node_rank, (None, {}))[1]
             mine = (sample.get("ranks") or {}).get(str(rank)) or {}
@@ -292,8 +292,10 @@ def _mark_outliers(rows: list[Row]) -> None:
     if not rows:
         return
     common = Counter(r.state for r in rows).most_common(1)[0][0]
-    silences = [r.silent_s for r in rows if r.silent_s is not None and r.state == "running"]
-    works = [r.avg_work_s for r in rows if r.avg_work_s is not None and r.state == "running"]
+    silences = [r.silent_s for r in rows if r.silent_s is not None and r.state == RankPhase.RUNNING]
+    works = [
+        r.avg_work_s for r in rows if r.avg_work_s is not None and r.state == RankPhase.RUNNING
+    ]
     quiet = statistics.median(silences) if silences else None
     work = statistics.median(works) if works else None
     for row in rows:
@@ -304,7 +306,7 @@ def _mark_outliers(rows: list[Row]) -> None:
         elif row.state != common:
             row.flag, row.severity = row.state, 50
         elif (
-            row.state == "running"
+            row.state == RankPhase.RUNNING
             and quiet is not None
             and row.silent_s is not None
             and row.silent_s > max(SILENT_MIN_S, SILENT_RATIO * quiet)

@@ -48,6 +48,7 @@ from orchestrator.errors import ConfigError, Interrupted, OrchestratorError
 from orchestrator.nodes.execute import NodeResult
 from orchestrator.options.display import ConsoleOptions
 from orchestrator.record.runs import RunRecord, run_status
+from orchestrator.record.states import NodePhase
 from orchestrator.slurm.client import SlurmCommands, expand_nodelist, query
 from orchestrator.slurm.parse import JobInfo
 from orchestrator.supervise.stopping import signals_to
@@ -231,12 +232,14 @@ def step_results(
         text = b"".join(outputs.get(index, [])).decode(errors="replace")
         code = codes.get(index)
         if code is not None:
-            results.append(NodeResult(host, code, text, "succeeded" if code == 0 else "failed"))
+            results.append(
+                NodeResult(host, code, text, NodePhase.SUCCEEDED if code == 0 else NodePhase.FAILED)
+            )
         elif stopped:
-            results.append(NodeResult(host, None, text, "stopped", stopped))
+            results.append(NodeResult(host, None, text, NodePhase.STOPPED, stopped))
         else:
             why = f"no exit status came back (srun exited with {srun_code})"
-            results.append(NodeResult(host, None, text, "lost", why))
+            results.append(NodeResult(host, None, text, NodePhase.LOST, why))
     return results
 
 

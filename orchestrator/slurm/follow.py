@@ -38,7 +38,7 @@ from orchestrator.console.sink import LogSink
 from orchestrator.errors import ConfigError, OrchestratorError
 from orchestrator.options.supervision import Supervision
 from orchestrator.record.runs import RunRecord, now_iso
-from orchestrator.record.states import RunState
+from orchestrator.record.states import RankPhase, RunState
 from orchestrator.slurm import client as slurm
 from orchestrator.slurm.batch_script import SCRIPT_NAME, dial_python
 from orchestrator.slurm.cadence import Cadence
@@ -418,7 +418,7 @@ class Follower:
         sup.rank_exited(rank, code, when, after_stop, warned)
         self.cadence.poll_now()  # the job may be ending: squeue says so
         # "restarting" (--max-restarts): torchrun starts the workers again, the job goes on.
-        if sup.ranks[rank].state == "failed" and not sup.stopping:
+        if sup.ranks[rank].state == RankPhase.FAILED and not sup.stopping:
             host = sup.ranks[rank].host
             self.note(
                 f"rank {rank} on {host} ended with {describe_exit(code)}; srun ends the "

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from orchestrator.console.reading import last_lines_of
-from orchestrator.record.states import RunState
+from orchestrator.record.states import NodePhase, RankPhase, RunState
 from orchestrator.slurm.parse import JobInfo
 from orchestrator.supervise import Outcome, Supervisor, describe_exit
 
@@ -42,11 +42,13 @@ def job_outcome(
         for node in sup.nodes:
             if not node.done:
                 node.done, node.ended_at = True, time.time()
-                node.state = "stopped" if sup.stopping else "failed"
+                node.state = NodePhase.STOPPED if sup.stopping else NodePhase.FAILED
                 node.detail = f"ended by SLURM (job {info.state})"
                 for rank in node.ranks:
                     if sup.ranks[rank].exit_code is None:
-                        sup.ranks[rank].state = "killed" if sup.stopping else "unknown"
+                        sup.ranks[rank].state = (
+                            RankPhase.KILLED if sup.stopping else RankPhase.UNKNOWN
+                        )
         if interrupted_by is not None:
             sup.stopper.interrupted_by = interrupted_by
     ranks = sup.outcome() if sup is not None else None

@@ -28,6 +28,7 @@ from typing import Protocol
 from orchestrator.hostlist import name_ranks
 from orchestrator.plan.deadline import Deadline
 from orchestrator.record.runs import now_iso
+from orchestrator.record.states import NodePhase, RankPhase
 from orchestrator.supervise.state import NodeState, RankState
 
 SHOWN_RANKS = 8  # a summary names this many ranks, then says how many more
@@ -210,8 +211,8 @@ class WarningClock:
             self.sent_at is not None
             and self.at_limit is None
             and (self.ended_run or not stopping)
-            and all(rank.state in ("succeeded", "stopped") for rank in ranks)
-            and not any(node.state == "lost" for node in nodes)
+            and all(rank.state in (RankPhase.SUCCEEDED, RankPhase.STOPPED) for rank in ranks)
+            and not any(node.state == NodePhase.LOST for node in nodes)
         )
 
     def status(self) -> dict:
