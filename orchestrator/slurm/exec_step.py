@@ -43,6 +43,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import BinaryIO
 
+from orchestrator.backends.scheduler_states import SchedulerState
 from orchestrator.console.sink import LogSink, use_color
 from orchestrator.errors import ConfigError, Interrupted, OrchestratorError
 from orchestrator.nodes.execute import NodeResult
@@ -113,10 +114,10 @@ def job_of(record: RunRecord, status: Mapping) -> int:
 
 def check_running(run_id: str, job_id: int, info: JobInfo) -> None:
     """Only a running job's nodes are there to use (a ConfigError names its state)."""
-    if info.state == "RUNNING":
+    if info.scheduler_state == SchedulerState.RUNNING:
         return
     reason = f", reason {info.reason}" if info.reason and info.reason != "None" else ""
-    if info.state == "PENDING":
+    if info.scheduler_state == SchedulerState.QUEUED:
         what = f"is queued (PENDING{reason})"
     elif info.ended:
         what = f"has ended ({info.state}{reason})"

@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 
+from orchestrator.backends.scheduler_states import SchedulerState
 from orchestrator.errors import ConfigError
 from orchestrator.record.bad_nodes import add_bad_node
 from orchestrator.record.recoveries import Recovery
@@ -112,7 +113,7 @@ class SlurmSpares:
     def failure(self, job_id: int, info: JobInfo, hosts: list[str]) -> tuple[str, str] | None:
         """After job `job_id` ended as `info` says: its node that failed and why, or None
         when the job ended by itself (every node up)."""
-        if info.state in ("COMPLETED", "CANCELLED"):
+        if info.scheduler_state in (SchedulerState.SUCCEEDED, SchedulerState.CANCELLED):
             return None
         failed = failed_nodes(self.commands, hosts)
         self.failed = [name for name, _ in failed]
