@@ -173,3 +173,15 @@ def parse_sinfo_idle(stdout: str) -> set[str]:
         if state == IDLE:
             idle.add(name)
     return idle
+
+
+def parse_sinfo_down(stdout: str) -> dict[str, str]:
+    """`sinfo -h -N -n NAMES -o %N|%T|%E` -> the nodes SLURM holds down, failed or not
+    responding (`idle*`), each with its state and why (`down*: Not responding`)."""
+    found = {}
+    for line in stdout.splitlines():
+        name, _, rest = line.strip().partition("|")
+        state, _, reason = rest.partition("|")
+        if state.endswith("*") or "down" in state or "fail" in state:
+            found[name] = f"{state}" + (f": {reason}" if reason and reason != "none" else "")
+    return found
