@@ -25,6 +25,7 @@ from collections.abc import Iterable, Sequence
 from enum import Enum
 from typing import Protocol
 
+from orchestrator.agent.protocol import signal_command
 from orchestrator.hostlist import name_ranks
 from orchestrator.plan.deadline import Deadline
 from orchestrator.record.runs import now_iso
@@ -170,7 +171,7 @@ class WarningClock:
         nodes = {run.ranks[rank].node for rank in ranks}
         for session in list(run.sessions):
             if session.index in nodes:
-                session.send(f"signal {self.signal_name}")
+                session.send(signal_command(self.signal_name))
         return len(ranks), len(nodes)
 
     def signalled_on(self, node: NodeState, notes: Notes, at: str, sent: str, skipped: str) -> None:
