@@ -28,7 +28,7 @@ from orchestrator.errors import ConfigError, RunFailed
 from orchestrator.nodes.refill import fetch_incomplete
 from orchestrator.options.running import DEFAULT_RUN_DIR
 from orchestrator.record.runs import RunRecord, controller_alive, list_runs, run_status
-from orchestrator.record.states import RunState, RunStatus
+from orchestrator.record.states import RankPhase, RunState, RunStatus
 from orchestrator.slurm.client import refresh_status
 
 LAST_LINES = 20  # of the failing rank, in a Failure
@@ -135,7 +135,7 @@ class Run:
 
     def failure(self, status: Mapping) -> Failure | None:
         """The first rank to fail (by when it ended), with its last lines."""
-        failed = [r for r in status.get("ranks") or [] if r.get("state") == "failed"]
+        failed = [r for r in status.get("ranks") or [] if r.get("state") == RankPhase.FAILED]
         if not failed:
             return None
         first = min(failed, key=lambda r: (r.get("ended_at") or "~", r.get("rank", 0)))

@@ -187,7 +187,9 @@ class RunView:
     def quiet_s(self, now: float) -> float | None:
         """How long no running rank has said anything (None: none runs, or none was heard)."""
         running = [
-            r.get("rank") for r in self.status.get("ranks") or [] if r.get("state") == "running"
+            r.get("rank")
+            for r in self.status.get("ranks") or []
+            if r.get("state") == RankPhase.RUNNING
         ]
         heard = [t for r in running if isinstance(r, int) and (t := self.last_heard(r)) is not None]
         return max(0.0, now - max(heard)) if heard else None
