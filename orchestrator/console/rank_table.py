@@ -30,13 +30,13 @@ from dataclasses import dataclass, field, replace
 from orchestrator.errors import ConfigError
 from orchestrator.hostlist import compress_hosts
 from orchestrator.record.runs import RunRecord
-from orchestrator.record.states import RankPhase, RunState
+from orchestrator.record.states import NodePhase, RankPhase, RunState
 
 SLOW_WORK = 1.5  # average work above this times the median: shown first (as stragglers)
 SMOOTH = 0.2  # the weight of a rank's newest work in its average (one record a second)
 SILENT_RATIO = 3.0  # silence above this times the median (and SILENT_MIN_S): shown first
 SILENT_MIN_S = 10.0
-BAD_STATES = frozenset({"failed", "killed", "lost", "unknown"})
+BAD_STATES = frozenset({RankPhase.FAILED, RankPhase.KILLED, NodePhase.LOST, RankPhase.UNKNOWN})
 STUCK_SEVERITY = 110  # a rank of the hang's odd group: before everything else, failed included
 QUIET_SHOWN_S = 30.0  # no rank has said anything for longer: the summary says so
 
