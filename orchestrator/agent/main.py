@@ -100,7 +100,7 @@ class Agent:
             Command.KILL: self.kill_asked,
             Command.STACKS: self.stacks_asked,
             Command.END: self.end_ranks,
-            Command.SIGNAL: self.warn_ranks,
+            Command.SIGNAL: self.signal_asked,
         }
         self.stdin_open = True
         self.controller_silent = False
@@ -379,7 +379,7 @@ class Agent:
     def stacks_asked(self, argument: str) -> None:
         threading.Thread(target=self.ship_stacks, args=argument.split(), daemon=True).start()
 
-    def warn_ranks(self, name: str) -> None:
+    def signal_asked(self, name: str) -> None:
         """`signal USR1|USR2`: the time limit's warning to every rank, answered by G."""
         from orchestrator.agent.limit_warning import warn_ranks
 
