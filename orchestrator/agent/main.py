@@ -54,6 +54,7 @@ from orchestrator.agent.protocol import (
     HEARTBEAT_TIMEOUT_S,
     IDLE_S,
     STALL_S,
+    Command,
     CommandReader,
     Frame,
     beat_intervals,
@@ -70,6 +71,7 @@ from orchestrator.agent.wakeup import QUIET_S, Wakeup, drain
 # Type names only, not imported at run time (see processes.py).
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from typing import IO
 
 POLL_S = 0.02  # while ranks print or the run stops: how often their files are read
@@ -93,6 +95,13 @@ class Agent:
         self.ranks = NodeRanks(self.node_dir, config.get("ranks", []), self.outbox, self.disk)
         self.script_out: PipeLines | None = None
         self.commands = CommandReader()
+        self.handlers: dict[Command, Callable] = {  # what each command read does
+            Command.STOP: self.stop_asked,
+            Command.KILL: self.kill_asked,
+            Command.STACKS: self.stacks_asked,
+            Command.END: self.end_ranks,
+            Command.SIGNAL: self.signal_asked,
+        }
         self.stdin_open = True
         self.controller_silent = False
         self.lock: IO[str] | None = None
@@ -359,19 +368,23 @@ class Agent:
             self.controller_silent = False
             self.controller_host.forget()
         for command, argument in self.commands.feed(chunk):
-            if command == "stacks":
-                threading.Thread(
-                    target=self.ship_stacks, args=str(argument).split(), daemon=True
-                ).start()
-            elif command == "end":
-                self.end_ranks(str(argument))
-            elif command == "signal":  # the time limit's warning, answered by G
-                from orchestrator.agent.limit_warning import warn_ranks
+            self.handlers[command](argument)
 
-                self.warned = True
-                self.outbox.send(warn_ranks(os.getpid(), str(argument)))
-            else:
-                self.stop(f"{command} requested", argument)  # type: ignore[arg-type]
+    def stop_asked(self, grace: float | None) -> None:
+        self.stop(f"{Command.STOP} requested", grace)
+
+    def kill_asked(self, grace: float) -> None:
+        self.stop(f"{Command.KILL} requested", grace)
+
+    def stacks_asked(self, argument: str) -> None:
+        threading.Thread(target=self.ship_stacks, args=argument.split(), daemon=True).start()
+
+    def signal_asked(self, name: str) -> None:
+        """`signal USR1|USR2`: the time limit's warning to every rank, answered by G."""
+        from orchestrator.agent.limit_warning import warn_ranks
+
+        self.warned = True
+        self.outbox.send(warn_ranks(os.getpid(), name))
 
     def ship_stacks(self, seq: str, method: str, *also: str) -> None:
         """`stacks SEQ METHOD [flight]`: every rank's stacks (stacks.py), as one K frame,

@@ -24,11 +24,13 @@ E's s says whether the rank ended after the agent began stopping the step, both 
 node's clock, so a stopped rank is told from a failed one whatever the clocks say. N's q is 1
 for the script's output read after the stop began: torchrun's shutdown, quiet on the console.
 W comes before the E or X it explains (agent/disk.py).
-Commands from the controller (stdin lines): `hb T1`, `stop GRACE`, `kill`, and `stacks SEQ
-METHOD [flight]` (every rank's stacks, answered by K with the same SEQ; with `flight`, each
-rank's flight recorder first, an L each), `end RANK,...` (SIGKILL to those ranks'
-processes alone: a hang ended so that torchrun restarts the workers; the step goes on), and
-`signal USR1|USR2` (the time limit's warning to every rank's process, answered by G).
+Commands from the controller (stdin lines, named by `Command`; each has one encoder, used
+by the controller, and one decoder, used by the agent's CommandReader): `hb T1`, `stop
+GRACE`, `kill`, and `stacks SEQ METHOD [flight]` (every rank's stacks, answered by K with
+the same SEQ; with `flight`, each rank's flight recorder first, an L each), `end RANK,...`
+(SIGKILL to those ranks' processes alone: a hang ended so that torchrun restarts the
+workers; the step goes on), and `signal USR1|USR2` (the time limit's warning to every
+rank's process, answered by G).
 A step's config (JSON's types only) is marshal data, version 4, which every Python 3 since
 3.4 reads with a built-in module (json would cost each node's start-up 10 ms of imports and
 regular expressions), with an 8-digit length prefix; after X, a `next` line announces the
@@ -44,6 +46,11 @@ import os
 import select
 import time
 from enum import Enum
+
+# Type names only, not imported at run time (see processes.py).
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable
 
 
 class Frame(str, Enum):
@@ -156,6 +163,92 @@ def read_config() -> dict:
     return marshal.loads(read_exact(int(read_exact(8))))
 
 
+class Command(str, Enum):
+    """A command's kind: the word that begins its line on the wire (stdin, one a line)."""
+
+    HEARTBEAT = "hb"  # hb T1: the controller's clock, echoed by the agent's next H
+    STOP = "stop"  # stop [GRACE]: SIGTERM to the step, SIGKILL after GRACE s
+    KILL = "kill"  # SIGKILL to the step now
+    STACKS = "stacks"  # stacks SEQ METHOD [flight]: every rank's stacks, answered by K
+    END = "end"  # end RANK,...: SIGKILL to those ranks' processes alone
+    SIGNAL = "signal"  # signal USR1|USR2: the time limit's warning, answered by G
+    NEXT = "next"  # between steps: the next step's config follows
+
+    def __str__(self) -> str:
+        return self.value  # the word, in str() and f-strings alike on every Python 3
+
+
+# Encoders, the controller's side: each command's line, without its newline.
+def heartbeat_command(t1: float) -> str:
+    return f"{Command.HEARTBEAT} {t1:.6f}"
+
+
+def stop_command(grace: float) -> str:
+    return f"{Command.STOP} {grace:g}"
+
+
+def kill_command() -> str:
+    return f"{Command.KILL}"
+
+
+def stacks_command(seq: int, method: str, flight: bool) -> str:
+    return f"{Command.STACKS} {seq} {method}" + (" flight" if flight else "")
+
+
+def end_command(ranks: Iterable[int]) -> str:
+    return f"{Command.END} {','.join(str(r) for r in ranks)}"
+
+
+def signal_command(name: str) -> str:
+    return f"{Command.SIGNAL} {name}"
+
+
+def next_command() -> str:
+    return f"{Command.NEXT}"
+
+
+def command_line(command: str) -> bytes:
+    """A command as it goes on the wire: its line, and the newline that ends it."""
+    return command.encode() + b"\n"
+
+
+# Decoders, the agent's side: a command's argument from the words of its line; a line of
+# another shape is not read (_Unread). hb is kept by the reader (CommandReader.ping), and
+# next is read between steps (next_config).
+class _Unread(Exception):
+    pass
+
+
+def _no_argument(words: list[str]) -> float:
+    return 0.0  # kill: no grace
+
+
+def _grace(words: list[str]) -> float | None:
+    return float(words[1]) if len(words) > 1 else None  # None: the config's grace
+
+
+def _stacks(words: list[str]) -> str:
+    if len(words) not in (3, 4):
+        raise _Unread
+    return " ".join(words[1:])  # "SEQ METHOD [flight]"
+
+
+def _one_word(words: list[str]) -> str:
+    if len(words) != 2:
+        raise _Unread
+    return words[1]  # end's "RANK,RANK", signal's "USR1"
+
+
+DECODERS: dict[Command, Callable[[list[str]], float | str | None]] = {
+    Command.STOP: _grace,
+    Command.KILL: _no_argument,
+    Command.STACKS: _stacks,
+    Command.END: _one_word,
+    Command.SIGNAL: _one_word,
+}
+_READ = {command.value: command for command in DECODERS}
+
+
 class CommandReader:
     """The controller's command lines, from stdin as it arrives in pieces."""
 
@@ -163,32 +256,31 @@ class CommandReader:
         self.partial = b""
         self.ping = ("-", "-")  # the last `hb T1`: (T1, when this node read it)
 
-    def feed(self, chunk: bytes) -> list[tuple[str, float | str | None]]:
-        """(command, argument) for each whole line: ("stop", GRACE or None), ("kill", 0.0),
-        ("stacks", "SEQ METHOD [flight]"), ("end", "RANK,RANK"), ("signal", "USR1").
+    def feed(self, chunk: bytes) -> list[tuple[Command, float | str | None]]:
+        """(command, argument) for each whole line: (STOP, GRACE or None), (KILL, 0.0),
+        (STACKS, "SEQ METHOD [flight]"), (END, "RANK,RANK"), (SIGNAL, "USR1").
 
         `hb T1` proves the controller is there (the caller notes any input as that) and
         is kept for the next heartbeat to echo.
         """
         now = time.time()
         *lines, self.partial = (self.partial + chunk).split(b"\n")
-        commands: list[tuple[str, float | str | None]] = []
+        commands: list[tuple[Command, float | str | None]] = []
         for line in lines:
             words = line.decode(errors="replace").split()
             if not words:
                 continue
-            if words[0] == "hb":
+            if words[0] == Command.HEARTBEAT:
                 if len(words) > 1:
                     self.ping = (words[1], f"{now:.6f}")
                 continue
-            if words[0] == "stop":
-                commands.append(("stop", float(words[1]) if len(words) > 1 else None))
-            elif words[0] == "kill":
-                commands.append(("kill", 0.0))
-            elif words[0] == "stacks" and len(words) in (3, 4):
-                commands.append(("stacks", " ".join(words[1:])))
-            elif words[0] in ("end", "signal") and len(words) == 2:
-                commands.append((words[0], words[1]))
+            command = _READ.get(words[0])
+            if command is None:
+                continue  # a word of no command the agent reads here
+            try:
+                commands.append((command, DECODERS[command](words)))
+            except _Unread:
+                continue
         return commands
 
 
@@ -209,7 +301,7 @@ def next_config(idle_s: float) -> dict | None:
             return None
         if byte != b"\n":
             line += byte
-        elif line == b"next":
+        elif line == Command.NEXT.value.encode():
             return read_config()
         else:
             line = b""

@@ -30,7 +30,7 @@ from orchestrator.nodes.refill import fetch_incomplete
 from orchestrator.options.backend_facts import facts_of
 from orchestrator.options.running import DEFAULT_RUN_DIR
 from orchestrator.record.runs import RunRecord, controller_alive, list_runs, run_status
-from orchestrator.record.states import RunState, RunStatus
+from orchestrator.record.states import RankPhase, RunState, RunStatus
 
 LAST_LINES = 20  # of the failing rank, in a Failure
 POLL_S = 0.2
@@ -134,7 +134,7 @@ class Run:
 
     def failure(self, status: Mapping) -> Failure | None:
         """The first rank to fail (by when it ended), with its last lines."""
-        failed = [r for r in status.get("ranks") or [] if r.get("state") == "failed"]
+        failed = [r for r in status.get("ranks") or [] if r.get("state") == RankPhase.FAILED]
         if not failed:
             return None
         first = min(failed, key=lambda r: (r.get("ended_at") or "~", r.get("rank", 0)))

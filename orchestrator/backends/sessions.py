@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from orchestrator.agent import IDLE_S, agent_start, encode_config
-from orchestrator.agent.protocol import WITH_PAYLOAD, Frame
+from orchestrator.agent.protocol import WITH_PAYLOAD, Frame, command_line, next_command
 from orchestrator.backends.base import AgentChannel, IdleAgent, NodeConnection
 
 REUSE_WITHIN_S = IDLE_S / 2  # an agent idle for longer may be about to leave: start another
@@ -133,7 +133,7 @@ class NodeSession:
         """Run a step on the node: on `channel`, an idle agent of the connection's (see
         take_idle_agent), or else a new agent."""
         if channel is not None:
-            head = b"next\n"
+            head = command_line(next_command())
         else:
             channel = connection.start_agent(python, tag)
             head = agent_start()
@@ -160,7 +160,7 @@ class NodeSession:
         while the heartbeat before it is still being written: the kernel can hold a send
         even when the socket looked writable (a machine out of memory), so heartbeats are
         written outside the lock, by a thread that may wait (see Supervisor._beat)."""
-        data = command.encode() + b"\n"
+        data = command_line(command)
         with self.lock:
             waits = self.backlog is not None or self.beating or not self.channel.ready()
             if may_skip:

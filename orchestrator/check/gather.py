@@ -29,6 +29,7 @@ from orchestrator.nodes.probe import parse_addresses, parse_probe_output, probe_
 from orchestrator.plan.container import ContainerSpec
 from orchestrator.plan.scripts import render_template
 from orchestrator.plan.spec import DEFAULT_MASTER_PORT
+from orchestrator.record.states import NodePhase
 
 RTT_SAMPLES = 5
 REACH_TIMEOUT_S = 5.0
@@ -134,7 +135,7 @@ def run_each(
             failed = next((i for i in order if connections[i].host == exc.host), None)
             if failed is None:
                 raise
-            results[failed] = NodeResult(exc.host, None, "", "lost", exc.message)
+            results[failed] = NodeResult(exc.host, None, "", NodePhase.LOST, exc.message)
             del pending[failed]
             continue
         results.update(zip(order, done, strict=True))

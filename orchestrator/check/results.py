@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from orchestrator.check import measure
+from orchestrator.record.states import RunState
 
 CASES = tuple((op, case) for op in measure.OPS for case in ("scalar", "vector")) + (
     ("barrier", ""),
@@ -41,7 +42,7 @@ class CaseRow:
 class JobResult:
     """What the collectives job left: rows per case, rank 0's bandwidth rows, problems."""
 
-    state: str = "not run"
+    state: RunState | str = "not run"
     exit_code: int = 0
     rows: list[CaseRow] = field(default_factory=list)
     bandwidth: list[measure.BandwidthRow] = field(default_factory=list)
@@ -49,7 +50,7 @@ class JobResult:
 
     @property
     def interrupted(self) -> bool:
-        return self.state == "stopped" and self.exit_code >= 128
+        return self.state == RunState.STOPPED and self.exit_code >= 128
 
 
 def collective_results(

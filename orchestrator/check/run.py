@@ -54,6 +54,7 @@ from orchestrator.nodes.paths.found import PathReport
 from orchestrator.nodes.paths.pairs import scheme
 from orchestrator.plan.launch_plan import is_loopback, make_plan
 from orchestrator.plan.spec import JobSpec, Program, forwarded_env, merge_env
+from orchestrator.record.states import RunState
 
 
 def run_check(cluster: Cluster, options: CheckOptions, out: TextIO | None = None) -> int:
@@ -270,7 +271,7 @@ def run_collectives(
     where = f"run {plan.run_id}"
     if job.interrupted:
         job.problems = [Problem(where, f"interrupted; its logs are in {record.logs_dir}")]
-    elif outcome.state != "succeeded" and not problems:
+    elif outcome.state != RunState.SUCCEEDED and not problems:
         problems.append(
             Problem(
                 where,
@@ -278,7 +279,7 @@ def run_collectives(
                 f"{outcome.summary}\n    its logs are in {record.logs_dir}",
             )
         )
-    elif outcome.state == "succeeded" and not options.skip_bandwidth:
+    elif outcome.state == RunState.SUCCEEDED and not options.skip_bandwidth:
         expected = 2 * len(
             measure.sweep_sizes(options.max_size or measure.DEFAULT_MAX_SIZE[backend])
         )

@@ -30,13 +30,13 @@ from dataclasses import dataclass, field, replace
 from orchestrator.errors import ConfigError
 from orchestrator.hostlist import compress_hosts
 from orchestrator.record.runs import RunRecord
-from orchestrator.record.states import RunState
+from orchestrator.record.states import NodePhase, RankPhase, RunState
 
 SLOW_WORK = 1.5  # average work above this times the median: shown first (as stragglers)
 SMOOTH = 0.2  # the weight of a rank's newest work in its average (one record a second)
 SILENT_RATIO = 3.0  # silence above this times the median (and SILENT_MIN_S): shown first
 SILENT_MIN_S = 10.0
-BAD_STATES = frozenset({"failed", "killed", "lost", "unknown"})
+BAD_STATES = frozenset({RankPhase.FAILED, RankPhase.KILLED, NodePhase.LOST, RankPhase.UNKNOWN})
 STUCK_SEVERITY = 110  # a rank of the hang's odd group: before everything else, failed included
 QUIET_SHOWN_S = 30.0  # no rank has said anything for longer: the summary says so
 
@@ -140,7 +140,7 @@ class RunView:
             for key in ("loss", "samples_per_s", "step_s", "work_s"):
                 setattr(row, key, _num(metrics.get(key)))
             row.avg_work_s = self.work.get(rank)
-            heard = self.last_heard(rank) if row.state == "running" else None
+            heard = self.last_heard(rank) if row.state == RankPhase.RUNNING else None
             row.silent_s = max(0.0, now - heard) if heard is not None else None
             sample = self.samples.get(row.node_rank, (None, {}))[1]
             mine = (sample.get("ranks") or {}).get(str(rank)) or {}
@@ -187,7 +187,9 @@ class RunView:
     def quiet_s(self, now: float) -> float | None:
         """How long no running rank has said anything (None: none runs, or none was heard)."""
         running = [
-            r.get("rank") for r in self.status.get("ranks") or [] if r.get("state") == "running"
+            r.get("rank")
+            for r in self.status.get("ranks") or []
+            if r.get("state") == RankPhase.RUNNING
         ]
         heard = [t for r in running if isinstance(r, int) and (t := self.last_heard(r)) is not None]
         return max(0.0, now - max(heard)) if heard else None
@@ -292,8 +294,10 @@ def _mark_outliers(rows: list[Row]) -> None:
     if not rows:
         return
     common = Counter(r.state for r in rows).most_common(1)[0][0]
-    silences = [r.silent_s for r in rows if r.silent_s is not None and r.state == "running"]
-    works = [r.avg_work_s for r in rows if r.avg_work_s is not None and r.state == "running"]
+    silences = [r.silent_s for r in rows if r.silent_s is not None and r.state == RankPhase.RUNNING]
+    works = [
+        r.avg_work_s for r in rows if r.avg_work_s is not None and r.state == RankPhase.RUNNING
+    ]
     quiet = statistics.median(silences) if silences else None
     work = statistics.median(works) if works else None
     for row in rows:
@@ -304,7 +308,7 @@ def _mark_outliers(rows: list[Row]) -> None:
         elif row.state != common:
             row.flag, row.severity = row.state, 50
         elif (
-            row.state == "running"
+            row.state == RankPhase.RUNNING
             and quiet is not None
             and row.silent_s is not None
             and row.silent_s > max(SILENT_MIN_S, SILENT_RATIO * quiet)

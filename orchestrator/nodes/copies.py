@@ -16,6 +16,7 @@ from orchestrator.backends.base import NodeConnection
 from orchestrator.hostlist import compress_hosts
 from orchestrator.nodes.execute import last_line, run_on_nodes
 from orchestrator.plan.launch_plan import NODE_RUNS_DIR, LaunchPlan
+from orchestrator.record.states import RunState
 
 REMOVE_TIME_LIMIT_S = 60.0
 # Run by sh in the node's home ($1: the node directory, relative to it): its parent, the
@@ -31,7 +32,7 @@ def copy_path(node_dir: str) -> str:
 def node_copies(
     plan: LaunchPlan,
     keep: bool,
-    state: str,
+    state: RunState,
     connections: Sequence[NodeConnection],
     note: Callable[[str], None],
 ) -> str:
@@ -40,7 +41,7 @@ def node_copies(
     where = f"~/{NODE_RUNS_DIR}/{plan.run_id} on each node"
     if keep:
         return f"kept (--keep-node-logs): {where}"
-    if state != "succeeded":
+    if state != RunState.SUCCEEDED:
         return f"kept (the run {state}; `orchestrator clean` removes them): {where}"
     # After a relaunch, the nodes may hold copies of earlier attempts too: all of the run goes.
     dirs = [

@@ -17,6 +17,7 @@ from orchestrator.errors import Interrupted
 from orchestrator.hosts.hostfile import Cluster
 from orchestrator.options.display import ConsoleOptions
 from orchestrator.options.supervision import NODE_TASKS, Supervision
+from orchestrator.record.states import NodePhase
 from orchestrator.supervise import NodeState, Supervisor, describe_exit, signals_to
 
 
@@ -25,15 +26,15 @@ class NodeResult:
     host: str
     exit_code: int | None
     output: str
-    state: str  # succeeded, failed, lost, stopped
+    state: NodePhase  # succeeded, failed, lost, stopped
     detail: str = ""
 
     @property
     def ok(self) -> bool:
-        return self.state == "succeeded"
+        return self.state == NodePhase.SUCCEEDED
 
     def describe(self) -> str:
-        if self.state == "lost":
+        if self.state == NodePhase.LOST:
             return f"lost: {self.detail}"
         if self.detail:
             return f"{self.detail} ({describe_exit(self.exit_code)})"
@@ -143,7 +144,7 @@ def run_on_nodes(
 def nodes_done(nodes: Sequence[NodeState]) -> tuple[int, int]:
     """How many nodes are done, and how many of those did not succeed."""
     done = [node for node in nodes if node.done]
-    return len(done), sum(node.state != "succeeded" for node in done)
+    return len(done), sum(node.state != NodePhase.SUCCEEDED for node in done)
 
 
 def run_command(

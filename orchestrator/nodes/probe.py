@@ -24,6 +24,7 @@ from orchestrator.plan.container import ContainerSpec
 from orchestrator.plan.launch_plan import NodeFacts
 from orchestrator.plan.scripts import render_template
 from orchestrator.plan.spec import JobSpec
+from orchestrator.record.states import NodePhase
 from orchestrator.sizes import format_size, human_bytes
 
 # The probe takes a second on a node; the limit is for one that hangs (an interpreter on a
@@ -187,14 +188,14 @@ def probe_nodes(
     for index, host, python, connection, result in zip(
         chosen, hosts, pythons, connections, results, strict=True
     ):
-        if result.state == "lost" and MISSING_PYTHON_WORDS in result.detail:
+        if result.state == NodePhase.LOST and MISSING_PYTHON_WORDS in result.detail:
             errors[index] = NodeError(
                 host.name,
                 f"cannot run python {python!r}: {MISSING_PYTHON_WORDS}; {SET_PYTHON}",
                 exit_code=2,
             )
             continue
-        if result.state == "stopped" and "time limit" in result.detail:
+        if result.state == NodePhase.STOPPED and "time limit" in result.detail:
             errors[index] = NodeError(
                 host.name,
                 f"preflight probe did not finish within {limit:g} s "
@@ -202,7 +203,7 @@ def probe_nodes(
                 "`orchestrator check`, or skip the probe with --no-preflight)",
             )
             continue
-        if result.state == "stopped":  # because another node failed, which is named
+        if result.state == NodePhase.STOPPED:  # because another node failed, which is named
             stopped[index] = NodeError(host.name, "preflight probe stopped")
             continue
         if not result.ok:

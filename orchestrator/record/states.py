@@ -6,6 +6,10 @@ controller that keeps the record is gone: an SSH or local run is then `lost` (it
 stop by themselves once they lose contact with it), while a SLURM job goes on without it,
 so SLURM's word on the job decides (slurm/client.py's `refresh_status` records its end).
 `observed_state` is that rule, for the command line and the Python API alike.
+
+A node's and a rank's state (`NodePhase`, `RankPhase`) are words of status.json's `nodes`
+and `ranks` too, kept by supervision (orchestrator.supervise.state) and read back by the
+console, the command line and the API.
 """
 
 from __future__ import annotations
@@ -59,6 +63,37 @@ _FINAL = frozenset(
         RunState.UNREACHABLE,
     }
 )
+
+
+class NodePhase(str, Enum):
+    """Where one node of a run is: its script starting or running, or how it ended; the
+    value is the word status.json keeps (also a node's result of one command, nodes/execute)."""
+
+    STARTING = "starting"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    STOPPED = "stopped"  # ended by a stop (the run's, or the time limit's warning)
+    LOST = "lost"  # its agent went silent or ended without reporting
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class RankPhase(str, Enum):
+    """Where one rank of a run is, or how it ended; the value is the word status.json keeps."""
+
+    STARTING = "starting"
+    RUNNING = "running"
+    RESTARTING = "restarting"  # failed, and torchrun starts the workers again (--max-restarts)
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    STOPPED = "stopped"
+    KILLED = "killed"  # its node ended during a stop before the rank's exit was heard
+    UNKNOWN = "unknown"  # its node ended (or was lost) before the rank's exit was heard
+
+    def __str__(self) -> str:
+        return self.value
 
 
 def observed_state(

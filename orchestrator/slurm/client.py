@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from orchestrator.backends.scheduler_states import SchedulerState
 from orchestrator.errors import ConfigError, OrchestratorError
 from orchestrator.record.runs import RunRecord, controller_alive, now_iso, run_status
 from orchestrator.record.states import RunState
@@ -336,9 +337,10 @@ def cancel_run(record: RunRecord, status: dict, say=print, wait_s: float = 120.0
 
 def final_status(status: dict, info: JobInfo) -> dict:
     """The status of a run whose job ended while nobody followed it."""
-    state = {"COMPLETED": RunState.SUCCEEDED, "CANCELLED": RunState.STOPPED}.get(
-        info.state, RunState.FAILED
-    )
+    state = {
+        SchedulerState.SUCCEEDED: RunState.SUCCEEDED,
+        SchedulerState.CANCELLED: RunState.STOPPED,
+    }.get(info.scheduler_state, RunState.FAILED)
     code = 0 if state == RunState.SUCCEEDED else (info.exit_code or 1)
     return {
         **status,

@@ -43,12 +43,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import BinaryIO
 
+from orchestrator.backends.scheduler_states import SchedulerState
 from orchestrator.console.sink import LogSink, use_color
 from orchestrator.errors import ConfigError, Interrupted, OrchestratorError
 from orchestrator.nodes.execute import NodeResult
 from orchestrator.options.backend_facts import facts_of
 from orchestrator.options.display import ConsoleOptions
 from orchestrator.record.runs import RunRecord, run_status
+from orchestrator.record.states import NodePhase
 from orchestrator.slurm.client import SlurmCommands, expand_nodelist, query
 from orchestrator.slurm.parse import JobInfo
 from orchestrator.supervise.stopping import signals_to
@@ -113,10 +115,10 @@ def job_of(record: RunRecord, status: Mapping) -> int:
 
 def check_running(run_id: str, job_id: int, info: JobInfo) -> None:
     """Only a running job's nodes are there to use (a ConfigError names its state)."""
-    if info.state == "RUNNING":
+    if info.scheduler_state == SchedulerState.RUNNING:
         return
     reason = f", reason {info.reason}" if info.reason and info.reason != "None" else ""
-    if info.state == "PENDING":
+    if info.scheduler_state == SchedulerState.QUEUED:
         what = f"is queued (PENDING{reason})"
     elif info.ended:
         what = f"has ended ({info.state}{reason})"
@@ -232,12 +234,14 @@ def step_results(
         text = b"".join(outputs.get(index, [])).decode(errors="replace")
         code = codes.get(index)
         if code is not None:
-            results.append(NodeResult(host, code, text, "succeeded" if code == 0 else "failed"))
+            results.append(
+                NodeResult(host, code, text, NodePhase.SUCCEEDED if code == 0 else NodePhase.FAILED)
+            )
         elif stopped:
-            results.append(NodeResult(host, None, text, "stopped", stopped))
+            results.append(NodeResult(host, None, text, NodePhase.STOPPED, stopped))
         else:
             why = f"no exit status came back (srun exited with {srun_code})"
-            results.append(NodeResult(host, None, text, "lost", why))
+            results.append(NodeResult(host, None, text, NodePhase.LOST, why))
     return results
 
 

@@ -32,13 +32,14 @@ from pathlib import Path
 from typing import BinaryIO
 
 from orchestrator.agent.ranks import RankFile
+from orchestrator.backends.scheduler_states import SchedulerState
 from orchestrator.backends.sessions import Event
 from orchestrator.console.footer import Footer
 from orchestrator.console.sink import LogSink
 from orchestrator.errors import ConfigError, OrchestratorError
 from orchestrator.options.supervision import Supervision
 from orchestrator.record.runs import RunRecord, now_iso
-from orchestrator.record.states import RunState
+from orchestrator.record.states import RankPhase, RunState
 from orchestrator.slurm import client as slurm
 from orchestrator.slurm.batch_script import SCRIPT_NAME, dial_python
 from orchestrator.slurm.cadence import Cadence
@@ -121,7 +122,7 @@ class Follower:
 
     def write_status(self, sup: Supervisor | None = None, **extra: object) -> None:
         sup = sup or self.sup
-        running = self.info.state in ("RUNNING", "COMPLETING")
+        running = self.info.scheduler_state.on_nodes
         state = RunState.RUNNING if running else RunState.QUEUED
         if (sup is not None and sup.stopping) or self.interrupted_by:
             state = RunState.STOPPING
@@ -231,15 +232,15 @@ class Follower:
 
     def _on_info(self, info: JobInfo) -> None:
         old, self.info = self.info, info
-        if info.state == "PENDING" and info.reason in UNRUNNABLE:
+        if info.scheduler_state == SchedulerState.QUEUED and info.reason in UNRUNNABLE:
             slurm.cancel(self.commands, self.job_id)
             raise ConfigError(
                 f"SLURM will not start job {self.job_id}: {info.reason} (it "
                 f"{UNRUNNABLE[info.reason]}); cancelled it. Script: "
                 f"{self.record.path / SCRIPT_NAME}"
             )
-        running = info.state in ("RUNNING", "COMPLETING") or (info.ended and info.nodelist)
-        if self.sup is not None and (info.state == "PENDING" or info.state.startswith("REQUEUE")):
+        running = info.scheduler_state.on_nodes or (info.ended and info.nodelist)
+        if self.sup is not None and info.scheduler_state.waiting:
             self._pump()
             self.note(f"SLURM job {self.job_id} requeued: {info.state} ({info.reason})")
             self.note(self.segments.requeued(info.state, info.reason))
@@ -418,7 +419,7 @@ class Follower:
         sup.rank_exited(rank, code, when, after_stop, warned)
         self.cadence.poll_now()  # the job may be ending: squeue says so
         # "restarting" (--max-restarts): torchrun starts the workers again, the job goes on.
-        if sup.ranks[rank].state == "failed" and not sup.stopping:
+        if sup.ranks[rank].state == RankPhase.FAILED and not sup.stopping:
             host = sup.ranks[rank].host
             self.note(
                 f"rank {rank} on {host} ended with {describe_exit(code)}; srun ends the "
@@ -450,7 +451,7 @@ class Follower:
         sup = self.sup
         ranks_ok = sup is not None and all(r.exit_code == 0 for r in sup.ranks.values())
         if (
-            self.info.state not in ("COMPLETED", "CANCELLED")
+            self.info.scheduler_state not in (SchedulerState.SUCCEEDED, SchedulerState.CANCELLED)
             and slurm.job_details(self.commands, self.job_id).preempted
         ):  # the ranks stopped on SLURM's SIGTERM or --signal, the script ended first
             self.segments.preempted()
@@ -470,7 +471,8 @@ class Follower:
     def _outcome(self) -> Outcome:
         on_node = batch_output(self.job, self.job_id) if self.job.node_side else None
         files, sup = self.files, self.sup
-        if on_node is None and files and sup and self.info.state == "COMPLETED":
+        succeeded = self.info.scheduler_state == SchedulerState.SUCCEEDED
+        if on_node is None and files and sup and succeeded:
             files.settle(sup, self.rank_exited, self.node_exited)  # see settle
         outcome = job_outcome(
             self.job_id, self.info, self.sup, self.interrupted_by, Path(self.batch.path), on_node

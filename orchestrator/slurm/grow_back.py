@@ -29,7 +29,7 @@ from typing import Protocol
 from orchestrator.options.supervision import Supervision
 from orchestrator.slurm.client import SlurmCommands
 from orchestrator.slurm.job import SlurmJob
-from orchestrator.slurm.parse import JobInfo
+from orchestrator.slurm.parse import JobInfo, parse_sinfo_idle
 from orchestrator.slurm.segments import Segments
 from orchestrator.slurm.spares import job_dir_of
 from orchestrator.supervise import Supervisor
@@ -78,11 +78,7 @@ def idle_nodes(commands: SlurmCommands, names: Sequence[str]) -> list[str]:
     if not names:
         return []
     rc, out, _ = commands.run(["sinfo", "-h", "-N", "-n", ",".join(names), "-o", "%N|%T"])
-    idle = set()
-    for line in out.splitlines() if rc == 0 else ():
-        name, _, state = line.strip().partition("|")
-        if state == "idle":
-            idle.add(name)
+    idle = parse_sinfo_idle(out) if rc == 0 else set()
     return [name for name in names if name in idle]
 
 

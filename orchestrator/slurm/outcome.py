@@ -11,19 +11,20 @@ import signal
 import time
 from pathlib import Path
 
+from orchestrator.backends.scheduler_states import SchedulerState
 from orchestrator.console.reading import last_lines_of
-from orchestrator.record.states import RunState
+from orchestrator.record.states import NodePhase, RankPhase, RunState
 from orchestrator.slurm.parse import JobInfo
 from orchestrator.supervise import Outcome, Supervisor, describe_exit
 
 JOB_ENDINGS = {
-    "TIMEOUT": "it reached its time limit (--time)",
-    "CANCELLED": "it was cancelled (scancel)",
-    "NODE_FAIL": "a node of it failed",
-    "PREEMPTED": "it was preempted",
-    "OUT_OF_MEMORY": "it ran out of memory",
-    "DEADLINE": "it reached its deadline",
-    "BOOT_FAIL": "a node failed to boot",
+    SchedulerState.TIME_LIMIT: "it reached its time limit (--time)",
+    SchedulerState.CANCELLED: "it was cancelled (scancel)",
+    SchedulerState.NODE_FAILED: "a node of it failed",
+    SchedulerState.PREEMPTED: "it was preempted",
+    SchedulerState.OUT_OF_MEMORY: "it ran out of memory",
+    SchedulerState.DEADLINE: "it reached its deadline",
+    SchedulerState.BOOT_FAILED: "a node failed to boot",
 }
 
 
@@ -42,11 +43,13 @@ def job_outcome(
         for node in sup.nodes:
             if not node.done:
                 node.done, node.ended_at = True, time.time()
-                node.state = "stopped" if sup.stopping else "failed"
+                node.state = NodePhase.STOPPED if sup.stopping else NodePhase.FAILED
                 node.detail = f"ended by SLURM (job {info.state})"
                 for rank in node.ranks:
                     if sup.ranks[rank].exit_code is None:
-                        sup.ranks[rank].state = "killed" if sup.stopping else "unknown"
+                        sup.ranks[rank].state = (
+                            RankPhase.KILLED if sup.stopping else RankPhase.UNKNOWN
+                        )
         if interrupted_by is not None:
             sup.stopper.interrupted_by = interrupted_by
     ranks = sup.outcome() if sup is not None else None
@@ -58,16 +61,17 @@ def job_outcome(
         return Outcome(RunState.STOPPED, 128 + interrupted_by, stopped)
     if ranks is not None and ranks.state in (RunState.HUNG, RunState.UNREACHABLE):
         return ranks  # found hung or unreachable, then cancelled: that is how it ended
-    if info.state == "COMPLETED" and (ranks is None or ranks.state == RunState.SUCCEEDED):
+    said = info.scheduler_state
+    if said == SchedulerState.SUCCEEDED and (ranks is None or ranks.state == RunState.SUCCEEDED):
         return ranks or Outcome(RunState.SUCCEEDED, 0)  # the ranks' says which restarts it took
-    if info.state in JOB_ENDINGS:
-        summary = f"job ended: {name} ended {info.state}: {JOB_ENDINGS[info.state]}"
+    if said in JOB_ENDINGS:
+        summary = f"job ended: {name} ended {info.state}: {JOB_ENDINGS[said]}"
         if ranks is not None and ranks.summary:
             summary += "\n" + ranks.summary
-        ended = RunState.STOPPED if info.state == "CANCELLED" else RunState.FAILED
+        ended = RunState.STOPPED if said == SchedulerState.CANCELLED else RunState.FAILED
         return Outcome(ended, job_code, summary)
     started = sup is not None and any(n.started_at is not None for n in sup.nodes)
-    unsettled = info.state == "UNKNOWN"
+    unsettled = said == SchedulerState.UNKNOWN
     if ranks is not None and started and (ranks.state != RunState.SUCCEEDED or unsettled):
         return ranks
     read = [] if on_node else last_lines_of(batch_output, 20)

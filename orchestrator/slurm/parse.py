@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from orchestrator.backends.scheduler_states import SchedulerState
 from orchestrator.errors import OrchestratorError
 from orchestrator.numerals import NumberError, shown, whole_number
 
@@ -24,27 +25,44 @@ UNRUNNABLE = {
     "AccountNotAllowed": "the account may not use the partition",
     "QOSNotAllowed": "the QOS may not use the partition",
 }
-ENDED = {
-    "COMPLETED",
-    "FAILED",
-    "CANCELLED",
-    "TIMEOUT",
-    "NODE_FAIL",
-    "PREEMPTED",
-    "OUT_OF_MEMORY",
-    "BOOT_FAIL",
-    "DEADLINE",
-    "SPECIAL_EXIT",
-    "REVOKED",
-    "UNKNOWN",
-}  # UNKNOWN: squeue, scontrol and sacct no longer know the job
+# SLURM's job states in our words: the one table (squeue's %T, scontrol's JobState, sacct's
+# State). A word not here (a newer SLURM's) is OTHER: not ended, and no decision turns on it.
+SLURM_STATES = {
+    "PENDING": SchedulerState.QUEUED,
+    "REQUEUED": SchedulerState.REQUEUED,
+    "REQUEUE_HOLD": SchedulerState.REQUEUED,
+    "REQUEUE_FED": SchedulerState.REQUEUED,
+    "CONFIGURING": SchedulerState.STARTING,
+    "RUNNING": SchedulerState.RUNNING,
+    "COMPLETING": SchedulerState.ENDING,
+    "SUSPENDED": SchedulerState.SUSPENDED,
+    "STOPPED": SchedulerState.SUSPENDED,
+    "COMPLETED": SchedulerState.SUCCEEDED,
+    "FAILED": SchedulerState.FAILED,
+    "SPECIAL_EXIT": SchedulerState.FAILED,
+    "REVOKED": SchedulerState.FAILED,
+    "CANCELLED": SchedulerState.CANCELLED,
+    "TIMEOUT": SchedulerState.TIME_LIMIT,
+    "DEADLINE": SchedulerState.DEADLINE,
+    "NODE_FAIL": SchedulerState.NODE_FAILED,
+    "BOOT_FAIL": SchedulerState.BOOT_FAILED,
+    "PREEMPTED": SchedulerState.PREEMPTED,
+    "OUT_OF_MEMORY": SchedulerState.OUT_OF_MEMORY,
+    "UNKNOWN": SchedulerState.UNKNOWN,  # ours: squeue, scontrol and sacct no longer know the job
+}
+IDLE = "idle"  # sinfo's %T for a node that could take a job now
+
+
+def slurm_state(word: str) -> SchedulerState:
+    """SLURM's word for a job's state, in ours."""
+    return SLURM_STATES.get(word, SchedulerState.OTHER)
 
 
 @dataclass(frozen=True)
 class JobInfo:
     """What SLURM says about a job right now."""
 
-    state: str  # PENDING, RUNNING, COMPLETING, COMPLETED, FAILED, ... or UNKNOWN
+    state: str  # SLURM's own word, as shown: PENDING, RUNNING, COMPLETING, ... or UNKNOWN
     reason: str = ""
     nodelist: str = ""
     exit_code: int | None = None  # the batch script's, 128+N for signal N
@@ -53,8 +71,13 @@ class JobInfo:
     preempted: bool = False  # scontrol's PreemptTime: a higher-priority job takes the nodes
 
     @property
+    def scheduler_state(self) -> SchedulerState:
+        """The state in our words, which every decision on the job reads."""
+        return slurm_state(self.state)
+
+    @property
     def ended(self) -> bool:
-        return self.state in ENDED
+        return self.scheduler_state.ended
 
 
 def parse_job_id(stdout: str) -> int:
@@ -140,3 +163,25 @@ def parse_sacct(stdout: str) -> JobInfo | None:
         restarts=len(lines) - 1,
         source="sacct",
     )
+
+
+def parse_sinfo_idle(stdout: str) -> set[str]:
+    """`sinfo -h -N -n NAMES -o %N|%T` -> the nodes SLURM holds idle."""
+    idle = set()
+    for line in stdout.splitlines():
+        name, _, state = line.strip().partition("|")
+        if state == IDLE:
+            idle.add(name)
+    return idle
+
+
+def parse_sinfo_down(stdout: str) -> dict[str, str]:
+    """`sinfo -h -N -n NAMES -o %N|%T|%E` -> the nodes SLURM holds down, failed or not
+    responding (`idle*`), each with its state and why (`down*: Not responding`)."""
+    found = {}
+    for line in stdout.splitlines():
+        name, _, rest = line.strip().partition("|")
+        state, _, reason = rest.partition("|")
+        if state.endswith("*") or "down" in state or "fail" in state:
+            found[name] = f"{state}" + (f": {reason}" if reason and reason != "none" else "")
+    return found

@@ -21,29 +21,48 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from orchestrator.backends.scheduler_states import SchedulerState
 from orchestrator.record.runs import now_iso
 from orchestrator.record.world import WorldSegment, fewer_nodes_line
+from orchestrator.slurm.parse import slurm_state
 from orchestrator.supervise import Outcome
 
 WARNING_FILE = "warning"  # in the job folder's attempt<restart>/: "USR1 <epoch seconds>"
 CARRIED = ("time-limit", "preempted")  # endings after which the run goes on
 
-# (ending, when it applies: (SLURM state, warned, every rank exited 0), in words)
-ENDINGS: tuple[tuple[str, Callable[[str, bool, bool], bool], str], ...] = (
-    ("cancelled", lambda s, w, ok: s == "CANCELLED", "cancelled (scancel, orchestrator stop)"),
-    ("time-limit", lambda s, w, ok: s in ("TIMEOUT", "DEADLINE"), "ended by its time limit"),
-    ("preempted", lambda s, w, ok: s == "PREEMPTED", "preempted by a higher-priority job"),
-    ("node-failure", lambda s, w, ok: s in ("NODE_FAIL", "BOOT_FAIL"), "a node failed"),
+# (ending, when it applies: (the job's state, warned, every rank exited 0), in words)
+ENDINGS: tuple[tuple[str, Callable[[SchedulerState, bool, bool], bool], str], ...] = (
+    (
+        "cancelled",
+        lambda s, w, ok: s == SchedulerState.CANCELLED,
+        "cancelled (scancel, orchestrator stop)",
+    ),
+    (
+        "time-limit",
+        lambda s, w, ok: s in (SchedulerState.TIME_LIMIT, SchedulerState.DEADLINE),
+        "ended by its time limit",
+    ),
+    (
+        "preempted",
+        lambda s, w, ok: s == SchedulerState.PREEMPTED,
+        "preempted by a higher-priority job",
+    ),
+    (
+        "node-failure",
+        lambda s, w, ok: s in (SchedulerState.NODE_FAILED, SchedulerState.BOOT_FAILED),
+        "a node failed",
+    ),
     ("time-limit", lambda s, w, ok: w and not ok, "its ranks stopped on the time limit's warning"),
-    ("completed", lambda s, w, ok: s == "COMPLETED", "completed"),
+    ("completed", lambda s, w, ok: s == SchedulerState.SUCCEEDED, "completed"),
     ("failed", lambda s, w, ok: True, "failed"),
 )
 
 
 def ending(state: str, warned: bool, ranks_ok: bool) -> tuple[str, str]:
-    """(ending, in words) of a job that ended in SLURM state `state`."""
+    """(ending, in words) of a job that ended in SLURM state `state` (its word)."""
+    said = slurm_state(state)
     for kind, applies, words in ENDINGS:
-        if applies(state, warned, ranks_ok):
+        if applies(said, warned, ranks_ok):
             return kind, words
     raise AssertionError("the last row of ENDINGS applies to every job")
 
@@ -143,10 +162,12 @@ class Segments:
         self.preempted_seen = True
 
     def ended(self, state: str, ranks_ok: bool) -> str:
-        """The job of the current segment ended in `state`: its ending (a row of ENDINGS)."""
+        """The job of the current segment ended in `state` (SLURM's word, which the segment
+        keeps): its ending (a row of ENDINGS)."""
         segment = self.current
         kind, words = ending(state, segment.warned_at is not None, ranks_ok)
-        if self.preempted_seen and kind in ("time-limit", "failed") and state != "TIMEOUT":
+        timed_out = slurm_state(state) == SchedulerState.TIME_LIMIT
+        if self.preempted_seen and kind in ("time-limit", "failed") and not timed_out:
             # The ranks stopped on the preemption's signal (or SIGTERM), and the script
             # ended before SLURM could requeue the job.
             kind, words = "preempted", "preempted by a higher-priority job"

@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 
+from orchestrator.backends.scheduler_states import SchedulerState
 from orchestrator.errors import ConfigError
 from orchestrator.record.bad_nodes import add_bad_node
 from orchestrator.record.recoveries import Recovery
@@ -29,7 +30,7 @@ from orchestrator.record.states import RunState
 from orchestrator.record.world import floor_line, going_on_line
 from orchestrator.slurm.client import SlurmCommands
 from orchestrator.slurm.job import SlurmJob
-from orchestrator.slurm.parse import JobInfo
+from orchestrator.slurm.parse import JobInfo, parse_sinfo_down
 from orchestrator.slurm.shrink import AfterLoss, after_loss, shrunk
 from orchestrator.supervise import Outcome
 
@@ -41,12 +42,7 @@ def failed_nodes(commands: SlurmCommands, hosts: list[str]) -> list[tuple[str, s
     if not hosts:
         return []
     rc, out, _ = commands.run(["sinfo", "-h", "-N", "-n", ",".join(hosts), "-o", "%N|%T|%E"])
-    found = {}
-    for line in out.splitlines() if rc == 0 else ():
-        name, _, rest = line.strip().partition("|")
-        state, _, reason = rest.partition("|")
-        if name in hosts and (state.endswith("*") or "down" in state or "fail" in state):
-            found[name] = f"{state}" + (f": {reason}" if reason and reason != "none" else "")
+    found = parse_sinfo_down(out) if rc == 0 else {}
     return [(name, found[name]) for name in hosts if name in found]
 
 
@@ -112,7 +108,7 @@ class SlurmSpares:
     def failure(self, job_id: int, info: JobInfo, hosts: list[str]) -> tuple[str, str] | None:
         """After job `job_id` ended as `info` says: its node that failed and why, or None
         when the job ended by itself (every node up)."""
-        if info.state in ("COMPLETED", "CANCELLED"):
+        if info.scheduler_state in (SchedulerState.SUCCEEDED, SchedulerState.CANCELLED):
             return None
         failed = failed_nodes(self.commands, hosts)
         self.failed = [name for name, _ in failed]

@@ -29,6 +29,7 @@ from orchestrator.agent.protocol import Frame
 from orchestrator.agent.ranks import RankFile
 from orchestrator.backends.sessions import Event
 from orchestrator.console.sink import LogSink
+from orchestrator.record.states import NodePhase, RankPhase
 from orchestrator.supervise import NodeState, Supervisor
 from orchestrator.supervise.clocks import NodeClock
 from orchestrator.supervise.frame_handlers import handle as handle_event
@@ -112,10 +113,10 @@ class AttemptFiles:
         self.clock.measure()
         for node in nodes:
             start_file = self.node_dir(node.index) / "node.start"
-            if node.state == "starting" and read_fields(start_file):
-                node.state, node.started_at = "running", self.clock.written(start_file)
+            if node.state == NodePhase.STARTING and read_fields(start_file):
+                node.state, node.started_at = NodePhase.RUNNING, self.clock.written(start_file)
                 for rank in node.ranks:
-                    sup.ranks[rank].state = "running"
+                    sup.ranks[rank].state = RankPhase.RUNNING
                 sup.metrics.event("start", node)
                 sup.on_change(sup)
                 came = True

@@ -22,6 +22,7 @@ from orchestrator.plan.launch_plan import LaunchPlan, NodePlan
 from orchestrator.plan.scripts import script_name
 from orchestrator.plan.spec import JobSpec, inherited_secrets
 from orchestrator.record.runs import RunRecord, now_iso
+from orchestrator.record.states import NodePhase
 from orchestrator.supervise import NodeState, Outcome, RankState
 
 
@@ -129,8 +130,8 @@ def container_config(plan: LaunchPlan, node: NodePlan) -> dict[str, dict[str, st
 
 def nodes_started(nodes: Sequence[NodeState]) -> tuple[int, int]:
     """How many nodes got past starting (their script runs or ended), and how many failed."""
-    past = [node for node in nodes if node.state != "starting"]
-    return len(past), sum(node.state in ("failed", "lost") for node in past)
+    past = [node for node in nodes if node.state != NodePhase.STARTING]
+    return len(past), sum(node.state in (NodePhase.FAILED, NodePhase.LOST) for node in past)
 
 
 def record_the_end(

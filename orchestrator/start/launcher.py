@@ -28,7 +28,7 @@ from orchestrator.plan.scripts import (
 )
 from orchestrator.plan.spec import JobSpec
 from orchestrator.record.runs import RunRecord, new_status, now_iso
-from orchestrator.record.states import RunState
+from orchestrator.record.states import NodePhase, RunState
 from orchestrator.start import joining
 from orchestrator.start.attempt import (
     agent_starts,
@@ -100,7 +100,7 @@ def run_plan(
             return
         if progress is not None:
             progress.count(*nodes_started(sup.nodes))
-        if all(n.state != "starting" for n in sup.nodes):
+        if all(n.state != NodePhase.STARTING for n in sup.nodes):
             started_nodes = True
             if progress is not None:
                 progress.end()

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from orchestrator.record.states import RunState
+from orchestrator.record.states import NodePhase, RankPhase, RunState
 from orchestrator.supervise.restarts import Rounds, describe_restart
 from orchestrator.supervise.state import (
     NodeFault,
@@ -92,7 +92,9 @@ class Detector:
         it the warning signal (the time limit's, a preemption's, or one for a checkpoint):
         asked to stop, so stopped, and the run stops."""
         state = self.ranks[rank]
-        if self.nodes[state.node].state == "lost":  # what a lost node says later is not heard
+        if (
+            self.nodes[state.node].state == NodePhase.LOST
+        ):  # what a lost node says later is not heard
             state.exit_code = code
             return None
         state.exit_code, state.ended_at = code, when
@@ -101,18 +103,18 @@ class Detector:
         if self.max_restarts:
             round_, _ = self.rounds.ended(state, code, when, failed)
             if failed:
-                state.state = "restarting"
+                state.state = RankPhase.RESTARTING
             self.note_restart(round_)
             if failed:
                 return None
         if code == 0:
-            state.state = "succeeded"
+            state.state = RankPhase.SUCCEEDED
         elif stopped:
-            state.state = "stopped"
+            state.state = RankPhase.STOPPED
             if warned and self.warning is not None and not self.stopper.stopping:
                 return self.ended_on_warning(state, code)
         else:
-            state.state = "failed"
+            state.state = RankPhase.FAILED
             if self.stop_on_failure and not self.stopper.stopping:
                 self.sink.note(
                     f"rank {rank} on {state.host} failed with "
@@ -131,7 +133,9 @@ class Detector:
             f"rank {state.rank} on {state.host} ended with {describe_exit(code)} after "
             f"{self.warning.the_warning()}"
         )
-        left = [r for r in self.ranks.values() if r.state in ("starting", "running")]
+        left = [
+            r for r in self.ranks.values() if r.state in (RankPhase.STARTING, RankPhase.RUNNING)
+        ]
         if not left or self.warning.may_save(left):
             return None
         self.warning.ended_run = True
@@ -155,24 +159,27 @@ class Detector:
         )
 
     def node_exited(self, node: NodeState, code: int | None, when: float) -> str | None:
-        if node.state == "lost":  # a node once lost stays lost in the record
+        if node.state == NodePhase.LOST:  # a node once lost stays lost in the record
             node.exit_code = code
             return None
         node.done, node.exit_code, node.ended_at = True, code, when
         stopping = self.stopper.stopping
         for rank in node.ranks:  # ranks still running had no chance to say how they ended
-            if self.ranks[rank].state in ("starting", "running"):
-                self.ranks[rank].state = "killed" if stopping else "unknown"
+            if self.ranks[rank].state in (RankPhase.STARTING, RankPhase.RUNNING):
+                self.ranks[rank].state = RankPhase.KILLED if stopping else RankPhase.UNKNOWN
         # After the warning, a node whose ranks all stopped on it (none failed) ends with
         # torchrun's nonzero code: stopped as asked, though no stop was sent.
         states = {self.ranks[r].state for r in node.ranks}
-        on_warning = "stopped" in states and states <= {"stopped", "succeeded"}
+        on_warning = RankPhase.STOPPED in states and states <= {
+            RankPhase.STOPPED,
+            RankPhase.SUCCEEDED,
+        }
         if code == 0:
-            node.state = "succeeded"
+            node.state = NodePhase.SUCCEEDED
         elif stopping or on_warning:
-            node.state = "stopped"
+            node.state = NodePhase.STOPPED
         else:
-            node.state = "failed"
+            node.state = NodePhase.FAILED
             node.failed_first = True
             if self.stop_on_failure:
                 self.sink.note(
@@ -185,7 +192,7 @@ class Detector:
     def node_lost(self, node: NodeState, why: str, gone: bool = True) -> str | None:
         """`gone`: neither the agent nor the node's sshd answers (node or link down), as
         opposed to an agent silent on a node that still answers."""
-        node.done, node.state, node.detail = True, "lost", why
+        node.done, node.state, node.detail = True, NodePhase.LOST, why
         node.ended_at, node.lost_gone = time.time(), gone
         # A loss is a cause when it was seen before any stop, or when the node fell silent
         # before the stop began and is gone: then it may well be what failed the ranks.
@@ -194,14 +201,14 @@ class Detector:
         node.failed_first = not stopping or (gone and wall is not None and node.heard_wall < wall)
         for rank in node.ranks:
             if self.ranks[rank].exit_code is None:
-                self.ranks[rank].state = "unknown"
+                self.ranks[rank].state = RankPhase.UNKNOWN
         self.sink.node_note(node.host, f"lost: {why}")  # nodes lost alike: one line
         return None if stopping else f"{node.host} lost"
 
     def node_disk(self, node: NodeState, what: str, when: float) -> str | None:
         """The node's run directory cannot be written (`what`: "no space left on device in
         ~/..."), found by its agent after something failed there or the disk filled up."""
-        if node.state == "lost" or node.disk:
+        if node.state == NodePhase.LOST or node.disk:
             return None
         node.disk, node.detail = what, what
         if self.stopper.stopping:  # found during the stop: not what stopped the run
@@ -251,15 +258,15 @@ class Detector:
         found = [
             Fault(r.ended_at if r.ended_at is not None else float("inf"), "rank", r.exit_code, r)
             for r in self.ranks.values()
-            if r.state == "failed"
+            if r.state == RankPhase.FAILED
         ]
         for node in self.nodes:
-            if node.state == "failed" and node.failed_first:
+            if node.state == NodePhase.FAILED and node.failed_first:
                 found.append(Fault(node.ended_at or float("inf"), "script", node.exit_code, node))
-            elif node.state == "lost" and node.failed_first:
+            elif node.state == NodePhase.LOST and node.failed_first:
                 found.append(Fault(node.heard_wall, "lost", None, node))
         for node in self.nodes:
-            if node.disk_at is None or node.state == "lost":
+            if node.disk_at is None or node.state == NodePhase.LOST:
                 continue
             here = [f.when for f in found if self.node_of(f) == node.index]
             found = [f for f in found if self.node_of(f) != node.index]
@@ -276,12 +283,12 @@ class Detector:
         failed in the last round failed the run; earlier ones were stopped mid-restart."""
         if not self.max_restarts:
             return
-        self.gave_up = any(node.state == "failed" for node in self.nodes)
+        self.gave_up = any(node.state == NodePhase.FAILED for node in self.nodes)
         last = self.rounds.last()
         for rank in self.ranks.values():
-            if rank.state == "restarting":
+            if rank.state == RankPhase.RESTARTING:
                 final = self.gave_up and self.rounds.round_of(rank.rank) == last
-                rank.state = "failed" if final else "stopped"
+                rank.state = RankPhase.FAILED if final else RankPhase.STOPPED
 
     def restart_lines(self) -> list[str]:
         causes = self.rounds.restarts(self.gave_up)
@@ -294,11 +301,11 @@ class Detector:
         before the stop reaches that node: a rank that ended so, no earlier than a rank of
         its node that failed by itself, was stopped, not failed."""
         for node in self.nodes:
-            failed = [self.ranks[r] for r in node.ranks if self.ranks[r].state == "failed"]
+            failed = [self.ranks[r] for r in node.ranks if self.ranks[r].state == RankPhase.FAILED]
             own = [r.ended_at for r in failed if not terminated(r.exit_code) and r.ended_at]
             for rank in failed if own else ():
                 if terminated(rank.exit_code) and (rank.ended_at or 0) >= min(own):
-                    rank.state = "stopped"
+                    rank.state = RankPhase.STOPPED
 
     def outcome(self, timed_out: bool = False) -> Outcome:
         self.settle_teardown()
@@ -316,15 +323,15 @@ class Detector:
         first = faults[0] if faults else None
         # With --max-restarts, ranks that failed before torchrun gave up are settled at the
         # end; the node script that gave up carries the code of its last round's failure.
-        world = all(r.state == "succeeded" for r in self.ranks.values()) and all(
-            n.state == "succeeded" for n in self.nodes
+        world = all(r.state == RankPhase.SUCCEEDED for r in self.ranks.values()) and all(
+            n.state == NodePhase.SUCCEEDED for n in self.nodes
         )
         facts = Facts(
             interrupted_by=self.stopper.interrupted_by,
             first_fault=first.kind if first else None,
             fault_code=first.code if first else None,
             timed_out=timed_out,
-            any_lost=any(n.state == "lost" for n in self.nodes),
+            any_lost=any(n.state == NodePhase.LOST for n in self.nodes),
             world_succeeded=world,
             hung=self.hang_summary is not None,
             unreachable=bool(self.unreachable_lines),
@@ -357,7 +364,9 @@ class Detector:
             summary = f"stopped: {self.stopper.reason}"
             summary += f"; {warning.limit_summary(self.ranks)}" if warning is not None else ""
         elif state == RunState.LOST:
-            lost = min((n for n in self.nodes if n.state == "lost"), key=lambda n: n.heard_wall)
+            lost = min(
+                (n for n in self.nodes if n.state == NodePhase.LOST), key=lambda n: n.heard_wall
+            )
             summary = self.node_summary(lost)
         elif state == RunState.FAILED:
             summary = self.incomplete_summary()
@@ -388,9 +397,9 @@ class Detector:
     def incomplete_summary(self) -> str:
         """Why a run in which nothing failed did not succeed: what did not end with 0."""
         ranks = sorted(
-            (r for r in self.ranks.values() if r.state != "succeeded"), key=lambda r: r.rank
+            (r for r in self.ranks.values() if r.state != RankPhase.SUCCEEDED), key=lambda r: r.rank
         )
-        nodes = [n for n in self.nodes if n.state != "succeeded"]
+        nodes = [n for n in self.nodes if n.state != NodePhase.SUCCEEDED]
         if ranks:
             rank = ranks[0]
             head = (
@@ -425,9 +434,9 @@ class Detector:
         return "\n".join(lines)
 
     def node_summary(self, node: NodeState) -> str:
-        if node.disk and node.state != "lost":
+        if node.disk and node.state != NodePhase.LOST:
             head = f"job failed: {node.host}: {node.disk}"
-        elif node.state == "lost":
+        elif node.state == NodePhase.LOST:
             head = f"job failed: node {node.host} was lost: {node.detail}"
         else:
             head = (

@@ -33,6 +33,7 @@ from pathlib import Path
 
 from orchestrator.agent.flight import FOLDER, PREFIX
 from orchestrator.hostlist import name_ranks
+from orchestrator.record.states import RunState
 from orchestrator.supervise.stack_rounds import StackRounds
 from orchestrator.supervise.state import Outcome
 
@@ -100,7 +101,7 @@ class FlightReport:
 def with_flight(outcome: Outcome, rounds: StackRounds) -> Outcome:
     """A failed run's outcome, its summary saying what the dumps torch wrote by itself (a
     timed-out NCCL collective) name; the run's own summary where there are none."""
-    if outcome.state != "failed" or not rounds.left or rounds.record_dir is None:
+    if outcome.state != RunState.FAILED or not rounds.left or rounds.record_dir is None:
         return outcome
     try:
         report = collect(rounds.record_dir, rounds.left, {})

@@ -16,6 +16,7 @@ from typing import Protocol
 from orchestrator.agent.protocol import Frame
 from orchestrator.backends.sessions import CHANNEL_CLOSED, Event
 from orchestrator.console.sink import LogSink
+from orchestrator.record.states import NodePhase, RankPhase
 from orchestrator.supervise.detect import Detector
 from orchestrator.supervise.hangs import HangWatch
 from orchestrator.supervise.metrics import RunMetrics
@@ -78,10 +79,10 @@ def started(run: SupervisedRun, node: NodeState, event: Event) -> None:
     sent = run.sent_at(node.index)
     if sent is not None:
         node.clock.bracket(sent, node_time, node.heard_wall)
-    node.state, node.pid = "running", int(pid)
+    node.state, node.pid = NodePhase.RUNNING, int(pid)
     node.started_at = run.on_our_clock(node, node_time)
     for rank in node.ranks:
-        run.ranks[rank].state = "running"
+        run.ranks[rank].state = RankPhase.RUNNING
     run.metrics.event("start", node)
     run.changed()
 
@@ -93,7 +94,7 @@ def rank_output(run: SupervisedRun, node: NodeState, event: Event) -> None:
     run.hangs.heard(time.monotonic())
     run.sink.rank_output(rank, event.data)
     run.metrics.heard_from(rank, node.heard_wall)
-    if rank in run.ranks and run.ranks[rank].state == "restarting":
+    if rank in run.ranks and run.ranks[rank].state == RankPhase.RESTARTING:
         run.rank_restarted(run.ranks[rank])
 
 

@@ -40,6 +40,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from orchestrator.agent.protocol import end_command
 from orchestrator.hostlist import name_ranks
 from orchestrator.record.runs import now_iso
 from orchestrator.supervise.flight_report import FlightReport, collect
@@ -186,7 +187,7 @@ class HangWatch:
             on_node.setdefault(detector.ranks[rank].node, []).append(rank)
         for session in sessions:
             if session.index in on_node:
-                session.send(f"end {','.join(str(r) for r in on_node[session.index])}")
+                session.send(end_command(on_node[session.index]))
         self.note(
             f"ending {name_ranks(stuck, counted=True)} so that torchrun restarts the workers "
             f"(restart {used + 1} of --max-restarts {detector.max_restarts})"

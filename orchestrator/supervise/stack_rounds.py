@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from orchestrator.agent.protocol import stacks_command
 from orchestrator.supervise.stack_groups import fold, is_main, render_groups
 
 # An agent gives each way of taking a rank's stack up to 5 s (agent/main.STACK_TIMEOUT_S):
@@ -118,7 +119,7 @@ class StackRounds:
         )
         self.open[round_.seq] = round_
         for session in targets:
-            session.send(f"stacks {round_.seq} {method}" + (" flight" if flight else ""))
+            session.send(stacks_command(round_.seq, method, flight))
         return round_
 
     def dumped(self, seq: str, rank: str, word: str, data: bytes) -> None:

@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from orchestrator.record.runs import now_iso
-from orchestrator.record.states import RunState
+from orchestrator.record.states import NodePhase, RankPhase, RunState
 from orchestrator.supervise.clocks import NodeClock
 
 
@@ -20,7 +20,7 @@ class RankState:
     node: int
     local_rank: int
     host: str
-    state: str = "starting"  # running, succeeded, failed, stopped, killed, unknown
+    state: RankPhase = RankPhase.STARTING
     exit_code: int | None = None
     ended_at: float | None = None  # the controller's wall clock (node times are put into it)
     error_file: str = ""
@@ -31,7 +31,7 @@ class NodeState:
     index: int
     host: str
     ranks: tuple[int, ...] = ()
-    state: str = "starting"  # running, succeeded, failed, stopped, lost
+    state: NodePhase = NodePhase.STARTING
     exit_code: int | None = None
     pid: int | None = None
     started_at: float | None = None  # the controller's wall clock, as every time here

@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Protocol
 
+from orchestrator.agent.protocol import heartbeat_command, kill_command, stop_command
 from orchestrator.supervise.state import NodeState
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # each stops the run
@@ -67,7 +68,7 @@ class Stopper:
         self.deadline = time.monotonic() + grace + STOP_MARGIN_S
         for session in self.sessions:
             if not self.nodes[session.index].done:
-                session.send("kill" if grace <= 0 else f"stop {grace:g}")
+                session.send(kill_command() if grace <= 0 else stop_command(grace))
         if first:
             self.on_first_stop()
 
@@ -104,7 +105,7 @@ class Stopper:
         """`hb T1`: the controller's clock, which the agent echoes (see clocks.py)."""
         for session in self.sessions:
             if not self.nodes[session.index].done:
-                session.send(f"hb {time.time():.6f}", may_skip=True)
+                session.send(heartbeat_command(time.time()), may_skip=True)
 
 
 @contextlib.contextmanager

@@ -21,6 +21,7 @@ from orchestrator.backends.sessions import Event, NodeSession
 from orchestrator.console.rank_table import summary
 from orchestrator.console.sink import LogSink
 from orchestrator.options.supervision import Supervision
+from orchestrator.record.states import NodePhase, RankPhase
 from orchestrator.supervise.detect import Detector
 from orchestrator.supervise.flight_report import with_flight
 from orchestrator.supervise.frame_handlers import handle as handle_event
@@ -205,7 +206,9 @@ class Supervisor:
                     event = self.events.get_nowait()
                 except queue.Empty:
                     event = None
-            if self.sink.footer is not None and all(n.state != "starting" for n in self.nodes):
+            if self.sink.footer is not None and all(
+                n.state != NodePhase.STARTING for n in self.nodes
+            ):
                 self.sink.update_footer(self.footer_text)
             self.sink.flush()
             self.metrics.flush()
@@ -255,7 +258,7 @@ class Supervisor:
 
     def running_nodes(self) -> set[int]:
         """The nodes (by index) whose part runs."""
-        return {n.index for n in self.nodes if n.state == "running" and not n.done}
+        return {n.index for n in self.nodes if n.state == NodePhase.RUNNING and not n.done}
 
     def take_aside(self) -> None:
         """The frames the nodes' readers set aside since the last pass (nodes.ASIDE), each
@@ -275,7 +278,7 @@ class Supervisor:
         return getattr(self.session_of.get(index), "sent_at", None)
 
     def running_ranks(self) -> set[int]:
-        return {rank for rank, state in self.ranks.items() if state.state == "running"}
+        return {rank for rank, state in self.ranks.items() if state.state == RankPhase.RUNNING}
 
     def on_our_clock(self, node: NodeState, node_time: float) -> float:
         """A time the node reported, in the controller's clock, and never before the run."""
@@ -299,7 +302,7 @@ class Supervisor:
 
     def rank_restarted(self, rank: RankState) -> None:
         """Output after a rank's exit: torchrun started it again."""
-        rank.state, rank.exit_code, rank.ended_at = "running", None, None
+        rank.state, rank.exit_code, rank.ended_at = RankPhase.RUNNING, None, None
         self.metrics.event("restart", self.nodes[rank.node], f"rank {rank.rank}", rank=rank.rank)
         self.changed()
 

@@ -25,9 +25,11 @@ from collections.abc import Iterable, Sequence
 from enum import Enum
 from typing import Protocol
 
+from orchestrator.agent.protocol import signal_command
 from orchestrator.hostlist import name_ranks
 from orchestrator.plan.deadline import Deadline
 from orchestrator.record.runs import now_iso
+from orchestrator.record.states import NodePhase, RankPhase
 from orchestrator.supervise.state import NodeState, RankState
 
 SHOWN_RANKS = 8  # a summary names this many ranks, then says how many more
@@ -169,7 +171,7 @@ class WarningClock:
         nodes = {run.ranks[rank].node for rank in ranks}
         for session in list(run.sessions):
             if session.index in nodes:
-                session.send(f"signal {self.signal_name}")
+                session.send(signal_command(self.signal_name))
         return len(ranks), len(nodes)
 
     def signalled_on(self, node: NodeState, notes: Notes, at: str, sent: str, skipped: str) -> None:
@@ -210,8 +212,8 @@ class WarningClock:
             self.sent_at is not None
             and self.at_limit is None
             and (self.ended_run or not stopping)
-            and all(rank.state in ("succeeded", "stopped") for rank in ranks)
-            and not any(node.state == "lost" for node in nodes)
+            and all(rank.state in (RankPhase.SUCCEEDED, RankPhase.STOPPED) for rank in ranks)
+            and not any(node.state == NodePhase.LOST for node in nodes)
         )
 
     def status(self) -> dict:

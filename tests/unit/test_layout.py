@@ -301,9 +301,11 @@ def names_a_backend(node: ast.expr) -> bool:
 
 
 def is_words(node: ast.expr) -> bool:
-    """A string literal, or a tuple, list or set of them."""
+    """A str literal (plain or f-string), or a tuple, list or set of them."""
     if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
         return bool(node.elts) and all(is_words(element) for element in node.elts)
+    if isinstance(node, ast.JoinedStr):
+        return True
     return isinstance(node, ast.Constant) and isinstance(node.value, str)
 
 
@@ -349,3 +351,159 @@ def test_backend_comparisons_are_found_in_every_spelling() -> None:
         'if name == "slurm": pass\n'
     )
     assert backend_comparisons(source) == [1, 2, 3, 4, 5]
+
+
+
+
+# The one table from a scheduler's words for a job's state to ours (SchedulerState), with
+# the reading of its other state words (sinfo's): the only place such a word is compared.
+STATE_TABLE = "orchestrator.slurm.parse"
+
+
+def _is_state(node: ast.expr) -> bool:
+    """A state read: `state`, `x.state`, `x.slurm_state`, `x["state"]`, `x.get("state")`."""
+    if isinstance(node, ast.Name):
+        name = node.id
+    elif isinstance(node, ast.Attribute):
+        name = node.attr
+    elif isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
+        name = node.slice.value
+    elif (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "get"
+        and node.args
+        and isinstance(node.args[0], ast.Constant)
+    ):
+        name = node.args[0].value
+    else:
+        return False
+    return isinstance(name, str) and (name == "state" or name.endswith("_state"))
+
+
+def states_compared_as_words(tree: ast.AST) -> list[int]:
+    """The lines where a state is compared with a word (==, !=, in, not in, is, <, ...) or
+    tested by one (`state.startswith("REQUEUE")`), either side."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            if any(
+                (_is_state(a) and is_words(b)) or (is_words(a) and _is_state(b))
+                for a, b in zip(sides, sides[1:], strict=False)
+            ):
+                found.append(node.lineno)
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in ("startswith", "endswith", "count", "find", "index")
+            and _is_state(node.func.value)
+            and any(is_words(arg) for arg in node.args)
+        ):
+            found.append(node.lineno)
+    return found
+
+
+def test_no_state_is_compared_as_a_word() -> None:
+    """States are enums (RunState, NodePhase, RankPhase, SchedulerState) and decisions name
+    their members: nowhere in the package is a state (a name or attribute `state`, one
+    ending in `_state`, a mapping's "state" key) compared with a string literal or a
+    tuple, list or set of them, nor tested with one (`startswith`), except in the one
+    table from SLURM's words to ours (slurm/parse.py)."""
+    found = [
+        f"{MODULES[name].relative_to(ROOT)}:{line}"
+        for name in MODULES
+        if name != STATE_TABLE
+        for line in states_compared_as_words(ast.parse(MODULES[name].read_text(encoding="utf-8")))
+    ]
+    assert not found, f"states compared as words, not as enum members: {found}"
+
+
+PROTOCOL = "orchestrator.agent.protocol"
+COMMAND_WORDS = ("hb", "stop", "kill", "stacks", "end", "signal", "next")
+
+
+def _encoders(tree: ast.Module) -> set[str]:
+    """The names a module imports from agent/protocol.py (its encoders among them)."""
+    return {
+        alias.asname or alias.name
+        for node in tree.body
+        if isinstance(node, ast.ImportFrom) and node.module == PROTOCOL
+        for alias in node.names
+    }
+
+
+def _encoded(node: ast.expr, encoders: set[str]) -> bool:
+    """A direct call of an encoder imported from agent/protocol.py (or a choice of two)."""
+    if isinstance(node, ast.IfExp):
+        return _encoded(node.body, encoders) and _encoded(node.orelse, encoders)
+    return (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id in encoders
+        and node.func.id.endswith("_command")
+    )
+
+
+def commands_built_outside_the_protocol(tree: ast.Module, controller: bool = True) -> list[int]:
+    """Lines that hand a session a command not made by agent/protocol.py's encoders (on the
+    controller's side), or hold a bytes literal that is a command line (`b"next\\n"`)."""
+    encoders, found = _encoders(tree), []
+    for node in ast.walk(tree):
+        if (
+            controller
+            and isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "send"
+            and 1 <= len(node.args) <= 2  # a session's send(line, may_skip=False)
+            and not _encoded(node.args[0], encoders)
+        ):
+            found.append(node.lineno)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, bytes):
+            word = node.value.split(b" ", 1)[0].split(b"\n", 1)[0]
+            if word.decode(errors="replace") in COMMAND_WORDS and node.value != word:
+                found.append(node.lineno)
+    return found
+
+
+def test_commands_to_the_agent_are_built_by_the_protocol_alone() -> None:
+    """Every command line the controller sends an agent is made by one of agent/protocol.py's
+    encoders (`stop_command`, `stacks_command`, ...): outside orchestrator/agent/, the line
+    a `send(line)` or `send(line, may_skip)` call is given must be a direct call of a
+    `*_command` name imported from agent/protocol.py (or a choice between two such calls),
+    so a string built anywhere else, inline or through a variable, fails; and no module
+    but agent/protocol.py holds a bytes literal that is a command line (`b"next\\n"`)."""
+    found = []
+    for name, path in MODULES.items():
+        if name == PROTOCOL:
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        controller = not within(name, "orchestrator.agent")  # the agent sends frames
+        lines = commands_built_outside_the_protocol(tree, controller)
+        found += [f"{path.relative_to(ROOT)}:{n}" for n in lines]
+    assert not found, f"commands to the agent built outside agent/protocol.py: {found}"
+
+
+def test_the_state_and_command_rules_catch_what_they_name() -> None:
+    def states(source: str) -> int:
+        return len(states_compared_as_words(ast.parse(source)))
+
+    def commands(source: str) -> int:
+        return len(commands_built_outside_the_protocol(ast.parse(source)))
+
+    assert states('if node.state == "lost": pass') == 1
+    assert states('ok = "stopped" != rank.state') == 1
+    assert states('x = info.slurm_state in ("RUNNING", "COMPLETING")') == 1
+    assert states('x = r.get("state") == "failed" or r["state"] in {"a"}') == 2
+    assert states('x = info.state.startswith("REQUEUE")') == 1
+    assert states("x = node.state == NodePhase.LOST or state in (RankPhase.FAILED,)") == 0
+    assert states('x = kind in ("time-limit", "failed")') == 0  # not a state
+    imported = "from orchestrator.agent.protocol import stop_command, kill_command\n"
+    assert commands(imported + "s.send(stop_command(3.0))") == 0
+    assert commands(imported + "s.send(kill_command() if g <= 0 else stop_command(g))") == 0
+    assert commands(imported + 'line = f"stop {g}"\ns.send(line)') == 1
+    assert commands(imported + 's.send(f"stop {g}", may_skip=True)') == 1
+    assert commands('def stop_command(g): return f"stop {g}"\ns.send(stop_command(2))') == 1
+    assert commands(imported + 's.send(kill_command() if g else "kill")') == 1
+    assert commands('channel.write(b"next\\n" + config)') == 1
+    assert commands("clock.send(run, notes, now, left)") == 0  # not a session's send

@@ -19,7 +19,18 @@ from hypothesis import strategies as st
 from orchestrator.agent import BOOTSTRAP, encode_config, frame, length_prefixed
 from orchestrator.agent.bootstrap import agent_argv, agent_start
 from orchestrator.agent.loader import bytecode_magic, install, read_modules
-from orchestrator.agent.protocol import CommandReader
+from orchestrator.agent.protocol import (
+    Command,
+    CommandReader,
+    command_line,
+    end_command,
+    heartbeat_command,
+    kill_command,
+    next_command,
+    signal_command,
+    stacks_command,
+    stop_command,
+)
 from orchestrator.backends.sessions import FrameParser
 
 PROPERTY = settings(max_examples=60, deadline=None)
@@ -263,6 +274,39 @@ def test_commands_are_read_from_whole_lines_however_they_arrive() -> None:
         ("stop", None),
     ]
     assert reader.feed(b"kil") == [] and reader.feed(b"l\n") == [("kill", 0.0)]
+
+
+def test_each_command_the_controller_encodes_is_what_the_agent_decodes() -> None:
+    sent = [
+        stop_command(2.5),
+        kill_command(),
+        stacks_command(7, "py-spy", True),
+        stacks_command(8, "signal", False),
+        end_command([1, 3]),
+        signal_command("USR1"),
+        heartbeat_command(12.25),
+        next_command(),  # read between steps only (next_config), not by the step's reader
+    ]
+    assert sent == [
+        "stop 2.5",
+        "kill",
+        "stacks 7 py-spy flight",
+        "stacks 8 signal",
+        "end 1,3",
+        "signal USR1",
+        "hb 12.250000",
+        "next",
+    ]  # the wire's words, as they always were
+    reader = CommandReader()
+    assert reader.feed(b"".join(command_line(c) for c in sent)) == [
+        (Command.STOP, 2.5),
+        (Command.KILL, 0.0),
+        (Command.STACKS, "7 py-spy flight"),
+        (Command.STACKS, "8 signal"),
+        (Command.END, "1,3"),
+        (Command.SIGNAL, "USR1"),
+    ]
+    assert reader.ping[0] == "12.250000"
 
 
 def test_loader_installs_modules_that_import_each_other() -> None:

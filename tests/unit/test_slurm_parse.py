@@ -11,9 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.backends.scheduler_states import SchedulerState
 from orchestrator.errors import ConfigError, OrchestratorError
 from orchestrator.slurm.client import SlurmCommands, unreachable_or
 from orchestrator.slurm.parse import (
+    SLURM_STATES,
     UNRUNNABLE,
     JobInfo,
     parse_exit_code,
@@ -21,7 +23,9 @@ from orchestrator.slurm.parse import (
     parse_pairs,
     parse_sacct,
     parse_scontrol_job,
+    parse_sinfo_idle,
     parse_squeue,
+    slurm_state,
 )
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "slurm"
@@ -146,6 +150,34 @@ def test_sacct_lines(stdout: str, state: str, code: int, restarts: int) -> None:
 def test_sacct_without_accounting_knows_nothing() -> None:
     # stdout is empty; stderr says "Slurm accounting storage is disabled"
     assert parse_sacct("") is None
+
+
+# SLURM's words for a job that has ended (and UNKNOWN, ours for a job SLURM forgot).
+ENDED_WORDS = {
+    "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY",
+    "BOOT_FAIL", "DEADLINE", "SPECIAL_EXIT", "REVOKED", "UNKNOWN",
+}  # fmt: skip
+
+
+def test_slurm_states_in_our_words_keep_every_distinction_decided_on() -> None:
+    assert {word for word, state in SLURM_STATES.items() if state.ended} == ENDED_WORDS
+    assert [w for w in SLURM_STATES if slurm_state(w).on_nodes] == ["RUNNING", "COMPLETING"]
+    waiting = [w for w in SLURM_STATES if slurm_state(w).waiting]
+    assert waiting == ["PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"]
+    assert slurm_state("TIMEOUT") != slurm_state("DEADLINE")  # only TIMEOUT is the time limit
+    said = {slurm_state(w) for w in ("TIMEOUT", "DEADLINE", "NODE_FAIL", "BOOT_FAIL")}
+    assert len(said) == 4 and SchedulerState.OTHER not in said
+    newer = slurm_state("RESIZING")  # a word no decision turns on: not ended, not running
+    assert newer == SchedulerState.OTHER and not newer.ended and not newer.on_nodes
+    info = JobInfo("CANCELLED", source="sacct")
+    assert (info.state, info.scheduler_state, info.ended) == ("CANCELLED", "cancelled", True)
+    assert f"{SchedulerState.TIME_LIMIT}" == "time-limit"
+
+
+def test_sinfo_idle_nodes() -> None:
+    out = "node1|idle\nnode2|allocated\nnode3|idle\nnode4|down*\n"
+    assert parse_sinfo_idle(out) == {"node1", "node3"}
+    assert parse_sinfo_idle("") == set()
 
 
 def test_unreachable_controller_message_says_what_to_check() -> None:
