@@ -353,8 +353,6 @@ def test_backend_comparisons_are_found_in_every_spelling() -> None:
     assert backend_comparisons(source) == [1, 2, 3, 4, 5]
 
 
-
-
 # The one table from a scheduler's words for a job's state to ours (SchedulerState), with
 # the reading of its other state words (sinfo's): the only place such a word is compared.
 STATE_TABLE = "orchestrator.slurm.parse"
