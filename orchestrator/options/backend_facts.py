@@ -1,11 +1,11 @@
 """The launch backends by name, and the facts the stages below the API need of each, as data.
 
 A backend is a class (start/launch_backend.py's `Backend`; local and ssh in
-start/ssh_backend.py, slurm in slurm/backend.py) looked up by name in api/registry.py. The stages below them (the
-option groups, the plan, the run record) cannot import those, so what they need to know of
-a backend is here: one `BackendFacts` per name, read by the name `--backend` or a status.json
-gives, never by comparing that name with a word. A new backend adds its facts here and its
-class to the registry.
+start/ssh_backend.py, slurm in slurm/backend.py) looked up by name in api/registry.py. The
+stages below them (the option groups, the plan, the run record) cannot import those, so what
+they need to know of a backend is here: one `BackendFacts` per name, read by the name
+`--backend` or a status.json gives, never by comparing that name with a word. A new backend
+adds its facts here and its class to the registry.
 """
 
 from __future__ import annotations
