@@ -90,11 +90,18 @@ class ExactGradients:
         annotations are strings.)
         """
         buffer = bucket.buffer()
-        total = torch.cat(
-            [
-                self.with_held(p, g).view(-1)
-                for p, g in zip(bucket.parameters(), bucket.gradients(), strict=True)
-            ]
-        )
+        # The gradients are views of the flat buffer (gradient_as_bucket_view, and DDP
+        # copies them in otherwise): one conversion of it, then what this rank held added
+        # in place, where each gradient lies. The same float64 values as converting each
+        # gradient and adding its sum, without a cat of the bucket per step.
+        total = buffer.to(torch.float64)
+        if self._held:
+            base = buffer.storage_offset()
+            for p, g in zip(bucket.parameters(), bucket.gradients(), strict=True):
+                held = self._sums.get(p)
+                if held is not None:
+                    start = g.storage_offset() - base
+                    total[start : start + g.numel()] += held.view(-1)
+                    held.zero_()
         work = dist.all_reduce(total, group=group, async_op=True)
         return work.get_future().then(lambda done: buffer.copy_(done.value()[0]))

@@ -24,14 +24,16 @@ from tests.trainer_helpers import load_weights, max_abs_difference, run_trainer
 
 pytestmark = pytest.mark.cluster
 
-# 2560 optimizer steps of a global batch of 128 (4 ranks x 32, the trainer's default
+# STEPS optimizer steps of a global batch of 128 (4 ranks x 32, the trainer's default
 # shape, which 3 ranks cannot share evenly: they take 2, 1 and 1 of its blocks of 32),
 # 16 steps an epoch, a checkpoint every 10, so every resume is mid-epoch (step 10 is
 # step 10 of 16, 20 is step 4 of the second, ...): the master's node is switched off
 # right after the first, and back once the 3 train; a worker the same once the 4 train
 # again, with tens of seconds of training still to go for it to be asked again and join.
+EPOCHS = 120
+STEPS = EPOCHS * 2048 // 128
 TRAIN = [
-    "--synthetic-samples", "2048", "--batch-size", "32", "--epochs", "160", "--no-eval",
+    "--synthetic-samples", "2048", "--batch-size", "32", "--epochs", str(EPOCHS), "--no-eval",
     "--checkpoint-every", "10", "--log-every", "20", "--keep-checkpoints", "0",
 ]  # fmt: skip
 HEARTBEAT = 5
@@ -227,7 +229,7 @@ def test_the_master_then_a_worker_switched_off_and_the_run_goes_on_with_three(
             for path in compared
         }
         print(f"resumed at steps {resumed}; {len(compared)} checkpoints compared")
-        assert len(compared) >= 2560 // 10 - 1, [path.name for path in saved]
+        assert len(compared) >= STEPS // 10 - 1, [path.name for path in saved]
         assert max(differences.values()) == 0.0, {k: v for k, v in differences.items() if v}
         final = load_weights(checkpoints / "final.pt")
         assert max_abs_difference(final, load_weights(reference / "final.pt")) == 0.0
