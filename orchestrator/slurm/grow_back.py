@@ -121,10 +121,10 @@ class SlurmRegrow:
             size = f.job.nnodes + len(self.back)
             f.note(f"{', '.join(self.back)} back; growing to {size} nodes at the next checkpoint")
         size = f.job.nnodes + len(self.back)
-        sup.deadline.signal_name = sup.deadline.signal_name or f.job.signal_name
+        sup.deadline.signal_known(f.job.signal_name)
         if sup.deadline.checkpoint(sup, sup.sink, time.time(), f"growing to {size} nodes"):
-            segment.warned_at = time.time()  # the ranks' ends from now on are stops
-            segment.warning = f"SIG{sup.deadline.signal_name} to grow to {size} nodes"
+            # the ranks' ends from now on are stops
+            f.segments.warned_to(f"SIG{sup.deadline.signal_name} to grow to {size} nodes")
             self.signalled, self.sent_at = True, time.monotonic()
             f.write_status()
 
@@ -136,9 +136,9 @@ class SlurmRegrow:
             return
         if time.monotonic() - self.sent_at < self.every:
             return
-        clock.sent_at, f.segments.current.warned_at, self.signalled = None, None, False
-        clock.not_catching.clear()
-        clock.signalled.clear()
+        clock.unsent()
+        f.segments.unwarned()
+        self.signalled = False
 
     def take(self) -> list[str]:
         """The nodes the ended job was stopped for (the warning sent), [] when none; the

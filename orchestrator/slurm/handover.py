@@ -141,16 +141,21 @@ class Handover:
 
     def restore_segments(self, segments: Segments) -> None:
         saved = self.segments
-        segments.entries = [from_plain(Segment, entry) for entry in saved["entries"]]
-        segments.given, segments.left = saved["given"], saved["left"]
-        segments.preempted_seen = saved["preempted_seen"]
+        segments.restore(
+            [from_plain(Segment, entry) for entry in saved["entries"]],
+            saved["given"],
+            saved["left"],
+            saved["preempted_seen"],
+        )
 
     def restore_spares(self, spares: SlurmSpares) -> None:
         saved = self.spares or {}
-        spares.recoveries = [from_plain(Recovery, entry) for entry in saved.get("recoveries", [])]
-        spares.unreplaced = saved.get("unreplaced")
-        spares.left = saved.get("left", spares.left)
-        spares.before = list(saved.get("before", []))
+        spares.restore(
+            [from_plain(Recovery, entry) for entry in saved.get("recoveries", [])],
+            saved.get("unreplaced"),
+            saved.get("left", spares.left),
+            list(saved.get("before", [])),
+        )
 
 
 def load(record: RunRecord) -> Handover:

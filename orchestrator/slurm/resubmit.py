@@ -52,7 +52,7 @@ def next_job(f: Ended, number: int) -> tuple[SlurmJob, int] | None:
         if f.spares.after(f.job).goes_on:  # else the closing summary says it
             outcome = job_outcome(*ended, f.sup, None, Path(f.batch.path))
             f.note(outcome.summary.splitlines()[0])
-        new = f.spares.replace(f.job, f.hosts, *failure, number)
+        new = f.spares.replace(f.job, f.hosts, *failure, number, f.note)
         if new is None:
             return None
         f.base.update(**f.spares.status())

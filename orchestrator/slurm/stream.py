@@ -78,9 +78,7 @@ class AttemptFiles:
 
     def close(self) -> None:
         for tail in self.tails().values():
-            if tail.fd is not None:
-                os.close(tail.fd)
-                tail.fd = None
+            tail.close()
 
     def pump(
         self,
@@ -113,11 +111,7 @@ class AttemptFiles:
         for node in nodes:
             start_file = self.node_dir(node.index) / "node.start"
             if node.state == "starting" and read_fields(start_file):
-                node.state, node.started_at = "running", self.clock.written(start_file)
-                for rank in node.ranks:
-                    sup.ranks[rank].state = "running"
-                sup.metrics.event("start", node)
-                sup.on_change(sup)
+                sup.node_started(node, self.clock.written(start_file))
                 came = True
             if data := self.node_files[node.index].read_lines(READ_BYTES):
                 sink.node_output(node.index, data)
@@ -136,7 +130,7 @@ class AttemptFiles:
             ended.append((when, rank, int(fields[0]), fields[2:]))
         for when, rank, code, error_file in sorted(ended):
             if error_file and os.path.isfile(error_file[0]):
-                sup.ranks[rank].error_file = Path(error_file[0]).read_text(errors="replace")
+                sup.rank_error_file(rank, Path(error_file[0]).read_text(errors="replace"))
             rank_exited(rank, code, when)
         for node in nodes:
             exit_file = self.node_dir(node.index) / "node.exit"
