@@ -44,13 +44,13 @@ from orchestrator.slurm.batch_script import SCRIPT_NAME, dial_python
 from orchestrator.slurm.cadence import Cadence
 from orchestrator.slurm.client import SlurmCommands
 from orchestrator.slurm.grow_back import SlurmRegrow
-from orchestrator.slurm.handover import Bookmarks, Following, Handover, Points, save_state
+from orchestrator.slurm.handover import Bookmarks, Following, Handover, Points, Progress, save_state
 from orchestrator.slurm.job import PORT_BASE, PORT_SPAN, SlurmJob
 from orchestrator.slurm.node_agents import NodeAgents
 from orchestrator.slurm.node_files import batch_output, kept_on_node
 from orchestrator.slurm.outcome import job_outcome
 from orchestrator.slurm.parse import UNRUNNABLE, JobInfo
-from orchestrator.slurm.resubmit import next_job
+from orchestrator.slurm.resubmit import EndedJob, Resubmitting, next_job
 from orchestrator.slurm.segments import WARNING_FILE, Segments, read_warning
 from orchestrator.slurm.spares import SlurmSpares
 from orchestrator.slurm.stream import READ_BYTES, AttemptFiles
@@ -58,8 +58,6 @@ from orchestrator.supervise import NodeState, Outcome, Supervisor, describe_exit
 from orchestrator.supervise.state import states_on
 from orchestrator.supervise.stopping import signals_to
 from orchestrator.supervise.time_limit import Cause
-
-UNREACHABLE_GRACE_S = 120.0  # how long squeue may fail before the launcher gives up
 
 
 class Follower:
@@ -84,7 +82,6 @@ class Follower:
         handover: Handover | None = None,  # attached: what the controller before had done
     ) -> None:
         self.job, self.record, self.commands, self.job_id = job, record, commands, job_id
-        self.submit = submit  # submits a job again as the run's job number N; its id
         self.segments = Segments(job_id, job.max_resubmits, job.nnodes)
         self.first_job_dir = job.job_dir if handover is None else handover.first_job_dir
         if handover is not None:
@@ -113,6 +110,15 @@ class Follower:
         self.cadence = Cadence()
         self.spares = spares
         self.regrow = SlurmRegrow(commands, supervision) if job.min_nodes else None
+        self.resubmitting = Resubmitting(  # the next job's means (resubmit.next_job)
+            self.segments,
+            submit,
+            self.first_job_dir,
+            self.note,
+            self.base.update,
+            spares,
+            self.regrow,
+        )
         self.hosts: list[str] = []  # the nodes of the job now followed, once it runs
 
     # --- output -------------------------------------------------------------------------
@@ -140,7 +146,8 @@ class Follower:
             }
         )
         if self.following is not None:
-            save_state(self.record, self.following, self)
+            kept = (self.job, self.job_id, self.first_job_dir, self.base, self.segments)
+            save_state(self.record, self.following, Progress(*kept, self.spares))
 
     # --- the loop -----------------------------------------------------------------------
 
@@ -176,25 +183,12 @@ class Follower:
         return outcome.exit_code
 
     def _loop(self) -> Outcome:
-        failing_since, event, waited = None, None, self.events
+        event, waited, squeue = None, self.events, slurm.Squeue(self.commands)
         while True:
             self._handle_signals()
             now = time.monotonic()
             if self.cadence.squeue_now(now, self.sup):
-                try:
-                    info = slurm.query(self.commands, self.job_id)
-                    failing_since = None
-                except ConfigError:
-                    raise
-                except OrchestratorError as exc:  # e.g. the controller restarting: retry
-                    failing_since = failing_since or now
-                    if now - failing_since > UNREACHABLE_GRACE_S:
-                        raise OrchestratorError(
-                            f"{exc}; SLURM job {self.job_id} may still "
-                            "run: `orchestrator status` asks again"
-                        ) from None
-                    info = self.info
-                self._on_info(info)
+                self._on_info(squeue.query(self.job_id, self.info, now))
             self._pump(event if waited is self.events else None)  # not a past attempt's
             if self.info.ended:
                 self._pump()
@@ -261,13 +255,7 @@ class Follower:
         """Nodes are allocated: learn their names and get ready to tail their files."""
         job = self.job
         details = slurm.job_details(self.commands, self.job_id)
-        nodelist = info.nodelist or details.nodelist
-        try:
-            hosts = slurm.expand_nodelist(self.commands, nodelist)
-        except OrchestratorError:
-            hosts = []
-        if len(hosts) != job.nnodes:
-            hosts = [f"node{k}" for k in range(job.nnodes)]
+        hosts = slurm.hosts_of(self.commands, info.nodelist or details.nodelist, job.nnodes)
         self.hosts = hosts
         if self.spares is not None:
             self.spares.running(hosts, self.note)
@@ -457,7 +445,10 @@ class Follower:
         ):  # the ranks stopped on SLURM's SIGTERM or --signal, the script ended first
             self.segments.preempted()
         self.segments.ended(self.info.state, ranks_ok)
-        new = next_job(self, len(self.segments.entries) + 1)
+        last = EndedJob(
+            self.job, self.job_id, self.info, self.hosts, self.sup, Path(self.batch.path)
+        )
+        new = next_job(last, self.resubmitting, len(self.segments.entries) + 1)
         if new is None:
             return False
         self.job, self.job_id = new
