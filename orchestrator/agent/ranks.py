@@ -83,6 +83,12 @@ class RankFile:
                 return True
         return os.lseek(self.fd, 0, os.SEEK_CUR) >= os.fstat(self.fd).st_size
 
+    def close(self) -> None:
+        """Let the file go (read again from its start if read again)."""
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
     def rest(self) -> bytes:
         """The last line when the rank ended without a newline."""
         data, self.partial = self.partial, b""

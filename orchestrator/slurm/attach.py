@@ -87,7 +87,7 @@ def attach_slurm(
         resubmit = resubmitter(record, commands, following.command, secrets)
         spares = None
         if job.spares or job.min_nodes or handover.spares:
-            spares = SlurmSpares(job, commands, following.bad_nodes, resubmit, lambda _: None)
+            spares = SlurmSpares(job, commands, following.bad_nodes, resubmit)
             handover.restore_spares(spares)
         follower = Follower(
             job,
@@ -104,11 +104,8 @@ def attach_slurm(
             submit=resubmit,
             following=following,
             points=handover.points,
+            handover=handover,
         )
-        follower.first_job_dir = handover.first_job_dir
-        handover.restore_segments(follower.segments)
-        if spares is not None:
-            spares.note = follower.note
         try:
             follower.note(
                 f"run {run_id}: attached to SLURM job {handover.job_id} (its controller, pid "

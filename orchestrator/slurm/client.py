@@ -30,6 +30,7 @@ from orchestrator.slurm.parse import (
 )
 
 COMMAND_TIMEOUT_S = 120.0
+UNREACHABLE_GRACE_S = 120.0  # how long squeue may fail before the launcher gives up
 _UNREACHABLE = re.compile(
     r"Unable to contact slurm controller|Socket timed out|"
     r"Connection refused|Zero Bytes were transmitted",
@@ -280,6 +281,41 @@ def expand_nodelist(commands: SlurmCommands, nodelist: str) -> list[str]:
     if not nodelist:
         return []
     return commands.check(["scontrol", "show", "hostnames", nodelist]).split()
+
+
+def hosts_of(commands: SlurmCommands, nodelist: str, count: int) -> list[str]:
+    """The `count` host names of `nodelist`; node0 to node<count-1> where SLURM does not
+    give that many."""
+    try:
+        hosts = expand_nodelist(commands, nodelist)
+    except OrchestratorError:
+        hosts = []
+    return hosts if len(hosts) == count else [f"node{k}" for k in range(count)]
+
+
+class Squeue:
+    """squeue for a followed job that rides out SLURM's controller restarting: while
+    squeue fails, the last answer stands, for up to UNREACHABLE_GRACE_S."""
+
+    def __init__(self, commands: SlurmCommands) -> None:
+        self.commands = commands
+        self.failing_since: float | None = None  # monotonic
+
+    def query(self, job_id: int, last: JobInfo, now: float) -> JobInfo:
+        """What squeue says of `job_id` now (monotonic `now`), else `last`."""
+        try:
+            info = query(self.commands, job_id)
+        except ConfigError:
+            raise
+        except OrchestratorError as exc:  # e.g. the controller restarting: retry
+            self.failing_since = self.failing_since or now
+            if now - self.failing_since > UNREACHABLE_GRACE_S:
+                raise OrchestratorError(
+                    f"{exc}; SLURM job {job_id} may still run: `orchestrator status` asks again"
+                ) from None
+            return last
+        self.failing_since = None
+        return info
 
 
 def cancel(commands: SlurmCommands, job_id: int, kill: bool = False) -> None:

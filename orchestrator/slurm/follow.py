@@ -45,21 +45,20 @@ from orchestrator.slurm.batch_script import SCRIPT_NAME, dial_python
 from orchestrator.slurm.cadence import Cadence
 from orchestrator.slurm.client import SlurmCommands
 from orchestrator.slurm.grow_back import SlurmRegrow
-from orchestrator.slurm.handover import Bookmarks, Following, Points, save_state
+from orchestrator.slurm.handover import Bookmarks, Following, Handover, Points, Progress, save_state
 from orchestrator.slurm.job import PORT_BASE, PORT_SPAN, SlurmJob
 from orchestrator.slurm.node_agents import NodeAgents
 from orchestrator.slurm.node_files import batch_output, kept_on_node
 from orchestrator.slurm.outcome import job_outcome
 from orchestrator.slurm.parse import UNRUNNABLE, JobInfo
-from orchestrator.slurm.resubmit import next_job
+from orchestrator.slurm.resubmit import EndedJob, Resubmitting, next_job
 from orchestrator.slurm.segments import WARNING_FILE, Segments, read_warning
 from orchestrator.slurm.spares import SlurmSpares
 from orchestrator.slurm.stream import READ_BYTES, AttemptFiles
-from orchestrator.supervise import NodeState, Outcome, RankState, Supervisor, describe_exit
+from orchestrator.supervise import NodeState, Outcome, Supervisor, describe_exit
+from orchestrator.supervise.state import states_on
 from orchestrator.supervise.stopping import signals_to
 from orchestrator.supervise.time_limit import Cause
-
-UNREACHABLE_GRACE_S = 120.0  # how long squeue may fail before the launcher gives up
 
 
 class Follower:
@@ -81,11 +80,13 @@ class Follower:
         submit: Callable[[SlurmJob, int], int] | None = None,
         following: Following | None = None,
         points: Points | None = None,
+        handover: Handover | None = None,  # attached: what the controller before had done
     ) -> None:
         self.job, self.record, self.commands, self.job_id = job, record, commands, job_id
-        self.submit = submit  # submits a job again as the run's job number N; its id
         self.segments = Segments(job_id, job.max_resubmits, job.nnodes)
-        self.first_job_dir = job.job_dir
+        self.first_job_dir = job.job_dir if handover is None else handover.first_job_dir
+        if handover is not None:
+            handover.restore_segments(self.segments)
         self.base, self.console, self.color, self.fold = base, console, color, fold
         self.footer = Footer.on(console) if footer else None  # once ranks run
         # --grace, --hang-timeout and --stragglers hold; the agents need no heartbeats from
@@ -110,6 +111,15 @@ class Follower:
         self.cadence = Cadence()
         self.spares = spares
         self.regrow = SlurmRegrow(commands, supervision) if job.min_nodes else None
+        self.resubmitting = Resubmitting(  # the next job's means (resubmit.next_job)
+            self.segments,
+            submit,
+            self.first_job_dir,
+            self.note,
+            self.base.update,
+            spares,
+            self.regrow,
+        )
         self.hosts: list[str] = []  # the nodes of the job now followed, once it runs
 
     # --- output -------------------------------------------------------------------------
@@ -137,7 +147,8 @@ class Follower:
             }
         )
         if self.following is not None:
-            save_state(self.record, self.following, self)
+            kept = (self.job, self.job_id, self.first_job_dir, self.base, self.segments)
+            save_state(self.record, self.following, Progress(*kept, self.spares))
 
     # --- the loop -----------------------------------------------------------------------
 
@@ -173,25 +184,12 @@ class Follower:
         return outcome.exit_code
 
     def _loop(self) -> Outcome:
-        failing_since, event, waited = None, None, self.events
+        event, waited, squeue = None, self.events, slurm.Squeue(self.commands)
         while True:
             self._handle_signals()
             now = time.monotonic()
             if self.cadence.squeue_now(now, self.sup):
-                try:
-                    info = slurm.query(self.commands, self.job_id)
-                    failing_since = None
-                except ConfigError:
-                    raise
-                except OrchestratorError as exc:  # e.g. the controller restarting: retry
-                    failing_since = failing_since or now
-                    if now - failing_since > UNREACHABLE_GRACE_S:
-                        raise OrchestratorError(
-                            f"{exc}; SLURM job {self.job_id} may still "
-                            "run: `orchestrator status` asks again"
-                        ) from None
-                    info = self.info
-                self._on_info(info)
+                self._on_info(squeue.query(self.job_id, self.info, now))
             self._pump(event if waited is self.events else None)  # not a past attempt's
             if self.info.ended:
                 self._pump()
@@ -258,16 +256,10 @@ class Follower:
         """Nodes are allocated: learn their names and get ready to tail their files."""
         job = self.job
         details = slurm.job_details(self.commands, self.job_id)
-        nodelist = info.nodelist or details.nodelist
-        try:
-            hosts = slurm.expand_nodelist(self.commands, nodelist)
-        except OrchestratorError:
-            hosts = []
-        if len(hosts) != job.nnodes:
-            hosts = [f"node{k}" for k in range(job.nnodes)]
+        hosts = slurm.hosts_of(self.commands, info.nodelist or details.nodelist, job.nnodes)
         self.hosts = hosts
         if self.spares is not None:
-            self.spares.running(hosts)
+            self.spares.running(hosts, self.note)
             self.base.update(self.spares.status())
         self._close_attempt()
         self.files = AttemptFiles(
@@ -275,13 +267,8 @@ class Follower:
         )
         self.attempt, start = details.restarts, self.bookmarks.start(self.job_id, details.restarts)
         self.files.resume(start.files or {})
-        nodes, ranks, labels = [], [], {}
-        for k, host in enumerate(hosts):
-            node_ranks = range(k * job.nproc, (k + 1) * job.nproc)
-            nodes.append(NodeState(index=k, host=host, ranks=tuple(node_ranks)))
-            for local, rank in enumerate(node_ranks):
-                ranks.append(RankState(rank, k, local, host))
-                labels[rank] = f"{host} r{rank}"
+        nodes, ranks = states_on(hosts, job.nproc)
+        labels = {r.rank: f"{r.host} r{r.rank}" for r in ranks}
         self.sink.close()
         self.bookmarks.keep_sizes(self.sink)
         self.sink = LogSink(
@@ -297,9 +284,14 @@ class Follower:
         self.base.update(master=f"{job.master_addr or hosts[0]}:{port}", attempt=details.restarts)
         self.events = queue.Queue()
         agents = NodeAgents(
-            self.job_id, self.attempt, dial_python(job), self.bookmarks, self.events, self.commands
+            self.job_id,
+            self.attempt,
+            dial_python(job),
+            self.bookmarks,
+            self.events,
+            self.commands,
+            kept_on_node(job, self.attempt),  # where the record is not shared
         )
-        agents.kept_on_node = kept_on_node(job, self.attempt)  # where the record is not shared
         self.sup = Supervisor(
             nodes,
             ranks,
@@ -425,8 +417,7 @@ class Follower:
                 f"rank {rank} on {host} ended with {describe_exit(code)}; srun ends the "
                 "job step on every node (--kill-on-bad-exit)"
             )
-            sup.begin_stop(self.supervision.grace, f"rank {rank} on {host} failed")
-            sup.stopper.wall = when  # ranks that end after it were stopped, not failed
+            sup.scheduler_stopped(f"rank {rank} on {host} failed", at=when)
 
     def node_exited(self, node: NodeState, code: int | None, when: float) -> None:
         """A node's part ended (its agent's X frame, or its exit file)."""
@@ -438,8 +429,7 @@ class Follower:
                 f"{node.host}: torchrun gave up ({describe_exit(code)}, --max-restarts "
                 f"{self.job.max_restarts} spent); srun ends the job step on every node"
             )
-            sup.begin_stop(self.supervision.grace, f"{node.host} failed")
-            sup.stopper.wall = when  # ranks that end after it were stopped, not failed
+            sup.scheduler_stopped(f"{node.host} failed", at=when)
 
     def _resubmitted(self) -> bool:
         """After the job ended: follow the next job of the run, submitted again after a
@@ -456,7 +446,10 @@ class Follower:
         ):  # the ranks stopped on SLURM's SIGTERM or --signal, the script ended first
             self.segments.preempted()
         self.segments.ended(self.info.state, ranks_ok)
-        new = next_job(self, len(self.segments.entries) + 1)
+        last = EndedJob(
+            self.job, self.job_id, self.info, self.hosts, self.sup, Path(self.batch.path)
+        )
+        new = next_job(last, self.resubmitting, len(self.segments.entries) + 1)
         if new is None:
             return False
         self.job, self.job_id = new

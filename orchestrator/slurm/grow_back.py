@@ -22,7 +22,7 @@ free. A node added to the partition later cannot be told from one idle all along
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Protocol
 
@@ -31,7 +31,6 @@ from orchestrator.slurm.client import SlurmCommands
 from orchestrator.slurm.job import SlurmJob
 from orchestrator.slurm.parse import JobInfo, parse_sinfo_idle
 from orchestrator.slurm.segments import Segments
-from orchestrator.slurm.spares import job_dir_of
 from orchestrator.supervise import Supervisor
 
 GROW = "grow"  # the ending of a job stopped at a checkpoint to grow back (segments)
@@ -44,8 +43,6 @@ class Followed(Protocol):
     info: JobInfo
     sup: Supervisor | None
     segments: Segments
-    submit: Callable[[SlurmJob, int], int] | None
-    first_job_dir: str | None
 
     def note(self, text: str) -> None: ...
 
@@ -84,7 +81,7 @@ def idle_nodes(commands: SlurmCommands, names: Sequence[str]) -> list[str]:
 
 class SlurmRegrow:
     """Asks SLURM for the lost nodes of one run and, when one is back, has the ranks
-    checkpoint; the next job is then the larger one (`take`, `submit`: resubmit.next_job)."""
+    checkpoint; the next job is then the larger one (`take`; resubmit.next_job submits it)."""
 
     def __init__(self, commands: SlurmCommands, supervision: Supervision | None) -> None:
         self.commands = commands
@@ -117,10 +114,10 @@ class SlurmRegrow:
             size = f.job.nnodes + len(self.back)
             f.note(f"{', '.join(self.back)} back; growing to {size} nodes at the next checkpoint")
         size = f.job.nnodes + len(self.back)
-        sup.deadline.signal_name = sup.deadline.signal_name or f.job.signal_name
+        sup.deadline.signal_known(f.job.signal_name)
         if sup.deadline.checkpoint(sup, sup.sink, time.time(), f"growing to {size} nodes"):
-            segment.warned_at = time.time()  # the ranks' ends from now on are stops
-            segment.warning = f"SIG{sup.deadline.signal_name} to grow to {size} nodes"
+            # the ranks' ends from now on are stops
+            f.segments.warned_to(f"SIG{sup.deadline.signal_name} to grow to {size} nodes")
             self.signalled, self.sent_at = True, time.monotonic()
             f.write_status()
 
@@ -132,28 +129,12 @@ class SlurmRegrow:
             return
         if time.monotonic() - self.sent_at < self.every:
             return
-        clock.sent_at, f.segments.current.warned_at, self.signalled = None, None, False
-        clock.not_catching.clear()
-        clock.signalled.clear()
+        clock.unsent()
+        f.segments.unwarned()
+        self.signalled = False
 
     def take(self) -> list[str]:
         """The nodes the ended job was stopped for (the warning sent), [] when none; the
         growth under way ends here, whatever follows."""
         back, self.back, signalled, self.signalled = self.back, [], self.signalled, False
         return back if signalled else []
-
-    def submit(self, f: Followed, back: Sequence[str], number: int) -> tuple[SlurmJob, int] | None:
-        """After the job stopped for `back` ended by that stop: the job on the larger count,
-        submitted as the run's job number `number`; None when it ended otherwise
-        (completed or cancelled first)."""
-        if f.submit is None or f.segments.current.ending in ("completed", "cancelled"):
-            return None
-        new = grown(f.job, back, job_dir_of(f.first_job_dir, number))
-        why = f"stopped at a checkpoint to grow to {new.nnodes} nodes ({', '.join(back)} back)"
-        new_id = f.submit(new, number)
-        f.note(f.segments.resubmitted(new_id, why, new.nnodes, GROW))
-        f.note(
-            f"run {new.run_id}: SLURM job {new_id} submitted (attempt {number}) on "
-            f"{new.nnodes} node(s), with {', '.join(back)} again"
-        )
-        return new, new_id

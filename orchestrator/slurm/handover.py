@@ -92,23 +92,37 @@ def write_json(path: Path, data: Mapping[str, Any]) -> None:
     os.replace(temporary, path)
 
 
-def save_state(record: RunRecord, following: Following, follower: Any) -> None:
-    """follower.json from the follower (orchestrator.slurm.follow.Follower) as it is now."""
-    spares: SlurmSpares | None = follower.spares
+@dataclass(frozen=True)
+class Progress:
+    """What follower.json keeps of the run as its follower (orchestrator.slurm.follow)
+    has it now: the job followed, the first job's folder, the status' base, the segments
+    and the spares."""
+
+    job: SlurmJob
+    job_id: int
+    first_job_dir: str | None
+    base: dict
+    segments: Segments
+    spares: SlurmSpares | None
+
+
+def save_state(record: RunRecord, following: Following, progress: Progress) -> None:
+    """follower.json: `following` and the run's `progress`."""
+    spares = progress.spares
     write_json(
         record.path / STATE_FILE,
         {
             "version": VERSION,
             "following": to_plain(following),
-            "job": to_plain(follower.job),
-            "job_id": follower.job_id,
-            "first_job_dir": follower.first_job_dir,
-            "base": follower.base,
+            "job": to_plain(progress.job),
+            "job_id": progress.job_id,
+            "first_job_dir": progress.first_job_dir,
+            "base": progress.base,
             "segments": {
-                "entries": to_plain(follower.segments.entries),
-                "given": follower.segments.given,
-                "left": follower.segments.left,
-                "preempted_seen": follower.segments.preempted_seen,
+                "entries": to_plain(progress.segments.entries),
+                "given": progress.segments.given,
+                "left": progress.segments.left,
+                "preempted_seen": progress.segments.preempted_seen,
             },
             "spares": None
             if spares is None
@@ -141,16 +155,21 @@ class Handover:
 
     def restore_segments(self, segments: Segments) -> None:
         saved = self.segments
-        segments.entries = [from_plain(Segment, entry) for entry in saved["entries"]]
-        segments.given, segments.left = saved["given"], saved["left"]
-        segments.preempted_seen = saved["preempted_seen"]
+        segments.restore(
+            [from_plain(Segment, entry) for entry in saved["entries"]],
+            saved["given"],
+            saved["left"],
+            saved["preempted_seen"],
+        )
 
     def restore_spares(self, spares: SlurmSpares) -> None:
         saved = self.spares or {}
-        spares.recoveries = [from_plain(Recovery, entry) for entry in saved.get("recoveries", [])]
-        spares.unreplaced = saved.get("unreplaced")
-        spares.left = saved.get("left", spares.left)
-        spares.before = list(saved.get("before", []))
+        spares.restore(
+            [from_plain(Recovery, entry) for entry in saved.get("recoveries", [])],
+            saved.get("unreplaced"),
+            saved.get("left", spares.left),
+            list(saved.get("before", [])),
+        )
 
 
 def load(record: RunRecord) -> Handover:

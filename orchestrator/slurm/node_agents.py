@@ -52,6 +52,7 @@ class NodeAgents:
         bookmarks: Bookmarks,
         events: queue.Queue[Event | None],
         commands: SlurmCommands | None = None,
+        kept_on_node: str | None = None,
     ) -> None:
         self.job_id, self.attempt, self.python = job_id, attempt, python
         self.bookmarks = bookmarks
@@ -63,7 +64,7 @@ class NodeAgents:
         self.redial_at: dict[int, float] = {}  # node -> when its agent is dialled again
         # The attempt's folder on the nodes where the run record is not shared with them
         # (node_files.py): a node whose agent is never reached keeps its lines there.
-        self.kept_on_node: str | None = None
+        self.kept_on_node = kept_on_node
 
     def reach(self, hosts: list[str], offsets: dict[str, int] | None) -> None:
         """Dial every node's agent, node K's stream from offsets[str(K)] (else its start)."""
@@ -114,12 +115,12 @@ class NodeAgents:
             self._lost(sup, node, event, running)
             return
         if event.kind == Frame.RANK_EXITED:  # E rank rc t [stopped]
-            node.heard_wall = max(node.heard_wall, event.at)
+            node.heard(event.at)
             rank, code, at, *stopped = event.fields
             after_stop = stopped[0] == "1" if stopped else None
             judge.rank_exited(int(rank), int(code), sup.on_our_clock(node, float(at)), after_stop)
         elif event.kind == Frame.FINISHED:  # X rc t: the node's part ended
-            node.heard_wall = max(node.heard_wall, event.at)
+            node.heard(event.at)
             code = None if event.fields[0] == "None" else int(event.fields[0])
             judge.node_exited(node, code, sup.on_our_clock(node, float(event.fields[1])))
         elif event.kind == Frame.TIME_WARNING and event.fields[2:] == ("-", "-"):

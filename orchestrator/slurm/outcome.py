@@ -8,12 +8,11 @@ that failed before any node started its ranks shows the end of the batch script'
 from __future__ import annotations
 
 import signal
-import time
 from pathlib import Path
 
 from orchestrator.backends.scheduler_states import SchedulerState
 from orchestrator.console.reading import last_lines_of
-from orchestrator.record.states import NodePhase, RankPhase, RunState
+from orchestrator.record.states import RunState
 from orchestrator.slurm.parse import JobInfo
 from orchestrator.supervise import Outcome, Supervisor, describe_exit
 
@@ -40,18 +39,9 @@ def job_outcome(
     end are settled in `sup` (SLURM ended them before their script could say so).
     `on_node`: the batch script's output is there on the batch node, not `batch_output`."""
     if sup is not None:
-        for node in sup.nodes:
-            if not node.done:
-                node.done, node.ended_at = True, time.time()
-                node.state = NodePhase.STOPPED if sup.stopping else NodePhase.FAILED
-                node.detail = f"ended by SLURM (job {info.state})"
-                for rank in node.ranks:
-                    if sup.ranks[rank].exit_code is None:
-                        sup.ranks[rank].state = (
-                            RankPhase.KILLED if sup.stopping else RankPhase.UNKNOWN
-                        )
+        sup.ended_unreported(f"ended by SLURM (job {info.state})")
         if interrupted_by is not None:
-            sup.stopper.interrupted_by = interrupted_by
+            sup.interrupted(interrupted_by)
     ranks = sup.outcome() if sup is not None else None
     job_code = info.exit_code if info.exit_code else 1
     name = f"SLURM job {job_id}"

@@ -6,12 +6,10 @@ limit or a preemption, the same job again (segments.py); or none, and the run en
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Protocol
 
-from orchestrator.agent.ranks import RankFile
-from orchestrator.slurm.grow_back import SlurmRegrow
+from orchestrator.slurm.grow_back import GROW, SlurmRegrow, grown
 from orchestrator.slurm.job import SlurmJob
 from orchestrator.slurm.outcome import job_outcome
 from orchestrator.slurm.parse import JobInfo
@@ -20,49 +18,72 @@ from orchestrator.slurm.spares import SlurmSpares, job_dir_of
 from orchestrator.supervise import Supervisor
 
 
-class Ended(Protocol):
-    """What of the follower (follow.py) the next job is decided from."""
+@dataclass(frozen=True)
+class EndedJob:
+    """The job that ended, as its follower saw it last."""
 
     job: SlurmJob
     job_id: int
     info: JobInfo
-    hosts: list[str]
-    sup: Supervisor | None
-    batch: RankFile
-    base: dict
+    hosts: list[str]  # the nodes it ran on ([] if it never ran)
+    sup: Supervisor | None  # its last attempt's, if one ran
+    batch_output: Path
+
+
+@dataclass(frozen=True)
+class Resubmitting:
+    """What the run submits its next job with, and says it through."""
+
     segments: Segments
-    spares: SlurmSpares | None
-    submit: Callable[[SlurmJob, int], int] | None
+    submit: Callable[[SlurmJob, int], int] | None  # the job as the run's job number N: its id
     first_job_dir: str | None
-    regrow: SlurmRegrow | None
+    note: Callable[[str], None]  # a line on the console (and in the combined log)
+    status: Callable[[dict], None]  # what is added to the run's status.json
+    spares: SlurmSpares | None = None
+    regrow: SlurmRegrow | None = None
 
-    def note(self, text: str) -> None: ...
 
-    def write_status(self) -> None: ...
-
-
-def next_job(f: Ended, number: int) -> tuple[SlurmJob, int] | None:
-    """Submit job `number` of the run after `f`'s job ended, noting why; None: the run
-    ends with this job (its closing summary says why)."""
-    ended = (f.job_id, f.info)
-    back = f.regrow.take() if f.regrow is not None else []
-    failure = f.spares.failure(*ended, f.hosts) if f.spares is not None else None
+def next_job(ended: EndedJob, run: Resubmitting, number: int) -> tuple[SlurmJob, int] | None:
+    """Submit job `number` of the run after `ended`, noting why; None: the run ends with
+    this job (its closing summary says why)."""
+    job, spares = ended.job, run.spares
+    back = run.regrow.take() if run.regrow is not None else []
+    failure = spares.failure(ended.job_id, ended.info, ended.hosts) if spares else None
     if failure is not None:
-        assert f.spares is not None
-        if f.spares.after(f.job).goes_on:  # else the closing summary says it
-            outcome = job_outcome(*ended, f.sup, None, Path(f.batch.path))
-            f.note(outcome.summary.splitlines()[0])
-        new = f.spares.replace(f.job, f.hosts, *failure, number)
+        assert spares is not None
+        if spares.after(job).goes_on:  # else the closing summary says it
+            outcome = job_outcome(ended.job_id, ended.info, ended.sup, None, ended.batch_output)
+            run.note(outcome.summary.splitlines()[0])
+        new = spares.replace(job, ended.hosts, *failure, number, run.note)
         if new is None:
             return None
-        f.base.update(**f.spares.status())
-        f.segments.resubmitted(new[1], failure[1], new[0].nnodes)
+        run.status(spares.status())
+        run.segments.resubmitted(new[1], failure[1], new[0].nnodes)
         return new
-    if back and f.regrow is not None:  # stopped at a checkpoint to grow (grow_back.py)
-        return f.regrow.submit(f, back, number)
-    if f.segments.carry_on() and f.submit is not None:
-        job = replace(f.job, job_dir=job_dir_of(f.first_job_dir, number))
-        new = job, f.submit(job, number)
-        f.note(f.segments.resubmitted(new[1]))
+    if back:  # stopped at a checkpoint to grow (grow_back.py)
+        return _grown(job, run, back, number)
+    if run.segments.carry_on() and run.submit is not None:
+        again = replace(job, job_dir=job_dir_of(run.first_job_dir, number))
+        new = again, run.submit(again, number)
+        run.note(run.segments.resubmitted(new[1]))
         return new
     return None
+
+
+def _grown(
+    job: SlurmJob, run: Resubmitting, back: list[str], number: int
+) -> tuple[SlurmJob, int] | None:
+    """After the job stopped for `back` ended by that stop: the job on the larger count,
+    submitted as the run's job number `number`; None when it ended otherwise
+    (completed or cancelled first)."""
+    if run.submit is None or run.segments.current.ending in ("completed", "cancelled"):
+        return None
+    new = grown(job, back, job_dir_of(run.first_job_dir, number))
+    why = f"stopped at a checkpoint to grow to {new.nnodes} nodes ({', '.join(back)} back)"
+    new_id = run.submit(new, number)
+    run.note(run.segments.resubmitted(new_id, why, new.nnodes, GROW))
+    run.note(
+        f"run {new.run_id}: SLURM job {new_id} submitted (attempt {number}) on "
+        f"{new.nnodes} node(s), with {', '.join(back)} again"
+    )
+    return new, new_id

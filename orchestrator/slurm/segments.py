@@ -95,6 +95,29 @@ class Segment:
     hosts: tuple[str, ...] = ()  # the nodes it ran on, in node-rank order
     ranks: int = 0  # its world size
 
+    def ran(self, hosts: tuple[str, ...], ranks: int) -> None:
+        """Its job runs (from now), on `hosts` with `ranks` ranks; said once."""
+        if self.running_at is None:
+            self.running_at, self.hosts, self.ranks = time.time(), hosts, ranks
+
+    def warn(self, when: float | None, warning: str = "") -> None:
+        """Its ranks were sent the warning at `when` (None: not, after all)."""
+        self.warned_at = when
+        if when is not None:
+            self.warning = warning
+
+    def end(self, state: str | None, ending: str, why: str) -> None:
+        """Its job ended now in SLURM's `state`: `ending` (a row of ENDINGS), in words."""
+        self.ended_at, self.slurm_state = time.time(), state
+        self.ended_as(ending, why)
+
+    def ended_as(self, ending: str, why: str) -> None:
+        self.ending, self.why = ending, why
+
+    def then(self, next_: str) -> None:
+        """What followed it: "resubmitted as job N", "requeued by SLURM"."""
+        self.next = next_
+
     def to_dict(self) -> dict:
         return {
             "segment": self.number,
@@ -141,21 +164,32 @@ class Segments:
 
     def running(self, hosts: list[str] | tuple[str, ...] = (), ranks: int = 0) -> None:
         """The job of the current segment runs, on `hosts` with `ranks` ranks."""
-        if self.current.running_at is None:
-            self.current.running_at = time.time()
-            self.current.hosts, self.current.ranks = tuple(hosts), ranks
+        self.current.ran(tuple(hosts), ranks)
 
     def warned(self, signal_name: str, when: float, preempted: bool) -> str:
         """The script passed the warning on to the ranks; the console's line."""
         segment = self.current
-        segment.warned_at = when
         cause = "a preemption" if preempted else "the time limit"
-        segment.warning = f"SIG{signal_name} for {cause}"
+        segment.warn(when, f"SIG{signal_name} for {cause}")
         self.preempted_seen = self.preempted_seen or preempted
         return (
             f"SLURM job {segment.job_id}: SIG{signal_name} to every rank for {cause} "
             "(the ranks save a checkpoint and stop)"
         )
+
+    def warned_to(self, warning: str) -> None:
+        """The ranks were sent the warning now for `warning`'s reason (growing back,
+        grow_back.py): their ends from now on are stops."""
+        self.current.warn(time.time(), warning)
+
+    def unwarned(self) -> None:
+        """No rank took the warning: the segment is as if it never went out."""
+        self.current.warn(None)
+
+    def restore(self, entries: list[Segment], given: int, left: int, preempted_seen: bool) -> None:
+        """The segments as a follower before this one left them (handover.py)."""
+        self.entries, self.given, self.left = entries, given, left
+        self.preempted_seen = preempted_seen
 
     def preempted(self) -> None:
         """SLURM says a higher-priority job preempted the job now followed (PreemptTime)."""
@@ -171,21 +205,21 @@ class Segments:
             # The ranks stopped on the preemption's signal (or SIGTERM), and the script
             # ended before SLURM could requeue the job.
             kind, words = "preempted", "preempted by a higher-priority job"
-        segment.ended_at, segment.slurm_state = time.time(), state
-        segment.ending, segment.why = kind, words
+        segment.end(state, kind, words)
         return kind
 
     def requeued(self, state: str, reason: str) -> str:
         """SLURM requeued the job (same id): a new segment; the console's line."""
         old = self.current
         kind = "preempted" if self.preempted_seen else "requeued"
-        old.ended_at, old.slurm_state, old.ending = time.time(), state, kind
-        old.why = (
+        old.end(
+            state,
+            kind,
             "preempted by a higher-priority job"
             if kind == "preempted"
-            else f"requeued ({reason or state})"
+            else f"requeued ({reason or state})",
         )
-        old.next = "requeued by SLURM"
+        old.then("requeued by SLURM")
         self._begin(old.job_id, old.nodes)
         return f"segment {self.current.number}: SLURM job {old.job_id} {old.why}; requeued by SLURM"
 
@@ -202,9 +236,9 @@ class Segments:
         old = self.current
         nodes = nodes or old.nodes
         other = f" on {nodes} node(s)" if old.nodes and nodes != old.nodes else ""
-        old.next = f"resubmitted as job {new_id}{other}"
+        old.then(f"resubmitted as job {new_id}{other}")
         if why:
-            old.ending, old.why = kind, why
+            old.ended_as(kind, why)
         elif old.ending in CARRIED:
             self.left -= 1
         self._begin(new_id, nodes)
@@ -225,10 +259,14 @@ class Segments:
             if segment.hosts:
                 world.append(
                     WorldSegment(
-                        segment.number, segment.hosts, segment.ranks, segment.submitted_at, why
+                        segment.number,
+                        segment.hosts,
+                        segment.ranks,
+                        segment.submitted_at,
+                        why,
+                        segment.running_at,
                     )
                 )
-                world[-1].running_at = segment.running_at
             why = f"after job {segment.job_id}: {segment.why}"
         return world
 

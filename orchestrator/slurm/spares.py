@@ -92,10 +92,9 @@ class SlurmSpares:
         commands: SlurmCommands,
         bad_nodes: str | None,
         submit: Callable[[SlurmJob, int], int],
-        note: Callable[[str], None],
     ) -> None:
         self.given = job.spares
-        self.commands, self.bad_nodes, self.submit, self.note = commands, bad_nodes, submit, note
+        self.commands, self.bad_nodes, self.submit = commands, bad_nodes, submit
         self.recoveries: list[Recovery] = []
         self.unreplaced: str | None = None  # the node fault that ended the run, if any
         self.left, self.names, self.min_nodes = job.spares, job.spare_nodes, job.min_nodes
@@ -123,16 +122,22 @@ class SlurmSpares:
         return after_loss(job.nnodes, len(self.failed), job.spares, job.min_nodes)
 
     def replace(
-        self, job: SlurmJob, hosts: list[str], node: str, why: str, attempt: int
+        self,
+        job: SlurmJob,
+        hosts: list[str],
+        node: str,
+        why: str,
+        attempt: int,
+        note: Callable[[str], None],
     ) -> tuple[SlurmJob, int] | None:
         """Put the failed `node` on the bad-node list and submit the job again without it
         as the run's job number `attempt`: the new job and its id, or None when no spare
-        is left."""
+        is left; what it does is said through `note`."""
         for name in self.failed or [node]:
-            self._mark_bad(name, why)
+            self._mark_bad(name, why, note)
         step = self.after(job)
         if step is AfterLoss.SHRINK:
-            return self._shrink(job, hosts, attempt)
+            return self._shrink(job, hosts, attempt, note)
         if step is not AfterLoss.SPARE:
             self.unreplaced = why
             if step is AfterLoss.FLOOR:
@@ -146,45 +151,59 @@ class SlurmSpares:
         recovery = Recovery(attempt, hosts.index(node), node, why, spare, time.time())
         self.recoveries.append(recovery)
         self.left, self.names, self.before = new.spares, new.spare_nodes, list(hosts)
-        self.note(
+        note(
             f"attempt {attempt}: {node} taken out ({why}); submitting the job again "
             + (f"with {spare} in its place" if spare != BY_SLURM else f"with --exclude={node}")
             + f" (--spares: {new.spares} left)"
         )
         new_id = self.submit(new, attempt)
-        self.note(f"run {job.run_id}: SLURM job {new_id} submitted (attempt {attempt})")
+        note(f"run {job.run_id}: SLURM job {new_id} submitted (attempt {attempt})")
         return new, new_id
 
-    def _shrink(self, job: SlurmJob, hosts: list[str], attempt: int) -> tuple[SlurmJob, int]:
+    def _shrink(
+        self, job: SlurmJob, hosts: list[str], attempt: int, note: Callable[[str], None]
+    ) -> tuple[SlurmJob, int]:
         """Submit the job again on its nodes but the failed ones (--min-nodes)."""
         new = shrunk(job, self.failed, job_dir_of(self.job_dir, attempt))
         self.before, self.shrunk_at = list(hosts), time.time()
         what = f"{', '.join(self.failed)} lost"
-        self.note(going_on_line(what, new.nnodes, job.launched_nodes, job.min_nodes))
+        note(going_on_line(what, new.nnodes, job.launched_nodes, job.min_nodes))
         new_id = self.submit(new, attempt)
-        self.note(
+        note(
             f"run {job.run_id}: SLURM job {new_id} submitted (attempt {attempt}) on "
             f"{new.nnodes} node(s), without {', '.join(self.failed)}"
         )
         return new, new_id
 
-    def running(self, hosts: list[str]) -> None:
+    def running(self, hosts: list[str], note: Callable[[str], None]) -> None:
         """The newest job runs on `hosts`: the last recovery (or shrink) is complete."""
         if self.shrunk_at is not None:
-            self.note(
+            note(
                 f"running again on {len(hosts)} node(s) ({', '.join(hosts)}), "
                 f"{time.time() - self.shrunk_at:.1f} s after the failure was seen (--min-nodes)"
             )
             self.shrunk_at = None
         if self.recoveries and self.recoveries[-1].running_at is None:
             recovery = self.recoveries[-1]
-            recovery.running_at = time.time()
-            if recovery.spare == BY_SLURM:
-                recovery.spare = next((h for h in hosts if h not in self.before), BY_SLURM)
-            self.note(
+            spare = recovery.spare
+            if spare == BY_SLURM:
+                spare = next((h for h in hosts if h not in self.before), BY_SLURM)
+            recovery = self.recoveries[-1] = replace(recovery, running_at=time.time(), spare=spare)
+            note(
                 f"attempt {recovery.attempt}: running again on {', '.join(hosts)}, "
                 f"{recovery.running_at - recovery.noticed_at:.1f} s after the failure was seen"
             )
+
+    def restore(
+        self, recoveries: list[Recovery], unreplaced: str | None, left: int, before: list[str]
+    ) -> None:
+        """The spares as a follower before this one left them (handover.py)."""
+        self.recoveries, self.unreplaced, self.left, self.before = (
+            recoveries,
+            unreplaced,
+            left,
+            before,
+        )
 
     def status(self) -> dict:
         """The recovery part of status.json."""
@@ -208,12 +227,12 @@ class SlurmSpares:
             lines += [f"  {recovery.describe()}" for recovery in self.recoveries]
         return replace(outcome, summary="\n".join(lines))
 
-    def _mark_bad(self, host: str, why: str) -> None:
+    def _mark_bad(self, host: str, why: str, note: Callable[[str], None]) -> None:
         if not self.bad_nodes:
             return
         try:
             add_bad_node(self.bad_nodes, host, self.run_id, why)
         except OSError as exc:
-            self.note(f"warning: cannot add {host} to the bad-node list {self.bad_nodes}: {exc}")
+            note(f"warning: cannot add {host} to the bad-node list {self.bad_nodes}: {exc}")
             return
-        self.note(f"{host} added to the bad-node list {self.bad_nodes}")
+        note(f"{host} added to the bad-node list {self.bad_nodes}")

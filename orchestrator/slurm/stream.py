@@ -29,7 +29,7 @@ from orchestrator.agent.protocol import Frame
 from orchestrator.agent.ranks import RankFile
 from orchestrator.backends.sessions import Event
 from orchestrator.console.sink import LogSink
-from orchestrator.record.states import NodePhase, RankPhase
+from orchestrator.record.states import NodePhase
 from orchestrator.supervise import NodeState, Supervisor
 from orchestrator.supervise.clocks import NodeClock
 from orchestrator.supervise.frame_handlers import handle as handle_event
@@ -79,9 +79,7 @@ class AttemptFiles:
 
     def close(self) -> None:
         for tail in self.tails().values():
-            if tail.fd is not None:
-                os.close(tail.fd)
-                tail.fd = None
+            tail.close()
 
     def pump(
         self,
@@ -114,11 +112,7 @@ class AttemptFiles:
         for node in nodes:
             start_file = self.node_dir(node.index) / "node.start"
             if node.state == NodePhase.STARTING and read_fields(start_file):
-                node.state, node.started_at = NodePhase.RUNNING, self.clock.written(start_file)
-                for rank in node.ranks:
-                    sup.ranks[rank].state = RankPhase.RUNNING
-                sup.metrics.event("start", node)
-                sup.on_change(sup)
+                sup.node_started(node, self.clock.written(start_file))
                 came = True
             if data := self.node_files[node.index].read_lines(READ_BYTES):
                 sink.node_output(node.index, data)
@@ -137,7 +131,7 @@ class AttemptFiles:
             ended.append((when, rank, int(fields[0]), fields[2:]))
         for when, rank, code, error_file in sorted(ended):
             if error_file and os.path.isfile(error_file[0]):
-                sup.ranks[rank].error_file = Path(error_file[0]).read_text(errors="replace")
+                sup.rank_error_file(rank, Path(error_file[0]).read_text(errors="replace"))
             rank_exited(rank, code, when)
         for node in nodes:
             exit_file = self.node_dir(node.index) / "node.exit"

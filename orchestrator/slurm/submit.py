@@ -32,6 +32,12 @@ from orchestrator.start.detach import run_detached
 from orchestrator.start.settings import LaunchRequest
 
 
+class Cancelled(OrchestratorError):
+    """Ctrl-C before the follower took it over: the job was cancelled (exit code 130)."""
+
+    exit_code = 130
+
+
 def prepare_slurm(
     cluster: Cluster | None,
     spec: JobSpec,
@@ -226,7 +232,7 @@ def _submit_and_follow(
     resubmit = resubmitter(record, commands, following.command, secrets)
     spares = None
     if job.spares or job.min_nodes:
-        spares = SlurmSpares(job, commands, options.hosts.bad_nodes, resubmit, lambda _: None)
+        spares = SlurmSpares(job, commands, options.hosts.bad_nodes, resubmit)
         base.update(spares.status())
     follower = Follower(
         job,
@@ -243,8 +249,6 @@ def _submit_and_follow(
         submit=resubmit,
         following=following,
     )
-    if spares is not None:
-        spares.note = follower.note
     follower.write_status()  # and what another controller would need (attach.py)
     try:
         follower.note(f"run {job.run_id}: SLURM job {job_id} submitted ({script_path})")
@@ -255,9 +259,7 @@ def _submit_and_follow(
         return follower.run()
     except KeyboardInterrupt:  # before the follower took over Ctrl-C
         slurm.cancel(commands, job_id)
-        error = OrchestratorError(f"interrupted: cancelled SLURM job {job_id}")
-        error.exit_code = 130
-        raise error from None
+        raise Cancelled(f"interrupted: cancelled SLURM job {job_id}") from None
     finally:
         commands.close()
         os.close(lock)

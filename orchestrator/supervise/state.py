@@ -6,7 +6,7 @@ import errno
 import os
 import signal
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from orchestrator.record.runs import now_iso
@@ -45,6 +45,10 @@ class NodeState:
     disk: str = ""  # its run directory cannot be written: "no space left on device in ~/..."
     disk_at: float | None = None  # when its agent found that, before any stop (else None)
     addresses: tuple[str, ...] = ()  # its IPv4 addresses, as its agent said with S
+
+    def heard(self, at: float) -> None:
+        """Its agent said something at `at` (the wall clock), unless it was heard later."""
+        self.heard_wall = max(self.heard_wall, at)
 
 
 @dataclass(frozen=True)
@@ -112,6 +116,17 @@ def describe_exit(code: int | None) -> str:
         except ValueError:
             pass
     return f"exit code {code}"
+
+
+def states_on(hosts: Sequence[str], nproc: int) -> tuple[list[NodeState], list[RankState]]:
+    """The first state of every node of `hosts` (in node-rank order) and of its `nproc`
+    ranks each: node K's ranks are K * nproc on."""
+    nodes, ranks = [], []
+    for k, host in enumerate(hosts):
+        node_ranks = range(k * nproc, (k + 1) * nproc)
+        nodes.append(NodeState(index=k, host=host, ranks=tuple(node_ranks)))
+        ranks += [RankState(rank, k, local, host) for local, rank in enumerate(node_ranks)]
+    return nodes, ranks
 
 
 def nodes_and_ranks(nodes: Iterable[NodeState], ranks: Iterable[RankState]) -> dict:

@@ -89,6 +89,17 @@ class Stopper:
                 self.notes.note(f"{name} again: killing every process of the run now")
                 self.begin(0, f"{name} twice")
 
+    def began_at(self, wall: float) -> None:
+        """The stop began at `wall` (the wall clock), not when it was noted here: a
+        scheduler stopped the nodes itself then (srun's --kill-on-bad-exit), so exits after
+        it are the stop's."""
+        self.wall = wall
+
+    def interrupted(self, signum: int) -> None:
+        """The run was ended by `signum` to the orchestrator, acted on elsewhere (a SLURM
+        job cancelled on Ctrl-C): the outcome names it."""
+        self.interrupted_by = signum
+
     def overdue(self, now: float) -> bool:
         """Stopping, and past the time by which every agent should have reported."""
         return self.stopping and now > self.deadline

@@ -306,6 +306,45 @@ class Supervisor:
         self.metrics.event("restart", self.nodes[rank.node], f"rank {rank.rank}", rank=rank.rank)
         self.changed()
 
+    # --- what a scheduler decided itself (SLURM: srun, squeue, the job's files) ----------
+
+    def scheduler_stopped(self, reason: str, at: float) -> None:
+        """The scheduler stops every node itself (srun's --kill-on-bad-exit), since `at`
+        (the wall clock): ranks that end after it were stopped, not failed."""
+        self.begin_stop(self.supervision.grace, reason)
+        self.stopper.began_at(at)
+
+    def interrupted(self, signum: int) -> None:
+        """The run ended on `signum` to the orchestrator (its job cancelled)."""
+        self.stopper.interrupted(signum)
+
+    def node_started(self, node: NodeState, at: float) -> None:
+        """The node's part runs since `at` (its start file), as its agent's S says."""
+        node.state, node.started_at = NodePhase.RUNNING, at
+        for rank in node.ranks:
+            self.ranks[rank].state = RankPhase.RUNNING
+        self.metrics.event("start", node)
+        self.changed()
+
+    def rank_error_file(self, rank: int, text: str) -> None:
+        """The error file a rank left (torch elastic's), as its agent's F frame brings it."""
+        self.ranks[rank].error_file = text
+
+    def ended_unreported(self, detail: str) -> None:
+        """The scheduler ended the nodes that never reported their end (`detail` says
+        how): stopped while the run stops, else failed; their ranks without an exit,
+        killed or unknown."""
+        for node in self.nodes:
+            if not node.done:
+                node.done, node.ended_at = True, time.time()
+                node.state = NodePhase.STOPPED if self.stopping else NodePhase.FAILED
+                node.detail = detail
+                for rank in node.ranks:
+                    if self.ranks[rank].exit_code is None:
+                        self.ranks[rank].state = (
+                            RankPhase.KILLED if self.stopping else RankPhase.UNKNOWN
+                        )
+
     def stop_if(self, reason: str | None) -> None:
         """Stop the run when the detector gives a reason; either way, say what changed."""
         if reason is not None:

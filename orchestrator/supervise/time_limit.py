@@ -152,6 +152,18 @@ class WarningClock:
         notes.note(f"{why}: SIG{self.signal_name} to {sent[0]} rank(s) on {sent[1]} node(s)")
         return True
 
+    def signal_known(self, name: str | None) -> None:
+        """The warning's signal as the scheduler was told it (SLURM's --signal), unless the
+        clock has one already."""
+        self.signal_name = self.signal_name or name
+
+    def unsent(self) -> None:
+        """Forget a warning that no rank took (every rank found does not catch it yet: a
+        program still starting): `checkpoint` sends it again."""
+        self.sent_at = None
+        self.not_catching.clear()
+        self.signalled.clear()
+
     def warned_for(self, cause: Cause, why: str = "") -> None:
         """What the warning went out for (SLURM's signal: the time limit or a preemption)."""
         self.cause, self.why = cause, why

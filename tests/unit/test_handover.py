@@ -131,18 +131,15 @@ def test_attach_refuses_what_it_cannot_take_over(tmp_path: Path) -> None:
 
 
 def test_a_handover_reads_back(tmp_path: Path) -> None:
-    from orchestrator.slurm.handover import save_state
+    from orchestrator.slurm.handover import Progress, save_state
     from orchestrator.slurm.segments import Segments
 
     record = record_of(tmp_path)
     following = Following("orchestrator launch ...", None, None, Supervision(), True, False, None)
+    base = {"run_id": "r1", "slurm_job_id": 42}
+    progress = Progress(planned(), 42, "/runs/r1/nodes", base, Segments(42, 2), None)
 
-    class Follower:  # what save_state reads of orchestrator.slurm.follow.Follower
-        job, job_id, first_job_dir, spares = planned(), 42, "/runs/r1/nodes", None
-        base = {"run_id": "r1", "slurm_job_id": 42}
-        segments = Segments(42, 2)
-
-    save_state(record, following, Follower)
+    save_state(record, following, progress)
     save_points(record, Points(42, 0, 9, {"node0/rank-0.out": 3}, {"0": 77}, {"rank-0.log": 3}))
     handover = load(record)
     assert (handover.job, handover.job_id, handover.following) == (planned(), 42, following)

@@ -505,3 +505,58 @@ def test_the_state_and_command_rules_catch_what_they_name() -> None:
     assert commands(imported + 's.send(kill_command() if g else "kill")') == 1
     assert commands('channel.write(b"next\\n" + config)') == 1
     assert commands("clock.send(run, notes, now, left)") == 0  # not a session's send
+
+
+def others_attributes_written(source: str) -> list[tuple[int, str]]:
+    """The assignments (plain, augmented, annotated; in a tuple too) whose target is an
+    attribute of anything but `self` itself: `sup.stopper.wall = `, `self.sup.x = `,
+    `node.state = `; `self.x = ` is the object's own. (line, target) each."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Assign):
+            targets = list(node.targets)
+        elif isinstance(node, ast.AugAssign | ast.AnnAssign):
+            targets = [node.target]
+        else:
+            continue
+        while targets:
+            target = targets.pop()
+            if isinstance(target, ast.Tuple | ast.List | ast.Starred):
+                targets += target.elts if not isinstance(target, ast.Starred) else [target.value]
+            elif isinstance(target, ast.Attribute) and not (
+                isinstance(target.value, ast.Name) and target.value.id == "self"
+            ):
+                found.append((target.lineno, ast.unparse(target)))
+    return sorted(found)
+
+
+def test_slurm_writes_no_attribute_but_its_own() -> None:
+    """Under SLURM what the scheduler decides itself (srun's kill-on-bad-exit, the job's
+    end and how, a signal's name, an interrupt) reaches the supervisor as calls that
+    supervise/ owns (`sup.scheduler_stopped(...)`, `deadline.signal_known(...)`), never
+    as writes into its parts: in orchestrator/slurm/ an assignment writes only `self.NAME`;
+    anything else's state changes through its own methods."""
+    written = {
+        f"{path.relative_to(ROOT)}:{line}": target
+        for name, path in MODULES.items()
+        if within(name, "orchestrator.slurm")
+        for line, target in others_attributes_written(path.read_text(encoding="utf-8"))
+    }
+    assert not written, f"attributes of other objects written in orchestrator/slurm/: {written}"
+
+
+def test_the_slurm_rule_finds_writes_into_other_objects() -> None:
+    source = (
+        "def f(self, sup, node):\n"
+        "    self.x = 1\n"
+        "    sup.stopper.wall = 2\n"
+        "    self.sup.y, node.state = 3, 'failed'\n"
+        "    node.count += 1\n"
+        "    self.z: int = 4\n"
+    )
+    assert others_attributes_written(source) == [
+        (3, "sup.stopper.wall"),
+        (4, "node.state"),
+        (4, "self.sup.y"),
+        (5, "node.count"),
+    ]

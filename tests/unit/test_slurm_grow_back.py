@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 import pytest
 
@@ -25,7 +26,7 @@ from orchestrator.slurm.grow_back import (
 from orchestrator.slurm.job import SlurmJob
 from orchestrator.slurm.parse import JobInfo
 from orchestrator.slurm.planning import plan_slurm_job
-from orchestrator.slurm.resubmit import next_job
+from orchestrator.slurm.resubmit import EndedJob, Resubmitting, next_job
 from orchestrator.slurm.segments import Segments
 from orchestrator.slurm.shrink import shrunk
 from orchestrator.supervise import NodeState, RankState
@@ -142,6 +143,14 @@ class Follower:
     def write_status(self) -> None:
         self.statuses += 1
 
+    def ended(self) -> EndedJob:
+        sup = self.sup
+        return EndedJob(self.job, self.job_id, self.info, self.hosts, sup, Path("slurm.out"))  # type: ignore[arg-type]
+
+    def resubmitting(self) -> Resubmitting:
+        means = (self.segments, self.submit, self.first_job_dir, self.note, self.base.update)
+        return Resubmitting(*means, self.spares, self.regrow)
+
 
 def _on_two_of_three() -> tuple[Follower, SlurmJob, Segments]:
     """A run of 3 nodes that lost c1 and runs job 12 on c0 and c2."""
@@ -186,7 +195,7 @@ def test_a_lost_node_back_grows_the_run_at_the_next_checkpoint() -> None:
     # The ranks saved and exited 138: the script's exit ends the job FAILED.
     f.info = JobInfo(state="FAILED")
     segments.ended("FAILED", ranks_ok=False)
-    new = next_job(f, 3)  # type: ignore[arg-type]
+    new = next_job(f.ended(), f.resubmitting(), 3)
     assert new is not None and new[1] == 303
     [(job, number)] = f.jobs
     assert (job.nnodes, job.exclude, job.job_dir, number) == (3, (), "/r/nodes-3", 3)
@@ -229,7 +238,7 @@ def test_no_rank_running_yet_the_warning_waits_and_a_job_that_completed_is_not_g
 
     # The ranks finished before the signal reached them: the run ends as it is.
     segments.ended("COMPLETED", ranks_ok=True)
-    assert next_job(f, 3) is None  # type: ignore[arg-type]
+    assert next_job(f.ended(), f.resubmitting(), 3) is None
     assert f.jobs == [] and regrow.back == []
 
 

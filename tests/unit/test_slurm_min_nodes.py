@@ -124,7 +124,7 @@ def test_a_lost_node_then_one_more_goes_on_with_fewer_then_reaches_the_floor() -
     naming the node and the floor."""
     job, submitted, notes = _job(), Submitted(), []
     commands = FakeCommands(sinfo=(0, "c0|allocated|none\nc1|down|test\nc2|allocated|none\n"))
-    spares = SlurmSpares(job, commands, None, submitted, notes.append)  # type: ignore[arg-type]
+    spares = SlurmSpares(job, commands, None, submitted)  # type: ignore[arg-type]
     segments = Segments(11, max_resubmits=10, nodes=job.nnodes)
     hosts = ["c0", "c1", "c2"]
     segments.running(hosts, job.world_size)
@@ -132,7 +132,7 @@ def test_a_lost_node_then_one_more_goes_on_with_fewer_then_reaches_the_floor() -
     failure = spares.failure(11, JobInfo(state="NODE_FAIL"), hosts)
     assert failure == ("c1", "SLURM job 11 ended NODE_FAIL: c1 is down: test")
     assert spares.after(job) is AfterLoss.SHRINK
-    new = spares.replace(job, hosts, *failure, 2)
+    new = spares.replace(job, hosts, *failure, 2, notes.append)
     assert new is not None and new[1] == 102
     assert notes[0] == "c1 lost; no spare left; going on with 2 of 3 nodes (--min-nodes 2)"
     assert notes[1] == "run r: SLURM job 102 submitted (attempt 2) on 2 node(s), without c1"
@@ -141,7 +141,7 @@ def test_a_lost_node_then_one_more_goes_on_with_fewer_then_reaches_the_floor() -
     assert spares.status()["min_nodes"] == 2 and spares.recoveries == []
     segments.resubmitted(102, failure[1], sent.nnodes)
     segments.running(["c0", "c2"], sent.world_size)
-    spares.running(["c0", "c2"])
+    spares.running(["c0", "c2"], notes.append)
     assert notes[2].startswith("running again on 2 node(s) (c0, c2), ")
 
     # One more lost: 1 of 3 left, fewer than --min-nodes 2.
@@ -149,7 +149,7 @@ def test_a_lost_node_then_one_more_goes_on_with_fewer_then_reaches_the_floor() -
     segments.ended("NODE_FAIL", ranks_ok=False)
     failure = spares.failure(102, JobInfo(state="NODE_FAIL"), ["c0", "c2"])
     assert failure is not None and spares.after(sent) is AfterLoss.FLOOR
-    assert spares.replace(sent, ["c0", "c2"], *failure, 3) is None
+    assert spares.replace(sent, ["c0", "c2"], *failure, 3, notes.append) is None
     assert len(submitted.jobs) == 1  # nothing more submitted
     ended = Outcome(RunState.FAILED, 1, "job ended: SLURM job 102 ended NODE_FAIL")
     outcome = segments.amend(spares.amend(ended))
@@ -181,15 +181,18 @@ def test_spares_come_first_then_the_nodes_left() -> None:
     job = plan_slurm_job(spec("t.py"), SlurmOptions(), "r", held, spares=1, min_nodes=2)
     submitted, notes = Submitted(), []
     commands = FakeCommands(sinfo=(0, "n2|down|test\n"))
-    spares = SlurmSpares(job, commands, None, submitted, notes.append)  # type: ignore[arg-type]
+    spares = SlurmSpares(job, commands, None, submitted)  # type: ignore[arg-type]
     failure = spares.failure(5, JobInfo(state="NODE_FAIL"), ["n1", "n2", "n3"])
     assert failure is not None and spares.after(job) is AfterLoss.SPARE
-    replaced, _ = spares.replace(job, ["n1", "n2", "n3"], *failure, 2) or (None, 0)
+    replaced, _ = spares.replace(job, ["n1", "n2", "n3"], *failure, 2, notes.append) or (None, 0)
     assert replaced is not None and replaced.nodelist == ("n1", "n4", "n3")
     spares.commands = FakeCommands(sinfo=(0, "n3|down|test\n"))
     failure = spares.failure(102, JobInfo(state="NODE_FAIL"), ["n1", "n4", "n3"])
     assert failure is not None and spares.after(replaced) is AfterLoss.SHRINK
-    smaller, _ = spares.replace(replaced, ["n1", "n4", "n3"], *failure, 3) or (None, 0)
+    smaller, _ = spares.replace(replaced, ["n1", "n4", "n3"], *failure, 3, notes.append) or (
+        None,
+        0,
+    )
     assert smaller is not None and smaller.nodelist == ("n1", "n4")
     assert notes[-2] == "n3 lost; no spare left; going on with 2 of 3 nodes (--min-nodes 2)"
 
@@ -198,7 +201,7 @@ def test_a_job_that_failed_by_itself_is_not_a_reason_to_shrink() -> None:
     """Every node up (a rank's exit 3): no failure, so nothing is submitted again."""
     job, submitted = _job(), Submitted()
     commands = FakeCommands(sinfo=(0, "c0|idle|none\nc1|idle|none\nc2|idle|none\n"))
-    spares = SlurmSpares(job, commands, None, submitted, lambda _: None)  # type: ignore[arg-type]
+    spares = SlurmSpares(job, commands, None, submitted)  # type: ignore[arg-type]
     assert spares.failure(3, JobInfo(state="FAILED"), ["c0", "c1", "c2"]) is None
     assert spares.failure(3, JobInfo(state="COMPLETED"), ["c0", "c1", "c2"]) is None
     assert submitted.jobs == []
