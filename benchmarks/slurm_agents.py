@@ -19,7 +19,7 @@ controller's CPU while the job runs and prints nothing.
    node's `srun --overlap` step (the controller's way to its agent) runs, the CPU (user +
    system, from /proc) over --windows windows of --seconds of: the detached controller (its
    main thread, which follows the job: squeue every 30 s while every agent answers, the
-   nodes' files every 1 s while they rest, orchestrator/slurm/cadence.py; and its other
+   nodes' files every 1 s while they rest, orchestrator/slurm/following/cadence.py; and its other
    threads, which read the agents' frames), the commands it ran and waited for in the
    window (squeue), and its srun processes with their children. Printed per window, and
    the medians per node per 30 s. Target: the total within 2 ms per node per 30 s (as over

@@ -49,7 +49,7 @@ NODE_MODULES = (
     "hook",
     "runtime",
     "wakeup",
-    "route",
+    "programs.route",
     "connects",
     "main",
 )
@@ -79,7 +79,7 @@ def agent_start() -> bytes:
     if _AGENT_START is None:
         package = resources.files(__package__)
         sources = [
-            (f"{__package__}.{name}", package.joinpath(f"{name}.py").read_text())
+            (f"{__package__}.{name}", package.joinpath(f"{name.replace('.', '/')}.py").read_text())
             for name in NODE_MODULES
         ]
         compiled = [(name, compile_module(name, source)) for name, source in sources]
@@ -104,7 +104,7 @@ def slurm_bundle(config: dict) -> bytes:
     not be this one; a node compiles them in some 30 ms), then the step's config."""
     package = resources.files(__package__)
     sources = [
-        (f"{__package__}.{name}", package.joinpath(f"{name}.py").read_text())
+        (f"{__package__}.{name}", package.joinpath(f"{name.replace('.', '/')}.py").read_text())
         for name in IN_ALLOCATION
     ]
     loader = package.joinpath("loader.py").read_text()

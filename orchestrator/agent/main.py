@@ -46,6 +46,7 @@ from orchestrator.agent.processes import (
     script_command,
     signal_pid,
 )
+from orchestrator.agent.programs.route import addresses
 from orchestrator.agent.protocol import (
     AGENT_BEATS,
     BEATS_DEFERRED,
@@ -63,7 +64,6 @@ from orchestrator.agent.protocol import (
     read_config,
 )
 from orchestrator.agent.ranks import NodeRanks, rank_pids
-from orchestrator.agent.route import addresses
 from orchestrator.agent.sampling import QUIET_SAMPLE_S, SAMPLE_S, Sampler, differs
 from orchestrator.agent.shipping import Outbox, PipeLines
 from orchestrator.agent.wakeup import QUIET_S, Wakeup, drain

@@ -38,7 +38,7 @@ from orchestrator.options.running import DEFAULT_RUN_DIR
 from orchestrator.options.supervision import NODE_TASKS, Supervision
 from orchestrator.options.workload import JobOptions
 from orchestrator.record.runs import RunRecord
-from orchestrator.slurm.exec_step import find_allocation, run_step
+from orchestrator.slurm.control.exec_step import find_allocation, run_step
 
 LOG = logging.getLogger("orchestrator")
 Say = Callable[[str], None]
@@ -161,7 +161,7 @@ def exec_on_run(
     **keywords,
 ) -> list[NodeResult]:
     """Run a shell command once on every node of the running SLURM run `run` (of
-    `run_dir`), as a step of its job (slurm/exec_step.py); each node's result, as
+    `run_dir`), as a step of its job (slurm/control/exec_step.py); each node's result, as
     `exec_command` gives them. `keywords`: `grace`, `color`, `fold`. A run that is not a
     running SLURM job's, or was submitted with `login`, is a ConfigError saying why."""
     parts = split_keywords("exec", keywords, EXEC_RUN_GROUPS, EXEC_RUN_KEYWORDS)

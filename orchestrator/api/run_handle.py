@@ -181,7 +181,7 @@ def attach(run_id: str, run_dir: str | Path = DEFAULT_RUN_DIR, take_over: bool =
 def needs_controller(record: RunRecord) -> bool:
     """A SLURM run that has not ended, whose controller is gone, and which it left ready
     for another (a run of an older orchestrator is not)."""
-    from orchestrator.slurm.handover import STATE_FILE
+    from orchestrator.slurm.following.handover import STATE_FILE
 
     status = record.read_status()
     return (

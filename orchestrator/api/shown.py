@@ -12,7 +12,7 @@ from orchestrator.record.recoveries import describe_recovery
 from orchestrator.record.runs import run_status
 from orchestrator.record.world import describe_world
 from orchestrator.sizes import human_bytes, parse_size
-from orchestrator.slurm.segments import describe_segment
+from orchestrator.slurm.recovery.segments import describe_segment
 
 __all__ = [
     "RunView",

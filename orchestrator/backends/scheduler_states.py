@@ -1,7 +1,7 @@
 """An attempt's state as its scheduler reports it, in the orchestrator's own words.
 
 A scheduler (SLURM) names a job's state in its own words (PENDING, COMPLETING, NODE_FAIL,
-...); its parser translates them into these, in one table beside it (slurm/parse.py's
+...); its parser translates them into these, in one table beside it (slurm/control/parse.py's
 `SLURM_STATES`), and the code that decides on a job decides on these alone. The scheduler's
 own word is kept beside (`JobInfo.state`) for what the console and the record show.
 """

@@ -39,7 +39,7 @@ class Event:
     data: bytes = b""
     at: float = 0.0  # when the controller received it (wall clock)
     # The channel's bytes read through this frame's end (a channel that can resume at an
-    # offset, orchestrator.slurm.agents, says from where it asks next).
+    # offset, orchestrator.slurm.following.agents, says from where it asks next).
     end: int = 0
 
 

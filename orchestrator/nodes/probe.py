@@ -12,7 +12,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from orchestrator.agent.cores import Topology
+from orchestrator.agent.programs.cores import Topology
 from orchestrator.backends.base import MISSING_PYTHON_WORDS, NodeConnection
 from orchestrator.console.progress import Progress
 from orchestrator.errors import NodeError, NodeErrors

@@ -12,7 +12,7 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from orchestrator.agent.cores import CoreSet, TooFewCores, Topology, core_sets
+from orchestrator.agent.programs.cores import CoreSet, TooFewCores, Topology, core_sets
 from orchestrator.agent.runtime import NAMED  # the runtimes whose containers have names
 from orchestrator.errors import ConfigError
 from orchestrator.hosts.hostfile import LOCAL_NAMES, Cluster, Host

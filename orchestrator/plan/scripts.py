@@ -38,8 +38,8 @@ def _environment() -> jinja2.Environment:
     env.filters["core_words"] = lambda sets: " ".join(s.encode() for s in sets)
     # Shipped as source inside the scripts, so the nodes run these very files: core sets
     # for --bind-cores without a probe, and interface detection on nodes without `ip`.
-    env.globals["cores_source"] = _package_source("agent/cores.py")
-    env.globals["route_py"] = _package_source("agent/route.py")
+    env.globals["cores_source"] = _package_source("agent/programs/cores.py")
+    env.globals["route_py"] = _package_source("agent/programs/route.py")
     return env
 
 

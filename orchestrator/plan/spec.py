@@ -129,7 +129,7 @@ class JobSpec:
     secret_names: frozenset[str] = field(default_factory=frozenset)
     sync_dir: str | None = None  # copied to every node; the ranks start in the copy
     bind_cores: bool = (
-        False  # --bind-cores: each local rank on its own cores (orchestrator.agent.cores)
+        False  # --bind-cores: each local rank on its own cores (orchestrator.agent.programs.cores)
     )
     max_restarts: int = 0  # torchrun's --max-restarts: worker-group restarts per node
     container: ContainerSpec | None = None  # --container: torchrun and the ranks in an image

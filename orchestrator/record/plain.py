@@ -2,7 +2,7 @@
 plain JSON data and back, by their declared types.
 
 A controller that follows a SLURM job leaves its job in the run record this way, so that
-another one can take over (orchestrator.slurm.handover). JSON, not pickle: reading a run
+another one can take over (orchestrator.slurm.following.handover). JSON, not pickle: reading a run
 record never runs code, whoever could write into its folder.
 """
 

@@ -4,7 +4,7 @@ status.json keeps the state as a plain string (`RunState`'s values), written by 
 controller. Whoever reads it later sees that state, unless the run has not ended and the
 controller that keeps the record is gone: an SSH or local run is then `lost` (its nodes
 stop by themselves once they lose contact with it), while a SLURM job goes on without it,
-so SLURM's word on the job decides (slurm/client.py's `refresh_status` records its end).
+so SLURM's word on the job decides (slurm/control/client.py's `refresh_status` records its end).
 `observed_state` is that rule, for the command line and the Python API alike.
 
 A node's and a rank's state (`NodePhase`, `RankPhase`) are words of status.json's `nodes`

@@ -2,7 +2,7 @@
 
 The job is SLURM's, so it outlives the controller that submitted it (a login node that
 rebooted, a killed terminal, kill -9). The new controller reads what the old one left
-(orchestrator.slurm.handover): the job, how it was watched, where every source had been
+(orchestrator.slurm.following.handover): the job, how it was watched, where every source had been
 read to. It cuts the logs back to that point, reaches the node agents again from their
 offsets, and follows the job to its end exactly as the launch would have: console, hang
 checks, `stacks`, resubmissions after a node failure or a time limit, the final status.
@@ -25,10 +25,10 @@ from orchestrator.errors import ConfigError
 from orchestrator.options.backend_facts import facts_of
 from orchestrator.record.runs import RunRecord, controller_alive, this_controller
 from orchestrator.record.states import RunState
-from orchestrator.slurm.client import SlurmCommands
-from orchestrator.slurm.follow import Follower
-from orchestrator.slurm.handover import cut_logs, hold_lock, load
-from orchestrator.slurm.spares import SlurmSpares
+from orchestrator.slurm.control.client import SlurmCommands
+from orchestrator.slurm.following.follow import Follower
+from orchestrator.slurm.following.handover import cut_logs, hold_lock, load
+from orchestrator.slurm.recovery.spares import SlurmSpares
 from orchestrator.slurm.submit import resubmitter
 from orchestrator.start.detach import run_detached
 

@@ -1,5 +1,5 @@
 """The slurm backend: one sbatch job whose tasks are the node agents (slurm/submit.py submits
-it, slurm/follow.py follows it); SLURM, not the controller, keeps the job, so its runs are
+it, slurm/following/follow.py follows it); SLURM, not the controller, keeps the job, so its runs are
 asked of squeue and sacct once no controller follows them."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import BinaryIO
 from orchestrator.options.backend_facts import SLURM
 from orchestrator.record.runs import RunRecord, run_status
 from orchestrator.record.states import RunStatus
-from orchestrator.slurm.client import cancel_run, refresh_status
+from orchestrator.slurm.control.client import cancel_run, refresh_status
 from orchestrator.slurm.submit import launch_slurm, start_slurm_detached, write_slurm_render
 from orchestrator.start.launch_backend import Backend, Say
 from orchestrator.start.settings import LaunchRequest
@@ -37,5 +37,5 @@ class SlurmBackend(Backend):
         return run_status(refresh_status(record, dict(current.document)))
 
     def stop(self, record: RunRecord, current: RunStatus, wait_s: float, say: Say) -> int:
-        """scancel, then the end as SLURM says it (slurm/client.py's own wait)."""
+        """scancel, then the end as SLURM says it (slurm/control/client.py's own wait)."""
         return cancel_run(record, dict(current.document), say)

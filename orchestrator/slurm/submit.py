@@ -1,6 +1,6 @@
 """`launch --backend slurm` and `render --backend slurm`: plan and render job.sbatch, write
 it into the run record, submit it (here, or on a login node over SSH), then follow the job
-(orchestrator.slurm.follow) in the foreground or, with --detach, in the background.
+(orchestrator.slurm.following.follow) in the foreground or, with --detach, in the background.
 """
 
 from __future__ import annotations
@@ -19,15 +19,15 @@ from orchestrator.plan.scripts import command_line, make_output_dir, plan_yaml
 from orchestrator.plan.spec import JobSpec
 from orchestrator.record.runs import RunRecord, new_status, now_iso
 from orchestrator.record.states import RunState
-from orchestrator.slurm import client as slurm
-from orchestrator.slurm.batch_script import SCRIPT_NAME, render_sbatch
-from orchestrator.slurm.client import SlurmCommands
-from orchestrator.slurm.follow import Follower
-from orchestrator.slurm.handover import Following, hold_lock
-from orchestrator.slurm.job import SlurmJob
-from orchestrator.slurm.node_files import NODE_FOLDER, in_record, kept_where, on_the_nodes
-from orchestrator.slurm.planning import plan_slurm_job
-from orchestrator.slurm.spares import SlurmSpares, check_capacity
+from orchestrator.slurm.batch.batch_script import SCRIPT_NAME, render_sbatch
+from orchestrator.slurm.batch.job import SlurmJob
+from orchestrator.slurm.batch.node_files import NODE_FOLDER, in_record, kept_where, on_the_nodes
+from orchestrator.slurm.batch.planning import plan_slurm_job
+from orchestrator.slurm.control import client as slurm
+from orchestrator.slurm.control.client import SlurmCommands
+from orchestrator.slurm.following.follow import Follower
+from orchestrator.slurm.following.handover import Following, hold_lock
+from orchestrator.slurm.recovery.spares import SlurmSpares, check_capacity
 from orchestrator.start.detach import run_detached
 from orchestrator.start.settings import LaunchRequest
 

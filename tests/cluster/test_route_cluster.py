@@ -1,4 +1,4 @@
-"""orchestrator/agent/route.py gives `ip`'s answers on every namespace node of the lab."""
+"""orchestrator/agent/programs/route.py gives `ip`'s answers on every namespace node of the lab."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from orchestrator.agent import route
+from orchestrator.agent.programs import route
 from tests.lab import Cluster
 
 pytestmark = pytest.mark.cluster

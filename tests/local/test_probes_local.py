@@ -1,7 +1,7 @@
 """The preflight probe scripts run on this machine with its own python and torch (seconds
 each, as the probe imports torch): the check's probe (tests/unit/test_check.py renders it)
 and both probes finding the interface with iproute2's `ip` hidden from PATH
-(orchestrator/agent/route.py; its pure parts in tests/unit/test_route.py)."""
+(orchestrator/agent/programs/route.py; its pure parts in tests/unit/test_route.py)."""
 
 from __future__ import annotations
 

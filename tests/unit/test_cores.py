@@ -1,4 +1,5 @@
-"""--bind-cores: the core sets per local rank (agent/cores.py), pure and on this machine."""
+"""--bind-cores: the core sets per local rank (agent/programs/cores.py), pure and on this
+machine."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchestrator.agent import cores
-from orchestrator.agent.cores import (
+from orchestrator.agent.programs import cores
+from orchestrator.agent.programs.cores import (
     CoreSet,
     TooFewCores,
     Topology,

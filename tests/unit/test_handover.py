@@ -1,5 +1,5 @@
-"""What a SLURM run's controller leaves for the next (orchestrator.slurm.handover) and what
-`attach` checks first (orchestrator.slurm.attach): the job read back as planned, the read
+"""What a SLURM run's controller leaves for the next (orchestrator.slurm.following.handover) and
+what `attach` checks first (orchestrator.slurm.attach): the job read back as planned, the read
 points, logs cut back to them, one follower at a time, and the refusals."""
 
 from __future__ import annotations
@@ -18,9 +18,11 @@ from orchestrator.plan.container import ContainerSpec
 from orchestrator.plan.spec import JobSpec, Program
 from orchestrator.record.plain import from_plain, to_plain
 from orchestrator.record.runs import RunRecord, new_status, this_controller
-from orchestrator.slurm.agents import SrunChannel
 from orchestrator.slurm.attach import check_attachable
-from orchestrator.slurm.handover import (
+from orchestrator.slurm.batch.job import SlurmJob
+from orchestrator.slurm.batch.planning import plan_slurm_job
+from orchestrator.slurm.following.agents import SrunChannel
+from orchestrator.slurm.following.handover import (
     POINTS_FILE,
     STATE_FILE,
     Following,
@@ -30,8 +32,6 @@ from orchestrator.slurm.handover import (
     load,
     save_points,
 )
-from orchestrator.slurm.job import SlurmJob
-from orchestrator.slurm.planning import plan_slurm_job
 
 
 def planned(**container: object) -> SlurmJob:
@@ -131,8 +131,8 @@ def test_attach_refuses_what_it_cannot_take_over(tmp_path: Path) -> None:
 
 
 def test_a_handover_reads_back(tmp_path: Path) -> None:
-    from orchestrator.slurm.handover import Progress, save_state
-    from orchestrator.slurm.segments import Segments
+    from orchestrator.slurm.following.handover import Progress, save_state
+    from orchestrator.slurm.recovery.segments import Segments
 
     record = record_of(tmp_path)
     following = Following("orchestrator launch ...", None, None, Supervision(), True, False, None)

@@ -355,7 +355,7 @@ def test_backend_comparisons_are_found_in_every_spelling() -> None:
 
 # The one table from a scheduler's words for a job's state to ours (SchedulerState), with
 # the reading of its other state words (sinfo's): the only place such a word is compared.
-STATE_TABLE = "orchestrator.slurm.parse"
+STATE_TABLE = "orchestrator.slurm.control.parse"
 
 
 def _is_state(node: ast.expr) -> bool:
@@ -407,7 +407,7 @@ def test_no_state_is_compared_as_a_word() -> None:
     their members: nowhere in the package is a state (a name or attribute `state`, one
     ending in `_state`, a mapping's "state" key) compared with a string literal or a
     tuple, list or set of them, nor tested with one (`startswith`), except in the one
-    table from SLURM's words to ours (slurm/parse.py)."""
+    table from SLURM's words to ours (slurm/control/parse.py)."""
     found = [
         f"{MODULES[name].relative_to(ROOT)}:{line}"
         for name in MODULES

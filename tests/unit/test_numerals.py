@@ -18,7 +18,7 @@ from orchestrator.options.choosing import Selection
 from orchestrator.options.declare import whole_from_text
 from orchestrator.options.workload import JobOptions
 from orchestrator.plan.deadline import limit_seconds, parse_signal
-from orchestrator.slurm.parse import parse_exit_code, parse_job_id
+from orchestrator.slurm.control.parse import parse_exit_code, parse_job_id
 
 LONG = "1" * 5000
 LONGEST_LINE = 400  # a message is one line a user reads: never the 5000 digits

@@ -25,7 +25,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from orchestrator.agent.cores import Topology
+from orchestrator.agent.programs.cores import Topology
 from orchestrator.hosts.hostfile import parse_hostfile
 from orchestrator.hosts.selection import select_hosts
 from orchestrator.nodes.probe import probe_script

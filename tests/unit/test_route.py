@@ -1,7 +1,7 @@
-"""Finding the interface that reaches an address without iproute2 (orchestrator/agent/route.py):
-parsing the kernel's tables and this machine. The probes run with `ip` hidden from PATH are
-in tests/local/test_probes_local.py, agreement with `ip` on the namespace nodes in
-test_route_cluster.py."""
+"""Finding the interface that reaches an address without iproute2
+(orchestrator/agent/programs/route.py): parsing the kernel's tables and this machine. The probes run
+with `ip` hidden from PATH are in tests/local/test_probes_local.py, agreement with `ip` on the
+namespace nodes in test_route_cluster.py."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from orchestrator.agent import route
+from orchestrator.agent.programs import route
 
 # /proc/net/route as the kernel writes it (little-endian hex): a default route via eth0,
 # 10.0.4.0/24 on br0, 10.0.4.128/25 on br1 (longer prefix), 10.9.0.0/16 twice (metrics),

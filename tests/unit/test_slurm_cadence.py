@@ -1,5 +1,5 @@
 """How often the SLURM follower asks squeue and reads the nodes' files
-(orchestrator.slurm.cadence). The agents here are local processes behind the same channel
+(orchestrator.slurm.following.cadence). The agents here are local processes behind the same channel
 and session classes a job's `srun --overlap` steps use; the follower's loop runs against real
 SLURM in test_slurm_cluster.py and test_slurm_agents_cluster.py."""
 
@@ -15,8 +15,8 @@ import pytest
 
 from orchestrator.backends.sessions import CHANNEL_CLOSED, Event, NodeSession
 from orchestrator.options.supervision import Supervision
-from orchestrator.slurm.agents import AllocationNode, SrunChannel, leave_agents
-from orchestrator.slurm.cadence import (
+from orchestrator.slurm.following.agents import AllocationNode, SrunChannel, leave_agents
+from orchestrator.slurm.following.cadence import (
     AGENTS_POLL_S,
     FILES_IDLE_S,
     FILES_S,

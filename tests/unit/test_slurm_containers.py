@@ -1,4 +1,4 @@
-"""--container under --backend slurm (orchestrator/slurm/containers.py): pyxis's srun flags,
+"""--container under --backend slurm (orchestrator/slurm/batch/containers.py): pyxis's srun flags,
 apptainer's command, the image's python in job.sbatch, and the script run end to end on
 this machine with stand-ins for srun, apptainer and the image's python.
 
@@ -20,13 +20,13 @@ from orchestrator.errors import ConfigError
 from orchestrator.options.scheduler import SlurmOptions
 from orchestrator.plan.container import ContainerSpec, Mount, parse_mounts
 from orchestrator.plan.spec import JobSpec, Program
-from orchestrator.slurm.containers import (
+from orchestrator.slurm.batch.containers import (
     apptainer_exec_args,
     container_mounts,
     slurm_container,
     srun_container_args,
 )
-from orchestrator.slurm.planning import plan_slurm_job
+from orchestrator.slurm.batch.planning import plan_slurm_job
 from orchestrator.slurm.submit import prepare_slurm
 
 ARGV = ("orchestrator", "render", "--backend", "slurm")

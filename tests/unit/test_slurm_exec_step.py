@@ -1,4 +1,4 @@
-"""The parts of `exec --run RUN` that need no SLURM (orchestrator.slurm.exec_step): srun's
+"""The parts of `exec --run RUN` that need no SLURM (orchestrator.slurm.control.exec_step): srun's
 command line, the wrapper each task runs (run here by bash), srun's `--label` output read
 back to the nodes, the results and the refusals of what has no running job. The whole path
 runs against the lab's SLURM in tests/cluster/test_slurm_exec_cluster.py."""
@@ -14,14 +14,14 @@ from orchestrator.cli import main
 from orchestrator.errors import ConfigError
 from orchestrator.nodes.execute import results_table
 from orchestrator.record.runs import RunRecord, new_status
-from orchestrator.slurm.exec_step import (
+from orchestrator.slurm.control.exec_step import (
     StepOutput,
     check_running,
     job_of,
     step_argv,
     step_results,
 )
-from orchestrator.slurm.parse import JobInfo
+from orchestrator.slurm.control.parse import JobInfo
 
 TAG = "orchestrator-exec-0123456789abcdef"
 NASTY = """echo "a  b" '$HOME'; printf 'no newline'"""

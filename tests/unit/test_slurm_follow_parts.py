@@ -1,6 +1,7 @@
 """The parts of following a SLURM job that need no SLURM: streaming an attempt's files
-(orchestrator.slurm.stream) and deciding how the job ended (orchestrator.slurm.outcome).
-The whole path runs against real SLURM in test_slurm_cluster.py."""
+(orchestrator.slurm.following.stream) and deciding how the job ended
+(orchestrator.slurm.recovery.outcome). The whole path runs against real SLURM in
+test_slurm_cluster.py."""
 
 from __future__ import annotations
 
@@ -11,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from orchestrator.options.supervision import Supervision
-from orchestrator.slurm.outcome import job_outcome
-from orchestrator.slurm.parse import JobInfo
-from orchestrator.slurm.stream import AttemptFiles, read_fields
+from orchestrator.slurm.control.parse import JobInfo
+from orchestrator.slurm.following.stream import AttemptFiles, read_fields
+from orchestrator.slurm.recovery.outcome import job_outcome
 from orchestrator.supervise import Supervisor
 from tests.factories import supervisor
 

@@ -16,19 +16,19 @@ from orchestrator.hosts.hostfile import parse_hostfile
 from orchestrator.options.scheduler import SlurmOptions
 from orchestrator.options.supervision import Supervision
 from orchestrator.record.plain import from_plain, to_plain
-from orchestrator.slurm.grow_back import (
+from orchestrator.slurm.batch.job import SlurmJob
+from orchestrator.slurm.batch.planning import plan_slurm_job
+from orchestrator.slurm.control.parse import JobInfo
+from orchestrator.slurm.recovery.grow_back import (
     SlurmRegrow,
     coming_back,
     grown,
     idle_nodes,
     lost_nodes,
 )
-from orchestrator.slurm.job import SlurmJob
-from orchestrator.slurm.parse import JobInfo
-from orchestrator.slurm.planning import plan_slurm_job
-from orchestrator.slurm.resubmit import EndedJob, Resubmitting, next_job
-from orchestrator.slurm.segments import Segments
-from orchestrator.slurm.shrink import shrunk
+from orchestrator.slurm.recovery.resubmit import EndedJob, Resubmitting, next_job
+from orchestrator.slurm.recovery.segments import Segments
+from orchestrator.slurm.recovery.shrink import shrunk
 from orchestrator.supervise import NodeState, RankState
 from orchestrator.supervise.time_limit import WarningClock
 from tests.factories import FakeSession, Notes

@@ -14,12 +14,12 @@ from orchestrator.hosts.hostfile import parse_hostfile
 from orchestrator.hosts.selection import hold_spares
 from orchestrator.options.scheduler import SlurmOptions
 from orchestrator.record.states import RunState
-from orchestrator.slurm.job import SlurmJob
-from orchestrator.slurm.parse import JobInfo
-from orchestrator.slurm.planning import plan_slurm_job
-from orchestrator.slurm.segments import Segments, describe_segment
-from orchestrator.slurm.shrink import AfterLoss, after_loss, shrunk
-from orchestrator.slurm.spares import SlurmSpares
+from orchestrator.slurm.batch.job import SlurmJob
+from orchestrator.slurm.batch.planning import plan_slurm_job
+from orchestrator.slurm.control.parse import JobInfo
+from orchestrator.slurm.recovery.segments import Segments, describe_segment
+from orchestrator.slurm.recovery.shrink import AfterLoss, after_loss, shrunk
+from orchestrator.slurm.recovery.spares import SlurmSpares
 from orchestrator.supervise import Outcome
 from tests.unit.test_slurm_render import run_cli, spec
 from tests.unit.test_slurm_spares import FakeCommands

@@ -1,7 +1,7 @@
-"""What the SLURM follower does with its node agents' frames (orchestrator.slurm.node_agents):
-the ranks' lines go to the log as over SSH, a rank's or node's end and the time limit's
-signal to the follower's own judgement, a closed channel is told and dialled again only
-while the job runs, and each frame handled moves the node's read point."""
+"""What the SLURM follower does with its node agents' frames
+(orchestrator.slurm.following.node_agents): the ranks' lines go to the log as over SSH, a rank's or
+node's end and the time limit's signal to the follower's own judgement, a closed channel is told and
+dialled again only while the job runs, and each frame handled moves the node's read point."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from orchestrator.agent.protocol import Frame
 from orchestrator.backends.sessions import CHANNEL_CLOSED, Event
 from orchestrator.options.supervision import Supervision
 from orchestrator.record.runs import RunRecord
-from orchestrator.slurm.handover import Bookmarks
-from orchestrator.slurm.node_agents import NodeAgents
+from orchestrator.slurm.following.handover import Bookmarks
+from orchestrator.slurm.following.node_agents import NodeAgents
 from orchestrator.supervise import Supervisor
 from tests.factories import FakeSession, supervisor
 
@@ -97,8 +97,8 @@ def test_a_closed_channel_is_dialled_again_only_while_the_job_runs(tmp_path: Pat
 def test_a_node_that_cannot_reach_the_store_ends_the_job_unreachable(tmp_path: Path) -> None:
     """U goes to the handlers as over SSH; the job SLURM then ends cancelled is `unreachable`."""
     from orchestrator.record.states import RunState
-    from orchestrator.slurm.outcome import job_outcome
-    from orchestrator.slurm.parse import JobInfo
+    from orchestrator.slurm.control.parse import JobInfo
+    from orchestrator.slurm.recovery.outcome import job_outcome
 
     agents, sup, events = agents_of(tmp_path)
     now = f"{time.time() + 1:.6f}"

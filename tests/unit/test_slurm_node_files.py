@@ -1,5 +1,5 @@
 """Where a SLURM run's nodes keep their files when the run record is not shared with them
-(orchestrator.slurm.node_files, --job-dir): one way to make the job so, the script reaching
+(orchestrator.slurm.batch.node_files, --job-dir): one way to make the job so, the script reaching
 sbatch on stdin (here and on a login node, whose shell is run for real), and what the
 launcher says instead of reading the nodes' files."""
 
@@ -18,12 +18,12 @@ from orchestrator.options.scheduler import SlurmOptions
 from orchestrator.options.supervision import Supervision
 from orchestrator.plan.spec import JobSpec, Program
 from orchestrator.record.runs import RunRecord
-from orchestrator.slurm.client import SlurmCommands, remote_command, submit
-from orchestrator.slurm.handover import Bookmarks
-from orchestrator.slurm.node_agents import NodeAgents
-from orchestrator.slurm.node_files import batch_output, in_record, on_the_nodes
-from orchestrator.slurm.outcome import job_outcome
-from orchestrator.slurm.parse import JobInfo
+from orchestrator.slurm.batch.node_files import batch_output, in_record, on_the_nodes
+from orchestrator.slurm.control.client import SlurmCommands, remote_command, submit
+from orchestrator.slurm.control.parse import JobInfo
+from orchestrator.slurm.following.handover import Bookmarks
+from orchestrator.slurm.following.node_agents import NodeAgents
+from orchestrator.slurm.recovery.outcome import job_outcome
 from orchestrator.slurm.submit import prepare_slurm
 from tests.factories import FakeSession, supervisor
 

@@ -1,4 +1,4 @@
-"""What SLURM prints, read by orchestrator.slurm.parse: outputs captured from SLURM 22.05.
+"""What SLURM prints, read by orchestrator.slurm.control.parse: outputs captured from SLURM 22.05.
 
 The `scontrol -o show job` records in tests/data/slurm/ were captured on the lab cluster
 (paths replaced). sacct has no accounting storage in the lab; its lines follow
@@ -13,8 +13,8 @@ import pytest
 
 from orchestrator.backends.scheduler_states import SchedulerState
 from orchestrator.errors import ConfigError, OrchestratorError
-from orchestrator.slurm.client import SlurmCommands, unreachable_or
-from orchestrator.slurm.parse import (
+from orchestrator.slurm.control.client import SlurmCommands, unreachable_or
+from orchestrator.slurm.control.parse import (
     SLURM_STATES,
     UNRUNNABLE,
     JobInfo,

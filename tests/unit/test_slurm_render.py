@@ -22,8 +22,8 @@ from orchestrator.options.scheduler import SlurmOptions
 from orchestrator.plan.container import ContainerSpec, parse_mounts
 from orchestrator.plan.scripts import render_template
 from orchestrator.plan.spec import JobSpec, Program
-from orchestrator.slurm.batch_script import render_sbatch
-from orchestrator.slurm.planning import plan_slurm_job
+from orchestrator.slurm.batch.batch_script import render_sbatch
+from orchestrator.slurm.batch.planning import plan_slurm_job
 from orchestrator.slurm.submit import prepare_slurm
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "slurm"

@@ -1,4 +1,4 @@
-"""A SLURM run's segments (orchestrator/slurm/segments.py): how each job ended, which are
+"""A SLURM run's segments (orchestrator/slurm/recovery/segments.py): how each job ended, which are
 carried on, and what status.json and the summary say."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.slurm.segments import Segments, describe_segment, ending, read_warning
+from orchestrator.slurm.recovery.segments import Segments, describe_segment, ending, read_warning
 from orchestrator.supervise import Outcome
 
 

@@ -12,8 +12,8 @@ from orchestrator.errors import ConfigError
 from orchestrator.hosts.hostfile import parse_hostfile
 from orchestrator.hosts.selection import hold_spares
 from orchestrator.options.scheduler import SlurmOptions
-from orchestrator.slurm.planning import plan_slurm_job
-from orchestrator.slurm.spares import check_capacity, failed_nodes, resubmitted
+from orchestrator.slurm.batch.planning import plan_slurm_job
+from orchestrator.slurm.recovery.spares import check_capacity, failed_nodes, resubmitted
 from orchestrator.slurm.submit import prepare_slurm
 from tests.unit.test_slurm_render import ARGV, check_golden, run_cli, spec
 

@@ -10,8 +10,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from orchestrator.slurm.follow import Follower
-from orchestrator.slurm.segments import Segments
+from orchestrator.slurm.following.follow import Follower
+from orchestrator.slurm.recovery.segments import Segments
 from orchestrator.supervise.detect import Detector
 from orchestrator.supervise.stopping import Stopper
 from orchestrator.supervise.time_limit import Cause, WarningClock

@@ -1,5 +1,5 @@
 """What the path check found, read from every node's key=value lines (orchestrator/agent/
-reach.py), as failures that each name both ends, the address and port and what happened,
+programs/reach.py), as failures that each name both ends, the address and port and what happened,
 and as a nodes x nodes matrix. Pure: no network."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Run the path check through the node agents: every node runs orchestrator/agent/reach.py
+"""Run the path check through the node agents: every node runs orchestrator/agent/programs/reach.py
 at once (the master also opens the store's listener), and what they said is read into a
 PathReport (found.py)."""
 
@@ -26,7 +26,11 @@ START_SKEW_S_PER_NODE = 0.05  # the agents of many nodes start over some time: w
 
 @cache
 def reach_source() -> str:
-    return resources.files("orchestrator.agent").joinpath("reach.py").read_text(encoding="utf-8")
+    return (
+        resources.files("orchestrator.agent.programs")
+        .joinpath("reach.py")
+        .read_text(encoding="utf-8")
+    )
 
 
 def store_wait(nodes: int, timeout: float = PATH_TIMEOUT_S) -> float:

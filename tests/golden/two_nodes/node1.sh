@@ -106,7 +106,7 @@ sys.exit(main())
 '
 
 # Answers from iproute2's `ip` where it is installed, else from the kernel's tables through
-# the standard library (orchestrator/agent/route.py, below): containers often lack `ip`.
+# the standard library (orchestrator/agent/programs/route.py, below): containers often lack `ip`.
 # orchestrator_route_py ifname|source|addr ARG prints the one-line answer of the latter.
 orchestrator_route_py() {
     /opt/conda/bin/python - "$@" 2>/dev/null <<'ORCHESTRATOR_ROUTE_PY'

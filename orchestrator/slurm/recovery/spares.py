@@ -28,10 +28,10 @@ from orchestrator.record.bad_nodes import add_bad_node
 from orchestrator.record.recoveries import Recovery
 from orchestrator.record.states import RunState
 from orchestrator.record.world import floor_line, going_on_line
-from orchestrator.slurm.client import SlurmCommands
-from orchestrator.slurm.job import SlurmJob
-from orchestrator.slurm.parse import JobInfo, parse_sinfo_down
-from orchestrator.slurm.shrink import AfterLoss, after_loss, shrunk
+from orchestrator.slurm.batch.job import SlurmJob
+from orchestrator.slurm.control.client import SlurmCommands
+from orchestrator.slurm.control.parse import JobInfo, parse_sinfo_down
+from orchestrator.slurm.recovery.shrink import AfterLoss, after_loss, shrunk
 from orchestrator.supervise import Outcome
 
 BY_SLURM = "(chosen by SLURM)"
@@ -84,7 +84,8 @@ def resubmitted(job: SlurmJob, failed: str, job_dir: str | None) -> SlurmJob:
 
 class SlurmSpares:
     """The spares of one run: what failed, what replaced it, what is left; and with
-    --min-nodes, once no spare is left, the job on the nodes left (orchestrator.slurm.shrink)."""
+    --min-nodes, once no spare is left, the job on the nodes left
+    (orchestrator.slurm.recovery.shrink)."""
 
     def __init__(
         self,
@@ -197,7 +198,7 @@ class SlurmSpares:
     def restore(
         self, recoveries: list[Recovery], unreplaced: str | None, left: int, before: list[str]
     ) -> None:
-        """The spares as a follower before this one left them (handover.py)."""
+        """The spares as a follower before this one left them (following/handover.py)."""
         self.recoveries, self.unreplaced, self.left, self.before = (
             recoveries,
             unreplaced,

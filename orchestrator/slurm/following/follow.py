@@ -1,22 +1,22 @@
 """Following a submitted SLURM job to its end, as `launch --backend slurm` shows it.
 
 Polling: squeue (sacct once it has ended) says queued/running/ended, as often as
-orchestrator.slurm.cadence says (less often while the node agents answer; the loop waits
+orchestrator.slurm.following.cadence says (less often while the node agents answer; the loop waits
 on their frames meanwhile). Once nodes run, the node agents are reached
-(orchestrator.slurm.node_agents) and what they send (the ranks' lines, metrics and exits,
+(orchestrator.slurm.following.node_agents) and what they send (the ranks' lines, metrics and exits,
 the nodes' starts, ends and samples, stacks) goes into the same `LogSink` and `Supervisor`
 as over SSH (srun runs here, or on the --login node); for a node whose agent cannot be
 reached, the files it writes in the run's job folder say the same
-(orchestrator.slurm.stream). SLURM stops the nodes (srun --kill-on-bad-exit, scancel); the
+(orchestrator.slurm.following.stream). SLURM stops the nodes (srun --kill-on-bad-exit, scancel); the
 Supervisor decides the first failing rank and writes the same summaries and status;
-orchestrator.slurm.outcome says how the job ended. What another controller would need to
-take over is kept in the run record as it goes (orchestrator.slurm.handover; `orchestrator
+orchestrator.slurm.recovery.outcome says how the job ended. What another controller would need to
+take over is kept in the run record as it goes (orchestrator.slurm.following.handover; `orchestrator
 attach`). Under
 --max-restarts a failing rank is a restart (torchrun starts the workers again, the job
 goes on) until a node's torchrun gives up, as on SSH nodes. A requeued job starts a new
 attempt; so does, under --spares, the job submitted again after a node failure
-(orchestrator.slurm.spares), and the job submitted again after a time limit or a
-preemption (orchestrator.slurm.segments), each with a job id of its own. Ctrl-C cancels
+(orchestrator.slurm.recovery.spares), and the job submitted again after a time limit or a
+preemption (orchestrator.slurm.recovery.segments), each with a job id of its own. Ctrl-C cancels
 the job (scancel) and waits until squeue no longer lists it.
 """
 
@@ -40,21 +40,28 @@ from orchestrator.errors import ConfigError, OrchestratorError
 from orchestrator.options.supervision import Supervision
 from orchestrator.record.runs import RunRecord, now_iso
 from orchestrator.record.states import RankPhase, RunState
-from orchestrator.slurm import client as slurm
-from orchestrator.slurm.batch_script import SCRIPT_NAME, dial_python
-from orchestrator.slurm.cadence import Cadence
-from orchestrator.slurm.client import SlurmCommands
-from orchestrator.slurm.grow_back import SlurmRegrow
-from orchestrator.slurm.handover import Bookmarks, Following, Handover, Points, Progress, save_state
-from orchestrator.slurm.job import PORT_BASE, PORT_SPAN, SlurmJob
-from orchestrator.slurm.node_agents import NodeAgents
-from orchestrator.slurm.node_files import batch_output, kept_on_node
-from orchestrator.slurm.outcome import job_outcome
-from orchestrator.slurm.parse import UNRUNNABLE, JobInfo
-from orchestrator.slurm.resubmit import EndedJob, Resubmitting, next_job
-from orchestrator.slurm.segments import WARNING_FILE, Segments, read_warning
-from orchestrator.slurm.spares import SlurmSpares
-from orchestrator.slurm.stream import READ_BYTES, AttemptFiles
+from orchestrator.slurm.batch.batch_script import SCRIPT_NAME, dial_python
+from orchestrator.slurm.batch.job import PORT_BASE, PORT_SPAN, SlurmJob
+from orchestrator.slurm.batch.node_files import batch_output, kept_on_node
+from orchestrator.slurm.control import client as slurm
+from orchestrator.slurm.control.client import SlurmCommands
+from orchestrator.slurm.control.parse import UNRUNNABLE, JobInfo
+from orchestrator.slurm.following.cadence import Cadence
+from orchestrator.slurm.following.handover import (
+    Bookmarks,
+    Following,
+    Handover,
+    Points,
+    Progress,
+    save_state,
+)
+from orchestrator.slurm.following.node_agents import NodeAgents
+from orchestrator.slurm.following.stream import READ_BYTES, AttemptFiles
+from orchestrator.slurm.recovery.grow_back import SlurmRegrow
+from orchestrator.slurm.recovery.outcome import job_outcome
+from orchestrator.slurm.recovery.resubmit import EndedJob, Resubmitting, next_job
+from orchestrator.slurm.recovery.segments import WARNING_FILE, Segments, read_warning
+from orchestrator.slurm.recovery.spares import SlurmSpares
 from orchestrator.supervise import NodeState, Outcome, Supervisor, describe_exit
 from orchestrator.supervise.state import states_on
 from orchestrator.supervise.stopping import signals_to
@@ -100,7 +107,7 @@ class Follower:
         self.info = JobInfo(state="PENDING")
         self.files: AttemptFiles | None = None
         self.batch = RankFile(-1, str(record.path / f"slurm-{job_id}.out"))
-        # What another controller would need to take over (orchestrator.slurm.handover).
+        # What another controller would need to take over (orchestrator.slurm.following.handover).
         self.following, self.bookmarks = following, Bookmarks(record, points)
         if points is not None and points.job_id == job_id:
             self.batch.seek(points.batch)
@@ -337,7 +344,7 @@ class Follower:
         came = bool(lines)
         if self.sup is not None and self.files is not None:
             self._check_warning()  # first: a rank's exit after it is a stop
-            if self.regrow is not None:  # --min-nodes: a lost node back (grow_back.py)
+            if self.regrow is not None:  # --min-nodes: a lost node back (recovery/grow_back.py)
                 self.regrow.check(self)
             if not self.job.node_side and (self.agents is None or self.agents.unreached):
                 only = None if self.agents is None else self.agents.unreached
@@ -433,7 +440,7 @@ class Follower:
 
     def _resubmitted(self) -> bool:
         """After the job ended: follow the next job of the run, submitted again after a
-        node failure (--spares), a time limit or a preemption (segments.py), if any."""
+        node failure (--spares), a time limit or a preemption (recovery/segments.py), if any."""
         if self.interrupted_by is not None:
             self.segments.ended("CANCELLED", False)
             return False

@@ -4,7 +4,7 @@ followed by a job on the nodes left. Pure.
 SLURM ends a job whose node fails (NODE_FAIL: the node set DOWN by an administrator, or
 silent for SlurmdTimeout); the script asks `--no-requeue`, so SLURM does not requeue it on as
 many nodes as before. The follower asks SLURM which of the job's nodes are down
-(orchestrator.slurm.spares) and, when no spare is left to take their place and at least K
+(orchestrator.slurm.recovery.spares) and, when no spare is left to take their place and at least K
 of the job's nodes are still up, submits the same job again on that many: `--nodes` the
 survivors' count, the failed nodes in `--exclude` (a hostfile's node list without them).
 The environment is the same, so ORCHESTRATOR_LAUNCH_WORLD_SIZE still names the world the run
@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from enum import Enum
 
-from orchestrator.slurm.job import SlurmJob
+from orchestrator.slurm.batch.job import SlurmJob
 
 
 class AfterLoss(str, Enum):

@@ -26,7 +26,7 @@ from orchestrator.agent.keeper import DIAL, socket_path
 from orchestrator.backends.base import IdleAgent, writable
 from orchestrator.backends.sessions import Event, NodeSession
 from orchestrator.errors import OrchestratorError
-from orchestrator.slurm.client import SlurmCommands
+from orchestrator.slurm.control.client import SlurmCommands
 
 DIAL_WAIT_S = 120.0  # how long the dial waits on the node for its agent's socket
 CLOSE_WAIT_S = 5.0  # for srun to end once its stdin is closed

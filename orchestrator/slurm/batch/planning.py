@@ -19,8 +19,8 @@ from orchestrator.options.scheduler import SlurmOptions
 from orchestrator.plan.deadline import DEFAULT_RESUBMITS, Deadline, plan_deadline
 from orchestrator.plan.launch_plan import IFNAME_VARS, LAUNCH_WORLD_SIZE, launch_world_env
 from orchestrator.plan.spec import VISIBLE_DEVICES, JobSpec
-from orchestrator.slurm.containers import container_fields
-from orchestrator.slurm.job import SlurmJob
+from orchestrator.slurm.batch.containers import container_fields
+from orchestrator.slurm.batch.job import SlurmJob
 
 _TIME_ARG = re.compile(r"^(?:--time=|-t=?)(.+)$")
 

@@ -32,9 +32,9 @@ from orchestrator.options.supervision import Supervision
 from orchestrator.record.plain import from_plain, to_plain
 from orchestrator.record.recoveries import Recovery
 from orchestrator.record.runs import RunRecord
-from orchestrator.slurm.job import SlurmJob
-from orchestrator.slurm.segments import Segment, Segments
-from orchestrator.slurm.spares import SlurmSpares
+from orchestrator.slurm.batch.job import SlurmJob
+from orchestrator.slurm.recovery.segments import Segment, Segments
+from orchestrator.slurm.recovery.spares import SlurmSpares
 
 NODE_FIELDS = ("state", "exit_code", "pid", "started_at", "ended_at", "detail", "done")
 RANK_FIELDS = ("state", "exit_code", "ended_at", "error_file")
@@ -94,7 +94,7 @@ def write_json(path: Path, data: Mapping[str, Any]) -> None:
 
 @dataclass(frozen=True)
 class Progress:
-    """What follower.json keeps of the run as its follower (orchestrator.slurm.follow)
+    """What follower.json keeps of the run as its follower (orchestrator.slurm.following.follow)
     has it now: the job followed, the first job's folder, the status' base, the segments
     and the spares."""
 

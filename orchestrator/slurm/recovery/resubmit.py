@@ -9,12 +9,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from orchestrator.slurm.grow_back import GROW, SlurmRegrow, grown
-from orchestrator.slurm.job import SlurmJob
-from orchestrator.slurm.outcome import job_outcome
-from orchestrator.slurm.parse import JobInfo
-from orchestrator.slurm.segments import Segments
-from orchestrator.slurm.spares import SlurmSpares, job_dir_of
+from orchestrator.slurm.batch.job import SlurmJob
+from orchestrator.slurm.control.parse import JobInfo
+from orchestrator.slurm.recovery.grow_back import GROW, SlurmRegrow, grown
+from orchestrator.slurm.recovery.outcome import job_outcome
+from orchestrator.slurm.recovery.segments import Segments
+from orchestrator.slurm.recovery.spares import SlurmSpares, job_dir_of
 from orchestrator.supervise import Supervisor
 
 

@@ -27,17 +27,17 @@ from dataclasses import replace
 from typing import Protocol
 
 from orchestrator.options.supervision import Supervision
-from orchestrator.slurm.client import SlurmCommands
-from orchestrator.slurm.job import SlurmJob
-from orchestrator.slurm.parse import JobInfo, parse_sinfo_idle
-from orchestrator.slurm.segments import Segments
+from orchestrator.slurm.batch.job import SlurmJob
+from orchestrator.slurm.control.client import SlurmCommands
+from orchestrator.slurm.control.parse import JobInfo, parse_sinfo_idle
+from orchestrator.slurm.recovery.segments import Segments
 from orchestrator.supervise import Supervisor
 
 GROW = "grow"  # the ending of a job stopped at a checkpoint to grow back (segments)
 
 
 class Followed(Protocol):
-    """What of the follower (follow.py) growing back reads and uses."""
+    """What of the follower (following/follow.py) growing back reads and uses."""
 
     job: SlurmJob
     info: JobInfo

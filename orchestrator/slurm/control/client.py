@@ -2,7 +2,7 @@
 
 `SlurmCommands` runs SLURM's client commands on this machine, or with `login` on a login
 node over SSH (orchestrator.backends.ssh). What SLURM prints is read by the small `parse_*`
-functions of orchestrator.slurm.parse (tested on captured outputs); everything here works on
+functions of orchestrator.slurm.control.parse (tested on captured outputs); everything here works on
 their results.
 """
 
@@ -21,7 +21,7 @@ from orchestrator.backends.scheduler_states import SchedulerState
 from orchestrator.errors import ConfigError, OrchestratorError
 from orchestrator.record.runs import RunRecord, controller_alive, now_iso, run_status
 from orchestrator.record.states import RunState
-from orchestrator.slurm.parse import (
+from orchestrator.slurm.control.parse import (
     JobInfo,
     parse_job_id,
     parse_sacct,

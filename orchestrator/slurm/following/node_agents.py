@@ -1,11 +1,11 @@
 """The node agents of the SLURM attempt a follower follows, as it hears them.
 
-One session per node (orchestrator.slurm.agents: an `srun --overlap` dial to the node's
+One session per node (orchestrator.slurm.following.agents: an `srun --overlap` dial to the node's
 agent), their frames in one queue in each node's stream order. Each pass the follower hands
 them on: the ranks' lines, metrics, node samples, stacks and messages to the frame handlers
 as over SSH; a rank's or the node's end to the follower's own judgement (SLURM, not the
 agents, ends the step on every node). How far each node's stream was handled goes to the
-follower's bookmarks (orchestrator.slurm.handover). A channel that closes while its node
+follower's bookmarks (orchestrator.slurm.following.handover). A channel that closes while its node
 runs (srun or the dial ended under it) is dialled again from there: at once the first time,
 then at most every REDIAL_S.
 """
@@ -18,9 +18,9 @@ from typing import Protocol
 
 from orchestrator.agent.protocol import Frame
 from orchestrator.backends.sessions import CHANNEL_CLOSED, Event, NodeSession
-from orchestrator.slurm.agents import leave_agents, reach_agent
-from orchestrator.slurm.client import SlurmCommands
-from orchestrator.slurm.handover import Bookmarks
+from orchestrator.slurm.control.client import SlurmCommands
+from orchestrator.slurm.following.agents import leave_agents, reach_agent
+from orchestrator.slurm.following.handover import Bookmarks
 from orchestrator.supervise import NodeState, Supervisor
 from orchestrator.supervise.frame_handlers import handle as handle_event
 
@@ -63,7 +63,7 @@ class NodeAgents:
         self.events = events  # the attempt's: the follower waits on it (None: a wake-up)
         self.redial_at: dict[int, float] = {}  # node -> when its agent is dialled again
         # The attempt's folder on the nodes where the run record is not shared with them
-        # (node_files.py): a node whose agent is never reached keeps its lines there.
+        # (batch/node_files.py): a node whose agent is never reached keeps its lines there.
         self.kept_on_node = kept_on_node
 
     def reach(self, hosts: list[str], offsets: dict[str, int] | None) -> None:

@@ -11,7 +11,7 @@ they go to a folder on the nodes (`--job-dir DIR`; with `--login`, /tmp where th
 does not see the run folder): the job folder `DIR/orchestrator-RUN` on every node (each
 node writes its own part), the batch output `DIR/slurm-JOB.out` on the batch node. Nothing
 is lost to the record: every rank's line, metric and exit, every node's start, end and
-samples and the time limit's warning come through the node agents (node_agents.py), which
+samples and the time limit's warning come through the node agents (following/node_agents.py), which
 the follower writes into the record as over SSH. The launcher then never reads those
 folders (they are not its to see), and says where they are where it matters: a node whose
 agent it never reached, and a job that failed before its nodes ran.
@@ -22,8 +22,8 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from orchestrator.slurm.containers import slurm_container
-from orchestrator.slurm.job import SlurmJob
+from orchestrator.slurm.batch.containers import slurm_container
+from orchestrator.slurm.batch.job import SlurmJob
 
 NODE_FOLDER = "/tmp"  # --login's default where the login node does not see the run folder
 

@@ -1,7 +1,7 @@
 """The SLURM job, every value decided (`SlurmJob`), and what plan.yaml says of it. Pure.
 
-orchestrator.slurm.planning decides it; job.sbatch (orchestrator.slurm.batch_script), the
-submission and the following of the job only read it.
+orchestrator.slurm.batch.planning decides it; job.sbatch (orchestrator.slurm.batch.batch_script),
+the submission and the following of the job only read it.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 from orchestrator.plan.deadline import Deadline
 from orchestrator.plan.launch_plan import omp_threads, restarts_entry
 from orchestrator.plan.spec import Program
-from orchestrator.slurm.containers import SlurmContainer
+from orchestrator.slurm.batch.containers import SlurmContainer
 
 PORT_BASE, PORT_SPAN = 20000, 10000  # MASTER_PORT = PORT_BASE + job id % PORT_SPAN
 
@@ -50,7 +50,7 @@ class SlurmJob:
     max_resubmits: int = 0  # submitted again after a time limit or a preemption
     container: SlurmContainer | None = None  # --container: torchrun and the ranks in an image
     # job_dir and output are folders on the nodes, not the run record's (which the nodes do
-    # not see): the launcher hears every line through the agents (slurm/node_files.py)
+    # not see): the launcher hears every line through the agents (slurm/batch/node_files.py)
     node_side: bool = False
     # --min-nodes: after a node failure with no spare left, the job goes on (a next job) on
     # the survivors while at least this many remain; 0: every node is needed

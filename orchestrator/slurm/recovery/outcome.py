@@ -13,7 +13,7 @@ from pathlib import Path
 from orchestrator.backends.scheduler_states import SchedulerState
 from orchestrator.console.reading import last_lines_of
 from orchestrator.record.states import RunState
-from orchestrator.slurm.parse import JobInfo
+from orchestrator.slurm.control.parse import JobInfo
 from orchestrator.supervise import Outcome, Supervisor, describe_exit
 
 JOB_ENDINGS = {

@@ -51,8 +51,8 @@ from orchestrator.options.backend_facts import facts_of
 from orchestrator.options.display import ConsoleOptions
 from orchestrator.record.runs import RunRecord, run_status
 from orchestrator.record.states import NodePhase
-from orchestrator.slurm.client import SlurmCommands, expand_nodelist, query
-from orchestrator.slurm.parse import JobInfo
+from orchestrator.slurm.control.client import SlurmCommands, expand_nodelist, query
+from orchestrator.slurm.control.parse import JobInfo
 from orchestrator.supervise.stopping import signals_to
 
 STEP_NAME = "orchestrator-exec"

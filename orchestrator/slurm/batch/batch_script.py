@@ -17,15 +17,15 @@ SIGUSR1 to the batch script 120 s before the limit (`#SBATCH --signal=B:USR1@120
 `attempt<restart>/warning` in the job folder and passes the signal through srun to every
 process of the step, where torchrun and the wrappers ignore it and the ranks handle it:
 the bundled trainer, run with `--checkpoint-dir DIR --resume`, saves a checkpoint and
-exits 128+10. `orchestrator launch` then submits the job again (orchestrator.slurm.segments)
-and the trainer resumes from the newest checkpoint in DIR. With `--requeue` the script
-instead runs `scontrol requeue` itself (for a script submitted by hand). A rank of your
-own does the same with a SIGUSR1 handler and its own checkpoints; a rank without a
+exits 128+10. `orchestrator launch` then submits the job again
+(orchestrator.slurm.recovery.segments) and the trainer resumes from the newest checkpoint in DIR.
+With `--requeue` the script instead runs `scontrol requeue` itself (for a script submitted by hand).
+A rank of your own does the same with a SIGUSR1 handler and its own checkpoints; a rank without a
 handler ignores the signal.
 
 Spares (`--spares N`): the job asks for its nodes only, with `--no-requeue` so that a node
 failure ends it (NODE_FAIL) instead of SLURM requeueing it in place; `launch` then submits
-it again without the failed node (orchestrator.slurm.spares), up to N times. With a
+it again without the failed node (orchestrator.slurm.recovery.spares), up to N times. With a
 hostfile the last N hosts are the spares, taken in order; without one, SLURM chooses the
 replacement from the partition, the failed nodes (and the --bad-nodes list) in --exclude.
 """
@@ -39,7 +39,7 @@ from orchestrator.agent.bootstrap import BOOTSTRAP, slurm_bundle, stack_hook_sou
 from orchestrator.agent.keeper import socket_path, stopped_file
 from orchestrator.agent.protocol import GRACE_S
 from orchestrator.plan.scripts import render_template
-from orchestrator.slurm.job import PORT_BASE, PORT_SPAN, SlurmJob
+from orchestrator.slurm.batch.job import PORT_BASE, PORT_SPAN, SlurmJob
 
 SCRIPT_NAME = "job.sbatch"
 CODE_LINE = 76  # base64 characters per line of the agent's code in the script

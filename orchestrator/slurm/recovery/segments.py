@@ -8,9 +8,9 @@ itself, and the follower follows it into its next start) is carried on: `orchest
 launch` submits the same job again (same run id and command, a new job id), up to
 --max-resubmits times; the program resumes from its checkpoint. A job cancelled (scancel,
 `orchestrator stop`, Ctrl-C) is never carried on; a node failure is --spares' business
-(orchestrator.slurm.spares) and --min-nodes' (orchestrator.slurm.shrink: the next job on
-fewer nodes; orchestrator.slurm.grow_back: on more again, a job stopped at a checkpoint ends
-`grow`; each segment keeps its job's node count). ENDINGS is the table, first match
+(orchestrator.slurm.recovery.spares) and --min-nodes' (orchestrator.slurm.recovery.shrink: the next
+job on fewer nodes; orchestrator.slurm.recovery.grow_back: on more again, a job stopped at a
+checkpoint ends `grow`; each segment keeps its job's node count). ENDINGS is the table, first match
 wins.
 """
 
@@ -24,7 +24,7 @@ from pathlib import Path
 from orchestrator.backends.scheduler_states import SchedulerState
 from orchestrator.record.runs import now_iso
 from orchestrator.record.world import WorldSegment, fewer_nodes_line
-from orchestrator.slurm.parse import slurm_state
+from orchestrator.slurm.control.parse import slurm_state
 from orchestrator.supervise import Outcome
 
 WARNING_FILE = "warning"  # in the job folder's attempt<restart>/: "USR1 <epoch seconds>"
@@ -187,7 +187,7 @@ class Segments:
         self.current.warn(None)
 
     def restore(self, entries: list[Segment], given: int, left: int, preempted_seen: bool) -> None:
-        """The segments as a follower before this one left them (handover.py)."""
+        """The segments as a follower before this one left them (following/handover.py)."""
         self.entries, self.given, self.left = entries, given, left
         self.preempted_seen = preempted_seen
 

@@ -68,7 +68,7 @@ class AttemptFiles:
         }
 
     def positions(self) -> dict[str, int]:
-        """How far each file has been passed on (orchestrator.slurm.handover)."""
+        """How far each file has been passed on (orchestrator.slurm.following.handover)."""
         return {name: tail.position() for name, tail in self.tails().items() if tail.fd is not None}
 
     def resume(self, positions: dict[str, int]) -> None:

@@ -1,0 +1,7 @@
+"""Programs shipped to the nodes as source and run there on their own, standard library
+only and importing nothing of the package (the agent imports route.py too).
+
+reach.py  the path check: do the job's TCP paths work (store and peers)
+route.py  which interface reaches an address, read from the kernel, where `ip` is missing
+cores.py  --bind-cores: disjoint core sets per local rank, from a node's own topology
+"""
