@@ -55,7 +55,7 @@ NODE_MODULES = (
 )
 
 # Under SLURM, the batch script's task on each node runs keeper.py's main (after the rest).
-IN_ALLOCATION = (*NODE_MODULES, "keeper")
+IN_ALLOCATION = (*NODE_MODULES, "replay", "relay", "task_warning", "keeper")
 
 _AGENT_START: bytes | None = None
 

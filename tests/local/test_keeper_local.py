@@ -13,7 +13,8 @@ from pathlib import Path
 
 from orchestrator.agent import BOOTSTRAP
 from orchestrator.agent.bootstrap import slurm_bundle
-from orchestrator.agent.keeper import DIAL, socket_path, stopped_file
+from orchestrator.agent.relay import DIAL, socket_path
+from orchestrator.agent.task_warning import stopped_file
 from orchestrator.backends.sessions import FrameParser
 
 

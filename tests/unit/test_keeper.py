@@ -8,9 +8,10 @@ from __future__ import annotations
 import signal
 from pathlib import Path
 
-from orchestrator.agent.keeper import KEPT_BYTES, Stream, listen
 from orchestrator.agent.limit_warning import HeldWarning
 from orchestrator.agent.protocol import Frame, frame
+from orchestrator.agent.relay import listen
+from orchestrator.agent.replay import KEPT_BYTES, Stream
 from orchestrator.backends.sessions import FrameParser
 
 
@@ -22,8 +23,8 @@ def test_the_stream_keeps_whole_frames_and_says_what_a_late_reader_lost(monkeypa
     shown = stream.add(rest + frame(Frame.HEARTBEAT, "1.0", "-", "-"))
     assert shown == [("N", b"torchrun says\n")]
     assert stream.since(0) == (0, 0) and stream.since(10**9) == (stream.end, 0)
-    monkeypatch.setattr("orchestrator.agent.keeper.KEPT_BYTES", 40)
-    monkeypatch.setattr("orchestrator.agent.keeper.TRIM_STEP", 1)
+    monkeypatch.setattr("orchestrator.agent.replay.KEPT_BYTES", 40)
+    monkeypatch.setattr("orchestrator.agent.replay.TRIM_STEP", 1)
     big = frame(Frame.RANK_OUTPUT, 3, payload=b"x" * 30 + b"\n")
     stream.add(big)
     assert stream.end - stream.base == len(big)  # the oldest whole frames went
@@ -48,7 +49,7 @@ def test_the_socket_folder_must_be_the_users_alone(tmp_path: Path, capsys) -> No
 
 
 def test_a_long_stream_of_small_frames_keeps_few_marks_and_its_bound(monkeypatch) -> None:
-    monkeypatch.setattr("orchestrator.agent.keeper.KEPT_BYTES", 1 << 20)
+    monkeypatch.setattr("orchestrator.agent.replay.KEPT_BYTES", 1 << 20)
     stream = Stream()
     beat = frame(Frame.HEARTBEAT, "1795935108.522808", "-", "-")
     for _ in range(100_000):  # 4 MB of heartbeats

@@ -36,8 +36,9 @@ import base64
 import gzip
 
 from orchestrator.agent.bootstrap import BOOTSTRAP, slurm_bundle, stack_hook_source
-from orchestrator.agent.keeper import socket_path, stopped_file
 from orchestrator.agent.protocol import GRACE_S
+from orchestrator.agent.relay import socket_path
+from orchestrator.agent.task_warning import stopped_file
 from orchestrator.plan.scripts import render_template
 from orchestrator.slurm.batch.job import PORT_BASE, PORT_SPAN, SlurmJob
 
@@ -58,7 +59,7 @@ def render_sbatch(job: SlurmJob, command: str) -> str:
         agent_code=agent_code(job),
         agent_python=agent_python(job),
         node_part=node_part(job),
-        # node 0's keeper's code after the warning (keeper.stopped_on_warning): shell words
+        # node 0's keeper's code after the warning (task_warning.stopped_on_warning): shell words
         # for "$..." in the script, node 0 being the batch script's own node
         stopped_file=stopped_file(
             socket_path("$SLURM_JOB_ID", "${SLURM_RESTART_COUNT:-0}", 0, "$UID")
@@ -85,7 +86,7 @@ def agent_python(job: SlurmJob) -> str:
 
 
 def dial_python(job: SlurmJob) -> str:
-    """The interpreter of the launcher's dial to a node's agent (agents.DIAL, standard
+    """The interpreter of the launcher's dial to a node's agent (relay.DIAL, standard
     library only): outside any image (a step of its own, which pyxis does not put in the
     job's image), so the node's python3 where the job has one; else the job's."""
     return "python3" if job.container is not None else job.python

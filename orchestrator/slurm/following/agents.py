@@ -2,7 +2,7 @@
 
 Each node's agent (orchestrator.agent.keeper) listens on a Unix socket on its node. The
 launcher reaches it with one `srun --overlap --jobid JOB --nodelist NODE --ntasks 1` per
-node, a step of the job that shares its allocation and runs `keeper.DIAL` there: SLURM
+node, a step of the job that shares its allocation and runs `relay.DIAL` there: SLURM
 carries that step's stdin and stdout as an SSH channel carries an agent's, so the agent's
 protocol runs over it unchanged, and a `NodeSession` reads its frames into `Event`s.
 
@@ -22,7 +22,7 @@ import subprocess
 import time
 from collections.abc import Sequence
 
-from orchestrator.agent.keeper import DIAL, socket_path
+from orchestrator.agent.relay import DIAL, socket_path
 from orchestrator.backends.base import IdleAgent, writable
 from orchestrator.backends.sessions import Event, NodeSession
 from orchestrator.errors import OrchestratorError
