@@ -10,6 +10,28 @@ The Python API, for a sweep script, a notebook or another tool (see docs/api.md)
 `RunOutcome`, `RunStatus`, `RunState`, `Failure` and the errors (`OrchestratorError`,
 `ConfigError`, `RunFailed`, ...) are named here and imported on first use: `python -m
 orchestrator.trainer` on a node imports this package without them.
+
+__main__.py  `python -m orchestrator`: the command line
+errors.py    the error hierarchy: every foreseeable failure is one of these, written for a user
+hostlist.py  SLURM-style host lists
+numerals.py  whole numbers as people type them
+sizes.py     sizes in bytes as people write them: 64M, 1G, 512KiB (binary units), and back
+version.py   the package's version: the one place it is written (pyproject.toml reads it here)
+agent/       the node agent: a package on the controller, one process on each node
+api/         acting on runs from any shell or program
+backends/    how the controller reaches a node (local subprocess, SSH): the node backends
+check/       `orchestrator check`: prove a cluster is ready
+cli/         the command line
+console/     what a person reads
+hosts/       hostfiles and choosing hosts and slots out of them
+nodes/       work on every node at once through its agent
+options/     one model of a launch
+plan/        planning, pure (no network)
+record/      the run record
+slurm/       the SLURM backend: one sbatch job for the whole run
+start/       launching a job
+supervise/   supervision of a started run
+trainer/     the bundled DDP trainer: `python -m orchestrator.trainer` (usually under torchrun)
 """
 
 from __future__ import annotations

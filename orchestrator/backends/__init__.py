@@ -1,4 +1,10 @@
-"""Backends: how the controller reaches a node (local subprocess, SSH) or a scheduler (SLURM)."""
+"""Backends: how the controller reaches a node (local subprocess, SSH) or a scheduler (SLURM).
+
+base.py      what every node backend provides: a connection that can start the node agent
+local.py     the local backend: the node is this machine, reached through a subprocess
+sessions.py  the controller's side of each node agent
+ssh/         the SSH backend: reach every node that `ssh NODE` reaches, with the same trust decision
+"""
 
 from __future__ import annotations
 

@@ -5,4 +5,8 @@ reach.py, shipped to the nodes); collectives.py is the job every rank runs; meas
 the exact expected values and the bandwidth formulas; diagnose.py says what is wrong with
 the nodes, and report.py turns it all into problems and tables.
 Only collectives.py imports torch, and only when a rank runs it.
+
+facts.py    what `orchestrator check` found on each node, as facts
+inputs.py   what `orchestrator check` is asked to do
+results.py  `orchestrator check`: what it found
 """

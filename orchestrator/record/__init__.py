@@ -1,2 +1,8 @@
 """The run record: runs/<run-id>/ (runs.py), the log files the stream appends to
-(logfile.py), and the bad-node list that node faults add to (bad_nodes.py)."""
+(logfile.py), and the bad-node list that node faults add to (bad_nodes.py).
+
+plain.py       frozen values
+recoveries.py  A node replaced by a spare (--spares), as the run record keeps it
+states.py      A run's state, and the one rule for the state a reader of its record sees
+world.py       the world a run ran on over time, as the run record keeps it
+"""

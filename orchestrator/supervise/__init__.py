@@ -1,5 +1,26 @@
 """Supervision of a started run: failure detection (`detect`) and stopping (`stopping`),
-driven by the event loop in `supervisor`; `state` holds what they share."""
+driven by the event loop in `supervisor`; `state` holds what they share.
+
+clocks.py          node times in the controller's clock: each node's offset, measured, never assumed
+detect.py          failure detection: the reports as they come, who failed first
+flight_report.py   torch's flight recorder, collected
+frame_handlers.py  what the supervisor does with each kind of frame a node's agent sends
+hangs.py           hangs
+liveness.py        lost means gone, not busy
+metrics.py         the metrics channel on the controller
+restarts.py        restarts under torchrun's --max-restarts, as the run record counts and names them
+stack_groups.py    many ranks' stacks read like a folded console
+stack_names.py     where a thread is, named as a user would look for it
+stack_rounds.py    taking every rank's stacks through the node agents
+state.py           what supervision knows about each node and rank, and how a run ended
+stopping.py        stopping a run
+stragglers.py      stragglers: the rank that holds every other back, named while the run goes on
+summaries.py       the run's end, read from what detect.py kept: faults, facts, outcome, words
+supervisor.py      supervision
+time_limit.py      the time limit of an SSH or local run and the warning signal ahead of it
+unreachable.py     A node whose processes get no answer from the store or a peer
+verdict.py         how a run ended, as one table: from what was recorded to a state and an exit code
+"""
 
 from __future__ import annotations
 

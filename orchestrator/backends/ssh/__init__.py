@@ -5,6 +5,8 @@ certificates), trust.py (the host key decision), identities.py (the keys offered
 connect.py (paramiko connections), transport.py (how paramiko's transport is run), jumps.py
 (jump hosts shared by the nodes behind them), retry.py (handshakes tried again), sftp.py
 (--sync copies), fanout.py (many at once).
+
+notices.py  warnings of the SSH layer: each distinct line printed once per command, on stderr
 """
 
 from __future__ import annotations

@@ -12,6 +12,10 @@ so a fill that fails (still no space, a node gone) leaves the file as it was.
 This runs at the end of a launch (`complete_rank_files`) and, for what is still missing
 then, with `orchestrator logs RUN --fetch` (`fetch_incomplete`), which reaches the nodes
 again by what status.json recorded: host, user, port, interpreter and the SSH options.
+
+complete.py  the two callers of the fill
+fetch.py     filling gaps from the nodes' copies
+gaps.py      a gap in a run's logs
 """
 
 from orchestrator.nodes.refill.complete import Completion, complete_rank_files, fetch_incomplete
