@@ -3,6 +3,7 @@
 base.py      what every node backend provides: a connection that can start the node agent
 local.py     the local backend: the node is this machine, reached through a subprocess
 sessions.py  the controller's side of each node agent
+scheduler_states.py  an attempt's state as a scheduler reports it, in our words (SchedulerState)
 ssh/         the SSH backend: reach every node that `ssh NODE` reaches, with the same trust decision
 """
 

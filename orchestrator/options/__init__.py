@@ -7,6 +7,7 @@ flag, default, help and bounds (`declare.option`). The command line's click opti
 (cli/flags.py) and the Python API's keywords (`LaunchArgs` in options/keywords.py) are both
 made from those fields, and a stage receives the group it uses.
 
+backend_facts.py  the launch backends by name, and the facts the stages below the API need
 checking.py     the check group
 choosing.py     the hosts group
 declare.py      how an option is declared once

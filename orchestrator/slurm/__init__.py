@@ -10,6 +10,7 @@ recovery/ says how a job ended and which job the run goes on in.
 
 submit.py   `launch --backend slurm` and `render --backend slurm`: plan, render, submit, follow
 attach.py   `orchestrator attach RUN`: a new controller for a SLURM run whose controller is gone
+backend.py  the SLURM Backend (the registry's slurm): render, launch, start detached, poll, stop
 batch/      the SLURM job and its script, every value decided before anything runs (pure)
 control/    talking to SLURM: its client commands, here or on a login node, and what they print
 following/  following a submitted SLURM job to its end, as `launch --backend slurm` shows it

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import io
+import re
 import sys
 import tokenize
 from pathlib import Path
@@ -29,6 +30,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "orchestrator.sizes",
         "orchestrator.version",
     ),
+    # shipped to the nodes as source and run there on their own: nothing of the package
+    ("orchestrator.agent.programs",),
     ("orchestrator.agent",),  # shipped to the nodes as source: the standard library only
     ("orchestrator.options",),  # the option groups: one model of a launch, every stage's input
     ("orchestrator.hosts",),
@@ -39,7 +42,11 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("orchestrator.supervise",),
     ("orchestrator.nodes",),
     ("orchestrator.start",),
-    ("orchestrator.slurm",),
+    ("orchestrator.slurm.batch",),  # the job and its script, pure
+    ("orchestrator.slurm.control",),  # SLURM's commands and what they print
+    ("orchestrator.slurm.recovery",),  # how a job ended, and the run's next job
+    ("orchestrator.slurm.following",),  # following a job to its end
+    ("orchestrator.slurm",),  # submitting and attaching
     ("orchestrator.check",),
     ("orchestrator.api",),
     ("orchestrator.cli", "orchestrator.__main__"),
@@ -47,7 +54,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
 # The trainer stands alone: what ranks run imports nothing of the controller.
 TRAINER = "orchestrator.trainer"
 # Run on the nodes by an interpreter that may have nothing but the standard library.
-NODE_SIDE = ("orchestrator.agent",)
+# The programs first: each imports nothing of the package, not even of the agent.
+NODE_SIDE = ("orchestrator.agent.programs", "orchestrator.agent")
 
 
 def module_name(path: Path) -> str:
@@ -560,3 +568,24 @@ def test_the_slurm_rule_finds_writes_into_other_objects() -> None:
         (4, "self.sup.y"),
         (5, "node.count"),
     ]
+
+
+def test_every_package_docstring_names_each_of_its_files() -> None:
+    """A folder's __init__.py says what each of its files holds: its docstring names every
+    module (`name.py`) and every folder of modules (`name/`) beside it."""
+    unnamed = {}
+    for init in sorted(PACKAGE.rglob("__init__.py")):
+        folder = init.parent
+        doc = ast.get_docstring(ast.parse(init.read_text(encoding="utf-8"))) or ""
+        entries = [p.name for p in folder.glob("*.py") if p.name != "__init__.py"]
+        entries += [
+            f"{p.name}/"
+            for p in folder.iterdir()
+            if p.is_dir() and p.name != "__pycache__" and any(p.glob("*.py"))
+        ]
+        missing = sorted(
+            name for name in entries if not re.search(rf"(?<![\w/]){re.escape(name)}", doc)
+        )
+        if missing:
+            unnamed[str(init.relative_to(ROOT))] = missing
+    assert not unnamed, f"package docstrings that do not name each of their files: {unnamed}"

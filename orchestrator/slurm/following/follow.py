@@ -1,23 +1,21 @@
 """Following a submitted SLURM job to its end, as `launch --backend slurm` shows it.
 
 Polling: squeue (sacct once it has ended) says queued/running/ended, as often as
-orchestrator.slurm.following.cadence says (less often while the node agents answer; the loop waits
-on their frames meanwhile). Once nodes run, the node agents are reached
-(orchestrator.slurm.following.node_agents) and what they send (the ranks' lines, metrics and exits,
-the nodes' starts, ends and samples, stacks) goes into the same `LogSink` and `Supervisor`
-as over SSH (srun runs here, or on the --login node); for a node whose agent cannot be
-reached, the files it writes in the run's job folder say the same
-(orchestrator.slurm.following.stream). SLURM stops the nodes (srun --kill-on-bad-exit, scancel); the
-Supervisor decides the first failing rank and writes the same summaries and status;
-orchestrator.slurm.recovery.outcome says how the job ended. What another controller would need to
-take over is kept in the run record as it goes (orchestrator.slurm.following.handover; `orchestrator
-attach`). Under
---max-restarts a failing rank is a restart (torchrun starts the workers again, the job
-goes on) until a node's torchrun gives up, as on SSH nodes. A requeued job starts a new
-attempt; so does, under --spares, the job submitted again after a node failure
-(orchestrator.slurm.recovery.spares), and the job submitted again after a time limit or a
-preemption (orchestrator.slurm.recovery.segments), each with a job id of its own. Ctrl-C cancels
-the job (scancel) and waits until squeue no longer lists it.
+following/cadence.py says (less often while the node agents answer; the loop waits on their
+frames meanwhile). Once nodes run, the node agents are reached (following/node_agents.py) and
+what they send (the ranks' lines, metrics and exits, the nodes' starts, ends and samples,
+stacks) goes into the same `LogSink` and `Supervisor` as over SSH (srun runs here, or on the
+--login node); for a node whose agent cannot be reached, the files it writes in the run's job
+folder say the same (following/stream.py). SLURM stops the nodes (srun --kill-on-bad-exit,
+scancel); the Supervisor decides the first failing rank and writes the same summaries and
+status; recovery/outcome.py says how the job ended. What another controller would need to
+take over is kept in the run record as it goes (following/handover.py; `orchestrator
+attach`). Under --max-restarts a failing rank is a restart (torchrun starts the workers
+again, the job goes on) until a node's torchrun gives up, as on SSH nodes. A requeued job
+starts a new attempt; so does, under --spares, the job submitted again after a node failure
+(recovery/spares.py), and the job submitted again after a time limit or a preemption
+(recovery/segments.py), each with a job id of its own. Ctrl-C cancels the job (scancel) and
+waits until squeue no longer lists it.
 """
 
 from __future__ import annotations
@@ -107,7 +105,7 @@ class Follower:
         self.info = JobInfo(state="PENDING")
         self.files: AttemptFiles | None = None
         self.batch = RankFile(-1, str(record.path / f"slurm-{job_id}.out"))
-        # What another controller would need to take over (orchestrator.slurm.following.handover).
+        # What another controller would need to take over (following/handover.py).
         self.following, self.bookmarks = following, Bookmarks(record, points)
         if points is not None and points.job_id == job_id:
             self.batch.seek(points.batch)
@@ -118,15 +116,8 @@ class Follower:
         self.cadence = Cadence()
         self.spares = spares
         self.regrow = SlurmRegrow(commands, supervision) if job.min_nodes else None
-        self.resubmitting = Resubmitting(  # the next job's means (resubmit.next_job)
-            self.segments,
-            submit,
-            self.first_job_dir,
-            self.note,
-            self.base.update,
-            spares,
-            self.regrow,
-        )
+        means = (self.segments, submit, self.first_job_dir, self.note, self.base.update)
+        self.resubmitting = Resubmitting(*means, spares, self.regrow)  # resubmit.next_job's
         self.hosts: list[str] = []  # the nodes of the job now followed, once it runs
 
     # --- output -------------------------------------------------------------------------
