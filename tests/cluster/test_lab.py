@@ -1,5 +1,5 @@
 """Self-tests of the lab: the namespace cluster, sshd, faults, SLURM, teardown — all real.
-(Its parts that need no cluster are in tests/unit/test_lab_parts.py.)"""
+(Its parts that need no cluster are in tests/unit/lab/test_lab_parts.py.)"""
 
 from __future__ import annotations
 

@@ -1,13 +1,13 @@
 """The agent's heartbeat in real time: a real agent process runs a command that talks for
 4 s and then is quiet for 3; the heartbeat frames it sends meanwhile are timed. About 10 s
 of waiting, so it is not among the unit tests (the rest of the protocol is
-tests/unit/test_protocol.py)."""
+tests/unit/agent/test_protocol.py)."""
 
 from __future__ import annotations
 
 from orchestrator.agent import encode_config
 from orchestrator.backends.sessions import FrameParser
-from tests.unit.test_protocol import start_agent
+from tests.unit.agent.test_protocol import start_agent
 
 
 def test_a_steady_heartbeat_waits_while_the_agent_writes_other_frames() -> None:

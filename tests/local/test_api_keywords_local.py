@@ -1,6 +1,6 @@
 """The package names its API without importing it, seen from a fresh python interpreter
 each (the imports a test's own process has made already would hide it); the API's keywords
-and flags are tests/unit/test_api_keywords.py."""
+and flags are tests/unit/api/test_api_keywords.py."""
 
 from __future__ import annotations
 

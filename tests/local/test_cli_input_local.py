@@ -1,5 +1,5 @@
 """Bad input through the real command line, as a user meets it, in processes of its own:
-the cases of tests/unit/test_cli_input.py's BAD and GOOD tables run as `python -m
+the cases of tests/unit/cli/test_cli_input.py's BAD and GOOD tables run as `python -m
 orchestrator ...`, all in parallel once per module (they are independent), and the console
 script and `--help` as a user starts them. Each bad case must exit 2 with a message naming
 the file:line or the flag, and never print a traceback (check_refused); the cases that call
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.unit.test_cli_input import BAD, GOOD, MORE_BAD, Case, check_refused, prepare_inputs
+from tests.unit.cli.test_cli_input import BAD, GOOD, MORE_BAD, Case, check_refused, prepare_inputs
 
 CLI = [sys.executable, "-m", "orchestrator"]
 CONSOLE_SCRIPT = Path(sys.executable).with_name("orchestrator")

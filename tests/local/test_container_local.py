@@ -1,6 +1,6 @@
 """Container options through the real command line, as a process of its own: an option
 without its image is exit 2 in one line (the rest of the containers' tests are
-tests/unit/test_container.py)."""
+tests/unit/plan/test_container.py)."""
 
 from __future__ import annotations
 

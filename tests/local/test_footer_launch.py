@@ -1,5 +1,5 @@
 """launch's footer end to end: the real CLI on a terminal (a pty), real torchrun, 2 local
-ranks; the footer's pure parts are in tests/unit/test_footer.py."""
+ranks; the footer's pure parts are in tests/unit/console/test_footer.py."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import textwrap
 from pathlib import Path
 
 from tests.cli_helpers import ORCHESTRATOR, REPO, run_cli, run_on_terminal
-from tests.unit.test_footer import shown
+from tests.unit.console.test_footer import shown
 
 TICKS = textwrap.dedent("""
     import json, os, time

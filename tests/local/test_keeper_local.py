@@ -1,6 +1,6 @@
 """The node agent as the SLURM batch script runs it (orchestrator.agent.keeper), started here
 as the node's interpreter with nobody connected, then dialled by a controller that comes
-late; seconds of real waiting (the stream's pure parts are tests/unit/test_keeper.py)."""
+late; seconds of real waiting (the stream's pure parts are tests/unit/agent/test_keeper.py)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """`top` through the real command line, and a bad --stragglers rule refused by it: each test
 runs `python -m orchestrator` as a process of its own beside the pure part it checks (the
-metrics' pure parts are tests/unit/test_metrics.py)."""
+metrics' pure parts are tests/unit/supervise/test_metrics.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from orchestrator.options.supervision import Supervision
 from orchestrator.record.runs import RunRecord
 from orchestrator.supervise.stack_groups import fold, render_groups
 from tests.cli_helpers import run_cli
-from tests.unit.test_metrics import write_record
+from tests.unit.supervise.test_metrics import write_record
 
 
 def test_the_rule_is_the_users_and_a_bad_one_is_refused(tmp_path: Path) -> None:

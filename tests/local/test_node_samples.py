@@ -1,6 +1,7 @@
 """A node sample of real processes (orchestrator.agent.sampling): a busy rank, counted by
 the RANK in its environment, and a process that is no rank's. Seconds of real CPU time,
-so it is not among the unit tests (the metrics' pure parts are tests/unit/test_metrics.py)."""
+so it is not among the unit tests (the metrics' pure parts are
+tests/unit/supervise/test_metrics.py)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The preflight probe scripts run on this machine with its own python and torch (seconds
-each, as the probe imports torch): the check's probe (tests/unit/test_check.py renders it)
+each, as the probe imports torch): the check's probe (tests/unit/check/test_check.py renders it)
 and both probes finding the interface with iproute2's `ip` hidden from PATH
-(orchestrator/agent/programs/route.py; its pure parts in tests/unit/test_route.py)."""
+(orchestrator/agent/programs/route.py; its pure parts in tests/unit/agent/test_route.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 
 from orchestrator.nodes.probe import parse_probe_output
 from orchestrator.plan.scripts import render_template
-from tests.unit.test_check import render_probe
+from tests.unit.check.test_check import render_probe
 
 
 @pytest.mark.slow

@@ -1,7 +1,7 @@
 """orchestrator.check.reach, the small program the check ships to nodes, run here as
 processes of its own on loopback: a listener that hears every node, a refused connection
 and a busy port, each waiting out the program's own timeouts (the check's pure parts are
-tests/unit/test_check.py)."""
+tests/unit/check/test_check.py)."""
 
 from __future__ import annotations
 

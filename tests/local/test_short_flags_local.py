@@ -1,5 +1,5 @@
 """A DeepSpeed user's `-i host:1` through the installed console script, as a process: one
-rank on slot 1, as --include gives (the in-process cases are tests/unit/test_short_flags.py)."""
+rank on slot 1, as --include gives (the in-process cases are tests/unit/cli/test_short_flags.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 from tests.cli_helpers import run_cli
-from tests.unit.test_short_flags import ranks
+from tests.unit.cli.test_short_flags import ranks
 
 
 def test_dash_i_from_the_console_script_is_include(tmp_path: Path) -> None:

@@ -1,7 +1,7 @@
 """What SLURM prints, read: sbatch's job id, squeue / scontrol / sacct job records, exit codes.
 
-Pure functions on captured text (tests/unit/test_slurm_parse.py feeds them SLURM's real outputs);
-orchestrator.slurm.control.client runs the commands and hands their output here.
+Pure functions on captured text (tests/unit/slurm/test_slurm_parse.py feeds them SLURM's real
+outputs); orchestrator.slurm.control.client runs the commands and hands their output here.
 """
 
 from __future__ import annotations

@@ -21,8 +21,8 @@ from orchestrator.slurm.recovery.segments import Segments, describe_segment
 from orchestrator.slurm.recovery.shrink import AfterLoss, after_loss, shrunk
 from orchestrator.slurm.recovery.spares import SlurmSpares
 from orchestrator.supervise import Outcome
-from tests.unit.test_slurm_render import run_cli, spec
-from tests.unit.test_slurm_spares import FakeCommands
+from tests.unit.slurm.test_slurm_render import run_cli, spec
+from tests.unit.slurm.test_slurm_spares import FakeCommands
 
 
 @pytest.mark.parametrize(

@@ -15,7 +15,7 @@ from orchestrator.errors import ConfigError
 from orchestrator.options.declare import Flag, declared
 from orchestrator.options.keywords import LaunchArgs
 
-HOSTFILE = str(Path(__file__).resolve().parents[2] / "hostfiles" / "local.txt")
+HOSTFILE = str(Path(__file__).resolve().parents[3] / "hostfiles" / "local.txt")
 
 
 def bad_values(flag: Flag) -> list[Any]:

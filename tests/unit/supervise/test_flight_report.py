@@ -20,7 +20,7 @@ from orchestrator.supervise.flight_report import (
     read_report,
 )
 
-DATA = Path(__file__).resolve().parents[1] / "data"
+DATA = Path(__file__).resolve().parents[2] / "data"
 
 
 def test_the_analysers_report_names_the_collective_and_the_missing_ranks() -> None:

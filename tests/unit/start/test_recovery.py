@@ -19,8 +19,8 @@ from orchestrator.plan.scripts import plan_yaml
 from orchestrator.record.bad_nodes import add_bad_node, read_bad_nodes, skip_bad_nodes
 from orchestrator.start.pool import NodePool
 from orchestrator.supervise.state import NodeFault, Outcome
-from tests.unit.test_plan import spec
-from tests.unit.test_supervise import detector
+from tests.unit.plan.test_plan import spec
+from tests.unit.supervise.test_supervise import detector
 
 # --- whose fault -----------------------------------------------------------------------
 

@@ -12,7 +12,7 @@ from orchestrator.hosts.hostfile import parse_hostfile
 from orchestrator.options.scheduler import SlurmOptions
 from orchestrator.plan.launch_plan import LAUNCH_WORLD_SIZE, make_plan
 from orchestrator.slurm.batch.planning import plan_slurm_job
-from tests.unit.test_plan import spec
+from tests.unit.plan.test_plan import spec
 
 HOSTS = "n0 slots=2\nn1 slots=2\nn2 slots=1\n"
 

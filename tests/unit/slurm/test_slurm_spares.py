@@ -15,7 +15,7 @@ from orchestrator.options.scheduler import SlurmOptions
 from orchestrator.slurm.batch.planning import plan_slurm_job
 from orchestrator.slurm.recovery.spares import check_capacity, failed_nodes, resubmitted
 from orchestrator.slurm.submit import prepare_slurm
-from tests.unit.test_slurm_render import ARGV, check_golden, run_cli, spec
+from tests.unit.slurm.test_slurm_render import ARGV, check_golden, run_cli, spec
 
 
 class FakeCommands:

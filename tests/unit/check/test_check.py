@@ -22,7 +22,7 @@ from orchestrator.check.report import bandwidth_table, node_table
 from orchestrator.check.results import Problem, collective_results
 from tests.check_helpers import MASTER, facts, node
 
-GOLDEN = Path(__file__).resolve().parents[1] / "golden"
+GOLDEN = Path(__file__).resolve().parents[2] / "golden"
 
 
 # --- sizes ------------------------------------------------------------------------------

@@ -32,9 +32,9 @@ from orchestrator.slurm.recovery.shrink import shrunk
 from orchestrator.supervise import NodeState, RankState
 from orchestrator.supervise.time_limit import WarningClock
 from tests.factories import FakeSession, Notes
-from tests.unit.test_slurm_min_nodes import _job
-from tests.unit.test_slurm_render import spec
-from tests.unit.test_slurm_spares import FakeCommands
+from tests.unit.slurm.test_slurm_min_nodes import _job
+from tests.unit.slurm.test_slurm_render import spec
+from tests.unit.slurm.test_slurm_spares import FakeCommands
 
 
 @pytest.mark.parametrize(

@@ -3,7 +3,7 @@ apptainer's command, the image's python in job.sbatch, and the script run end to
 this machine with stand-ins for srun, apptainer and the image's python.
 
 The golden renders are tests/golden/slurm/pyxis.sbatch and apptainer.sbatch
-(tests/unit/test_slurm_render.py).
+(tests/unit/slurm/test_slurm_render.py).
 """
 
 from __future__ import annotations

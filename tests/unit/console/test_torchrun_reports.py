@@ -28,7 +28,7 @@ from orchestrator.console.reading import NodeReports
 from orchestrator.console.sink import LogSink
 from orchestrator.console.torchrun_reports import ReportFilter, reported_line
 
-DATA = Path(__file__).parents[1] / "data" / "torchrun"
+DATA = Path(__file__).parents[2] / "data" / "torchrun"
 BANNER = 4  # torchrun's OMP_NUM_THREADS notice, the first lines of the plain captures
 REPORT_WORDS = (
     "ChildFailedError",

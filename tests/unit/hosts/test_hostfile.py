@@ -601,7 +601,7 @@ def test_every_example_hostfile_parses() -> None:
 
     from orchestrator.hosts.hostfile import load_hostfile
 
-    examples = sorted((Path(__file__).resolve().parents[2] / "hostfiles").iterdir())
+    examples = sorted((Path(__file__).resolve().parents[3] / "hostfiles").iterdir())
     assert len(examples) >= 5
     for path in examples:
         assert load_hostfile(path).hosts, path

@@ -16,8 +16,8 @@ from orchestrator.supervise.detect import Detector
 from orchestrator.supervise.stopping import Stopper
 from orchestrator.supervise.time_limit import Cause, WarningClock
 from tests.factories import FakeSession, Notes, world
-from tests.unit.test_slurm_spares import FakeCommands
-from tests.unit.test_time_limit import FakeRun
+from tests.unit.slurm.test_slurm_spares import FakeCommands
+from tests.unit.supervise.test_time_limit import FakeRun
 
 LIMIT = "the time limit's warning"
 PREEMPTION = "the preemption's warning"

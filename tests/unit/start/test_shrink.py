@@ -18,8 +18,8 @@ from orchestrator.record.world import WorldSegment, describe_world, seconds_on_f
 from orchestrator.start.joining import grow, room, take
 from orchestrator.start.pool import Member, NodePool
 from orchestrator.supervise.state import NodeFault, Outcome
-from tests.unit.test_plan import spec
-from tests.unit.test_recovery import Connection, Probe
+from tests.unit.plan.test_plan import spec
+from tests.unit.start.test_recovery import Connection, Probe
 
 
 def pool(

@@ -3,7 +3,7 @@
 The golden files in tests/golden/ are the exact output for fixed plans, so a template
 change shows up as a readable diff. After an intended change, regenerate them with
 
-    UPDATE_GOLDEN=1 pytest tests/unit/test_render.py
+    UPDATE_GOLDEN=1 pytest tests/unit/plan/test_render.py
 
 and review the diff. Every rendered script is also checked with `bash -n`, and the node
 script is executed with a fake interpreter to show that the variables and arguments it
@@ -41,7 +41,7 @@ from orchestrator.plan.scripts import (
 )
 from orchestrator.plan.spec import JobSpec, Program
 
-GOLDEN = Path(__file__).resolve().parents[1] / "golden"
+GOLDEN = Path(__file__).resolve().parents[2] / "golden"
 UPDATE = os.environ.get("UPDATE_GOLDEN") == "1"
 BASH = shutil.which("bash") or "/bin/bash"
 PROPERTY = settings(
@@ -250,7 +250,7 @@ def test_golden(name: str) -> None:
     assert path.exists(), f"missing {path}; run UPDATE_GOLDEN=1 pytest {__file__}"
     assert text == path.read_text(encoding="utf-8"), (
         f"{name} differs from {path}; if the change is intended, regenerate with "
-        "UPDATE_GOLDEN=1 pytest tests/unit/test_render.py and review the diff"
+        "UPDATE_GOLDEN=1 pytest tests/unit/plan/test_render.py and review the diff"
     )
 
 

@@ -28,7 +28,7 @@ from orchestrator.slurm.control.parse import (
     slurm_state,
 )
 
-DATA = Path(__file__).resolve().parents[1] / "data" / "slurm"
+DATA = Path(__file__).resolve().parents[2] / "data" / "slurm"
 
 
 def captured(name: str) -> str:

@@ -27,9 +27,9 @@ from orchestrator.start.joining import grow
 from orchestrator.start.pool import NodePool
 from orchestrator.start.regrow import Regrow
 from orchestrator.start.settings import LaunchOptions
-from tests.unit.test_plan import spec
-from tests.unit.test_recovery import Connection, Probe
-from tests.unit.test_shrink import lost, replan
+from tests.unit.plan.test_plan import spec
+from tests.unit.start.test_recovery import Connection, Probe
+from tests.unit.start.test_shrink import lost, replan
 
 
 class Attempt:

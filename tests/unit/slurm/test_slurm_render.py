@@ -1,7 +1,7 @@
 """The sbatch script: golden files (tests/golden/slurm/), bash -n, and bad input.
 
 Regenerate the golden files after an intended template change with
-UPDATE_GOLDEN=1 pytest tests/unit/test_slurm_render.py, and review the diff.
+UPDATE_GOLDEN=1 pytest tests/unit/slurm/test_slurm_render.py, and review the diff.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from orchestrator.slurm.batch.batch_script import render_sbatch
 from orchestrator.slurm.batch.planning import plan_slurm_job
 from orchestrator.slurm.submit import prepare_slurm
 
-GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "slurm"
+GOLDEN = Path(__file__).resolve().parents[2] / "golden" / "slurm"
 ARGV = ("orchestrator", "render", "--backend", "slurm", "-o", "out")
 
 
@@ -288,7 +288,7 @@ def test_run_rank_has_one_source_for_both_templates() -> None:
     run_rank = render_template("_run_rank.sh.j2")
     _, script = prepare_slurm(None, spec("t.py"), SlurmOptions(nodes=1), "r", ARGV)
     assert run_rank in script
-    node_template = (Path(__file__).resolve().parents[2] / "templates" / "node.sh.j2").read_text()
+    node_template = (Path(__file__).resolve().parents[3] / "templates" / "node.sh.j2").read_text()
     assert '{% include "_run_rank.sh.j2" %}' in node_template
     assert "run_rank() {" not in node_template
 
