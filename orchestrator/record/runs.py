@@ -57,6 +57,18 @@ def new_status(
     }
 
 
+def ended_status(state: RunState, exit_code: int, summary: str | None) -> dict:
+    """status.json's last word on a run, whichever backend ran it: how it ended, its exit
+    code, when, and why (None: nothing to say beyond the state)."""
+    return {"state": state, "exit_code": exit_code, "ended_at": now_iso(), "summary": summary}
+
+
+def controller_log(run_dir: str | Path, run_id: str) -> str:
+    """Where a controller of its own (start/detach.py) writes what it prints: a hidden file
+    beside the run's folder, so a start that fails before the record exists is kept too."""
+    return os.path.join(run_dir, f".{run_id}.controller.log")
+
+
 def this_controller() -> dict:
     """status.json's `controller`: this process, as `controller_alive` checks it."""
     pid = os.getpid()

@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import os
 import sys
-from pathlib import Path
 from typing import BinaryIO
 
 from orchestrator.console.sink import use_color
 from orchestrator.errors import ConfigError
 from orchestrator.options.backend_facts import facts_of
-from orchestrator.record.runs import RunRecord, controller_alive, this_controller
+from orchestrator.record.runs import RunRecord, controller_alive, controller_log, this_controller
 from orchestrator.record.states import RunState
 from orchestrator.slurm.control.client import SlurmCommands
 from orchestrator.slurm.following.follow import Follower
@@ -126,5 +125,5 @@ def attach_detached(run_dir: str, run_id: str) -> dict:
     taken over, or why not."""
     record = RunRecord.open(run_dir, run_id)
     check_attachable(record)  # said here, at once, rather than in the controller's log
-    log_path = str(Path(run_dir) / f".{run_id}.controller.log")
+    log_path = controller_log(run_dir, run_id)
     return run_detached(f"{__name__}:attach_slurm", (run_dir, run_id, None, "never"), log_path)

@@ -17,7 +17,7 @@ from orchestrator.hosts.hostfile import Cluster
 from orchestrator.options.scheduler import SlurmOptions
 from orchestrator.plan.scripts import command_line, make_output_dir, plan_yaml
 from orchestrator.plan.spec import JobSpec
-from orchestrator.record.runs import RunRecord, new_status, now_iso
+from orchestrator.record.runs import RunRecord, controller_log, ended_status, new_status
 from orchestrator.record.states import RunState
 from orchestrator.slurm.batch.batch_script import SCRIPT_NAME, render_sbatch
 from orchestrator.slurm.batch.job import SlurmJob
@@ -106,7 +106,7 @@ def start_slurm_detached(request: LaunchRequest) -> dict:
     "exit_code": n}."""
     job, script, _ = prepared(request)
     options = request.options
-    log_path = os.path.join(options.run.run_dir, f".{options.run_id}.controller.log")
+    log_path = controller_log(options.run.run_dir, options.run_id)
     work = (job, script, request, None)
     return run_detached(f"{__name__}:_submit_and_follow", work, log_path)
 
@@ -207,10 +207,7 @@ def _submit_and_follow(
         record.write_status(
             {
                 **base,
-                "state": RunState.FAILED,
-                "exit_code": exc.exit_code,
-                "ended_at": now_iso(),
-                "summary": str(exc),
+                **ended_status(RunState.FAILED, exc.exit_code, str(exc)),
             }
         )
         if commands is not None:

@@ -21,7 +21,7 @@ from orchestrator.options.supervision import Supervision
 from orchestrator.plan.launch_plan import LaunchPlan, NodePlan
 from orchestrator.plan.scripts import script_name
 from orchestrator.plan.spec import JobSpec, inherited_secrets
-from orchestrator.record.runs import RunRecord, now_iso
+from orchestrator.record.runs import RunRecord, ended_status
 from orchestrator.record.states import NodePhase
 from orchestrator.supervise import NodeState, Outcome, RankState
 
@@ -159,10 +159,7 @@ def record_the_end(
     status_error = record.write_status(
         {
             **status,
-            "state": outcome.state,
-            "exit_code": outcome.exit_code,
-            "ended_at": now_iso(),
-            "summary": outcome.summary or None,
+            **ended_status(outcome.state, outcome.exit_code, outcome.summary or None),
             "node_copies": copies,
             **carry(leftover),
         }

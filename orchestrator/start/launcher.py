@@ -27,7 +27,7 @@ from orchestrator.plan.scripts import (
     write_rendered,
 )
 from orchestrator.plan.spec import JobSpec
-from orchestrator.record.runs import RunRecord, new_status, now_iso
+from orchestrator.record.runs import RunRecord, controller_log, ended_status, new_status, now_iso
 from orchestrator.record.states import NodePhase, RunState
 from orchestrator.start import joining
 from orchestrator.start.attempt import (
@@ -147,10 +147,7 @@ def run_plan(
                         **base,
                         **supervisor.status(),
                         **recovery_status(),
-                        "state": RunState.FAILED,
-                        "exit_code": exc.exit_code,
-                        "ended_at": now_iso(),
-                        "summary": str(exc),
+                        **ended_status(RunState.FAILED, exc.exit_code, str(exc)),
                     }
                 )
                 raise
@@ -232,7 +229,7 @@ def start_detached(cluster: Cluster, spec: JobSpec, options: LaunchOptions) -> d
     """Start the run with a controller of its own (start/detach.py); return its report
     once every node runs: {"started": True}, or {"error": ..., "exit_code": n}."""
     check_script_exists(cluster, spec)
-    log_path = os.path.join(options.run.run_dir, f".{options.run_id}.controller.log")
+    log_path = controller_log(options.run.run_dir, options.run_id)
     return run_detached(f"{__name__}:detached", (cluster, spec, options), log_path)
 
 
@@ -327,10 +324,7 @@ def _launch(
                     {
                         **record.read_status(),
                         **pool.status(),
-                        "state": ended,
-                        "exit_code": exc.exit_code,
-                        "ended_at": now_iso(),
-                        "summary": f"{outcome.summary}\n{exc}",
+                        **ended_status(ended, exc.exit_code, f"{outcome.summary}\n{exc}"),
                     }
                 )
                 raise

@@ -36,7 +36,7 @@ from orchestrator.console.footer import Footer
 from orchestrator.console.sink import LogSink
 from orchestrator.errors import ConfigError, OrchestratorError
 from orchestrator.options.supervision import Supervision
-from orchestrator.record.runs import RunRecord, now_iso
+from orchestrator.record.runs import RunRecord, ended_status
 from orchestrator.record.states import RankPhase, RunState
 from orchestrator.slurm.batch.batch_script import SCRIPT_NAME, dial_python
 from orchestrator.slurm.batch.job import PORT_BASE, PORT_SPAN, SlurmJob
@@ -158,12 +158,7 @@ class Follower:
             self.sink.end_footer()
             self.note(f"error: {exc}")
             self.sink.close()
-            self.write_status(
-                state=RunState.FAILED,
-                exit_code=exc.exit_code,
-                ended_at=now_iso(),
-                summary=str(exc),
-            )
+            self.write_status(**ended_status(RunState.FAILED, exc.exit_code, str(exc)))
             raise
         finally:
             if self.agents is not None:
@@ -173,12 +168,7 @@ class Follower:
         for line in outcome.closing_lines(self.job.run_id, elapsed, self.record.logs_dir):
             self.note(line)
         self.sink.close()
-        self.write_status(
-            state=outcome.state,
-            exit_code=outcome.exit_code,
-            ended_at=now_iso(),
-            summary=outcome.summary or None,
-        )
+        self.write_status(**ended_status(outcome.state, outcome.exit_code, outcome.summary or None))
         return outcome.exit_code
 
     def _loop(self) -> Outcome:
