@@ -43,16 +43,13 @@ class IdleAgent:
     since: float  # time.monotonic() when it became idle
 
 
-class NodeConnection(Protocol):
-    """An open connection to one node."""
+class NodeLink(Protocol):
+    """What a node agent's session needs of the node it runs on: its name, whether the node
+    answers, and where its agent is kept between steps. A connection (below) is one; under
+    SLURM a node of the allocation is one too (SLURM watches the node itself)."""
 
     host: str  # the name the hostfile uses
-    address: str  # the address the controller reached it at (127.0.0.1 for this machine)
     idle_agent: IdleAgent | None  # closed by close()
-
-    def start_agent(self, python: str, tag: str) -> AgentChannel:
-        """Start `python -c BOOTSTRAP orchestrator-agent TAG` on the node, with
-        ORCHESTRATOR_RUN_ID=TAG in its environment (TAG is the run id for a job)."""
 
     def answers(self) -> bool:
         """Whether the node itself answers (an SSH keepalive to its sshd), whatever its
@@ -63,6 +60,16 @@ class NodeConnection(Protocol):
         `within` seconds): the machine is up and the link carries, even when its sshd is
         too starved to answer; None where that cannot be told (through a jump host or a
         ProxyCommand, whose acknowledgements are the hop's). Never blocks."""
+
+
+class NodeConnection(NodeLink, Protocol):
+    """An open connection to one node."""
+
+    address: str  # the address the controller reached it at (127.0.0.1 for this machine)
+
+    def start_agent(self, python: str, tag: str) -> AgentChannel:
+        """Start `python -c BOOTSTRAP orchestrator-agent TAG` on the node, with
+        ORCHESTRATOR_RUN_ID=TAG in its environment (TAG is the run id for a job)."""
 
     def put_tree(self, local_dir: str, remote_dir: str) -> int:
         """Copy a local directory to the node (`~/` is the node user's home)."""

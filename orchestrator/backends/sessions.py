@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from orchestrator.agent import IDLE_S, agent_start, encode_config
 from orchestrator.agent.protocol import WITH_PAYLOAD, Frame, command_line, next_command
-from orchestrator.backends.base import AgentChannel, IdleAgent, NodeConnection
+from orchestrator.backends.base import AgentChannel, IdleAgent, NodeConnection, NodeLink
 
 REUSE_WITHIN_S = IDLE_S / 2  # an agent idle for longer may be about to leave: start another
 # Heartbeats, node samples and metrics records: each node sends them every few seconds
@@ -94,7 +94,7 @@ class NodeSession:
     def __init__(
         self,
         index: int,
-        connection: NodeConnection,
+        connection: NodeLink,  # the node: a connection, or a node SLURM watches itself
         channel: AgentChannel,
         events: queue.Queue[Event],
         python: str = "",

@@ -42,7 +42,20 @@ class KeeperDial:
         self.start = 0  # the stream's offset of the first byte read (the keeper's word)
         self.lost = 0  # bytes before `start` that the keeper no longer had
 
+    # The rest of an agent's channel (backends/base.py's AgentChannel), each way's own.
     def raw(self, size: int) -> bytes:
+        raise NotImplementedError
+
+    def write(self, data: bytes) -> None:
+        raise NotImplementedError
+
+    def ready(self) -> bool:
+        raise NotImplementedError
+
+    def errors(self) -> str:
+        raise NotImplementedError
+
+    def close(self, wait: float = CLOSE_WAIT_S) -> None:
         raise NotImplementedError
 
     @property
@@ -167,8 +180,9 @@ class LoginChannel(KeeperDial):
 
 
 class AllocationNode:
-    """A node of the allocation as a session's connection: SLURM watches the node itself
-    (a node that stops answering its slurmd fails the job, NODE_FAIL)."""
+    """A node of the allocation as a session's node (backends/base.py's NodeLink): SLURM
+    watches the node itself (a node that stops answering its slurmd fails the job,
+    NODE_FAIL)."""
 
     def __init__(self, host: str) -> None:
         self.host = self.address = host
@@ -235,12 +249,6 @@ def reach_agent(
     channel = LoginChannel(commands, argv) if commands and commands.login else SrunChannel(argv)
     # Every frame in the queue, in the stream's order: the follower passes through it
     # anyway, and knows that all before a frame it handled were handled (handover.py).
-    session = NodeSession(
-        index,
-        AllocationNode(host),  # type: ignore[arg-type]
-        channel,  # type: ignore[arg-type]
-        events,
-        set_aside=frozenset(),
-    )
+    session = NodeSession(index, AllocationNode(host), channel, events, set_aside=frozenset())
     session.thread.start()
     return session
