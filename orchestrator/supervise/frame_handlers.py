@@ -16,7 +16,7 @@ from typing import Protocol
 from orchestrator.agent.protocol import Frame
 from orchestrator.backends.sessions import CHANNEL_CLOSED, Event
 from orchestrator.console.sink import LogSink
-from orchestrator.record.states import NodePhase, RankPhase
+from orchestrator.record.states import RankPhase
 from orchestrator.supervise.detect import Detector
 from orchestrator.supervise.hangs import HangWatch
 from orchestrator.supervise.metrics import RunMetrics
@@ -47,6 +47,8 @@ class SupervisedRun(Protocol):
     def on_our_clock(self, node: NodeState, node_time: float) -> float: ...
 
     def rank_restarted(self, rank: RankState) -> None: ...
+
+    def node_started(self, node: NodeState, at: float) -> None: ...
 
     def rank_exited(
         self, rank: int, code: int, when: float, after_stop: bool | None, warned: bool
@@ -79,12 +81,8 @@ def started(run: SupervisedRun, node: NodeState, event: Event) -> None:
     sent = run.sent_at(node.index)
     if sent is not None:
         node.clock.bracket(sent, node_time, node.heard_wall)
-    node.state, node.pid = NodePhase.RUNNING, int(pid)
-    node.started_at = run.on_our_clock(node, node_time)
-    for rank in node.ranks:
-        run.ranks[rank].state = RankPhase.RUNNING
-    run.metrics.event("start", node)
-    run.changed()
+    node.pid = int(pid)
+    run.node_started(node, run.on_our_clock(node, node_time))
 
 
 def rank_output(run: SupervisedRun, node: NodeState, event: Event) -> None:

@@ -319,7 +319,8 @@ class Supervisor:
         self.stopper.interrupted(signum)
 
     def node_started(self, node: NodeState, at: float) -> None:
-        """The node's part runs since `at` (its start file), as its agent's S says."""
+        """The node's part runs since `at` (the controller's clock): its agent's S said so,
+        or under SLURM its start file where the agent is not reached."""
         node.state, node.started_at = NodePhase.RUNNING, at
         for rank in node.ranks:
             self.ranks[rank].state = RankPhase.RUNNING
