@@ -141,3 +141,12 @@ def wait_for(
             raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
         time.sleep(poll)
     return value
+
+
+def hear_agents(agents: Any, sup: Any, judge: Any, running: bool) -> int:
+    """One pass of the loop that hears every frame queued for a SLURM attempt's node agents
+    (orchestrator.slurm.following.node_agents), as the follower's last before the attempt
+    closes: the supervisor's pass, each frame to the agents first. How many frames came."""
+    came = sup.step(None, lambda s, event: agents.hand_on(s, event, judge, running), drain=True)
+    agents.redial(sup, running)
+    return came

@@ -1,5 +1,5 @@
 """Supervision of a started run: failure detection (`detect`) and stopping (`stopping`),
-driven by the event loop in `supervisor`; `state` holds what they share.
+driven by the one loop in `run_loop` through `supervisor`; `state` holds what they share.
 
 clocks.py          node times in the controller's clock: each node's offset, measured, never assumed
 detect.py          failure detection: the reports as they come, who failed first
@@ -9,6 +9,7 @@ hangs.py           hangs
 liveness.py        lost means gone, not busy
 metrics.py         the metrics channel on the controller
 restarts.py        restarts under torchrun's --max-restarts, as the run record counts and names them
+run_loop.py        the one supervision loop, for every backend: a pass, and what a backend adds
 stack_groups.py    many ranks' stacks read like a folded console
 stack_names.py     where a thread is, named as a user would look for it
 stack_rounds.py    taking every rank's stacks through the node agents

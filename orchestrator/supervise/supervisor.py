@@ -3,8 +3,10 @@ SIGTERM, stop the run on every node; decide the outcome and who failed first.
 
 Runs in the controller's main thread. Reader threads (one per node) put `Event`s on a
 queue; signal handlers only set a flag. Every state change is written to status.json.
-The loop here hands each event to its kind's handler (frame_handlers.py), which turns it
-into a report to the `Detector`; when that says the run must stop, the `Stopper` stops it.
+Each pass of the one loop (run_loop.py: over SSH the supervisor alone, under SLURM with the
+follower around it) comes to `step`, which hands each event to its kind's handler
+(frame_handlers.py, or first the backend's: `Watch.hear`), which turns it into a report to
+the `Detector`; when that says the run must stop, the `Stopper` stops it.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from orchestrator.supervise.frame_handlers import handle as handle_event
 from orchestrator.supervise.hangs import Hang, HangWatch
 from orchestrator.supervise.liveness import Liveness
 from orchestrator.supervise.metrics import RunMetrics
+from orchestrator.supervise.run_loop import Alone, run_loop
 from orchestrator.supervise.stack_rounds import StackRounds
 from orchestrator.supervise.state import (
     NodeState,
@@ -116,7 +119,7 @@ class Supervisor:
         self.metrics.probes(self.nodes, probes or {})
         self.checkpoint_asked: str | None = None  # why the ranks are asked to checkpoint
 
-    # --- what callers use (the SLURM follower drives a supervisor by hand) ---------------
+    # --- what callers use ----------------------------------------------------------------
 
     @property
     def stopping(self) -> bool:
@@ -158,7 +161,7 @@ class Supervisor:
         self.changed()
         self.start_beating()
         try:
-            self._loop()
+            run_loop(Alone(self))
             self.take_aside()  # what came with the last frames (a last metrics record)
         finally:
             self.ended.set()
@@ -180,7 +183,7 @@ class Supervisor:
                 return
             self.stopper.heartbeat_round()
 
-    def _pause(self) -> float:
+    def pause(self) -> float:
         """How long the loop may wait for an event."""
         if self.stopping or self.sink.holding():
             return TICK_S
@@ -189,42 +192,44 @@ class Supervisor:
             idle = min(idle, self.supervision.heartbeat_timeout / 6)
         return max(TICK_S, min(idle, self.deadline.wait(time.time())))
 
-    def _loop(self) -> None:
-        while not all(node.done for node in self.nodes):
-            try:
-                event: Event | None = self.events.get(timeout=self._pause())
-            except queue.Empty:
-                event = None
-            self.take_aside()  # first: a reader sets a frame aside before it queues the next
-            handled = 0
-            while event is not None:
-                handle_event(self, event)
+    def step(
+        self, first: Event | None, hear: Callable[[Supervisor, Event], None], drain: bool = False
+    ) -> int:
+        """One pass of the loop (run_loop.py): the events that came (`first`: the one
+        that woke the loop; then those queued, at most MAX_EVENTS_PER_STEP unless `drain`),
+        each through `hear`; then the footer, metrics, liveness, signals, lost nodes,
+        stacks and hang checks, the time limit and a checkpoint asked for. How many events
+        were handled."""
+        self.take_aside()  # first: a reader sets a frame aside before it queues the next
+        handled, event = 0, first
+        while True:
+            if event is not None:
+                hear(self, event)
                 handled += 1
-                if handled >= MAX_EVENTS_PER_STEP:
-                    break
-                try:
-                    event = self.events.get_nowait()
-                except queue.Empty:
-                    event = None
-            if self.sink.footer is not None and all(
-                n.state != NodePhase.STARTING for n in self.nodes
-            ):
-                self.sink.update_footer(self.footer_text)
-            self.sink.flush()
-            self.metrics.flush()
-            if self.metrics.check(time.time(), self.running_ranks, self.nodes):
-                self.changed()
-            # Events still queued: the controller is behind what the nodes said, and
-            # silence it has not read yet is not theirs.
-            self.liveness.tick(behind=handled >= MAX_EVENTS_PER_STEP)
-            self.stopper.handle_signals()
-            for node, why, gone in self.liveness.check(self.overdue_by):
-                self.node_lost(node, why, gone)
-            self.watch_stacks(time.monotonic())
-            self.timed_out = self.deadline.tick(self, self.sink, time.time())  # stops at the limit
-            asked = self.checkpoint_asked
-            if asked is not None and self.deadline.checkpoint(self, self.sink, time.time(), asked):
-                self.checkpoint_asked = None
+            if handled >= MAX_EVENTS_PER_STEP and not drain:
+                break
+            try:
+                event = self.events.get_nowait()  # None: a wake-up, nothing to hear
+            except queue.Empty:
+                break
+        if self.sink.footer is not None and all(n.state != NodePhase.STARTING for n in self.nodes):
+            self.sink.update_footer(self.footer_text)
+        self.sink.flush()
+        self.metrics.flush()
+        if self.metrics.check(time.time(), self.running_ranks, self.nodes):
+            self.changed()
+        # Events still queued: the controller is behind what the nodes said, and
+        # silence it has not read yet is not theirs.
+        self.liveness.tick(behind=handled >= MAX_EVENTS_PER_STEP)
+        self.stopper.handle_signals()
+        for node, why, gone in self.liveness.check(self.overdue_by):
+            self.node_lost(node, why, gone)
+        self.watch_stacks(time.monotonic())
+        self.timed_out = self.deadline.tick(self, self.sink, time.time())  # stops at the limit
+        asked = self.checkpoint_asked
+        if asked is not None and self.deadline.checkpoint(self, self.sink, time.time(), asked):
+            self.checkpoint_asked = None
+        return handled
 
     def watch_stacks(self, now: float) -> None:
         """Rounds of stacks: `orchestrator stacks` requests, rounds that ended, hang checks.

@@ -1,10 +1,12 @@
 """Following a submitted SLURM job to its end, as `launch --backend slurm` shows it.
 
-Polling: squeue (sacct once it has ended) says queued/running/ended, as often as
-following/cadence.py says (less often while the node agents answer; the loop waits on their
-frames meanwhile). Once nodes run, the node agents are reached (following/node_agents.py) and
-what they send (the ranks' lines, metrics and exits, the nodes' starts, ends and samples,
-stacks) goes into the same `LogSink` and `Supervisor` as over SSH (srun runs here, or on the
+The follower is the SLURM side of the one supervision loop (orchestrator.supervise.run_loop:
+the follower is its `Watch`): before each of the attempt supervisor's passes, squeue (sacct
+once it has ended) says queued/running/ended, as often as following/cadence.py says (less
+often while the node agents answer; the loop waits on their frames meanwhile). Once nodes
+run, the node agents are reached (following/node_agents.py) and what they send (the ranks'
+lines, metrics and exits, the nodes' starts, ends and samples, stacks) goes into the same
+`LogSink` and through the same `Supervisor.step` as over SSH (srun runs here, or on the
 --login node); for a node whose agent cannot be reached, the files it writes in the run's job
 folder say the same (following/stream.py). SLURM stops the nodes (srun --kill-on-bad-exit,
 scancel); the Supervisor decides the first failing rank and writes the same summaries and
@@ -61,6 +63,7 @@ from orchestrator.slurm.recovery.resubmit import EndedJob, Resubmitting, next_jo
 from orchestrator.slurm.recovery.segments import WARNING_FILE, Segments, read_warning
 from orchestrator.slurm.recovery.spares import SlurmSpares
 from orchestrator.supervise import NodeState, Outcome, Supervisor, describe_exit
+from orchestrator.supervise.run_loop import run_loop
 from orchestrator.supervise.state import states_on
 from orchestrator.supervise.stopping import signals_to
 from orchestrator.supervise.time_limit import Cause
@@ -119,6 +122,9 @@ class Follower:
         means = (self.segments, submit, self.first_job_dir, self.note, self.base.update)
         self.resubmitting = Resubmitting(*means, spares, self.regrow)  # resubmit.next_job's
         self.hosts: list[str] = []  # the nodes of the job now followed, once it runs
+        self.squeue = slurm.Squeue(commands)
+        self.came = False  # the last pass's files had something
+        self.result: Outcome | None = None  # how the run ended: the loop is over
 
     # --- output -------------------------------------------------------------------------
 
@@ -153,7 +159,7 @@ class Follower:
     def run(self) -> int:
         try:
             with signals_to(self) if self.console is not None else contextlib.nullcontext():
-                outcome = self._loop()
+                run_loop(self)
         except OrchestratorError as exc:
             self.sink.end_footer()
             self.note(f"error: {exc}")
@@ -163,6 +169,8 @@ class Follower:
         finally:
             if self.agents is not None:
                 self.agents.leave()
+        outcome = self.result
+        assert outcome is not None  # the loop ends once it is known
         elapsed = time.monotonic() - self.started
         self.sink.end_footer()
         for line in outcome.closing_lines(self.job.run_id, elapsed, self.record.logs_dir):
@@ -171,23 +179,44 @@ class Follower:
         self.write_status(**ended_status(outcome.state, outcome.exit_code, outcome.summary or None))
         return outcome.exit_code
 
-    def _loop(self) -> Outcome:
-        event, waited, squeue = None, self.events, slurm.Squeue(self.commands)
-        while True:
-            self._handle_signals()
-            now = time.monotonic()
-            if self.cadence.squeue_now(now, self.sup):
-                self._on_info(squeue.query(self.job_id, self.info, now))
-            self._pump(event if waited is self.events else None)  # not a past attempt's
-            if self.info.ended:
-                self._pump()
-                if not self._resubmitted():
-                    return self._outcome()
-            waited = self.events
-            try:  # an agent's frame or a signal wakes the loop; else the next pass is due
-                event = waited.get(timeout=self.cadence.pause(time.monotonic()))
-            except queue.Empty:
-                event = None
+    # --- what the one loop asks of its watch (orchestrator.supervise.run_loop) --------
+
+    def attempt(self) -> Supervisor | None:
+        """The supervisor of the attempt followed; none while the job is queued."""
+        return self.sup
+
+    def over(self) -> bool:
+        return self.result is not None
+
+    def pause(self, now: float) -> float:
+        return self.cadence.pause(now)
+
+    def before(self, now: float) -> None:
+        """Signals to the orchestrator (scancel), squeue when it is due, and the files."""
+        self._handle_signals()
+        if self.cadence.squeue_now(now, self.sup):
+            self._on_info(self.squeue.query(self.job_id, self.info, now))
+        self.came = self._read()
+
+    def hear(self, sup: Supervisor, event: Event) -> None:
+        """A node agent's frame: the ranks' and nodes' ends to this follower's judgement
+        (SLURM ends the step), the rest to the frame handlers as over SSH."""
+        assert self.agents is not None  # events come from the agents alone
+        self.agents.hand_on(sup, event, self, not self.info.ended)
+
+    def after(self, handled: int) -> None:
+        """After the supervisor's pass: the job cancelled for a hang or a path that drops,
+        and once the job ended, the next job of the run or the outcome."""
+        if self.sup is not None:
+            self._judge(self.sup)
+        self.cadence.files_read(self.came or handled > 0 or self.sink.holding())
+        self.sink.flush()
+        if self.following is not None:
+            self.bookmarks.save(self)
+        if self.info.ended:
+            self._drain()
+            if not self._resubmitted():
+                self.result = self._outcome()
 
     def interrupt(self, signum: int) -> None:
         """Called from a signal handler (signals_to): only note it; the loop acts on it."""
@@ -227,7 +256,7 @@ class Follower:
             )
         running = info.scheduler_state.on_nodes or (info.ended and info.nodelist)
         if self.sup is not None and info.scheduler_state.waiting:
-            self._pump()
+            self._drain()
             self.note(f"SLURM job {self.job_id} requeued: {info.state} ({info.reason})")
             self.note(self.segments.requeued(info.state, info.reason))
             self._close_attempt()
@@ -315,10 +344,10 @@ class Follower:
 
     # --- files --------------------------------------------------------------------------
 
-    def _pump(self, event: Event | None = None) -> None:
-        """Pass on the batch script's new output and, once nodes run, what the agents said
-        (`event`: the one that woke the loop, if any) or, where they are not reached, what
-        the nodes' files say."""
+    def _read(self) -> bool:
+        """The batch script's new output and, once nodes run, the warning file, growing
+        back (--min-nodes) and, where the agents are not reached, what the nodes' files
+        say. Whether anything came."""
         lines = self.batch.read_lines(READ_BYTES).decode(errors="replace").splitlines()
         for line in lines:
             self.sink.note(f"batch: {line}")
@@ -332,27 +361,26 @@ class Follower:
                 came |= self.files.pump(
                     self.sink, self.sup, self.rank_exited, self.node_exited, only
                 )
-            came |= self._hear_agents(self.sup, event) > 0
-            self.sup.metrics.flush()
-            if self.sup.metrics.check(time.time(), self.sup.running_ranks, self.sup.nodes):
-                self.write_status(self.sup)
-            self.sink.update_footer(self.sup.footer_text)
-        self.cadence.files_read(came or self.sink.holding())
+        return came
+
+    def _drain(self) -> None:
+        """Before the attempt followed closes (its job ended or was requeued): what is
+        left in the files and of the agents' frames, every one."""
+        self._read()
+        if self.sup is not None:
+            self.sup.step(None, self.hear, drain=True)
+            self._judge(self.sup)
         self.sink.flush()
         if self.following is not None:
             self.bookmarks.save(self)
 
-    def _hear_agents(self, sup: Supervisor, event: Event | None) -> int:
-        """What the node agents said, in each node's order (from `event` on): the ranks'
-        lines, metrics and exits, the node's start, end and samples, stacks, flight recorder
-        dumps, their messages; then rounds of stacks, `orchestrator stacks` requests and
-        hang checks, as over SSH. A hang found, or a node that cannot reach another (U),
-        is said, and the job cancelled: it ends `hung` or `unreachable`. How many frames
-        came."""
-        came = 0
+    def _judge(self, sup: Supervisor) -> None:
+        """After the agents' frames (the stacks' rounds, `orchestrator stacks` requests and
+        hang checks ran in the supervisor's pass): a channel that closed dialled again; a
+        hang found, or a node that cannot reach another (U), is said, and the job
+        cancelled: it ends `hung` or `unreachable`."""
         if self.agents is not None:
-            came = self.agents.hear(sup, self, not self.info.ended, event)
-        sup.watch_stacks(time.monotonic())  # a hang found stops the run (detect.hung)
+            self.agents.redial(sup, not self.info.ended)
         why = "it hangs" if sup.hang is not None else None
         if sup.detector.unreachable_lines:
             why = "a node cannot reach another"
@@ -360,7 +388,6 @@ class Follower:
             self.judged_cancelled = True
             self.note(f"cancelling SLURM job {self.job_id}: {why} (scancel)")
             slurm.cancel(self.commands, self.job_id)
-        return came
 
     def _check_warning(self) -> None:
         """The script's warning file: the ranks were sent the time limit's (or a

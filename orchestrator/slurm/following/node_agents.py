@@ -1,13 +1,14 @@
 """The node agents of the SLURM attempt a follower follows, as it hears them.
 
-One session per node (orchestrator.slurm.following.agents: an `srun --overlap` dial to the node's
-agent), their frames in one queue in each node's stream order. Each pass the follower hands
-them on: the ranks' lines, metrics, node samples, stacks and messages to the frame handlers
-as over SSH; a rank's or the node's end to the follower's own judgement (SLURM, not the
-agents, ends the step on every node). How far each node's stream was handled goes to the
-follower's bookmarks (orchestrator.slurm.following.handover). A channel that closes while its node
-runs (srun or the dial ended under it) is dialled again from there: at once the first time,
-then at most every REDIAL_S.
+One session per node (orchestrator.slurm.following.agents: an `srun --overlap` dial to the
+node's agent), their frames in one queue in each node's stream order. Each pass of the loop
+(orchestrator.supervise.run_loop) the follower hands them on: the ranks' lines, metrics, node
+samples, stacks and messages to the frame handlers as over SSH; a rank's or the node's end
+to the follower's own judgement (SLURM, not the agents, ends the step on every node). How
+far each node's stream was handled goes to the follower's bookmarks
+(orchestrator.slurm.following.handover). A channel that closes while its node runs (srun or
+the dial ended under it) is dialled again from there: at once the first time, then at most
+every REDIAL_S.
 """
 
 from __future__ import annotations
@@ -80,35 +81,9 @@ class NodeAgents:
     def leave(self) -> None:
         leave_agents(self.sessions)
 
-    def hear(
-        self,
-        sup: Supervisor,
-        judge: Judge,
-        running: bool,
-        first: Event | None = None,
-    ) -> int:
-        """Hand on every frame that came (`first`: one already taken from the queue), in
-        each node's order; `running`: the job runs (a channel that closed is dialled again
-        only then). How many came."""
-        came, event = 0, first
-        while True:
-            if event is not None:
-                came += 1
-                self._hand_on(sup, event, judge, running)
-            try:
-                event = self.events.get_nowait()  # None: a wake-up
-            except queue.Empty:
-                break
-        self._redial(sup, running)
-        return came
-
-    def _hand_on(
-        self,
-        sup: Supervisor,
-        event: Event,
-        judge: Judge,
-        running: bool,
-    ) -> None:
+    def hand_on(self, sup: Supervisor, event: Event, judge: Judge, running: bool) -> None:
+        """One frame of a node's, in that node's order (the loop's pass takes them from the
+        queue); `running`: the job runs (a channel that closed is dialled again only then)."""
         node = sup.nodes[event.node]
         if event.kind == CHANNEL_CLOSED:
             judge.channel_closed(node.index)
@@ -157,7 +132,8 @@ class NodeAgents:
             sup.sink.node_note(node.host, f"its agent's channel closed: {why}; dialling again")
         self.redial_at[node.index] = time.monotonic() + (REDIAL_S if again else 0.0)
 
-    def _redial(self, sup: Supervisor, running: bool) -> None:
+    def redial(self, sup: Supervisor, running: bool) -> None:
+        """After a pass: dial again the agents whose channel closed while their node runs."""
         for index, at in self.redial_at.items():
             node = sup.nodes[index]
             if node.done or sup.stopping or not running or at > time.monotonic():

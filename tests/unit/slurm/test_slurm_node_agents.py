@@ -16,7 +16,7 @@ from orchestrator.record.runs import RunRecord
 from orchestrator.slurm.following.handover import Bookmarks
 from orchestrator.slurm.following.node_agents import NodeAgents
 from orchestrator.supervise import Supervisor
-from tests.factories import FakeSession, supervisor
+from tests.factories import FakeSession, hear_agents, supervisor
 
 
 class Judge:
@@ -70,7 +70,7 @@ def test_lines_go_to_the_log_and_ends_to_the_judge_in_stream_order(tmp_path: Pat
     events.put(Event(0, Frame.TIME_WARNING, ("USR1", f"{later}", "-", "-"), b"", 2.0, 40))
     events.put(Event(0, Frame.RANK_EXITED, ("0", "138", f"{later + 1}", "0"), b"", 3.0, 60))
     events.put(Event(0, Frame.FINISHED, ("138", f"{later + 2}"), b"", 4.0, end=80))
-    came = agents.hear(sup, judge, running=True)
+    came = hear_agents(agents, sup, judge, running=True)
     sup.sink.flush()
     assert came == 4
     assert (tmp_path / "logs" / "rank-0.log").read_bytes() == b"step 1\n"
@@ -86,11 +86,11 @@ def test_a_closed_channel_is_dialled_again_only_while_the_job_runs(tmp_path: Pat
     agents, sup, events = agents_of(tmp_path)
     judge = Judge()
     events.put(Event(0, CHANNEL_CLOSED, (), b"srun: error: ...\n"))
-    agents.hear(sup, judge, running=False)
+    hear_agents(agents, sup, judge, running=False)
     assert judge.said == [("closed", 0)] and agents.redial_at == {}
     sup.nodes[0].done = True
     events.put(Event(0, CHANNEL_CLOSED, (), b""))
-    agents.hear(sup, judge, running=True)
+    hear_agents(agents, sup, judge, running=True)
     assert agents.redial_at == {}  # its node ended: nothing more to hear
 
 
@@ -105,7 +105,7 @@ def test_a_node_that_cannot_reach_the_store_ends_the_job_unreachable(tmp_path: P
     events.put(Event(0, Frame.STARTED, ("4242", now, "eth0=10.0.0.1"), b"", 1.0, end=20))
     fields = ("10.0.0.9", "29500", "6", "store", "torchrun")
     events.put(Event(0, Frame.NO_ANSWER, fields, b"", 2.0, end=40))
-    assert agents.hear(sup, Judge(), running=True) == 2
+    assert hear_agents(agents, sup, Judge(), running=True) == 2
     assert sup.nodes[0].addresses == ("10.0.0.1",) and sup.stopping
     assert agents.sessions[0].sent == [f"stop {sup.supervision.grace:g}"]  # to the agent
     outcome = job_outcome(7, JobInfo("CANCELLED", exit_code=15), sup, None, tmp_path / "out")

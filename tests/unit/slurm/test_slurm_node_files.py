@@ -25,7 +25,7 @@ from orchestrator.slurm.following.handover import Bookmarks
 from orchestrator.slurm.following.node_agents import NodeAgents
 from orchestrator.slurm.recovery.outcome import job_outcome
 from orchestrator.slurm.submit import prepare_slurm
-from tests.factories import FakeSession, supervisor
+from tests.factories import FakeSession, hear_agents, supervisor
 
 RECORD = Path("/home/alice/runs/r1")
 ARGV = ("orchestrator", "launch", "--backend", "slurm")
@@ -163,7 +163,7 @@ def test_an_unreached_nodes_lines_are_said_to_stay_on_it(tmp_path: Path) -> None
             pass
 
     events.put(Event(0, CHANNEL_CLOSED, (), b"no node agent at ...\n", time.time()))
-    agents.hear(sup, Judge(), running=True)  # type: ignore[arg-type]
+    hear_agents(agents, sup, Judge(), running=True)  # type: ignore[arg-type]
     sink.flush()
     said = (tmp_path / "logs" / "combined.log").read_text()
     assert agents.unreached == {0} and said.count("no way to its agent") == 1

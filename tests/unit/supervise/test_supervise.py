@@ -272,7 +272,7 @@ def test_an_idle_loop_sleeps_long_yet_a_signal_wakes_it_at_once(tmp_path: Path) 
         events=events,
         supervision=Supervision(grace=3, heartbeat_timeout=60, hang_timeout=0),
     )
-    assert sup._pause() == IDLE_TICK_S == 2.0  # nothing happens: one wake-up in 2 s
+    assert sup.pause() == IDLE_TICK_S == 2.0  # nothing happens: one wake-up in 2 s
     now = time.time()
     for node in (0, 1):
         events.put(Event(node, "S", (str(100 + node), f"{now:.6f}")))
