@@ -19,6 +19,7 @@ sizes.py     sizes in bytes as people write them: 64M, 1G, 512KiB (binary units)
 version.py   the package's version: the one place it is written (pyproject.toml reads it here)
 agent/       the node agent: a package on the controller, one process on each node
 api/         acting on runs from any shell or program
+attempts/    what follows an attempt of a run, decided once for every backend
 backends/    how the controller reaches a node (local subprocess, SSH): the node backends
 check/       `orchestrator check`: prove a cluster is ready
 cli/         the command line

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import BinaryIO
 
+from orchestrator.attempts.next_attempt import Next
 from orchestrator.backends import close_all, connect_cluster, connect_each
 from orchestrator.backends.base import NodeConnection
 from orchestrator.backends.sessions import Event, NodeSession, start_sessions
@@ -161,15 +162,18 @@ def run_plan(
     if regrow is not None:
         regrow.settle()  # what the asking found joins the pool
     elapsed = time.monotonic() - (pool.started if pool is not None else started)
-    relaunch = pool is not None and pool.will_replace(outcome)
-    grow = pool is not None and not relaunch and grows(pool, outcome, supervisor)
-    if grow:
+    # What follows, decided once for every backend (attempts/next_attempt.py).
+    step = Next.END
+    if pool is not None:
+        back = len(pool.back) if stopped_to_grow(outcome, supervisor) else 0
+        step = pool.after(outcome.node_fault, back)
+    if step is Next.GROW:
         outcome = replace(outcome, state=RunState.RECOVERING)
         sink.note(
             f"attempt {plan.attempt} stopped at its checkpoint after {elapsed:.1f} s: the job "
             f"starts again on {len(pool.active) + len(pool.back)} nodes"
         )
-    elif relaunch:
+    elif step.goes_on:  # a spare in, or the nodes left go on
         outcome = replace(outcome, state=RunState.RECOVERING)
         sink.note(outcome.summary)
         sink.note(
@@ -196,13 +200,12 @@ def run_plan(
     return outcome
 
 
-def grows(pool: NodePool, outcome: Outcome, supervisor: Supervisor) -> bool:
+def stopped_to_grow(outcome: Outcome, supervisor: Supervisor) -> bool:
     """Whether the attempt ended because its ranks checkpointed for nodes that came back
     (start/regrow.py): every rank ended on the signal, no node fault, no time limit."""
     clock = supervisor.deadline
     return (
-        bool(pool.back)
-        and outcome.node_fault is None
+        outcome.node_fault is None
         and outcome.state == RunState.FAILED
         and outcome.exit_code == 124
         and clock.limit_s is None

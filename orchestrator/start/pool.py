@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
+from orchestrator.attempts.next_attempt import AttemptEnd, Next, next_attempt
 from orchestrator.backends.base import NodeConnection
 from orchestrator.errors import NodeError, NodeErrors
 from orchestrator.hosts.hostfile import Cluster, Host
@@ -185,9 +186,10 @@ class NodePool:
         Every node a fault takes out goes on the bad-node list, spare or not."""
         if fault is None:
             return None
-        if not self.spares:
+        step = self.after(fault)
+        if step is not Next.SPARE:
             self._mark_bad(fault.host, fault.why)
-            if self.can_shrink:
+            if step is Next.SHRINK:
                 self.attempt += 1
                 self._shrink(fault)
                 if probe is not None:  # node 0 for a fresh port; everyone if the master moved
@@ -199,10 +201,13 @@ class NodePool:
             self._probe_replaced(probe, [fault.index])
         return recovery
 
-    @property
-    def can_shrink(self) -> bool:
-        """--min-nodes K: whether the run can lose one more node and go on."""
-        return self.min_nodes is not None and len(self.active) - 1 >= self.min_nodes
+    def after(self, fault: NodeFault | None, back: int = 0) -> Next:
+        """What follows an attempt that `fault` ended (None: none), with `back` hosts back
+        that its ranks stopped at a checkpoint for: the one decision for every backend
+        (attempts/next_attempt.py), from this pool's facts."""
+        lost = 1 if fault is not None else 0
+        spares = len(self.spares)
+        return next_attempt(AttemptEnd(len(self.active), lost, spares, self.min_nodes, back))
 
     def used_up(self, fault: NodeFault | None = None) -> str:
         """Why a node fault ended the run: no spare (given or left), and with --min-nodes,
@@ -334,7 +339,7 @@ class NodePool:
     def will_replace(self, outcome: Outcome) -> bool:
         """Whether the run goes on after the node this outcome blames: a spare replaces
         it, or (--min-nodes) the others go on without it."""
-        return outcome.node_fault is not None and (bool(self.spares) or self.can_shrink)
+        return outcome.node_fault is not None and self.after(outcome.node_fault).goes_on
 
     def amend(self, outcome: Outcome) -> Outcome:
         """The final outcome with the recoveries in its summary, and, when a node fault

@@ -40,6 +40,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("orchestrator.record",),
     ("orchestrator.console",),
     ("orchestrator.supervise",),
+    ("orchestrator.attempts",),  # what follows an attempt, decided once for every backend
     ("orchestrator.nodes",),
     ("orchestrator.start",),
     ("orchestrator.slurm.batch",),  # the job and its script, pure

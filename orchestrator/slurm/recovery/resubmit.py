@@ -1,7 +1,8 @@
-"""The run's next SLURM job once one has ended: after a node failure, on a spare
-(--spares) or on the nodes left (--min-nodes; spares.py and shrink.py decide); after the
-ranks stopped at a checkpoint for a lost node back, on more nodes (grow_back.py); after a time
-limit or a preemption, the same job again (segments.py); or none, and the run ends."""
+"""The run's next SLURM job once one has ended, as orchestrator.attempts.next_attempt
+decides it for every backend: after a node failure, on a spare (--spares) or on the nodes
+left (--min-nodes; spares.py and shrink.py carry it out); after the ranks stopped at a
+checkpoint for a lost node back, on more nodes (grow_back.py); after a time limit or a
+preemption, the same job again (segments.py); or none, and the run ends."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from orchestrator.attempts.next_attempt import AttemptEnd, Next, next_attempt
 from orchestrator.slurm.batch.job import SlurmJob
 from orchestrator.slurm.control.parse import JobInfo
 from orchestrator.slurm.recovery.grow_back import GROW, SlurmRegrow, grown
@@ -45,13 +47,15 @@ class Resubmitting:
 
 def next_job(ended: EndedJob, run: Resubmitting, number: int) -> tuple[SlurmJob, int] | None:
     """Submit job `number` of the run after `ended`, noting why; None: the run ends with
-    this job (its closing summary says why)."""
+    this job (its closing summary says why). What follows is decided once for every
+    backend (attempts/next_attempt.py); here it is carried out."""
     job, spares = ended.job, run.spares
     back = run.regrow.take() if run.regrow is not None else []
     failure = spares.failure(ended.job_id, ended.info, ended.hosts) if spares else None
     if failure is not None:
         assert spares is not None
-        if spares.after(job).goes_on:  # else the closing summary says it
+        step = spares.after(job)  # a node lost: a spare, the nodes left, or the end
+        if step.goes_on:  # else the closing summary says it
             outcome = job_outcome(ended.job_id, ended.info, ended.sup, None, ended.batch_output)
             run.note(outcome.summary.splitlines()[0])
         new = spares.replace(job, ended.hosts, *failure, number, run.note)
@@ -60,24 +64,26 @@ def next_job(ended: EndedJob, run: Resubmitting, number: int) -> tuple[SlurmJob,
         run.status(spares.status())
         run.segments.resubmitted(new[1], failure[1], new[0].nnodes)
         return new
-    if back:  # stopped at a checkpoint to grow (grow_back.py)
+    # Stopped to grow: unless it ended otherwise first (completed or cancelled).
+    grew = back and run.segments.current.ending not in ("completed", "cancelled")
+    facts = AttemptEnd(job.nnodes, back=len(back) if grew else 0, resubmit=run.segments.carry_on())
+    step = next_attempt(facts)
+    if run.submit is None or not step.goes_on:
+        return None
+    if step is Next.GROW:  # stopped at a checkpoint to grow (grow_back.py)
         return _grown(job, run, back, number)
-    if run.segments.carry_on() and run.submit is not None:
-        again = replace(job, job_dir=job_dir_of(run.first_job_dir, number))
-        new = again, run.submit(again, number)
-        run.note(run.segments.resubmitted(new[1]))
-        return new
-    return None
+    again = replace(job, job_dir=job_dir_of(run.first_job_dir, number))
+    new = again, run.submit(again, number)
+    run.note(run.segments.resubmitted(new[1]))
+    return new
 
 
 def _grown(
     job: SlurmJob, run: Resubmitting, back: list[str], number: int
 ) -> tuple[SlurmJob, int] | None:
     """After the job stopped for `back` ended by that stop: the job on the larger count,
-    submitted as the run's job number `number`; None when it ended otherwise
-    (completed or cancelled first)."""
-    if run.submit is None or run.segments.current.ending in ("completed", "cancelled"):
-        return None
+    submitted as the run's job number `number`."""
+    assert run.submit is not None
     new = grown(job, back, job_dir_of(run.first_job_dir, number))
     why = f"stopped at a checkpoint to grow to {new.nnodes} nodes ({', '.join(back)} back)"
     new_id = run.submit(new, number)

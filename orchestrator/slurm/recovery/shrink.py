@@ -1,5 +1,6 @@
 """`launch --backend slurm --min-nodes K`: a job that lost a node, with no spare left, is
-followed by a job on the nodes left. Pure.
+followed by a job on the nodes left (orchestrator.attempts.next_attempt decides it; this is
+how SLURM carries it out). Pure.
 
 SLURM ends a job whose node fails (NODE_FAIL: the node set DOWN by an administrator, or
 silent for SlurmdTimeout); the script asks `--no-requeue`, so SLURM does not requeue it on as
@@ -25,33 +26,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
-from enum import Enum
 
 from orchestrator.slurm.batch.job import SlurmJob
-
-
-class AfterLoss(str, Enum):
-    """What follows a job that lost nodes."""
-
-    SPARE = "spare"  # a spare takes the failed node's place (--spares)
-    SHRINK = "shrink"  # the next job runs on the nodes left (--min-nodes)
-    FLOOR = "floor"  # fewer than --min-nodes are left: the run ends lost
-    UNREPLACED = "unreplaced"  # no spare left and no --min-nodes: the run ends as before
-
-    @property
-    def goes_on(self) -> bool:
-        """Whether the run goes on in a next job."""
-        return self in (AfterLoss.SPARE, AfterLoss.SHRINK)
-
-
-def after_loss(nnodes: int, failed: int, spares_left: int, min_nodes: int) -> AfterLoss:
-    """What follows a job of `nnodes` nodes that lost `failed` of them: a spare while one is
-    left, else the nodes left while at least `min_nodes` (--min-nodes; 0: not given)."""
-    if spares_left > 0:
-        return AfterLoss.SPARE
-    if not min_nodes:
-        return AfterLoss.UNREPLACED
-    return AfterLoss.SHRINK if nnodes - failed >= min_nodes else AfterLoss.FLOOR
 
 
 def shrunk(job: SlurmJob, failed: Sequence[str], job_dir: str | None) -> SlurmJob:

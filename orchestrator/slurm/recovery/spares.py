@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 
+from orchestrator.attempts.next_attempt import AttemptEnd, Next, next_attempt
 from orchestrator.backends.scheduler_states import SchedulerState
 from orchestrator.errors import ConfigError
 from orchestrator.record.bad_nodes import add_bad_node
@@ -31,7 +32,7 @@ from orchestrator.record.world import floor_line, going_on_line
 from orchestrator.slurm.batch.job import SlurmJob
 from orchestrator.slurm.control.client import SlurmCommands
 from orchestrator.slurm.control.parse import JobInfo, parse_sinfo_down
-from orchestrator.slurm.recovery.shrink import AfterLoss, after_loss, shrunk
+from orchestrator.slurm.recovery.shrink import shrunk
 from orchestrator.supervise import Outcome
 
 BY_SLURM = "(chosen by SLURM)"
@@ -117,10 +118,11 @@ class SlurmSpares:
         node, state = failed[0]
         return node, f"SLURM job {job_id} ended {info.state}: {node} is {state}"
 
-    def after(self, job: SlurmJob) -> AfterLoss:
+    def after(self, job: SlurmJob) -> Next:
         """What follows `job`, whose nodes `failure` found down: a spare, the nodes left, or
-        the run's end."""
-        return after_loss(job.nnodes, len(self.failed), job.spares, job.min_nodes)
+        the run's end (the one decision, attempts/next_attempt.py)."""
+        lost = max(1, len(self.failed))
+        return next_attempt(AttemptEnd(job.nnodes, lost, job.spares, job.min_nodes))
 
     def replace(
         self,
@@ -137,11 +139,11 @@ class SlurmSpares:
         for name in self.failed or [node]:
             self._mark_bad(name, why, note)
         step = self.after(job)
-        if step is AfterLoss.SHRINK:
+        if step is Next.SHRINK:
             return self._shrink(job, hosts, attempt, note)
-        if step is not AfterLoss.SPARE:
+        if step is not Next.SPARE:
             self.unreplaced = why
-            if step is AfterLoss.FLOOR:
+            if step is Next.FLOOR:
                 lost = self.failed or [node]
                 what, left = f"{', '.join(lost)} lost", job.nnodes - len(lost)
                 self.floor = floor_line(what, left, job.launched_nodes, job.min_nodes)

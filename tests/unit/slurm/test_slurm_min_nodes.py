@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.attempts.next_attempt import Next
 from orchestrator.hosts.hostfile import parse_hostfile
 from orchestrator.hosts.selection import hold_spares
 from orchestrator.options.scheduler import SlurmOptions
@@ -18,30 +19,11 @@ from orchestrator.slurm.batch.job import SlurmJob
 from orchestrator.slurm.batch.planning import plan_slurm_job
 from orchestrator.slurm.control.parse import JobInfo
 from orchestrator.slurm.recovery.segments import Segments, describe_segment
-from orchestrator.slurm.recovery.shrink import AfterLoss, after_loss, shrunk
+from orchestrator.slurm.recovery.shrink import shrunk
 from orchestrator.slurm.recovery.spares import SlurmSpares
 from orchestrator.supervise import Outcome
 from tests.unit.slurm.test_slurm_render import run_cli, spec
 from tests.unit.slurm.test_slurm_spares import FakeCommands
-
-
-@pytest.mark.parametrize(
-    ("nnodes", "failed", "spares_left", "min_nodes", "expected"),
-    [
-        (4, 1, 1, 2, AfterLoss.SPARE),  # a spare first, while one is left
-        (4, 1, 0, 2, AfterLoss.SHRINK),  # 3 of 4 left, floor 2
-        (3, 1, 0, 2, AfterLoss.SHRINK),  # 2 of 3 left: at the floor still goes on
-        (2, 1, 0, 2, AfterLoss.FLOOR),  # 1 left, floor 2
-        (4, 3, 0, 2, AfterLoss.FLOOR),  # several at once
-        (4, 1, 0, 0, AfterLoss.UNREPLACED),  # no --min-nodes: the run ends as before
-    ],
-)
-def test_what_follows_a_lost_node(
-    nnodes: int, failed: int, spares_left: int, min_nodes: int, expected: AfterLoss
-) -> None:
-    step = after_loss(nnodes, failed, spares_left, min_nodes)
-    assert step is expected
-    assert step.goes_on == (expected in (AfterLoss.SPARE, AfterLoss.SHRINK))
 
 
 def _job(nodes: int = 3, min_nodes: int = 2, **options: object) -> SlurmJob:
@@ -131,7 +113,7 @@ def test_a_lost_node_then_one_more_goes_on_with_fewer_then_reaches_the_floor() -
     segments.ended("NODE_FAIL", ranks_ok=False)
     failure = spares.failure(11, JobInfo(state="NODE_FAIL"), hosts)
     assert failure == ("c1", "SLURM job 11 ended NODE_FAIL: c1 is down: test")
-    assert spares.after(job) is AfterLoss.SHRINK
+    assert spares.after(job) is Next.SHRINK
     new = spares.replace(job, hosts, *failure, 2, notes.append)
     assert new is not None and new[1] == 102
     assert notes[0] == "c1 lost; no spare left; going on with 2 of 3 nodes (--min-nodes 2)"
@@ -148,7 +130,7 @@ def test_a_lost_node_then_one_more_goes_on_with_fewer_then_reaches_the_floor() -
     spares.commands = FakeCommands(sinfo=(0, "c0|down*|Not responding\nc2|allocated|none\n"))
     segments.ended("NODE_FAIL", ranks_ok=False)
     failure = spares.failure(102, JobInfo(state="NODE_FAIL"), ["c0", "c2"])
-    assert failure is not None and spares.after(sent) is AfterLoss.FLOOR
+    assert failure is not None and spares.after(sent) is Next.FLOOR
     assert spares.replace(sent, ["c0", "c2"], *failure, 3, notes.append) is None
     assert len(submitted.jobs) == 1  # nothing more submitted
     ended = Outcome(RunState.FAILED, 1, "job ended: SLURM job 102 ended NODE_FAIL")
@@ -183,12 +165,12 @@ def test_spares_come_first_then_the_nodes_left() -> None:
     commands = FakeCommands(sinfo=(0, "n2|down|test\n"))
     spares = SlurmSpares(job, commands, None, submitted)  # type: ignore[arg-type]
     failure = spares.failure(5, JobInfo(state="NODE_FAIL"), ["n1", "n2", "n3"])
-    assert failure is not None and spares.after(job) is AfterLoss.SPARE
+    assert failure is not None and spares.after(job) is Next.SPARE
     replaced, _ = spares.replace(job, ["n1", "n2", "n3"], *failure, 2, notes.append) or (None, 0)
     assert replaced is not None and replaced.nodelist == ("n1", "n4", "n3")
     spares.commands = FakeCommands(sinfo=(0, "n3|down|test\n"))
     failure = spares.failure(102, JobInfo(state="NODE_FAIL"), ["n1", "n4", "n3"])
-    assert failure is not None and spares.after(replaced) is AfterLoss.SHRINK
+    assert failure is not None and spares.after(replaced) is Next.SHRINK
     smaller, _ = spares.replace(replaced, ["n1", "n4", "n3"], *failure, 3, notes.append) or (
         None,
         0,

@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from orchestrator.attempts.next_attempt import Next
 from orchestrator.errors import NodeError, NodeErrors
 from orchestrator.hosts.hostfile import parse_hostfile
 from orchestrator.hosts.selection import hold_spares
@@ -83,7 +84,7 @@ def test_the_floor_ends_the_run_naming_the_node() -> None:
     p.recover(lost(1, "n1").node_fault, Probe())
     replan(p)
     outcome = lost(1, "n2")
-    assert not p.can_shrink and not p.will_replace(outcome)
+    assert p.after(outcome.node_fault) is Next.FLOOR and not p.will_replace(outcome)
     assert p.recover(outcome.node_fault, Probe()) is None
     assert [h.name for h in p.cluster.hosts] == ["n0", "n2"]  # as it was: the run ends
     ended = p.amend(outcome)
@@ -94,7 +95,7 @@ def test_the_floor_ends_the_run_naming_the_node() -> None:
 def test_without_min_nodes_a_lost_node_ends_the_run_as_before() -> None:
     p, _ = pool(min_nodes=None)
     outcome = lost(1, "n1")
-    assert not p.will_replace(outcome)
+    assert p.after(outcome.node_fault) is Next.UNREPLACED and not p.will_replace(outcome)
     ended = p.amend(outcome)
     assert "no spare node to replace it" in ended.summary and "fewer" not in ended.summary
 
