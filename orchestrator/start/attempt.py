@@ -23,7 +23,8 @@ from orchestrator.plan.scripts import script_name
 from orchestrator.plan.spec import JobSpec, inherited_secrets
 from orchestrator.record.runs import RunRecord, ended_status
 from orchestrator.record.states import NodePhase
-from orchestrator.supervise import NodeState, Outcome, RankState
+from orchestrator.supervise import NodeState, Outcome
+from orchestrator.supervise.state import States, states_of
 
 
 @dataclass(frozen=True)
@@ -47,25 +48,9 @@ def secrets_of(spec: JobSpec, plan: LaunchPlan) -> Secrets:
     return Secrets(env, tuple(values))
 
 
-@dataclass(frozen=True)
-class States:
-    """Every node's and rank's state as supervision starts it, and their console labels."""
-
-    nodes: list[NodeState]
-    ranks: list[RankState]
-    node_labels: dict[int, str]  # node rank -> host
-    rank_labels: dict[int, str]  # rank -> "host rN"
-
-
-def states_of(plan: LaunchPlan) -> States:
-    states = States([], [], {}, {})
-    for node in plan.nodes:
-        states.node_labels[node.node_rank] = node.name
-        states.nodes.append(NodeState(node.node_rank, node.name, tuple(node.ranks)))
-        for local_rank, rank in enumerate(node.ranks):
-            states.rank_labels[rank] = f"{node.name} r{rank}"
-            states.ranks.append(RankState(rank, node.node_rank, local_rank, node.name))
-    return states
+def plan_states(plan: LaunchPlan) -> States:
+    """The plan's nodes and ranks as supervision starts them."""
+    return states_of((node.name, node.ranks) for node in plan.nodes)
 
 
 def console_sink(

@@ -35,9 +35,9 @@ from orchestrator.start.attempt import (
     agent_starts,
     console_sink,
     nodes_started,
+    plan_states,
     record_the_end,
     secrets_of,
-    states_of,
 )
 from orchestrator.start.detach import run_detached
 from orchestrator.start.pool import NodePool
@@ -69,7 +69,7 @@ def run_plan(
     With `regrow` (--min-nodes), the hosts the run does not run on are asked meanwhile.
     """
     secrets = secrets_of(spec, plan)
-    states = states_of(plan)
+    states = plan_states(plan)
     nodes, ranks = states.nodes, states.ranks
     sink = console_sink(record.logs_dir, states, console, secrets.mask, options.console)
     backend = "local" if plan.is_local else "ssh"

@@ -118,15 +118,28 @@ def describe_exit(code: int | None) -> str:
     return f"exit code {code}"
 
 
-def states_on(hosts: Sequence[str], nproc: int) -> tuple[list[NodeState], list[RankState]]:
-    """The first state of every node of `hosts` (in node-rank order) and of its `nproc`
-    ranks each: node K's ranks are K * nproc on."""
-    nodes, ranks = [], []
-    for k, host in enumerate(hosts):
-        node_ranks = range(k * nproc, (k + 1) * nproc)
-        nodes.append(NodeState(index=k, host=host, ranks=tuple(node_ranks)))
-        ranks += [RankState(rank, k, local, host) for local, rank in enumerate(node_ranks)]
-    return nodes, ranks
+@dataclass(frozen=True)
+class States:
+    """Every node's and rank's state as supervision starts it, and their console labels."""
+
+    nodes: list[NodeState]
+    ranks: list[RankState]
+    node_labels: dict[int, str]  # node rank -> host
+    rank_labels: dict[int, str]  # rank -> "host rN"
+
+
+def states_of(placed: Iterable[tuple[str, Sequence[int]]]) -> States:
+    """The first state of every node (a host and its ranks, in node-rank order) and of its
+    ranks, with their labels: the same over SSH (the plan's nodes) and under SLURM (node K's
+    ranks K * nproc on)."""
+    states = States([], [], {}, {})
+    for k, (host, node_ranks) in enumerate(placed):
+        states.node_labels[k] = host
+        states.nodes.append(NodeState(index=k, host=host, ranks=tuple(node_ranks)))
+        for local, rank in enumerate(node_ranks):
+            states.rank_labels[rank] = f"{host} r{rank}"
+            states.ranks.append(RankState(rank, k, local, host))
+    return states
 
 
 def nodes_and_ranks(nodes: Iterable[NodeState], ranks: Iterable[RankState]) -> dict:

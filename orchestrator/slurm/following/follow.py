@@ -64,7 +64,7 @@ from orchestrator.slurm.recovery.segments import WARNING_FILE, Segments, read_wa
 from orchestrator.slurm.recovery.spares import SlurmSpares
 from orchestrator.supervise import NodeState, Outcome, Supervisor, describe_exit
 from orchestrator.supervise.run_loop import run_loop
-from orchestrator.supervise.state import states_on
+from orchestrator.supervise.state import states_of
 from orchestrator.supervise.stopping import signals_to
 from orchestrator.supervise.time_limit import Cause
 
@@ -284,14 +284,14 @@ class Follower:
         )
         self.attempt, start = details.restarts, self.bookmarks.start(self.job_id, details.restarts)
         self.files.resume(start.files or {})
-        nodes, ranks = states_on(hosts, job.nproc)
-        labels = {r.rank: f"{r.host} r{r.rank}" for r in ranks}
+        n = job.nproc
+        states = states_of((host, range(k * n, (k + 1) * n)) for k, host in enumerate(hosts))
         self.sink.close()
         self.bookmarks.keep_sizes(self.sink)
         self.sink = LogSink(
             self.record.logs_dir,
-            labels,
-            dict(enumerate(hosts)),
+            states.rank_labels,
+            states.node_labels,
             self.console,
             self.color,
             fold=self.fold,
@@ -310,8 +310,8 @@ class Follower:
             kept_on_node(job, self.attempt),  # where the record is not shared
         )
         self.sup = Supervisor(
-            nodes,
-            ranks,
+            states.nodes,
+            states.ranks,
             agents.sessions,
             self.events,
             self.sink,
