@@ -24,8 +24,10 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
+from orchestrator.agent.ranks import RankFile
+from orchestrator.console.sink import LogSink
 from orchestrator.errors import ConfigError
 from orchestrator.options.reaching import SshOptions
 from orchestrator.options.supervision import Supervision
@@ -33,8 +35,10 @@ from orchestrator.record.plain import from_plain, to_plain
 from orchestrator.record.recoveries import Recovery
 from orchestrator.record.runs import RunRecord
 from orchestrator.slurm.batch.job import SlurmJob
+from orchestrator.slurm.following.stream import AttemptFiles
 from orchestrator.slurm.recovery.segments import Segment, Segments
 from orchestrator.slurm.recovery.spares import SlurmSpares
+from orchestrator.supervise import Supervisor
 
 NODE_FIELDS = ("state", "exit_code", "pid", "started_at", "ended_at", "detail", "done")
 RANK_FIELDS = ("state", "exit_code", "ended_at", "error_file")
@@ -222,6 +226,17 @@ def cut_logs(logs_dir: Path, points: Points) -> None:
             os.truncate(entry.path, size)
 
 
+class Reading(Protocol):
+    """Where a follower reads from (following/follow.py's Follower): what its points keep."""
+
+    job_id: int
+    attempt: int
+    batch: RankFile  # the batch script's output
+    files: AttemptFiles | None  # the attempt's node files
+    sink: LogSink  # the attempt's
+    sup: Supervisor | None  # the attempt's, once one runs
+
+
 class Bookmarks:
     """The follower's side of follower-points.json: where the current attempt starts (a
     follower before this one's points, or the start), how far each node agent's stream has
@@ -241,7 +256,7 @@ class Bookmarks:
         return points
 
     @staticmethod
-    def restore(sup: Any, points: Points) -> None:
+    def restore(sup: Supervisor, points: Points) -> None:
         """Put the nodes' and ranks' states `points` kept into a new `Supervisor`."""
         for node in sup.nodes:
             for name, value in (points.nodes or {}).get(str(node.index), {}).items():
@@ -254,20 +269,19 @@ class Bookmarks:
         """A frame of node `node`'s agent, its stream's bytes through it `end`, is handled."""
         self.agents[str(node)] = getattr(channel, "start", 0) + end
 
-    def keep_sizes(self, sink: Any) -> None:
+    def keep_sizes(self, sink: LogSink) -> None:
         """The lengths of the logs `sink` wrote (after its flush), before it is replaced."""
         self.logs.update({n: f.size for n, f in sink.files.items() if f.start is not None})
 
-    def save(self, follower: Any) -> None:
+    def save(self, at: Reading) -> None:
         """Write the points of the follower's pass just done, if any moved."""
-        self.keep_sizes(follower.sink)
-        files = follower.files.positions() if follower.files is not None else {}
-        sup = follower.sup
+        self.keep_sizes(at.sink)
+        sup = at.sup
         points = Points(
-            follower.job_id,
-            follower.attempt,
-            follower.batch.position(),
-            files,
+            at.job_id,
+            at.attempt,
+            at.batch.position(),
+            at.files.positions() if at.files is not None else {},
             dict(self.agents),
             dict(self.logs),
             fields_of(sup.nodes if sup else [], NODE_FIELDS),
