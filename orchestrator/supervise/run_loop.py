@@ -42,7 +42,7 @@ class Watch(Protocol):
         """Where the attempt's events come (None: a wake-up)."""
         ...
 
-    def attempt(self) -> Attempt | None:
+    def current(self) -> Attempt | None:
         """The supervisor of the attempt followed now; None while none runs (queued)."""
         ...
 
@@ -70,7 +70,7 @@ class Watch(Protocol):
 def run_loop(watch: Watch) -> None:
     """Pass after pass until the watch says the run is over."""
     while not watch.over():
-        sup, events = watch.attempt(), watch.events
+        sup, events = watch.current(), watch.events
         pause = watch.pause(time.monotonic())
         if sup is not None:
             pause = min(pause, sup.pause())
@@ -79,7 +79,7 @@ def run_loop(watch: Watch) -> None:
         except queue.Empty:
             event = None
         watch.before(time.monotonic())
-        current, handled = watch.attempt(), 0
+        current, handled = watch.current(), 0
         if current is not None:  # an event of an attempt that ended meanwhile is dropped
             handled = current.step(event if current is sup else None, watch.hear)
         watch.after(handled)
@@ -96,7 +96,7 @@ class Alone:
     def events(self) -> queue.Queue[Event | None]:
         return self.sup.events
 
-    def attempt(self) -> Attempt:
+    def current(self) -> Attempt:
         return self.sup
 
     def over(self) -> bool:

@@ -181,7 +181,7 @@ class Follower:
 
     # --- what the one loop asks of its watch (orchestrator.supervise.run_loop) --------
 
-    def attempt(self) -> Supervisor | None:
+    def current(self) -> Supervisor | None:
         """The supervisor of the attempt followed; none while the job is queued."""
         return self.sup
 
