@@ -199,8 +199,8 @@ class Trainer:
         completed = s.start_step
         if channel is not None:
             channel.start(train_start, completed)
-            if s.resumed_from is not None and rt.is_main:
-                channel.resumed(completed)
+            if rt.is_main:
+                channel.began(completed)
         self.model.train()
         for step in range(s.start_step, s.total_steps):
             global_indices = s.plan.global_indices(step)

@@ -15,14 +15,14 @@ waiting      SLURM's queue (a segment's `submitted_at` to its `running_at`) and 
 starting     the rest of an attempt up to its first step: connecting, syncing, the agents'
              and torchrun's start, the program's own set-up; after a restart within an
              attempt (--max-restarts), from the failure to the next first step.
-training     steps whose work was kept: from the start of a stint's first step (its first
-             record's `time` less `steps` x `step_s`) to its last record, less the saves
-             and the redone steps. A stint is an attempt's training, or the part of it
-             between two `restart` events.
-redone       steps done again: a stint's steps beyond the step a later stint resumed from
-             (its `resumed_from` record, else its first record's `step` less `steps`),
-             from when that step was done (its checkpoint record's `time` less `save_s`,
-             else by the records around it) to the stint's last record.
+training     steps whose work was kept: from the start of a stint's training (its
+             `from_step` mark, else its first record's `time` less `steps` x `step_s`) to
+             its last record, less the saves and the redone steps. A stint is an
+             attempt's training, or the part of it between two `restart` events.
+redone       steps done again: a stint's steps beyond the step a later stint began from
+             (its `from_step` mark, else its first record's `step` less `steps`), from
+             when that step was done (its checkpoint mark's `time` less `save_s`, else by
+             the records around it) to the stint's last record.
 checkpoints  saves: each `checkpoint` record of a rank, `save_s` seconds up to its `time`.
 detecting    from a stint's last record to the `failed` or `lost` event that ended it.
 stopping     from that event (or, with no fault, from the last record) to the attempt's
@@ -37,8 +37,9 @@ running      only for a program that reports no steps (no metrics channel): from
 The effective training time ratio (`ratio`) is training / wall. A fault's cost (`faults`):
 its detecting, its restart (from the fault to the next stint's first step) and the redone
 training before it. The metrics channel's two marks, written by the bundled trainer (a
-record without `step`): {"checkpoint": step, "save_s": seconds, "time": ...} after a save,
-and {"resumed_from": step, "time": ...} at a resumed start.
+record without `step`): {"from_step": step, "time": ...} as training begins after `step`
+completed steps (0, or the checkpoint it resumed from), and {"checkpoint": step, "save_s":
+seconds, "time": ...} after a save.
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ PHASES = (
     "fewer_nodes",
     "running",
 )
-MARK_KEYS = ("checkpoint", "resumed_from")  # a metrics record that marks, not a step
+MARK_KEYS = ("checkpoint", "from_step")  # a metrics record that marks, not a step
 FAULTS = ("failed", "lost")
 
 
@@ -275,7 +276,7 @@ def stint_of(records: Sequence[dict], gaps: dict, lo: float, hi: float) -> Stint
     points: list[tuple[float, int]] = []
     firsts: dict[object, tuple[float, int]] = {}  # rank -> (its first step's start, step before)
     saves: list[tuple[float, float, int]] = []
-    resumed: list[int] = []
+    begun: list[tuple[float, int]] = []  # from_step marks: (when, the step before)
     for record in records:
         metrics = record.get("metrics")
         if not isinstance(metrics, dict) or not number(record.get("time")):
@@ -293,14 +294,14 @@ def stint_of(records: Sequence[dict], gaps: dict, lo: float, hi: float) -> Stint
         elif type(metrics.get("checkpoint")) is int:
             save_s = metrics.get("save_s")
             saves.append((when - (save_s if number(save_s) else 0.0), when, metrics["checkpoint"]))
-        elif type(metrics.get("resumed_from")) is int:
-            resumed.append(metrics["resumed_from"])
+        elif type(metrics.get("from_step")) is int:
+            begun.append((when, metrics["from_step"]))
     if not points:
         return None
     points.sort()
-    first = min(start for start, _ in firsts.values())
+    first = min([*(start for start, _ in firsts.values()), *(when for when, _ in begun)])
     last = max([points[-1][0], *(ended for _, ended, _ in saves)])
-    start_step = min(resumed) if resumed else min(step for _, step in firsts.values())
+    start_step = min(step for _, step in (begun or firsts.values()))
     saves = sorted((max(a, first), b, step) for a, b, step in saves if b > first)
     return Stint(first, last, start_step, points, saves)
 

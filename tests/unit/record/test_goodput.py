@@ -74,14 +74,14 @@ def test_a_run_without_faults_is_waiting_starting_training_saves_and_stopping() 
 def lost_node_run() -> tuple[dict, list[dict]]:
     """Three nodes; c is lost at 40 s, after the checkpoint of step 20 and 5 steps more; a
     spare (d, probed 45-50 s) takes its place in attempt 2, which resumes from step 20."""
-    records = []
+    records = [mark(10, from_step=0)]
     for when, step in ((15, 5), (20, 10), (25, 15), (30, 20), (35, 25)):
         records += [progress(when, r, step, "abc"[r]) for r in range(3)]
     records += [mark(21, checkpoint=10, save_s=1.0), mark(31, checkpoint=20, save_s=1.0)]
     records += [event(40, "lost", "c", "no word for 5 s"), event(42, "end", "a")]
     records += [event(42, "end", "b"), event(45, "probe", "d", "5.0 s")]
     records += [event(62, "start", h) for h in "abd"]
-    records.append(mark(64, resumed_from=20))
+    records.append(mark(65, from_step=20))
     for when, step in ((70, 25), (75, 30), (80, 35), (85, 40), (90, 45)):
         records += [progress(when, r, step, "abd"[r]) for r in range(3)]
     records += [event(92, "end", h) for h in "abd"]
@@ -108,9 +108,9 @@ def test_a_node_lost_costs_its_detection_its_restart_and_the_steps_redone() -> N
     assert kept["phases"]["training"] == 44.0 and kept["redone_steps"] == 5
 
 
-def test_without_a_resume_mark_the_first_record_says_where_a_stint_began() -> None:
+def test_without_marks_the_first_record_says_where_a_stint_began() -> None:
     status, records = lost_node_run()
-    records = [r for r in records if "resumed_from" not in r.get("metrics", {})]
+    records = [r for r in records if "from_step" not in r.get("metrics", {})]
     found = phases_of(status, records, 95)
     assert found.redone_steps == 5 and found.attempts[1]["steps"] == [20, 45]
 
@@ -118,8 +118,8 @@ def test_without_a_resume_mark_the_first_record_says_where_a_stint_began() -> No
 def test_a_resume_from_an_older_checkpoint_redoes_the_steps_after_it() -> None:
     status, records = lost_node_run()
     for record in records:  # attempt 2 resumed from step 10, not 20
-        if "resumed_from" in record.get("metrics", {}):
-            record["metrics"]["resumed_from"] = 10
+        if "from_step" in record.get("metrics", {}):
+            record["metrics"]["from_step"] = 10
     found = phases_of(status, records, 95)
     assert found.redone_steps == 15
     # redone from the save of step 10 on (20 s): 15 s less the save of step 20
@@ -185,7 +185,7 @@ def test_a_record_without_attempts_is_one_attempt_from_the_start() -> None:
 
 
 def test_marks_are_told_from_progress() -> None:
-    assert is_mark({"checkpoint": 10, "save_s": 0.1}) and is_mark({"resumed_from": 3})
+    assert is_mark({"checkpoint": 10, "save_s": 0.1}) and is_mark({"from_step": 3})
     assert not is_mark({"step": 10, "checkpoint": 10}) and not is_mark({"loss": 1.0})
 
 
