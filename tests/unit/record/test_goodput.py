@@ -225,3 +225,16 @@ def test_without_faults_the_line_says_where_the_rest_went() -> None:
         "goodput 42 %: training 5.0 s kept of 12 s (starting 5.0 s, checkpoint saves 0.5 s, "
         "stopping 1.5 s)"
     )
+
+
+def test_the_from_step_mark_says_when_training_began_where_records_cover_less() -> None:
+    # A short run: its one record covers the last 20 of its 200 steps (the progress line's
+    # window); the mark says training began at 10 s, after 0 steps.
+    last = progress(30, 0, 200, steps=20)
+    last["metrics"]["step_s"] = 0.5  # its 20 steps took 10 s
+    found = phases_of({"nnodes": 1}, [mark(10, from_step=0), last], 31)
+    only(found.phases, starting=10, training=20, stopping=1)
+    assert found.attempts[0]["steps"] == [0, 200]
+    without = phases_of({"nnodes": 1}, [last], 31)
+    only(without.phases, starting=20, training=10, stopping=1)
+    assert without.attempts[0]["steps"] == [180, 200]
