@@ -24,7 +24,10 @@ redone       steps done again: a stint's steps beyond the step a later stint beg
              when that step was done (its checkpoint mark's `time` less `save_s`, else by
              the records around it) to the stint's last record.
 checkpoints  saves: each `checkpoint` record of a rank, `save_s` seconds up to its `time`.
-detecting    from a stint's last record to the `failed` or `lost` event that ended it.
+detecting    from a stint's last record to the `failed` or `lost` event that ended it, or
+             where none did, to when the launcher saw a node fault end the attempt (a
+             SLURM job that ended NODE_FAIL: its segment's `ended_at`; a node a spare
+             replaced: its recovery's `noticed_at`).
 stopping     from that event (or, with no fault, from the last record) to the attempt's
              end: the other nodes stopped, the program's own end, a spare probed, a job
              submitted again.
@@ -65,7 +68,7 @@ PHASES = (
     "running",
 )
 MARK_KEYS = ("checkpoint", "from_step")  # a metrics record that marks, not a step
-FAULTS = ("failed", "lost")
+FAULTS = ("failed", "lost", "node-failure")  # the last: a scheduler's word (Attempt.fault_at)
 
 
 def is_mark(metrics: dict) -> bool:
@@ -81,6 +84,7 @@ class Attempt:
     began: float
     nodes: int
     queued: tuple[float, float] | None = None  # SLURM: submitted -> running
+    fault_at: float | None = None  # a node fault ended it, seen then (no event may say so)
 
 
 @dataclass(frozen=True)
@@ -201,15 +205,29 @@ def inputs_of(status: dict, records: Iterable[dict]) -> Inputs | None:
         began = seconds_of(segment.get("submitted_at")) or started
         running = seconds_of(segment.get("running_at"))
         nodes = sizes.get(number_) or segment.get("nodes") or status.get("nnodes") or 1
-        attempts.append(Attempt(number_, began, nodes, (began, running) if running else None))
+        failed = (
+            seconds_of(segment.get("ended_at")) if segment.get("ended") == "node-failure" else None
+        )
+        queued = (began, running) if running else None
+        attempts.append(Attempt(number_, began, nodes, queued, failed))
     if not attempts:
         for entry in world:
             began = seconds_of(entry.get("since")) or started
-            attempts.append(
-                Attempt(entry.get("attempt") or 1, began, len(entry.get("nodes") or []))
+            number_, nodes = (
+                entry.get("attempt") or len(attempts) + 1,
+                len(entry.get("nodes") or []),
             )
+            attempts.append(Attempt(number_, began, nodes))
     if not attempts:
         attempts = [Attempt(1, started, int(status.get("nnodes") or 1))]
+    for recovery in status.get("recoveries") or []:  # a spare replaced a node of the one before
+        noticed = seconds_of(recovery.get("noticed_at")) if isinstance(recovery, dict) else None
+        for index, attempt in enumerate(attempts):
+            if noticed is not None and attempt.number == recovery.get("attempt", 0) - 1:
+                seen = min(noticed, attempt.fault_at or noticed)
+                attempts[index] = Attempt(
+                    attempt.number, attempt.began, attempt.nodes, attempt.queued, seen
+                )
     launched = attempts[0].nodes or 1
     return Inputs(
         started, tuple(attempts), launched, tuple(r for r in records if isinstance(r, dict))
@@ -359,13 +377,12 @@ def attempt_spans(
     begin: float,
     end: float,
     stints: list[Stint],
-    events: Sequence[tuple[float, str, str]],
+    own: Sequence[tuple[float, str, str]],
     measured: bool,
 ) -> tuple[list[tuple[float, float, str]], list[Fault], list[float]]:
     """An attempt's spans but the training's (starting, running, detecting, stopping), its
     faults, and when a restart after a fault before it ended (its first step; without
-    steps, its first node start)."""
-    own = [e for e in events if begin <= e[0] < end]
+    steps, its first node start); `own`: its events, by time."""
     spans = [(begin, end, "starting")]
     if not stints:
         starts = [t for t, kind, _ in own if kind == "start"]
@@ -414,8 +431,11 @@ def compute(inputs: Inputs, ended: float) -> Goodput:
     spans: list[tuple[float, float, str]] = []
     faults: list[Fault] = []
     firsts: list[float] = []
-    for begin, end, stints in zip(begins, ends, by_attempt, strict=True):
-        own_spans, own_faults, own_firsts = attempt_spans(begin, end, stints, events, measured)
+    for attempt, begin, end, stints in zip(attempts, begins, ends, by_attempt, strict=True):
+        own = [e for e in events if begin <= e[0] < end]
+        if attempt.fault_at is not None and not any(e[1] in FAULTS for e in own):
+            own = sorted([*own, (min(max(attempt.fault_at, begin), end), "node-failure", "")])
+        own_spans, own_faults, own_firsts = attempt_spans(begin, end, stints, own, measured)
         spans, faults, firsts = spans + own_spans, faults + own_faults, firsts + own_firsts
     for fault in faults:  # its restart ends at the next first step (the run's end: none)
         fault.restart_s = min((f - fault.at for f in firsts if f >= fault.at), default=0.0)

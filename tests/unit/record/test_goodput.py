@@ -238,3 +238,32 @@ def test_the_from_step_mark_says_when_training_began_where_records_cover_less() 
     without = phases_of({"nnodes": 1}, [last], 31)
     only(without.phases, starting=20, training=10, stopping=1)
     assert without.attempts[0]["steps"] == [180, 200]
+
+
+def test_a_slurm_job_ended_by_a_node_failure_is_a_fault_where_no_event_says_so() -> None:
+    segments = [
+        {"segment": 1, "submitted_at": at(0), "running_at": at(5), "ended_at": at(40),
+         "ended": "node-failure"},
+        {"segment": 2, "submitted_at": at(45), "running_at": at(50), "ended": "completed"},
+    ]  # fmt: skip
+    records = [mark(10, from_step=0), progress(15, 0, 5), progress(20, 0, 10)]
+    records += [mark(20.5, checkpoint=10, save_s=0.5), progress(25, 0, 15)]
+    records += [mark(55, from_step=10), progress(60, 0, 15), progress(65, 0, 20)]
+    found = phases_of({"segments": segments}, records, 70)
+    first, second = found.attempts
+    only(
+        first["phases"],
+        waiting=5, starting=5, training=10, checkpoints=0.5, redone=4.5, detecting=15, stopping=5,
+    )  # fmt: skip
+    only(second["phases"], waiting=5, starting=5, training=10, stopping=5)
+    (fault,) = found.faults
+    assert (fault.event, fault.detect_s, fault.restart_s) == ("node-failure", 15.0, 15.0)
+    assert fault.redone_s == pytest.approx(4.5) and found.redone_steps == 5
+
+
+def test_a_recovery_says_when_the_fault_was_seen_where_no_event_does() -> None:
+    status, records = lost_node_run()
+    records = [r for r in records if r.get("event") != "lost"]
+    status["recoveries"] = [{"attempt": 2, "noticed_at": at(41)}]
+    (fault,) = phases_of(status, records, 95).faults
+    assert (fault.event, fault.detect_s) == ("node-failure", 6.0)
