@@ -58,6 +58,9 @@ def close(record_path: Path, end: float | None = None) -> dict | None:
     if found is None:
         return None
     goodput = found.to_dict()
-    status = record.read_status()
+    try:
+        status = record.read_status()
+    except ConfigError:  # gone since it was read: nothing to keep it in
+        return goodput
     record.write_status({**status, "goodput": goodput})
     return goodput
