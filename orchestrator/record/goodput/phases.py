@@ -68,6 +68,10 @@ PHASES = (
     "running",
 )
 MARK_KEYS = ("checkpoint", "from_step")  # a metrics record that marks, not a step
+NO_STEPS = (
+    "the program reported no steps (no metrics channel): training, redone steps, saves and "
+    "detection cannot be told apart, and are `running`"
+)
 FAULTS = ("failed", "lost", "node-failure")  # the last: a scheduler's word (Attempt.fault_at)
 
 
@@ -168,6 +172,7 @@ class Goodput:
                 "each": [fault.to_dict() for fault in self.faults],
             },
             "attempts": self.attempts,
+            **({} if self.steps else {"note": NO_STEPS}),
         }
 
 

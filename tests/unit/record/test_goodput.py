@@ -173,7 +173,9 @@ def test_a_program_without_steps_gets_what_is_known_without_them() -> None:
     only(found.attempts[1]["phases"], waiting=8, starting=2, running=20, stopping=5)
     (fault,) = found.faults
     assert (fault.detect_s, fault.restart_s) == (0.0, 30.0)
-    line = goodput_line(found.to_dict())
+    kept = found.to_dict()
+    assert not kept["steps"] and kept["note"].startswith("the program reported no steps")
+    line = goodput_line(kept)
     assert line.startswith("goodput not measured: the program reported no steps"), line
     assert "running 38 s" in line and "waiting 18 s" in line, line
 
