@@ -108,7 +108,7 @@ class RunView:
         when = record.get("time")
         if isinstance(record.get("metrics"), dict) and isinstance(record.get("rank"), int):
             rank, metrics = record["rank"], record["metrics"]
-            if not is_mark(metrics):  # a checkpoint's or resume's mark: not the rank's figures
+            if not is_mark(metrics):  # a start's or a checkpoint's mark: not its figures
                 self.metrics[rank] = (when, metrics)
             if (work := _num(metrics.get("work_s"))) is not None:
                 before = self.work.get(rank, work)

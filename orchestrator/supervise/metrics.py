@@ -84,7 +84,7 @@ class RunMetrics:
                     "metrics": metrics,
                 }
             )
-            if not is_mark(metrics):  # a checkpoint's or resume's mark: not the rank's figures
+            if not is_mark(metrics):  # a start's or a checkpoint's mark: not its figures
                 self.latest[rank] = (now, metrics)
             self.stragglers.observe(rank, metrics, now)
             step = metrics.get("step")
