@@ -18,7 +18,8 @@ starting     the rest of an attempt up to its first step: connecting, syncing, t
 training     steps whose work was kept: from the start of a stint's training (its
              `from_step` mark, else its first record's `time` less `steps` x `step_s`) to
              its last record, less the saves and the redone steps. A stint is an
-             attempt's training, or the part of it between two `restart` events.
+             attempt's training (its records of steps and its marks), or the part of it
+             between two `restart` events.
 redone       steps done again: a stint's steps beyond the step a later stint began from
              (its `from_step` mark, else its first record's `step` less `steps`), from
              when that step was done (its checkpoint mark's `time` less `save_s`, else by
@@ -295,7 +296,8 @@ def stints_of(
 
 
 def stint_of(records: Sequence[dict], gaps: dict, lo: float, hi: float) -> Stint | None:
-    """The stint of the records written in [lo, hi), if any reported a step."""
+    """The stint of the records written in [lo, hi), if any says where training was: a
+    record of steps, or a mark (the step a save or a start came after is done)."""
     points: list[tuple[float, int]] = []
     firsts: dict[object, tuple[float, int]] = {}  # rank -> (its first step's start, step before)
     saves: list[tuple[float, float, int]] = []
@@ -316,15 +318,19 @@ def stint_of(records: Sequence[dict], gaps: dict, lo: float, hi: float) -> Stint
             firsts.setdefault(record.get("rank"), (max(lo, began), step - count))
         elif type(metrics.get("checkpoint")) is int:
             save_s = metrics.get("save_s")
-            saves.append((when - (save_s if number(save_s) else 0.0), when, metrics["checkpoint"]))
+            began = max(lo, when - (save_s if number(save_s) else 0.0))
+            saves.append((began, when, metrics["checkpoint"]))
+            points.append((began, metrics["checkpoint"]))
         elif type(metrics.get("from_step")) is int:
             begun.append((when, metrics["from_step"]))
+            points.append((when, metrics["from_step"]))
     if not points:
         return None
     points.sort()
-    first = min([*(start for start, _ in firsts.values()), *(when for when, _ in begun)])
+    starts = [*(start for start, _ in firsts.values()), *(when for when, _ in begun)]
+    first = min(starts or [points[0][0]])
     last = max([points[-1][0], *(ended for _, ended, _ in saves)])
-    start_step = min(step for _, step in (begun or firsts.values()))
+    start_step = min(step for _, step in (begun or firsts.values() or points))
     saves = sorted((max(a, first), b, step) for a, b, step in saves if b > first)
     return Stint(first, last, start_step, points, saves)
 

@@ -269,3 +269,18 @@ def test_a_recovery_says_when_the_fault_was_seen_where_no_event_does() -> None:
     status["recoveries"] = [{"attempt": 2, "noticed_at": at(41)}]
     (fault,) = phases_of(status, records, 95).faults
     assert (fault.event, fault.detect_s) == ("node-failure", 6.0)
+
+
+def test_marks_alone_say_where_training_was() -> None:
+    # A node lost right after the first checkpoint, before any record of steps was due.
+    records = [mark(10, from_step=0), mark(12, checkpoint=10, save_s=0.5)]
+    records += [event(16, "lost", "b"), event(18, "end", "a"), mark(25, from_step=10)]
+    records += [progress(30, 0, 15), event(31, "end", "a")]
+    found = phases_of({"world": world((1, 0, 2), (2, 20, 2))}, records, 32)
+    only(
+        found.attempts[0]["phases"], starting=10, training=1.5, checkpoints=0.5, detecting=4,
+        stopping=4,
+    )  # fmt: skip
+    assert found.attempts[0]["steps"] == [0, 10] and found.redone_steps == 0
+    (fault,) = found.faults
+    assert (fault.detect_s, fault.restart_s) == (4.0, 9.0)
