@@ -24,10 +24,11 @@ from orchestrator.cli.flags import run_dir_option
 def plot(run_id, run_dir, output):
     """Draw a run's progress as one PNG and print its path.
 
-    Three panels, from runs/RUN/metrics.jsonl: the loss of every rank over steps, the
-    samples/s of every rank over steps, and a timeline with one row per node (waiting
+    Four panels, from runs/RUN/metrics.jsonl: the loss of every rank over steps, the
+    samples/s of every rank over steps, a timeline with one row per node (waiting
     from preflight to start, running from start to end; marks where a node failed, was
-    lost, restarted or had a straggler; a dashed line where the run was stopped).
+    lost, restarted or had a straggler; a dashed line where the run was stopped), and
+    where the wall time went (its goodput: one bar coloured by phase; see docs/goodput.md).
 
     Works on a run still going (it draws what is there so far). Needs matplotlib:
     pip install 'orchestrator[plot]'.

@@ -82,6 +82,10 @@ def status_text(status: dict) -> str:
         left = status.get("resubmits_left")
         lines.append(f"  segments: {len(segments)} (resubmits left: {left})")
         lines += [f"    {describe_segment(entry)}" for entry in segments]
+    if isinstance(status.get("goodput"), dict):  # the run ended: where its time went
+        from orchestrator.api.shown import goodput_table
+
+        lines += goodput_table(status["goodput"])
     nodes = status.get("nodes") or []
     if nodes:
         rows = [["NODE", "HOST", "STATE", "EXIT", "DETAIL"]]

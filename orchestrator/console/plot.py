@@ -1,6 +1,7 @@
 """A run's metrics as one picture: runs/<run-id>/metrics.jsonl read into series, drawn with
-matplotlib (an optional extra) as three stacked panels: loss per rank over steps, samples/s
-per rank over steps, and one timeline row per node.
+matplotlib (an optional extra) as four stacked panels: loss per rank over steps, samples/s
+per rank over steps, one timeline row per node, and where the wall time went (the run's
+goodput, record/goodput/: one bar coloured by phase).
 
 metrics.jsonl holds one JSON object per line, of three kinds: a rank's record (`rank` and
 the `metrics` it wrote), a node's sample (`sample`: CPU, memory, GPUs) and an event (`event`:
@@ -18,6 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from orchestrator.errors import ConfigError, OrchestratorError
+from orchestrator.record.goodput.kept import goodput_of
+from orchestrator.record.goodput.phases import PHASES, Goodput, seconds_of
+from orchestrator.record.goodput.words import WORDS, duration, percent
 from orchestrator.record.runs import RunRecord
 
 LEGEND_RANKS = 16  # beyond this many ranks: thin lines, no per-rank legend
@@ -29,6 +33,17 @@ MARKS = {  # event -> (marker, colour, label) of its mark on a node's row
     "straggler": ("D", "tab:purple", "straggler"),
 }
 WAITING, RUNNING = "#c7c7c7", "tab:green"
+PHASE_COLOURS = {  # the goodput panel's colour of each phase
+    "waiting": WAITING,
+    "starting": "tab:blue",
+    "training": RUNNING,
+    "redone": "tab:red",
+    "checkpoints": "tab:olive",
+    "detecting": "tab:purple",
+    "stopping": "tab:orange",
+    "fewer_nodes": "#98df8a",
+    "running": "tab:cyan",
+}
 UNKNOWN = 1 << 30  # the node rank of a host whose records carry none: after the others
 
 
@@ -75,6 +90,8 @@ class RunMetrics:
     last_time: float | None
     skipped: int = 0  # unparsable lines skipped (a torn last line not counted)
     world: list[int] = field(default_factory=list)  # nodes per attempt (status.json's world)
+    goodput: Goodput | None = None  # where the wall time went (to the run's end, or so far)
+    ended: bool = False  # whether the goodput is the ended run's (status.json's `goodput`)
 
 
 def is_number(value: object) -> bool:
@@ -123,6 +140,7 @@ def load(record_path: Path) -> RunMetrics:
         run.world = [len(entry["nodes"]) for entry in world]
     except (ConfigError, KeyError, TypeError):
         pass  # no status.json, or not one this version writes: the title says no sizes
+    run.goodput, run.ended = goodput_so_far(Path(record_path), run.last_time)
     if not run.ranks:
         raise ConfigError(
             f"{path} has no rank's report with a step ({len(records)} records): nothing to "
@@ -130,6 +148,19 @@ def load(record_path: Path) -> RunMetrics:
             "trainer does"
         )
     return run
+
+
+def goodput_so_far(record_path: Path, last: float | None) -> tuple[Goodput | None, bool]:
+    """The run's goodput as status.json keeps it once the run ended (recomputed to the same
+    end, for its timeline); before, up to the record's last line; whether it ended."""
+    record = RunRecord(record_path)
+    try:
+        kept = record.read_status().get("goodput")
+    except ConfigError:
+        return None, False
+    if isinstance(kept, dict):
+        return goodput_of(record), True
+    return (goodput_of(record, last) if last is not None else None), False
 
 
 def series_of(run_id: str, records: list[dict], skipped: int = 0) -> RunMetrics:
@@ -258,11 +289,11 @@ def draw(run: RunMetrics, output: Path) -> Path:
         raise PlotExtraMissing() from None
     rows = max(1, len(run.nodes))
     timeline_height = min(9.0, max(2.0, 0.3 * rows + 1.0))
-    figure, (loss_ax, speed_ax, time_ax) = plt.subplots(
-        3,
+    figure, (loss_ax, speed_ax, time_ax, goodput_ax) = plt.subplots(
+        4,
         1,
-        figsize=(12, 7 + timeline_height),
-        gridspec_kw={"height_ratios": [3.5, 3.5, timeline_height]},
+        figsize=(12, 8.5 + timeline_height),
+        gridspec_kw={"height_ratios": [3.5, 3.5, timeline_height, 1.5]},
         layout="constrained",
     )
     try:
@@ -270,6 +301,7 @@ def draw(run: RunMetrics, output: Path) -> Path:
         draw_ranks(loss_ax, run, "loss", "loss")
         draw_ranks(speed_ax, run, "samples_per_s", "samples/s")
         draw_timeline(time_ax, run)
+        draw_goodput(goodput_ax, run)
         output.parent.mkdir(parents=True, exist_ok=True)
         figure.savefig(output, dpi=110)
     except OSError as exc:
@@ -394,3 +426,42 @@ def draw_timeline(ax, run: RunMetrics) -> None:
         handles.append(Line2D([], [], color="tab:orange", linestyle=":", label="run restarted"))
     if handles:
         ax.legend(handles=handles, fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+
+
+def draw_goodput(ax, run: RunMetrics) -> None:
+    """The wall time as one bar, each stretch coloured by its phase (record/goodput/), with
+    the seconds of each phase in the legend; a line between attempts."""
+    from matplotlib.patches import Patch
+
+    goodput = run.goodput
+    ax.set_yticks([])
+    ax.set_xlabel("seconds since the run's start")
+    if goodput is None:
+        ax.set_title("where the wall time went: not known (no status.json)", fontsize=10)
+        return
+    origin = goodput.started
+    for phase in PHASES:
+        bars = [(a - origin, b - a) for a, b, name in goodput.timeline if name == phase]
+        if bars:
+            ax.broken_barh(bars, (0, 1), facecolors=PHASE_COLOURS[phase], linewidth=0)
+    for attempt in goodput.attempts[1:]:
+        begun = seconds_since(attempt["from"], origin)
+        if begun is not None:
+            ax.axvline(begun, color="black", linewidth=1.0)
+    ax.set_xlim(0, max(1.0, goodput.wall) * 1.02)
+    ax.set_ylim(0, 1)
+    said = f"goodput {percent(goodput.ratio)}" if goodput.steps else "no steps reported"
+    when = "" if run.ended else " so far"
+    ax.set_title(f"where the wall time went{when}: {said} (training kept / wall)", fontsize=10)
+    handles = [
+        Patch(color=PHASE_COLOURS[name], label=f"{WORDS[name]} {duration(seconds)}")
+        for name, seconds in goodput.phases.items()
+        if seconds >= 0.05
+    ]
+    if handles:
+        ax.legend(handles=handles, fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+
+
+def seconds_since(stamp: str, origin: float) -> float | None:
+    when = seconds_of(stamp)
+    return None if when is None else when - origin

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field, replace
 
 from orchestrator.errors import ConfigError
 from orchestrator.hostlist import compress_hosts
+from orchestrator.record.goodput.phases import is_mark
 from orchestrator.record.runs import RunRecord
 from orchestrator.record.states import NodePhase, RankPhase, RunState
 
@@ -107,7 +108,8 @@ class RunView:
         when = record.get("time")
         if isinstance(record.get("metrics"), dict) and isinstance(record.get("rank"), int):
             rank, metrics = record["rank"], record["metrics"]
-            self.metrics[rank] = (when, metrics)
+            if not is_mark(metrics):  # a start's or a checkpoint's mark: not its figures
+                self.metrics[rank] = (when, metrics)
             if (work := _num(metrics.get("work_s"))) is not None:
                 before = self.work.get(rank, work)
                 self.work[rank] = before + SMOOTH * (work - before)

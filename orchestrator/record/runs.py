@@ -168,6 +168,8 @@ class RunRecord:
         """Replace status.json; the error when it could not be written (its file system is
         full, ...): the previous file then stays as it was, and nothing is raised, since a
         run must not end over its record."""
+        if "goodput" not in status and status.get("ended_at"):
+            status = {**status, **self.kept_goodput(status)}
         tmp = self.status_path.with_name(f".status.json.{os.getpid()}.tmp")
         text = json.dumps(status, indent=2) + "\n"
         try:
@@ -178,6 +180,18 @@ class RunRecord:
                 tmp.unlink()
             return exc
         return None
+
+    def kept_goodput(self, status: dict) -> dict:
+        """The run's last word keeps the goodput its end wrote (record/goodput/kept.py):
+        {"goodput": ...} where the run ended and status.json has one, else {}."""
+        state = RunState.parse(status.get("state"))
+        if state is None or not state.is_final:
+            return {}
+        try:
+            kept = json.loads(self.status_path.read_text(encoding="utf-8")).get("goodput")
+        except (OSError, ValueError, AttributeError):
+            return {}
+        return {"goodput": kept} if isinstance(kept, dict) else {}
 
 
 def list_runs(run_dir: str | Path) -> list[tuple[str, dict]]:

@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from orchestrator.record.goodput.phases import is_mark
 from orchestrator.record.logfile import LogFile, open_append
 from orchestrator.supervise.state import NodeState
 from orchestrator.supervise.stragglers import Straggler, Stragglers
@@ -83,7 +84,8 @@ class RunMetrics:
                     "metrics": metrics,
                 }
             )
-            self.latest[rank] = (now, metrics)
+            if not is_mark(metrics):  # a start's or a checkpoint's mark: not its figures
+                self.latest[rank] = (now, metrics)
             self.stragglers.observe(rank, metrics, now)
             step = metrics.get("step")
             if type(step) is int and step != self.steps.get(rank):  # not a bool, a float

@@ -8,7 +8,10 @@ import signal
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
+from orchestrator.record.goodput.kept import close as close_goodput
+from orchestrator.record.goodput.words import goodput_line
 from orchestrator.record.runs import now_iso
 from orchestrator.record.states import NodePhase, RankPhase, RunState
 from orchestrator.supervise.clocks import NodeClock
@@ -72,15 +75,18 @@ class Outcome:
 
     def closing_lines(self, run_id: str, elapsed: float, logs_dir: object) -> list[str]:
         """What the console says last: the summary (on success, the restarts it took),
-        then how the run ended."""
+        how the run ended, then where its wall time went (its goodput, computed now from
+        the record that holds `logs_dir` and kept in its status.json)."""
         lines = [self.summary] if self.summary or self.state != RunState.SUCCEEDED else []
         if self.state == RunState.SUCCEEDED:
-            return [*lines, f"run {run_id} succeeded in {elapsed:.1f} s"]
-        return [
-            *lines,
-            f"run {run_id} {self.state} (exit code {self.exit_code}) after "
-            f"{elapsed:.1f} s; logs in {logs_dir}",
-        ]
+            lines.append(f"run {run_id} succeeded in {elapsed:.1f} s")
+        else:
+            lines.append(
+                f"run {run_id} {self.state} (exit code {self.exit_code}) after "
+                f"{elapsed:.1f} s; logs in {logs_dir}"
+            )
+        goodput = close_goodput(Path(str(logs_dir)).parent)
+        return [*lines, goodput_line(goodput)] if goodput is not None else lines
 
 
 def disk_error(name: str) -> str:

@@ -31,6 +31,12 @@ forward, backward, optimizer, saving). In synchronous data parallelism every ran
 step_s is the same; the slow rank is the one with the largest work_s, and the others
 show it as sync_s.
 
+Rank 0 also writes two marks, records without ``step`` that say where the run's time went
+(the orchestrator's goodput): ``{"from_step": 40, "time": ...}`` as its first step begins
+(after 40 steps done: 0, or the checkpoint it resumed from), and ``{"checkpoint": 40,
+"save_s": 0.21, "time": ...}`` once a checkpoint is saved (save_s: from the RNG gather to
+the file in place).
+
 Times are host times: on CUDA the host runs ahead of the GPU, so waits show up wherever
 the host next waits for the device. Without the variable nothing is opened or measured.
 """
@@ -167,6 +173,14 @@ class MetricsChannel:
         self.sync_s = 0.0
         self._since, self._step, self._data_s = now, step, data_s
         self.due = now + INTERVAL_S
+
+    def checkpointed(self, step: int, save_s: float) -> None:
+        """The checkpoint of ``step`` was saved, in ``save_s`` seconds: a mark at once."""
+        self._write(json.dumps({"checkpoint": step, "save_s": save_s, "time": time.time()}) + "\n")
+
+    def began(self, step: int) -> None:
+        """Training begins now after ``step`` steps (0, or the checkpoint resumed): a mark."""
+        self._write(json.dumps({"from_step": step, "time": time.time()}) + "\n")
 
     def _write(self, line: str) -> None:
         if self._file is None:

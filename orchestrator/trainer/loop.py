@@ -199,6 +199,8 @@ class Trainer:
         completed = s.start_step
         if channel is not None:
             channel.start(train_start, completed)
+            if rt.is_main:
+                channel.began(completed)
         self.model.train()
         for step in range(s.start_step, s.total_steps):
             global_indices = s.plan.global_indices(step)
@@ -301,6 +303,7 @@ class Trainer:
         directory = self.config.checkpoint_dir
         if directory is None or completed == self.last_saved_step:
             return None
+        saving = time.time()
         # Each rank's RNG state, so a resume with the same world size restores them all.
         own_rng = capture_rng_state()
         waiting = time.perf_counter()
@@ -330,7 +333,10 @@ class Trainer:
                 "launch_world_size": s.split.launch_world_size,
             },
         }
-        return save_checkpoint(directory, state, self.config.keep_checkpoints)
+        path = save_checkpoint(directory, state, self.config.keep_checkpoints)
+        if self.channel is not None:
+            self.channel.checkpointed(completed, time.time() - saving)
+        return path
 
     def _stopped(self, completed: int, signum: int, signalled_at: float) -> int:
         saving = time.monotonic()

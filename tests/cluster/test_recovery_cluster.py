@@ -5,11 +5,15 @@ never uses a spare. Real sshd, real torchrun, real power loss (link down, SIGKIL
 
 from __future__ import annotations
 
+import json
+import re
+from datetime import datetime
 from pathlib import Path
 
 import pytest
 
 from tests.cli_helpers import assert_nothing_left, run_cli, start_cli, status_of, wait_until
+from tests.goodput_helpers import assert_goodput
 from tests.lab import bad_days
 from tests.trainer_helpers import (
     RESUME_TOLERANCE,
@@ -109,6 +113,7 @@ def switch_off_mid_training(own, tmp_path: Path, victim_rank: int, uninterrupted
     assert f"attempt 2: {victim.name}" in logs.stdout, logs.stdout + logs.stderr
     assert_nothing_left(run_id)  # also on the victim, now that it is back
     assert not bad_days.agent_pids(own, victim, run_id)
+    assert_goodput_of_the_fault(tmp_path / "runs", run_id, out, status)
     # A later launch with the list skips the victim, in one line.
     later = run_cli(
         ["render", str(hostfile), "-o", str(tmp_path / f"r-{run_id}"), "--bad-nodes", str(bad),
@@ -164,3 +169,31 @@ def test_a_host_down_before_the_start_is_replaced_by_the_spare(make_cluster, tmp
     (recovery,) = status["recoveries"]
     assert recovery["node"] == down.name and recovery["spare"] == spare.name, recovery
     assert_nothing_left("down-at-start")
+
+
+def assert_goodput_of_the_fault(runs: Path, run_id: str, out: str, status: dict) -> None:
+    """The goodput adds up and says the same everywhere (tests/goodput_helpers.py), and the
+    steps it counts as redone are those between the checkpoint attempt 2 resumed from (as
+    the trainer says) and the last step attempt 1 reported before the fault (a record of
+    steps, or a checkpoint's mark: the node goes off at the first checkpoint, before the
+    first record of steps is due)."""
+    goodput = assert_goodput(runs, run_id, out)
+    resumed = int(re.findall(r"resumed from \S+ at step (\d+)", out)[-1])
+    second_since = datetime.fromisoformat(status["world"][1]["since"].replace("Z", "+00:00"))
+    records = [json.loads(line) for line in (runs / run_id / "metrics.jsonl").open()]
+    reported = max(
+        r["metrics"].get("step", r["metrics"].get("checkpoint", -1))
+        for r in records
+        if isinstance(r.get("metrics"), dict) and r["time"] < second_since.timestamp()
+    )
+    first, second = goodput["attempts"]
+    assert first["steps"][1] == reported and second["steps"][0] == resumed, goodput
+    assert resumed % 10 == 0 and goodput["redone_steps"] == max(0, reported - resumed), goodput
+    (fault,) = goodput["faults"]["each"]
+    assert fault["event"] == "lost" and 0 < fault["detect_s"] < 4 * HEARTBEAT, fault
+    assert goodput["phases"]["checkpoints"] > 0 and 0 < goodput["ratio"] < 1, goodput
+    print(
+        f"goodput of {run_id}: {json.dumps({k: goodput[k] for k in ('wall_s', 'ratio')})} "
+        f"phases {goodput['phases']} faults {goodput['faults']} "
+        f"(last step reported {reported}, resumed from {resumed})"
+    )

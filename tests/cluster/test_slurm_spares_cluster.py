@@ -8,6 +8,7 @@ and ends the job NODE_FAIL; the launcher then submits it again with the node exc
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import time
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.goodput_helpers import assert_goodput
 from tests.lab.slurm import SlurmCluster
 from tests.slurm_helpers import (  # noqa: F401 (fixtures, used by name)
     assert_gone,
@@ -33,10 +35,24 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slurm]
 
 # Waits on the first job; in a later job (its marker written by another job id) it joins an
 # all_reduce over the new set of nodes and exits 0: a program resuming from its checkpoint.
+# On the metrics channel it reports its steps as the bundled trainer does (record/goodput/):
+# 12 steps in the first job, checkpoints at 5 and 10, then the wait the fault ends; resumed
+# from step 10, 4 steps more. Steps 11 and 12 are redone.
 RESUMING = """\
-import os, sys, time
+import json, os, sys, time
 from pathlib import Path
 rank, job, node = os.environ["RANK"], os.environ["SLURM_JOB_ID"], os.environ["SLURMD_NODENAME"]
+channel = open(os.environ["ORCHESTRATOR_METRICS_FILE"], "a", buffering=1)
+def report(**record):
+    channel.write(json.dumps({**record, "time": time.time()}) + "\\n")
+def train(first, last):
+    report(from_step=first)
+    for step in range(first + 1, last + 1):
+        time.sleep(0.2)
+        report(step=step, steps=1, step_s=0.2)
+        if step % 5 == 0 and rank == "0":
+            time.sleep(0.05)
+            report(checkpoint=step, save_s=0.05)
 mark = Path(sys.argv[1]) / f"rank-{rank}"
 if mark.exists() and mark.read_text() != job:
     import torch
@@ -44,11 +60,13 @@ if mark.exists() and mark.read_text() != job:
     dist.init_process_group("gloo")
     value = torch.tensor([1.0])
     dist.all_reduce(value)
+    train(10, 14)
     print(f"rank {rank} resumed on {node} in job {job}: all_reduce {value.item():g}", flush=True)
     ok = value.item() == dist.get_world_size()
     dist.destroy_process_group()
     raise SystemExit(0 if ok else 1)
 mark.write_text(job)
+train(0, 12)
 print(f"rank {rank} up on {node} in job {job}", flush=True)
 time.sleep(300)
 """
@@ -107,6 +125,16 @@ def test_a_node_switched_off_is_replaced_by_a_new_job_without_it(
     )
     for job_id in status["slurm_job_ids"]:
         assert_gone(slurm_cluster, job_id, "spare")
+    # Where its wall time went: the second job's queue, the steps after the checkpoint of 10
+    # done again, the fault's detection; the same in status.json, `status` and the last line.
+    goodput = assert_goodput(work / "runs", "spare", out)
+    first, second = goodput["attempts"]
+    assert (first["steps"], second["steps"]) == ([0, 12], [10, 14]), goodput
+    assert goodput["redone_steps"] == 12 - 10 and goodput["faults"]["count"] == 1, goodput
+    assert goodput["phases"]["checkpoints"] > 0 and goodput["phases"]["redone"] > 0, goodput
+    assert second["phases"]["waiting"] > 0, goodput  # the new job's time in SLURM's queue
+    print(f"goodput: {json.dumps({k: goodput[k] for k in ('wall_s', 'ratio', 'phases')})}")
+    print(f"goodput faults: {goodput['faults']}")
 
 
 def test_a_rank_that_fails_by_itself_uses_no_spare(slurm_cluster: SlurmCluster, work: Path) -> None:

@@ -25,6 +25,7 @@ from tests.cli_helpers import (
     status_of,
     wait_for_line,
 )
+from tests.goodput_helpers import assert_goodput
 
 LOCAL = str(REPO / "hostfiles" / "local.txt")
 
@@ -97,7 +98,10 @@ def test_bundled_trainer_trains_and_the_run_is_recorded(tmp_path: Path) -> None:
     # folder if not given one (this machine's /tmp is shared with other runs, the lab's too).
     temp = tmp_path / "tmp"
     temp.mkdir()
-    done = launch(tmp_path, "demo", env={**os.environ, "TMPDIR": str(temp)})
+    checkpoints = tmp_path / "ckpt"
+    trainer = ["--", "-m", "orchestrator.trainer", "--checkpoint-dir", str(checkpoints)]
+    trainer += ["--checkpoint-every", "50"]  # the bundled trainer's own run, saved 4 times
+    done = launch(tmp_path, "demo", *trainer, env={**os.environ, "TMPDIR": str(temp)})
     assert done.returncode == 0, done.stdout + done.stderr
     out = done.stdout
     losses = [
@@ -131,6 +135,12 @@ def test_bundled_trainer_trains_and_the_run_is_recorded(tmp_path: Path) -> None:
     # torchrun kept its own folder in the node's copy of the run, removed with it
     assert list(temp.glob("torchelastic_*")) == [], "torchrun left its folder in TMPDIR"
     assert not (Path(os.environ["HOME"]) / ".orchestrator" / "runs" / "demo").exists()
+    # Where its wall time went: every step kept, its four saves timed, nothing redone.
+    goodput = assert_goodput(tmp_path / "runs", "demo", out)
+    assert goodput["steps"] and goodput["redone_steps"] == 0 and goodput["faults"]["count"] == 0
+    assert goodput["attempts"][0]["steps"] == [0, 200], goodput
+    assert 0 < goodput["phases"]["checkpoints"] < goodput["phases"]["training"], goodput
+    assert sorted(p.name for p in checkpoints.glob("ckpt-*.pt"))[-1] == "ckpt-00000200.pt"
 
 
 def test_user_script_with_arguments_runs_under_torchrun(tmp_path: Path) -> None:

@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 
 from orchestrator.console.plot import Event, draw, load, read_lines, series_of, spans, title_of
+from orchestrator.record.goodput.kept import close
+from orchestrator.record.runs import now_iso
 from tests.cli_helpers import REPO, run_cli
 
 T0 = 1764094400.0
@@ -275,3 +277,23 @@ def test_the_title_shows_the_world_sizes_of_a_run_that_changed_them(tmp_path) ->
     )
     (folder / "status.json").write_text(json.dumps({"world": world[:1]}))
     assert "world" not in title_of(load(folder))  # the same world throughout
+
+
+def test_the_goodput_panel_draws_the_goodput_status_json_keeps(tmp_path) -> None:
+    records = make_records(nodes=2, per_node=1, steps=100, restart_at=60, lost_node=1)
+    folder = write_run(tmp_path, "r1", records, torn=False)
+    status = {"state": "succeeded", "started_at": now_iso(T0 - 1.0), "nnodes": 2}
+    (folder / "status.json").write_text(json.dumps(status))
+    assert not load(folder).ended  # running: the goodput so far, to the last record
+    end = records[-1]["time"] + 2.0
+    kept = close(folder, end)  # as the run's last line does
+    assert kept is not None and kept["steps"] and kept["faults"]["count"] == 1
+    run = load(folder)
+    assert run.ended and run.goodput is not None
+    drawn = run.goodput.to_dict()
+    assert drawn["wall_s"] == pytest.approx(kept["wall_s"], abs=0.01)
+    for phase, seconds in kept["phases"].items():
+        assert drawn["phases"][phase] == pytest.approx(seconds, abs=0.01), phase
+    assert run.goodput.timeline[0][0] == pytest.approx(T0 - 1.0, abs=0.01)
+    assert run.goodput.timeline[-1][1] == pytest.approx(end, abs=0.01)
+    assert_png(draw(run, folder / "plot.png"))

@@ -50,8 +50,25 @@ def run_per_rank(directory: Path, args: Sequence[str]) -> subprocess.CompletedPr
     )
 
 
-def read_records(path: Path) -> list[dict]:
+def read_lines(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def read_records(path: Path) -> list[dict]:
+    """The records of steps: what rank 0 writes besides them are marks (check_marks)."""
+    return [record for record in read_lines(path) if "step" in record]
+
+
+def check_marks(lines: list[dict], rank: int) -> None:
+    """Rank 0 marks the start of training (from_step 0) before its first record; the other
+    ranks write no mark."""
+    marks = [line for line in lines if "step" not in line]
+    if rank != 0:
+        assert marks == [], marks
+        return
+    assert marks == [{"from_step": 0, "time": marks[0]["time"]}], marks
+    first = next(line for line in lines if "step" in line)
+    assert lines[0] is marks[0] and marks[0]["time"] <= first["time"], lines[:2]
 
 
 def check_records(
@@ -88,6 +105,7 @@ def test_every_rank_records_its_own_steps(tmp_path: Path) -> None:
     assert "done: 800 steps" in result.stdout
     assert ENV not in result.stderr
     for rank in (0, 1):
+        check_marks(read_lines(tmp_path / f"metrics-{rank}.jsonl"), rank)
         records = read_records(tmp_path / f"metrics-{rank}.jsonl")
         check_records(records, 0, 800, log_every=7)
         assert len(records) >= 2, records  # 800 steps take more than a second here
@@ -106,7 +124,8 @@ def test_alone_there_is_no_sync(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     lines = path.read_text().splitlines()
     assert lines[0] == '{"left": "by an earlier program"}'
-    records = [json.loads(line) for line in lines[1:]]
+    check_marks([json.loads(line) for line in lines[1:]], 0)
+    records = [json.loads(line) for line in lines[1:] if '"step"' in line]
     check_records(records, 0, 30, log_every=3)  # the default: a tenth of the steps
     assert all(r["sync_s"] == 0 and r["work_s"] == r["step_s"] for r in records)
 
