@@ -26,11 +26,22 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.supervise.hangs import LULL_S, SAMPLE_GAP_S
 from tests.cli_helpers import assert_nothing_left, run_cli, start_cli, status_of, wait_until
 
 pytestmark = pytest.mark.cluster
 
 NODES, SLOTS, STUCK = 4, 2, 5
+# --hang-timeout of the runs that check by themselves. A check is what is waited for: due a
+# timeout after the last progress, put off by the ranks' lines up to LULL_S (5 s), and
+# judged SAMPLE_GAP_S (5 s) later, so a hang is found about 15 s after it begins. A check
+# that falls while the ranks still start sees them move (or not all of them there) and is
+# no verdict; the next comes a timeout later: the timeout need not outlast the start (the
+# local tier's hang tests run under 5 s too).
+HANG_TIMEOUT = 5
+# The data loader's run: `stacks` must see rank 1's worker in its read (it forks after
+# "ready" and may take seconds to get there) before the run ends hung, 20 s after "ready".
+LOADER_HANG_TIMEOUT = 10
 JOB = Path(__file__).resolve().parents[1] / "data" / "hang_job.py"
 STUCK_LINE = JOB.read_text().splitlines().index("        time.sleep(0.5)") + 1
 LAUNCH = ["--env", f"STUCK_RANK={STUCK}", "--", str(JOB)]
@@ -94,12 +105,12 @@ def test_stacks_name_the_stuck_rank_and_a_hang_ends_the_run(make_cluster, tmp_pa
             run_cli(["stop", "asked", "--run-dir", str(runs), "--wait", "60"], env=env)
         assert_nothing_left("asked")
 
-        # Found by the run itself: --hang-timeout 20 (a check while the 8 ranks still
-        # start sees their main threads move, and the next comes 20 s later).
+        # Found by the run itself: --hang-timeout HANG_TIMEOUT (a check while the 8 ranks
+        # still start sees their main threads move, and the next comes a timeout later).
         began = time.monotonic()
         hung = run_cli(
             ["launch", str(hostfile), "--run-dir", str(runs), "--run-id", "found",
-             "--hang-timeout", "20", *LAUNCH],
+             "--hang-timeout", str(HANG_TIMEOUT), *LAUNCH],
             cwd=tmp_path, env=env, timeout=600,
         )  # fmt: skip
         took = time.monotonic() - began
@@ -129,7 +140,12 @@ PRINTING = Path(__file__).resolve().parents[1] / "data" / "printing_deadlock_job
 SECOND_ACQUIRE = 1 + PRINTING.read_text().splitlines().index(
     "    lock.acquire()  # not reentrant: never returns"
 )
-PRINTING_TIMEOUT = 20  # --hang-timeout: short, and longer than the ranks take to start
+PRINTING_TIMEOUT = HANG_TIMEOUT
+# The working job's main threads work this long after "ready": a whole check (the timeout,
+# the lull the printing threads never give, the gap to the second sample) counted from the
+# last progress, which came before the work or in it: a check is judged while they work,
+# where a false hang verdict would fire (15 s; it was 30 s with a timeout of 20).
+WORK_S = PRINTING_TIMEOUT + LULL_S + SAMPLE_GAP_S
 
 
 def launch_printing(cluster, tmp_path: Path, run_id: str, env: str):
@@ -173,10 +189,10 @@ def test_ranks_that_print_but_make_no_progress_are_found_hung(cluster, tmp_path:
 
 
 def test_ranks_that_print_and_work_are_never_stopped(cluster, tmp_path: Path) -> None:
-    """Without the deadlock every main thread computes and all_reduces for 30 s while the
+    """Without the deadlock every main thread computes and all_reduces for WORK_S while the
     logging threads print: a check comes all the same (the lines only put it off), sees the
     main threads move, says so once, and the run succeeds."""
-    done, log, _ = launch_printing(cluster, tmp_path, "works", "WORK_S=30")
+    done, log, _ = launch_printing(cluster, tmp_path, "works", f"WORK_S={WORK_S:g}")
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.count(" s apart: working") == 1, done.stdout
     assert "hung" not in done.stdout and "stopping" not in done.stdout
@@ -233,7 +249,8 @@ def test_a_rank_stuck_on_its_data_loader_is_named_in_the_dataset(cluster, tmp_pa
     env, host = cluster.environ(), cluster.nodes[1].name
     launch = start_cli(
         ["launch", str(hostfile), "--run-dir", str(runs), "--run-id", "loader",
-         "--hang-timeout", "20", "--env", "STUCK_RANK=1", "--", str(LOADER)],
+         "--hang-timeout", str(LOADER_HANG_TIMEOUT), "--env", "STUCK_RANK=1",
+         "--", str(LOADER)],
         cwd=tmp_path, env=env,
     )  # fmt: skip
     try:

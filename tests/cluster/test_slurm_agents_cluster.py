@@ -18,7 +18,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster.test_hangs_cluster import LOADER, check_loader_hung, check_loader_stacks
+from orchestrator.supervise.hangs import LULL_S, SAMPLE_GAP_S
+from tests.cluster.test_hangs_cluster import (
+    LOADER,
+    LOADER_HANG_TIMEOUT,
+    check_loader_hung,
+    check_loader_stacks,
+)
 from tests.lab.slurm import SlurmCluster
 from tests.slurm_helpers import (  # noqa: F401 (fixtures, used by name)
     assert_gone,
@@ -40,7 +46,15 @@ HANGS_ONCE = JOB.with_name("hangs_once.py")
 SECOND_ACQUIRE = 1 + JOB.read_text().splitlines().index(
     "    lock.acquire()  # not reentrant: never returns"
 )
-HANG_TIMEOUT = 20  # short, and longer than the ranks take to start
+# --hang-timeout: a hang is found about HANG_TIMEOUT + 10 s after it begins (a due check
+# waits up to LULL_S for a pause in the printing, then SAMPLE_GAP_S to its second sample);
+# a check while the ranks still start sees them move (or not all there) and is no verdict,
+# the next coming a timeout later, so the timeout need not outlast the start.
+HANG_TIMEOUT = 5
+# The working job's main threads work this long after "ready": a whole check counted from
+# the last progress, which came before the work or in it, so a check is judged while they
+# work, where a false hang verdict would fire (15 s; 30 s with the timeout of 20 it had).
+WORK_S = HANG_TIMEOUT + LULL_S + SAMPLE_GAP_S
 STUCK = f"main thread in take_the_lock_twice (printing_deadlock_job.py:{SECOND_ACQUIRE})"
 
 
@@ -99,7 +113,8 @@ def test_stacks_and_a_hang_verdict_under_slurm(slurm_cluster: SlurmCluster, work
 def test_ranks_that_print_and_work_under_slurm_are_never_stopped(
     slurm_cluster: SlurmCluster, work: Path
 ) -> None:
-    done = orchestrator(slurm_cluster, work, *printing_job(work, "works", "WORK_S=30"), timeout=240)
+    job = printing_job(work, "works", f"WORK_S={WORK_S:g}")
+    done = orchestrator(slurm_cluster, work, *job, timeout=240)
     print(done.stdout)
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.count(" s apart: working") == 1, done.stdout
@@ -137,7 +152,8 @@ def test_a_rank_stuck_on_its_data_loader_under_slurm(slurm_cluster: SlurmCluster
     runs = str(work / "runs")
     args = launch_args(
         work, "loader", "--nodes", "2", "--nproc-per-node", "1", "--partition", "debug",
-        "--hang-timeout", str(HANG_TIMEOUT), "--env", "STUCK_RANK=1", "--", str(LOADER),
+        "--hang-timeout", str(LOADER_HANG_TIMEOUT), "--env", "STUCK_RANK=1",
+        "--", str(LOADER),
     )  # fmt: skip
     launch = subprocess.Popen(
         command(*args), cwd=work, env=slurm_cluster.environ(), stdout=subprocess.PIPE,
@@ -152,7 +168,7 @@ def test_a_rank_stuck_on_its_data_loader_under_slurm(slurm_cluster: SlurmCluster
             ),
             hosts[1],
         )
-        out, _ = launch.communicate(timeout=HANG_TIMEOUT + 120)
+        out, _ = launch.communicate(timeout=LOADER_HANG_TIMEOUT + 120)
     finally:
         if launch.poll() is None:
             launch.kill()

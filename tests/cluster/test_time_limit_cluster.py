@@ -1,5 +1,5 @@
 """`launch --time` over SSH on the namespace cluster, 2 nodes x 2 ranks of a program of the
-user's own (not the bundled trainer): each rank gets SIGUSR1 the default 10 s before a 40 s
+user's own (not the bundled trainer): each rank gets SIGUSR1 the default 6 s before a 24 s
 limit, writes its checkpoint and exits, and the run ends failed (124) on the warning, not as
 a crash; a program that ignores the signal runs into the limit and is stopped there, its
 ranks named. Each test ends by looking at the process table."""
@@ -31,6 +31,12 @@ while True:
 """
 
 
+# The warned run's limit and its default warning (a quarter of it). The warning comes
+# LIMIT - WARNING = 18 s in: the ranks (plain python, no torch) have started and caught
+# SIGUSR1 by then, as the ignoring run's 4 ranks have at 12 s (its 16 s limit, 4 s ahead).
+LIMIT, WARNING = 24, 6
+
+
 def launch(cluster, tmp_path: Path, run_id: str, limit: str, how: str):
     (tmp_path / "program.py").write_text(PROGRAM)
     hostfile = cluster.write_hostfile(tmp_path / "hosts.txt", nodes=[0, 1], slots=2)
@@ -50,28 +56,28 @@ def wall(iso: str) -> float:
 def test_every_rank_gets_the_warning_saves_and_exits_before_the_limit(
     cluster, tmp_path: Path
 ) -> None:
-    done, folder, took = launch(cluster, tmp_path, "warned", "0:40", "catch")
+    done, folder, took = launch(cluster, tmp_path, "warned", f"0:{LIMIT}", "catch")
     out = done.stdout + done.stderr
     assert done.returncode == 124, out
-    assert "time limit 40 s; SIGUSR1 to every rank 10 s before" in out
-    assert "time limit in 10 s: SIGUSR1 to 4 rank(s) on 2 node(s)" in out
+    assert f"time limit {LIMIT} s; SIGUSR1 to every rank {WARNING} s before" in out
+    assert f"time limit in {WARNING} s: SIGUSR1 to 4 rank(s) on 2 node(s)" in out
     status = status_of(tmp_path / "runs", "warned")
     warning = status["warning"]
-    assert warning["signal"] == "USR1" and warning["before_limit_s"] == 10, warning
+    assert warning["signal"] == "USR1" and warning["before_limit_s"] == WARNING, warning
     assert warning["ranks_signalled"] == 4 and warning["ranks_not_catching_it"] == [], warning
     sent = wall(warning["sent_at"])
-    limit_at = wall(status["started_at"]) + 40
+    limit_at = wall(status["started_at"]) + LIMIT
     for rank in range(4):
         saved = float((folder / f"rank-{rank}.ckpt").read_text())
         assert sent <= saved < sent + 3, (rank, saved - sent)
-        assert 7 < limit_at - saved <= 10.5, (rank, limit_at - saved)
+        assert WARNING - 3 < limit_at - saved <= WARNING + 0.5, (rank, limit_at - saved)
         assert f"rank {rank}: SIGUSR1, checkpoint written" in out
     assert status["state"] == "failed" and status["exit_code"] == 124, status
     assert status["summary"].startswith(
-        "stopped on the time limit's warning (SIGUSR1 10 s before the 40 s limit): every "
-        "rank exited after it"
+        f"stopped on the time limit's warning (SIGUSR1 {WARNING} s before the {LIMIT} s limit): "
+        "every rank exited after it"
     ), status["summary"]
-    assert "running_at_limit" not in status and took < 40, took
+    assert "running_at_limit" not in status and took < LIMIT, took
     assert all(r["state"] == "stopped" for r in status["ranks"]), status["ranks"]
     assert "failed with" not in out and "failed first" not in out, out
     assert_nothing_left("warned")

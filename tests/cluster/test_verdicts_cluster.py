@@ -44,9 +44,16 @@ JOB = textwrap.dedent("""
         sys.exit(3)
     print(f"rank {rank} done", flush=True)
 """)
-# The stalls below: three heartbeat timeouts of 4 s; the ranks run on ~6 s after one ends.
-STALL_S = 12
+# The stalls below: three heartbeat timeouts of STALLED_HEARTBEAT s (the agent beats three
+# times a timeout, so a stall of three misses nine beats); the ranks run on ~6 s after one
+# ends.
+STALLED_HEARTBEAT = 3
+STALL_S = 3 * STALLED_HEARTBEAT
 OUTLASTS_STALL = {"SLEEP": str(STALL_S + 6)}
+
+
+def stalled_heartbeat() -> tuple[str, str]:
+    return ("--heartbeat-timeout", str(STALLED_HEARTBEAT))
 
 
 class Console:
@@ -220,7 +227,7 @@ def test_a_node_once_lost_stays_lost_when_its_agent_reports_later(cluster, job) 
 def test_a_starved_agent_is_silent_not_lost(cluster, job) -> None:
     run_id = "agent-starved"
     victim = cluster.nodes[1]
-    console = job(cluster, run_id, "--heartbeat-timeout", "4", env=OUTLASTS_STALL)
+    console = job(cluster, run_id, *stalled_heartbeat(), env=OUTLASTS_STALL)
     wait_started(console, job, run_id, 1)
     agents = bad_days.agent_pids(cluster, victim, run_id)
     assert agents, cluster.processes_on(victim)
@@ -242,7 +249,7 @@ def test_a_node_whose_sshd_is_starved_too_is_busy_not_lost(cluster, job) -> None
     # acknowledged every packet. Here the node's agent and every sshd process of it stop.
     run_id = "sshd-starved"
     victim = cluster.nodes[1]
-    console = job(cluster, run_id, "--heartbeat-timeout", "4", env=OUTLASTS_STALL)
+    console = job(cluster, run_id, *stalled_heartbeat(), env=OUTLASTS_STALL)
     wait_started(console, job, run_id, 1)
     agents = bad_days.agent_pids(cluster, victim, run_id)
     sshds = [
@@ -264,7 +271,7 @@ def test_a_node_whose_sshd_is_starved_too_is_busy_not_lost(cluster, job) -> None
 
 def test_a_stalled_controller_loses_no_node(cluster, job) -> None:
     run_id = "controller-stalled"
-    console = job(cluster, run_id, "--heartbeat-timeout", "4", env=OUTLASTS_STALL)
+    console = job(cluster, run_id, *stalled_heartbeat(), env=OUTLASTS_STALL)
     wait_started(console, job, run_id, 2)
     bad_days.stall([console.proc.pid], STALL_S)
     code, out = console.wait(timeout=180)
