@@ -92,8 +92,8 @@ class SlurmRegrow:
         self.sent_at = 0.0  # when (monotonic)
 
     def check(self, f: Followed) -> None:
-        """Called on every pass of the follower's loop while the job runs: ask SLURM when
-        it is time, and send the ranks the warning once a node is back."""
+        """Called on every pass of the loop (before the supervisor's) while the job runs:
+        ask SLURM when it is time, and send the ranks the warning once a node is back."""
         sup, segment = f.sup, f.segments.current
         if sup is None or sup.stopping or f.info.ended:
             return
