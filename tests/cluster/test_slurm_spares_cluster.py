@@ -165,3 +165,69 @@ def test_more_spares_than_the_partition_holds_is_bad_input(
     assert done.returncode == 2, done.stdout + done.stderr
     assert "--spares 2 with --nodes 2" in done.stderr and "Traceback" not in done.stderr
     assert slurm_cluster.run(["squeue", "-h"]).stdout.strip() == ""
+
+
+# Reports its steps as the bundled trainer does, every rank's step 0.2 s; the ranks of the
+# node where rank 1 ran first report 6x the others' own work (the run waits for them: slow on
+# both signals). On the warning signal it "checkpoints" and exits 138, as the trainer does;
+# in a later job it runs 10 steps and exits 0.
+SLOWING = """\
+import json, os, signal, sys, time
+from pathlib import Path
+rank, job, node = os.environ["RANK"], os.environ["SLURM_JOB_ID"], os.environ["SLURMD_NODENAME"]
+channel = open(os.environ["ORCHESTRATOR_METRICS_FILE"], "a", buffering=1)
+def report(**record):
+    channel.write(json.dumps({**record, "time": time.time()}) + "\\n")
+warned = []
+signal.signal(signal.SIGUSR1, lambda *_: warned.append(1))
+where, mark = Path(sys.argv[1]), Path(sys.argv[1]) / f"rank-{rank}"
+first = not mark.exists()
+mark.write_text(job)
+if first and rank == "1":
+    (where / "slow").write_text(node)
+time.sleep(0.5)
+slow = (where / "slow").exists() and (where / "slow").read_text() == node
+report(from_step=0)
+for step in range(1, 10_000):
+    time.sleep(0.2)
+    report(step=step, steps=1, step_s=0.2, work_s=0.18 if slow else 0.03)
+    if warned:
+        print(f"rank {rank} on {node} checkpointed at step {step} in job {job}", flush=True)
+        raise SystemExit(138)
+    if not first and step == 10:
+        print(f"rank {rank} on {node} done in job {job}", flush=True)
+        raise SystemExit(0)
+"""
+
+
+def test_a_slow_node_is_swapped_for_the_spare_at_a_checkpoint(
+    slurm_cluster: SlurmCluster, work: Path
+) -> None:
+    (work / "slowing.py").write_text(SLOWING)
+    (work / "state").mkdir()
+    bad = work / "bad-nodes.txt"
+    args = launch_args(
+        work, "slow", "--nodes", "2", "--spares", "1", "--bad-nodes", str(bad),
+        "--stragglers", "1.5,3", "--swap-stragglers-after", "6",
+    )  # fmt: skip
+    done = orchestrator(slurm_cluster, work, *args, "--", "slowing.py", "state")
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out
+    victim = (work / "state" / "slow").read_text()
+    status = status_of(work, "slow")
+    assert status["state"] == "succeeded", out
+    [recovery] = status["recoveries"]
+    assert recovery["node"] == victim and recovery["attempt"] == 2, recovery
+    assert recovery["why"].startswith("slow: rank 1's step work 6.0x the median for "), recovery
+    assert f"straggler swap: {victim} (node 1) slow for " in out, out
+    assert "taking it out at a checkpoint now: a spare takes its place" in out, out
+    first_job = status["slurm_job_ids"][0]
+    assert f"SLURM job {first_job} stopped at its checkpoint to take out slow {victim}" in out
+    assert f"--exclude={victim}" in (work / "runs" / "slow" / "job-2.sbatch").read_text()
+    listed = [line.split()[0] for line in bad.read_text().splitlines() if line[:1] != "#"]
+    assert listed == [victim], bad.read_text()
+    done_on = re.findall(r"rank (\d) on (\S+) done in job", out)
+    assert len(done_on) == 2 and victim not in {node for _, node in done_on}, out
+    assert status["segments"][0]["ended"] == "slow", status["segments"]
+    for job_id in status["slurm_job_ids"]:
+        assert_gone(slurm_cluster, job_id, "slow")
