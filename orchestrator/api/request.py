@@ -26,6 +26,7 @@ from orchestrator.options.choosing import Selection
 from orchestrator.options.image import ContainerOptions
 from orchestrator.options.keywords import LaunchArgs
 from orchestrator.options.scheduler import SlurmOptions
+from orchestrator.options.supervision import SWAP_AFTER_S
 from orchestrator.options.workload import JobOptions
 from orchestrator.plan.container import ContainerSpec, job_container
 from orchestrator.plan.deadline import Deadline, plan_deadline
@@ -74,6 +75,12 @@ def build(
         cluster = select(checked, hosts, args.job.nproc_per_node, say)
         cluster = hold_spares(cluster, hosts.spares)
     check_min_nodes(hosts.min_nodes, *starting_nodes(cluster, hostfile, slurm, hosts.spares))
+    swapping = args.supervision.swap_stragglers_after != SWAP_AFTER_S
+    if swapping and not hosts.spares and hosts.min_nodes is None:
+        raise ConfigError(
+            "--swap-stragglers-after: a slow node is taken out only where the run can go on "
+            "without it; add --spares N (hosts held back to take its place) or --min-nodes K"
+        )
     spec = make_spec(program, args.job, gpus_chosen(hosts, cluster, backend), say)
     spec = replace(spec, container=container_of(cluster, args.container, backend.name))
     options = LaunchOptions(

@@ -388,4 +388,6 @@ class NodePool:
 
 def fault_word(fault: NodeFault) -> str:
     """`lost`, or what else the node did: the console's word for a node fault."""
+    if fault.slow:
+        return f"taken out ({fault.why})"
     return "lost" if fault.why.startswith("lost") else f"failed ({fault.why})"

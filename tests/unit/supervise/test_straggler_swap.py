@@ -10,7 +10,11 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 
+import pytest
+
+import orchestrator
 from orchestrator.attempts.next_attempt import Next
+from orchestrator.errors import ConfigError
 from orchestrator.record.states import RankPhase
 from orchestrator.start.regrow import Regrow
 from orchestrator.supervise.state import NodeFault
@@ -149,5 +153,20 @@ def test_the_pool_takes_a_slow_node_out_as_a_fault_and_never_asks_it_back() -> N
     shrinking.recover(slow, Probe())
     assert [m.host.name for m in shrinking.active] == ["n0", "n2"]
     assert [m.host.name for m in shrinking.gone] == ["n1"] and shrinking.slow == {"n1"}
+    assert "n1 taken out (slow: rank 1's step work 3.0x the median for 30 s); no spare " in (
+        "\n".join(notes)
+    ), notes
     asking = Regrow(shrinking, 10.0, Probe(), lambda h: Connection(h.name))
     assert asking.asked() == []  # still slow if it answers: not asked back in this run
+
+
+def test_a_bound_without_spares_or_min_nodes_is_refused(tmp_path) -> None:
+    hostfile = tmp_path / "hosts.txt"
+    hostfile.write_text("n0 slots=1\nn1 slots=1\nn2 slots=1\n")
+    out = tmp_path / "out"
+    with pytest.raises(ConfigError, match="add --spares N .* or --min-nodes K"):
+        orchestrator.render(hostfile, ["train.py"], out_dir=out, swap_stragglers_after=60)
+    for given in ({"spares": 1}, {"min_nodes": 2}):
+        assert orchestrator.render(
+            hostfile, ["train.py"], out_dir=tmp_path / str(given), swap_stragglers_after=60, **given
+        )
