@@ -2,7 +2,7 @@
 decides it for every backend: after a node failure, on a spare (--spares) or on the nodes
 left (--min-nodes; spares.py and shrink.py carry it out); after the ranks stopped at a
 checkpoint for a lost node back, on more nodes (grow_back.py); after a time limit or a
-preemption, the same job again (segments.py); or none, and the run ends."""
+preemption, the same job again (job_attempts.py); or none, and the run ends."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from orchestrator.attempts.next_attempt import AttemptEnd, Next, next_attempt
 from orchestrator.slurm.batch.job import SlurmJob
 from orchestrator.slurm.control.parse import JobInfo
 from orchestrator.slurm.recovery.grow_back import GROW, SlurmRegrow, grown
+from orchestrator.slurm.recovery.job_attempts import JobAttempts
 from orchestrator.slurm.recovery.outcome import job_outcome
-from orchestrator.slurm.recovery.segments import Segments
 from orchestrator.slurm.recovery.spares import SlurmSpares, job_dir_of
 from orchestrator.supervise import Supervisor
 
@@ -36,7 +36,7 @@ class EndedJob:
 class Resubmitting:
     """What the run submits its next job with, and says it through."""
 
-    segments: Segments
+    attempts: JobAttempts
     submit: Callable[[SlurmJob, int], int] | None  # the job as the run's job number N: its id
     first_job_dir: str | None
     note: Callable[[str], None]  # a line on the console (and in the combined log)
@@ -62,11 +62,11 @@ def next_job(ended: EndedJob, run: Resubmitting, number: int) -> tuple[SlurmJob,
         if new is None:
             return None
         run.status(spares.status())
-        run.segments.resubmitted(new[1], failure[1], new[0].nnodes)
+        run.attempts.resubmitted(new[1], failure[1], new[0].nnodes)
         return new
     # Stopped to grow: unless it ended otherwise first (completed or cancelled).
-    grew = back and run.segments.current.ending not in ("completed", "cancelled")
-    facts = AttemptEnd(job.nnodes, back=len(back) if grew else 0, resubmit=run.segments.carry_on())
+    grew = back and run.attempts.current.ending not in ("completed", "cancelled")
+    facts = AttemptEnd(job.nnodes, back=len(back) if grew else 0, resubmit=run.attempts.carry_on())
     step = next_attempt(facts)
     if run.submit is None or not step.goes_on:
         return None
@@ -74,7 +74,7 @@ def next_job(ended: EndedJob, run: Resubmitting, number: int) -> tuple[SlurmJob,
         return _grown(job, run, back, number)
     again = replace(job, job_dir=job_dir_of(run.first_job_dir, number))
     new = again, run.submit(again, number)
-    run.note(run.segments.resubmitted(new[1]))
+    run.note(run.attempts.resubmitted(new[1]))
     return new
 
 
@@ -87,7 +87,7 @@ def _grown(
     new = grown(job, back, job_dir_of(run.first_job_dir, number))
     why = f"stopped at a checkpoint to grow to {new.nnodes} nodes ({', '.join(back)} back)"
     new_id = run.submit(new, number)
-    run.note(run.segments.resubmitted(new_id, why, new.nnodes, GROW))
+    run.note(run.attempts.resubmitted(new_id, why, new.nnodes, GROW))
     run.note(
         f"run {new.run_id}: SLURM job {new_id} submitted (attempt {number}) on "
         f"{new.nnodes} node(s), with {', '.join(back)} again"
