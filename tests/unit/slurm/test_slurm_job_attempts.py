@@ -58,7 +58,7 @@ def test_a_run_carried_across_time_limits_lists_every_job() -> None:
     assert attempts.ended("COMPLETED", ranks_ok=True) == "completed"
     assert not attempts.carry_on()
     status = attempts.status()
-    assert status["resubmits_left"] == 0
+    assert status["resubmits_left"] == 0 and status["attempt"] == 3  # the current one, as SSH
     assert [(s["job_id"], s["ended"], s["next"]) for s in status["attempts"]] == [
         (101, "time-limit", "resubmitted as job 102"),
         (102, "time-limit", "resubmitted as job 103"),
