@@ -12,6 +12,9 @@ from orchestrator.options.declare import OptionGroup, option
 # times the other ranks' median (supervise/stragglers.py).
 STRAGGLER_RATIO = 1.5
 STRAGGLER_WINDOW_S = 20.0
+# --spares / --min-nodes: a node whose rank stays a straggler on both signals this long is
+# taken out at a checkpoint (supervise/straggler_swap.py).
+SWAP_AFTER_S = 300.0
 # --min-nodes: how often a run asks the nodes it lost whether they are back, at most.
 ASK_AGAIN_S = 30.0
 
@@ -91,6 +94,26 @@ class Supervision(OptionGroup):
         "does): step time alone names nobody, since every rank waits for the slowest.",
         metavar="RATIO,SECONDS",
         parse=straggler_rule,
+    )
+    swap_stragglers: bool = option(
+        True,
+        "Never take a slow node out (see --swap-stragglers-after).",
+        name="--no-swap-stragglers",
+        switch="off",
+    )
+    swap_stragglers_after: float = option(
+        SWAP_AFTER_S,
+        "With --spares or --min-nodes: a node whose rank stays the straggler this long on "
+        "both signals (its own step work above RATIO times the other ranks' median, and the "
+        "run's step above RATIO times that median too: the run waits for it; both averaged "
+        "over --stragglers' window) is taken out at a checkpoint asked for then, as a node "
+        "fault is: a spare takes its place, or the run goes on with the nodes left at the "
+        "same global batch; never below --min-nodes. It goes on the bad-node list, saying "
+        "why, and is not asked back in this run. The ranks are asked to checkpoint with the "
+        "warning signal (--signal; the bundled trainer saves and ends on it).",
+        metavar="SECONDS",
+        kind=float,
+        above=0,
     )
 
     @property

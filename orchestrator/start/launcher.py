@@ -46,7 +46,7 @@ from orchestrator.start.regrow import Regrow
 from orchestrator.start.settings import LaunchOptions
 from orchestrator.start.sync import sync_code
 from orchestrator.supervise import Outcome, Supervisor, signals_to
-from orchestrator.supervise.time_limit import WarningClock
+from orchestrator.supervise.time_limit import Cause, WarningClock
 
 
 def run_plan(
@@ -129,6 +129,7 @@ def run_plan(
         metrics_path=record.metrics_path,
         probes=pool.new_probes() if pool is not None else None,
         record_dir=record.path,
+        lose_one=pool.lose_one if pool is not None and pool.may_swap else None,
     )
     started = time.monotonic()
     record.write_status({**base, **recovery_status()})
@@ -163,11 +164,20 @@ def run_plan(
         regrow.settle()  # what the asking found joins the pool
     elapsed = time.monotonic() - (pool.started if pool is not None else started)
     # What follows, decided once for every backend (attempts/next_attempt.py).
-    step = Next.END
+    step, slow = Next.END, None
     if pool is not None:
-        back = len(pool.back) if stopped_to_grow(outcome, supervisor) else 0
-        step = pool.after(outcome.node_fault, back)
-    if step is Next.GROW:
+        at_checkpoint = stopped_at_checkpoint(outcome, supervisor)
+        slow = supervisor.swap_due if at_checkpoint else None
+        if slow is not None:  # taken out as a node fault is (supervise/straggler_swap.py)
+            outcome = replace(outcome, node_fault=slow)
+        step = pool.after(outcome.node_fault, len(pool.back) if at_checkpoint else 0)
+    if slow is not None and step.goes_on:
+        outcome = replace(outcome, state=RunState.RECOVERING)
+        sink.note(
+            f"attempt {plan.attempt} stopped at its checkpoint after {elapsed:.1f} s to take "
+            f"out slow {slow.host}: {pool.going_on()}"
+        )
+    elif step is Next.GROW:
         outcome = replace(outcome, state=RunState.RECOVERING)
         sink.note(
             f"attempt {plan.attempt} stopped at its checkpoint after {elapsed:.1f} s: the job "
@@ -200,15 +210,16 @@ def run_plan(
     return outcome
 
 
-def stopped_to_grow(outcome: Outcome, supervisor: Supervisor) -> bool:
-    """Whether the attempt ended because its ranks checkpointed for nodes that came back
-    (start/regrow.py): every rank ended on the signal, no node fault, no time limit."""
+def stopped_at_checkpoint(outcome: Outcome, supervisor: Supervisor) -> bool:
+    """Whether the attempt ended because its ranks checkpointed when asked (for nodes that
+    came back, start/regrow.py, or to take out a slow one): every rank ended on the
+    signal, no node fault, and the signal was not the time limit's."""
     clock = supervisor.deadline
     return (
         outcome.node_fault is None
         and outcome.state == RunState.FAILED
         and outcome.exit_code == 124
-        and clock.limit_s is None
+        and clock.cause is Cause.CHECKPOINT
         and clock.sent_at is not None
     )
 

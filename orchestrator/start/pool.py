@@ -79,6 +79,7 @@ class NodePool:
         self.change = "launch"  # why the next attempt's world is what it is
         self.gone: list[Member] = []  # left out at the start or by a fault: asked if back
         self.back: list[Member] = []  # hosts that answered again: they join (start/joining.py)
+        self.slow: set[str] = set()  # hosts taken out for being slow: never asked back
 
     @property
     def cluster(self) -> Cluster:
@@ -186,6 +187,8 @@ class NodePool:
         Every node a fault takes out goes on the bad-node list, spare or not."""
         if fault is None:
             return None
+        if fault.slow:
+            self.slow.add(fault.host)
         step = self.after(fault)
         if step is not Next.SPARE:
             self._mark_bad(fault.host, fault.why)
@@ -208,6 +211,16 @@ class NodePool:
         lost = 1 if fault is not None else 0
         spares = len(self.spares)
         return next_attempt(AttemptEnd(len(self.active), lost, spares, self.min_nodes, back))
+
+    def lose_one(self) -> Next:
+        """What a node lost now would lead to (a slow node is taken out only while this
+        goes on: supervise/straggler_swap.py)."""
+        return next_attempt(AttemptEnd(len(self.active), 1, len(self.spares), self.min_nodes))
+
+    @property
+    def may_swap(self) -> bool:
+        """Whether a slow node may be taken out at all: --spares or --min-nodes given."""
+        return self.spare_count > 0 or self.min_nodes is not None
 
     def used_up(self, fault: NodeFault | None = None) -> str:
         """Why a node fault ended the run: no spare (given or left), and with --min-nodes,

@@ -117,9 +117,11 @@ class Regrow:
             return [*pool.active, *pool.spares, *pool.gone, *pool.back, *self.added, *found]
 
     def asked(self) -> list[Member]:
-        """The hosts to ask this round: taken out, left out, or added, and not found yet."""
+        """The hosts to ask this round: taken out (not for being slow), left out, or added,
+        and not found yet."""
         with self.lock:
             found = {member.host.name for member, _ in self.found}
+            found |= self.pool.slow  # taken out for being slow: still slow if it answers
             return [m for m in [*self.pool.gone, *self.added] if m.host.name not in found]
 
     def ask(self, member: Member, supervisor: Supervisor) -> None:

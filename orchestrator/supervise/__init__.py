@@ -16,6 +16,7 @@ stack_rounds.py    taking every rank's stacks through the node agents
 state.py           what supervision knows about each node and rank, and how a run ended
 stopping.py        stopping a run
 stragglers.py      stragglers: the rank that holds every other back, named while the run goes on
+straggler_swap.py  a node slow for --swap-stragglers-after, taken out at a checkpoint
 summaries.py       the run's end, read from what detect.py kept: faults, facts, outcome, words
 supervisor.py      supervision
 time_limit.py      the time limit of an SSH or local run and the warning signal ahead of it

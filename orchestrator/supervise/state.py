@@ -64,6 +64,7 @@ class NodeFault:
     host: str
     why: str  # "lost: its agent ended without reporting", "no space left on device in ..."
     noticed_at: float  # the controller's clock: when the run began to stop for it
+    slow: bool = False  # not a fault of its own: a straggler taken out (straggler_swap.py)
 
 
 @dataclass

@@ -13,6 +13,11 @@ least SPOKEN times) and has been silent (no output line, no metrics line) for mo
 SILENT_RATIO times the median silence of the other running ranks, and at least
 SILENT_MIN_S, is named the same way. When the others are as silent (the whole job waits)
 or the rank never spoke much (only rank 0 prints), nobody is named.
+
+`slow` is what a swap reads (straggler_swap.py): the ranks slow now on both signals, their
+own work above RATIO times the other ranks' median and the step (`step_s`, every rank's
+alike in synchronous training) above RATIO times that median too: the run waits for them.
+A rank that only reports work_s, or is silent, is never slow on both.
 """
 
 from __future__ import annotations
@@ -77,7 +82,8 @@ class Stragglers:
         self.window_s = window_s
         self.silent_ratio = silent_ratio
         self.silent_min_s = silent_min_s
-        self.work: dict[int, deque[tuple[float, float, int]]] = {}  # (t, work x steps, steps)
+        # (t, work x steps, step x steps or None, steps)
+        self.work: dict[int, deque[tuple[float, float, float | None, int]]] = {}
         self.heard: dict[int, float] = {}
         self.spoken: dict[int, int] = {}
         self.named: dict[int, Straggler] = {}
@@ -88,8 +94,11 @@ class Stragglers:
         work, steps = metrics.get("work_s"), metrics.get("steps", 1)
         if not _number(work) or not _number(steps) or steps <= 0:
             return
+        step = metrics.get("step_s")
         window = self.work.setdefault(rank, deque())
-        window.append((now, float(work) * steps, int(steps)))
+        window.append(
+            (now, float(work) * steps, float(step) * steps if _number(step) else None, int(steps))
+        )
         while window and window[0][0] < now - self.window_s:
             window.popleft()
 
@@ -100,15 +109,35 @@ class Stragglers:
 
     def mean_work(self, now: float) -> dict[int, tuple[float, float]]:
         """rank -> (mean work per step over the window, the time the window spans)."""
+        return {rank: (work, span) for rank, (work, _, span) in self._means(now).items()}
+
+    def _means(self, now: float) -> dict[int, tuple[float, float | None, float]]:
+        """rank -> (mean work per step, mean step or None, the time the window spans)."""
         means = {}
         for rank, window in self.work.items():
             while window and window[0][0] < now - self.window_s:
                 window.popleft()
-            steps = sum(entry[2] for entry in window)
+            steps = sum(entry[3] for entry in window)
             span = now - window[0][0] if window else 0.0
             if steps and span >= self.window_s * MIN_COVER:
-                means[rank] = (sum(entry[1] for entry in window) / steps, span)
+                timed = [entry[2] for entry in window if entry[2] is not None]
+                step = sum(timed) / steps if len(timed) == len(window) else None
+                means[rank] = (sum(entry[1] for entry in window) / steps, step, span)
         return means
+
+    def slow(self, now: float, running: set[int]) -> dict[int, tuple[float, float]]:
+        """The `running` ranks slow now on both signals: rank -> (its work over the other
+        ranks' median work, the step over that median)."""
+        means = {r: m for r, m in self._means(now).items() if r in running}
+        works = sorted(work for work, _, _ in means.values())
+        found = {}
+        for rank, (work, step, _) in means.items():
+            median = median_without(works, work)
+            if median is None or median <= 0 or step is None:
+                continue
+            if work > self.ratio * median and step > self.ratio * median:
+                found[rank] = (work / median, step / median)
+        return found
 
     def check(self, now: float, running: set[int]) -> list[Straggler]:
         """Stragglers among the `running` ranks not named before. One sort per measure

@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from orchestrator.agent.protocol import CONTROLLER_BEATS, beat_intervals
+from orchestrator.attempts.next_attempt import Next
 from orchestrator.backends.sessions import Event, NodeSession
 from orchestrator.console.rank_table import summary
 from orchestrator.console.sink import LogSink
@@ -33,6 +34,7 @@ from orchestrator.supervise.metrics import RunMetrics
 from orchestrator.supervise.run_loop import Alone, run_loop
 from orchestrator.supervise.stack_rounds import StackRounds
 from orchestrator.supervise.state import (
+    NodeFault,
     NodeState,
     Outcome,
     RankState,
@@ -40,6 +42,7 @@ from orchestrator.supervise.state import (
     nodes_and_ranks,
 )
 from orchestrator.supervise.stopping import Stopper
+from orchestrator.supervise.straggler_swap import StragglerSwap
 from orchestrator.supervise.stragglers import Stragglers
 from orchestrator.supervise.time_limit import WarningClock
 
@@ -75,6 +78,9 @@ class Supervisor:
         metrics_path: Path | None = None,
         probes: dict[int, tuple[float, float]] | None = None,
         record_dir: Path | None = None,  # where stacks are kept and requested (stack_rounds)
+        # what a node lost now would lead to (--spares, --min-nodes): a slow node may be
+        # taken out at a checkpoint (straggler_swap.py); None: never
+        lose_one: Callable[[], Next] | None = None,
     ) -> None:
         self.events = events
         self.sink = sink
@@ -118,6 +124,12 @@ class Supervisor:
         self.hang: Hang | None = None
         self.metrics.probes(self.nodes, probes or {})
         self.checkpoint_asked: str | None = None  # why the ranks are asked to checkpoint
+        on = lose_one is not None and supervision.swap_stragglers
+        self.swap = (
+            StragglerSwap(supervision.swap_stragglers_after, lose_one, sink.note)
+            if on and lose_one is not None
+            else None
+        )
 
     # --- what callers use ----------------------------------------------------------------
 
@@ -218,6 +230,8 @@ class Supervisor:
         self.metrics.flush()
         if self.metrics.check(time.time(), self.running_ranks, self.nodes):
             self.changed()
+        if self.swap is not None and not self.stopping:
+            self.swap_if_slow(time.time())
         # Events still queued: the controller is behind what the nodes said, and
         # silence it has not read yet is not theirs.
         self.liveness.tick(behind=handled >= MAX_EVENTS_PER_STEP)
@@ -260,6 +274,22 @@ class Supervisor:
         answering = all(time.time() - n.heard_wall < limit for n in self.nodes)
         everyone = len(running) == len(self.nodes) and answering and not self.stopping
         self.hangs.tick(now, running, everyone)
+
+    def swap_if_slow(self, now: float) -> None:
+        """A node slow for the whole bound is due: the ranks are asked for a checkpoint,
+        and the attempt that ends at it ends as the node's fault (`swap_due`)."""
+        assert self.swap is not None
+        slow = lambda: self.metrics.stragglers.slow(now, self.running_ranks())  # noqa: E731
+        due = self.swap.check(now, slow, self.nodes)
+        if due is not None:
+            self.metrics.event("swap", self.nodes[due.index], due.why)
+            self.ask_checkpoint(f"taking out slow {due.host}")
+            self.changed()
+
+    @property
+    def swap_due(self) -> NodeFault | None:
+        """The slow node to take out once the ranks stopped at their checkpoint."""
+        return self.swap.due if self.swap is not None else None
 
     def running_nodes(self) -> set[int]:
         """The nodes (by index) whose part runs."""

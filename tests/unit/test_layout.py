@@ -39,8 +39,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("orchestrator.backends",),
     ("orchestrator.record",),
     ("orchestrator.console",),
-    ("orchestrator.supervise",),
     ("orchestrator.attempts",),  # what follows an attempt, decided once for every backend
+    ("orchestrator.supervise",),
     ("orchestrator.nodes",),
     ("orchestrator.start",),
     ("orchestrator.slurm.batch",),  # the job and its script, pure

@@ -28,6 +28,7 @@ import signal
 import time
 from collections.abc import Callable
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import BinaryIO
 
@@ -206,9 +207,12 @@ class Follower:
 
     def after(self, handled: int) -> None:
         """After the supervisor's pass: the job cancelled for a hang or a path that drops,
-        and once the job ended, the next job of the run or the outcome."""
+        a slow node's warning kept, and once the job ended, the next job of the run or the
+        outcome."""
         if self.sup is not None:
             self._judge(self.sup)
+            if self.resubmitting.warned_for_slow(self.sup):  # the ranks' ends are stops
+                self.write_status()
         self.cadence.files_read(self.came or handled > 0 or self.sink.holding())
         self.sink.flush()
         if self.following is not None:
@@ -297,10 +301,8 @@ class Follower:
             fold=self.fold,
             footer=self.footer,
         )
-        port = job.master_port or PORT_BASE + self.job_id % PORT_SPAN
-        self.base.update(
-            master=f"{job.master_addr or hosts[0]}:{port}", slurm_restarts=details.restarts
-        )
+        p = job.master_port or PORT_BASE + self.job_id % PORT_SPAN  # the rendezvous port
+        self.base.update(master=f"{job.master_addr or hosts[0]}:{p}", slurm_restarts=self.attempt)
         self.events = queue.Queue()
         agents = NodeAgents(
             self.job_id,
@@ -323,7 +325,9 @@ class Follower:
             on_change=lambda sup: self.write_status(sup),
             metrics_path=self.record.metrics_path,
             record_dir=self.record.path,
+            lose_one=partial(self.spares.lose_one, job) if self.spares is not None else None,
         )
+        self.sup.deadline.signal_known(job.signal_name)  # a checkpoint asked: --signal's
         self.bookmarks.restore(self.sup, start)  # what a follower before this one knew
         if self.attempts.preempted_seen:  # warned before this attempt's ranks were followed
             self.sup.deadline.warned_for(Cause.PREEMPTION)

@@ -31,6 +31,7 @@ from orchestrator.slurm.batch.job import SlurmJob
 from orchestrator.slurm.control.client import SlurmCommands
 from orchestrator.slurm.control.parse import JobInfo, parse_sinfo_idle
 from orchestrator.slurm.recovery.job_attempts import JobAttempts
+from orchestrator.slurm.recovery.spares import SlurmSpares
 from orchestrator.supervise import Supervisor
 
 GROW = "grow"  # the ending of a job stopped at a checkpoint to grow back (attempts)
@@ -43,6 +44,7 @@ class Followed(Protocol):
     info: JobInfo
     sup: Supervisor | None
     attempts: JobAttempts
+    spares: SlurmSpares | None
 
     def note(self, text: str) -> None: ...
 
@@ -104,7 +106,8 @@ class SlurmRegrow:
             return
         if not self.back:
             now = time.monotonic()
-            lost = lost_nodes(f.job)
+            slow = f.spares.slow if f.spares is not None else set()
+            lost = [name for name in lost_nodes(f.job) if name not in slow]  # still slow
             if not lost or f.job.nnodes >= f.job.launched_nodes or now - self.asked_at < self.every:
                 return
             self.asked_at = now

@@ -1,8 +1,10 @@
 """The run's next SLURM job once one has ended, as orchestrator.attempts.next_attempt
 decides it for every backend: after a node failure, on a spare (--spares) or on the nodes
 left (--min-nodes; spares.py and shrink.py carry it out); after the ranks stopped at a
-checkpoint for a lost node back, on more nodes (grow_back.py); after a time limit or a
-preemption, the same job again (job_attempts.py); or none, and the run ends."""
+checkpoint for a lost node back, on more nodes (grow_back.py); after the ranks stopped at a
+checkpoint to take out a slow node (supervise/straggler_swap.py), as after its failure; after
+a time limit or a preemption, the same job again (job_attempts.py); or none, and the run
+ends."""
 
 from __future__ import annotations
 
@@ -18,6 +20,9 @@ from orchestrator.slurm.recovery.job_attempts import JobAttempts
 from orchestrator.slurm.recovery.outcome import job_outcome
 from orchestrator.slurm.recovery.spares import SlurmSpares, job_dir_of
 from orchestrator.supervise import Supervisor
+from orchestrator.supervise.state import NodeFault
+
+SLOW = "slow"  # the ending of a job stopped at a checkpoint to take out a slow node
 
 
 @dataclass(frozen=True)
@@ -44,6 +49,15 @@ class Resubmitting:
     spares: SlurmSpares | None = None
     regrow: SlurmRegrow | None = None
 
+    def warned_for_slow(self, sup: Supervisor) -> bool:
+        """Whether the warning went out now to take out a slow node: kept in the attempt,
+        so the ranks' ends from now on are stops, as for growing back (grow_back.py)."""
+        slow, attempt = sup.swap_due, self.attempts.current
+        if slow is None or sup.deadline.sent_at is None or attempt.warned_at is not None:
+            return False
+        self.attempts.warned_to(f"SIG{sup.deadline.signal_name} to take out slow {slow.host}")
+        return True
+
 
 def next_job(ended: EndedJob, run: Resubmitting, number: int) -> tuple[SlurmJob, int] | None:
     """Submit job `number` of the run after `ended`, noting why; None: the run ends with
@@ -51,18 +65,24 @@ def next_job(ended: EndedJob, run: Resubmitting, number: int) -> tuple[SlurmJob,
     backend (attempts/next_attempt.py); here it is carried out."""
     job, spares = ended.job, run.spares
     back = run.regrow.take() if run.regrow is not None else []
-    failure = spares.failure(ended.job_id, ended.info, ended.hosts) if spares else None
+    slow = slow_node(ended, run)
+    if slow is not None and spares is not None:  # stopped at a checkpoint to take it out
+        failure: tuple[str, str] | None = spares.slow_node(slow)
+        run.note(f"SLURM job {ended.job_id} stopped at its checkpoint to take out slow {slow.host}")
+    else:
+        failure = spares.failure(ended.job_id, ended.info, ended.hosts) if spares else None
     if failure is not None:
         assert spares is not None
         step = spares.after(job)  # a node lost: a spare, the nodes left, or the end
-        if step.goes_on:  # else the closing summary says it
+        if step.goes_on and slow is None:  # else the closing summary says it
             outcome = job_outcome(ended.job_id, ended.info, ended.sup, None, ended.batch_output)
             run.note(outcome.summary.splitlines()[0])
         new = spares.replace(job, ended.hosts, *failure, number, run.note)
         if new is None:
             return None
         run.status(spares.status())
-        run.attempts.resubmitted(new[1], failure[1], new[0].nnodes)
+        kind = SLOW if slow is not None else "node-failure"
+        run.attempts.resubmitted(new[1], failure[1], new[0].nnodes, kind)
         return new
     # Stopped to grow: unless it ended otherwise first (completed or cancelled).
     grew = back and run.attempts.current.ending not in ("completed", "cancelled")
@@ -76,6 +96,15 @@ def next_job(ended: EndedJob, run: Resubmitting, number: int) -> tuple[SlurmJob,
     new = again, run.submit(again, number)
     run.note(run.attempts.resubmitted(new[1]))
     return new
+
+
+def slow_node(ended: EndedJob, run: Resubmitting) -> NodeFault | None:
+    """The slow node `ended` stopped at its checkpoint for (supervise/straggler_swap.py),
+    unless the job ended otherwise first (completed or cancelled)."""
+    slow = ended.sup.swap_due if ended.sup is not None else None
+    if slow is None or run.attempts.current.ending in ("completed", "cancelled"):
+        return None
+    return slow
 
 
 def _grown(

@@ -34,6 +34,7 @@ from orchestrator.slurm.control.client import SlurmCommands
 from orchestrator.slurm.control.parse import JobInfo, parse_sinfo_down
 from orchestrator.slurm.recovery.shrink import shrunk
 from orchestrator.supervise import Outcome
+from orchestrator.supervise.state import NodeFault
 
 BY_SLURM = "(chosen by SLURM)"
 
@@ -105,6 +106,7 @@ class SlurmSpares:
         self.failed: list[str] = []  # the nodes SLURM holds down after the job's end
         self.floor: str | None = None  # --min-nodes: fewer were left (the run ends lost)
         self.shrunk_at: float | None = None  # when the job on fewer nodes was submitted
+        self.slow: set[str] = set()  # taken out for being slow: never asked back (grow_back)
 
     def failure(self, job_id: int, info: JobInfo, hosts: list[str]) -> tuple[str, str] | None:
         """After job `job_id` ended as `info` says: its node that failed and why, or None
@@ -123,6 +125,18 @@ class SlurmSpares:
         the run's end (the one decision, attempts/next_attempt.py)."""
         lost = max(1, len(self.failed))
         return next_attempt(AttemptEnd(job.nnodes, lost, job.spares, job.min_nodes))
+
+    def lose_one(self, job: SlurmJob) -> Next:
+        """What a node of `job` lost now would lead to (a slow node is taken out only while
+        this goes on: supervise/straggler_swap.py)."""
+        return next_attempt(AttemptEnd(job.nnodes, 1, job.spares, job.min_nodes))
+
+    def slow_node(self, fault: NodeFault) -> tuple[str, str]:
+        """The slow node the ended job stopped at its checkpoint for: taken out as a failed
+        one is (`replace`), and never asked back."""
+        self.failed = [fault.host]
+        self.slow.add(fault.host)
+        return fault.host, fault.why
 
     def replace(
         self,
@@ -169,7 +183,8 @@ class SlurmSpares:
         """Submit the job again on its nodes but the failed ones (--min-nodes)."""
         new = shrunk(job, self.failed, job_dir_of(self.job_dir, attempt))
         self.before, self.shrunk_at = list(hosts), time.time()
-        what = f"{', '.join(self.failed)} lost"
+        word = "slow" if set(self.failed) <= self.slow else "lost"
+        what = f"{', '.join(self.failed)} {word}"
         note(going_on_line(what, new.nnodes, job.launched_nodes, job.min_nodes))
         new_id = self.submit(new, attempt)
         note(

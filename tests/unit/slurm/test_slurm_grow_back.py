@@ -114,6 +114,7 @@ class Attempt:
         self.ranks = {r: RankState(r, r // 2, r % 2, hosts[r // 2]) for r in range(2 * len(hosts))}
         self.running, self.stopping = running, False
         self.sink, self.deadline = Notes(), WarningClock(None, None, time.time())
+        self.swap_due = None  # no slow node to take out
 
     def running_ranks(self) -> set[int]:
         return set(self.ranks) if self.running else set()
