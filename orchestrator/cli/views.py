@@ -35,7 +35,7 @@ def status_text(status: dict) -> str:
     if status.get("slurm_job_id") is not None:
         lines.append(
             f"  slurm job {status['slurm_job_id']}: {status.get('slurm_state') or '?'}"
-            + (f", restart {status['attempt']}" if status.get("attempt") else "")
+            + (f", restart {status['slurm_restarts']}" if status.get("slurm_restarts") else "")
             + (f", via {status['slurm_login']}" if status.get("slurm_login") else "")
         )
     if status.get("node_files"):  # SLURM without a shared file system (--job-dir)
@@ -75,13 +75,15 @@ def status_text(status: dict) -> str:
         sizes = " -> ".join(str(len(entry["nodes"])) for entry in world)
         lines.append(f"  world: {sizes} node(s)")
         lines += [f"    {describe_world(entry)}" for entry in world]
-    segments = status.get("segments") or []
-    if len(segments) > 1 or segments[:1] and segments[0].get("warned_at"):  # time limits
-        from orchestrator.api.shown import describe_segment
+    from orchestrator.api.shown import job_attempts
+
+    attempts = job_attempts(status)  # SLURM's jobs
+    if len(attempts) > 1 or attempts[:1] and attempts[0].get("warned_at"):  # time limits
+        from orchestrator.api.shown import describe_job_attempt
 
         left = status.get("resubmits_left")
-        lines.append(f"  segments: {len(segments)} (resubmits left: {left})")
-        lines += [f"    {describe_segment(entry)}" for entry in segments]
+        lines.append(f"  attempts: {len(attempts)} (resubmits left: {left})")
+        lines += [f"    {describe_job_attempt(entry)}" for entry in attempts]
     if isinstance(status.get("goodput"), dict):  # the run ended: where its time went
         from orchestrator.api.shown import goodput_table
 

@@ -21,7 +21,7 @@ from orchestrator.numerals import MAX_DIGITS, NumberError, shown, whole_number
 DEFAULT_WARNING_S = 120
 SHORT_LIMIT_SHARE = 4  # a limit under 4 x 120 s is warned a quarter of it ahead
 FORWARDABLE_SIGNALS = ("USR1", "USR2")  # torchrun and the wrappers can ignore these safely
-# A run with --resume is expected to go on to its end unattended: 10 segments carry a
+# A run with --resume is expected to go on to its end unattended: 10 attempts carry a
 # 10-day run across a 24-hour partition limit; the bound only stops a program that never
 # saves (or never reads) a checkpoint from starting over forever.
 DEFAULT_RESUBMITS = 10

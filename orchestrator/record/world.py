@@ -11,7 +11,7 @@ from orchestrator.record.runs import now_iso
 
 
 @dataclass
-class WorldSegment:
+class AttemptWorld:
     """The nodes and ranks of one attempt, from when it was planned."""
 
     attempt: int
@@ -33,7 +33,7 @@ class WorldSegment:
 
 
 def describe_world(entry: dict) -> str:
-    """One world segment as status.json holds it, in words."""
+    """One world entry as status.json holds it, in words."""
     nodes = entry["nodes"]
     return (
         f"attempt {entry['attempt']}: {len(nodes)} node(s), {entry['ranks']} rank(s) since "
@@ -41,26 +41,26 @@ def describe_world(entry: dict) -> str:
     )
 
 
-def seconds_on_fewer_nodes(segments: Sequence[WorldSegment], until: float) -> float:
+def seconds_on_fewer_nodes(world: Sequence[AttemptWorld], until: float) -> float:
     """How long the run ran on fewer nodes than its first attempt's, up to `until`."""
-    if not segments:
+    if not world:
         return 0.0
-    launched = len(segments[0].nodes)
-    ends = [later.since for later in segments[1:]] + [until]
+    launched = len(world[0].nodes)
+    ends = [later.since for later in world[1:]] + [until]
     return sum(
-        max(0.0, end - segment.since)
-        for segment, end in zip(segments, ends, strict=True)
-        if len(segment.nodes) < launched
+        max(0.0, end - entry.since)
+        for entry, end in zip(world, ends, strict=True)
+        if len(entry.nodes) < launched
     )
 
 
-def fewer_nodes_line(segments: Sequence[WorldSegment], until: float) -> str | None:
+def fewer_nodes_line(world: Sequence[AttemptWorld], until: float) -> str | None:
     """The summary's last line when the run went on with fewer nodes; None when it never did."""
-    if not segments or all(len(s.nodes) >= len(segments[0].nodes) for s in segments):
+    if not world or all(len(s.nodes) >= len(world[0].nodes) for s in world):
         return None
-    launched = len(segments[0].nodes)
-    least = min(len(s.nodes) for s in segments)
-    seconds = seconds_on_fewer_nodes(segments, until)
+    launched = len(world[0].nodes)
+    least = min(len(s.nodes) for s in world)
+    seconds = seconds_on_fewer_nodes(world, until)
     return (
         f"on fewer nodes than the {launched} launched with for {seconds:.1f} s "
         f"(down to {least}; --min-nodes)"

@@ -186,7 +186,8 @@ def _submit_and_follow(
         slurm_job_id=None,
         slurm_state=None,
         slurm_login=slurm_options.login,
-        attempt=0,
+        attempt=1,
+        slurm_restarts=0,
     )
     record.write_status(base)
     commands = None

@@ -27,7 +27,7 @@ from orchestrator.nodes.probe import ProbeResult
 from orchestrator.plan.launch_plan import LaunchPlan, NodeFacts
 from orchestrator.record.bad_nodes import add_bad_node
 from orchestrator.record.recoveries import Recovery
-from orchestrator.record.world import WorldSegment, fewer_nodes_line, floor_line, going_on_line
+from orchestrator.record.world import AttemptWorld, fewer_nodes_line, floor_line, going_on_line
 from orchestrator.supervise.state import NodeFault, Outcome
 
 Probe = Callable[[Cluster, Sequence[NodeConnection], Sequence[int]], ProbeResult]
@@ -74,7 +74,7 @@ class NodePool:
         # the hosts the launch chose, left out at the start or not: the most nodes the run
         # grows to (start/joining.py), and the N of the console's `3 of N nodes`
         self.most = count
-        self.world: list[WorldSegment] = []  # the nodes of each attempt (status.json `world`)
+        self.world: list[AttemptWorld] = []  # the nodes of each attempt (status.json `world`)
         self.launched_with: tuple[int, ...] | None = None  # each node's ranks at launch
         self.change = "launch"  # why the next attempt's world is what it is
         self.gone: list[Member] = []  # left out at the start or by a fault: asked if back
@@ -90,12 +90,12 @@ class NodePool:
         )
 
     def begin(self, plan: LaunchPlan) -> None:
-        """An attempt is planned on these nodes: a segment of the run's world begins."""
+        """An attempt is planned on these nodes: an entry of the run's world begins."""
         if self.launched_with is None:
             self.launched_with = tuple(node.nproc for node in plan.nodes)
         names = tuple(node.name for node in plan.nodes)
         why = self.change if self.world else "launch"  # the start's changes are the launch's
-        self.world.append(WorldSegment(plan.attempt, names, plan.world_size, time.time(), why))
+        self.world.append(AttemptWorld(plan.attempt, names, plan.world_size, time.time(), why))
 
     def running(self) -> None:
         """Every node of the current attempt runs: the last recovery is complete."""
@@ -381,7 +381,7 @@ class NodePool:
             "attempt": self.attempt,
             "spares": [m.host.name for m in self.spares],
             "recoveries": [r.to_dict() for r in self.recoveries],
-            "world": [segment.to_dict() for segment in self.world],
+            "world": [entry.to_dict() for entry in self.world],
             **self.carried,
         }
 

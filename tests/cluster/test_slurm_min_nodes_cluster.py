@@ -109,14 +109,14 @@ def test_a_node_set_down_mid_run_goes_on_with_one_node_fewer_then_grows_back_to_
         3,
         2,
     ), status
-    segments = status["segments"]
-    assert [(s["job_id"], s["nodes"], s["ended"], s["next"]) for s in segments] == [
+    attempts = status["attempts"]
+    assert [(s["job_id"], s["nodes"], s["ended"], s["next"]) for s in attempts] == [
         (first, 3, "node-failure", f"resubmitted as job {second} on 2 node(s)"),
         (second, 2, "grow", f"resubmitted as job {third} on 3 node(s)"),
         (third, 3, "completed", None),
-    ], segments
-    assert f"ended NODE_FAIL: {victim} is down" in segments[0]["why"], segments[0]
-    assert segments[1]["warning"] == "SIGUSR1 to grow to 3 nodes", segments[1]
+    ], attempts
+    assert f"ended NODE_FAIL: {victim} is down" in attempts[0]["why"], attempts[0]
+    assert attempts[1]["warning"] == "SIGUSR1 to grow to 3 nodes", attempts[1]
     world = status["world"]
     assert [len(entry["nodes"]) for entry in world] == [3, 2, 3], world
     assert victim not in world[1]["nodes"] and victim in world[2]["nodes"], world
@@ -134,10 +134,10 @@ def test_a_node_set_down_mid_run_goes_on_with_one_node_fewer_then_grows_back_to_
     assert "on fewer nodes than the 3 launched with for " in out, out
     print(
         f"set DOWN -> the job on 2 nodes running: "
-        f"{_seconds(segments[1]['running_at']) - down:.1f} s; the first job ended "
-        f"{_seconds(segments[0]['ended_at']) - down:.1f} s after the DOWN; node back -> "
-        f"SIGUSR1: {_seconds(segments[1]['warned_at']) - back:.1f} s, -> the job on 3 nodes "
-        f"running: {_seconds(segments[2]['running_at']) - back:.1f} s; resumed at steps "
+        f"{_seconds(attempts[1]['running_at']) - down:.1f} s; the first job ended "
+        f"{_seconds(attempts[0]['ended_at']) - down:.1f} s after the DOWN; node back -> "
+        f"SIGUSR1: {_seconds(attempts[1]['warned_at']) - back:.1f} s, -> the job on 3 nodes "
+        f"running: {_seconds(attempts[2]['running_at']) - back:.1f} s; resumed at steps "
         f"{resumed}"
     )
     wait_for(

@@ -99,7 +99,7 @@ def test_a_program_of_its_own_is_warned_before_the_limit_and_goes_on_in_a_new_jo
     first = job_id_in(out)
     assert "SIGUSR1 from SLURM (time limit near, or preempted): passing it to the ranks" in out
     assert f"SLURM job {first}: SIGUSR1 to every rank for the time limit" in out
-    second = int(re.search(r"segment 2: SLURM job (\d+) submitted, after job", out).group(1))
+    second = int(re.search(r"attempt 2: SLURM job (\d+) submitted, after job", out).group(1))
     for rank in (0, 1):
         got = out.index(f" r{rank}] rank {rank} got SIGUSR1 in job {first}")
         resumed = f" r{rank}] rank {rank} resumed from checkpoint {rank} (job {second}, restart 0)"
@@ -110,12 +110,12 @@ def test_a_program_of_its_own_is_warned_before_the_limit_and_goes_on_in_a_new_jo
         second,
         "COMPLETED",
     )
-    segments = status["segments"]
-    assert [(s["job_id"], s["ended"], s["next"]) for s in segments] == [
+    attempts = status["attempts"]
+    assert [(s["job_id"], s["ended"], s["next"]) for s in attempts] == [
         (first, "time-limit", f"resubmitted as job {second}"),
         (second, "completed", None),
-    ], segments
-    assert segments[0]["warning"] == "SIGUSR1 for the time limit"
+    ], attempts
+    assert attempts[0]["warning"] == "SIGUSR1 for the time limit"
     assert_gone(slurm_cluster, second, "sig")
 
 
@@ -165,7 +165,7 @@ def test_bundled_trainer_checkpoints_on_the_signal_and_resumes(
     resumed = re.search(r"r0\] resumed from (\S+) at step (\d+)", out)
     assert resumed and int(resumed.group(2)) > 0, out
     assert (work / resumed.group(1)).is_file()
-    assert proc.returncode == 130 and status_of(work, "train")["attempt"] == 1
+    assert proc.returncode == 130 and status_of(work, "train")["slurm_restarts"] == 1
     assert_gone(slurm_cluster, job_id, "train")
 
 

@@ -83,27 +83,27 @@ def test_a_trainer_run_is_carried_across_one_minute_limits_to_the_uninterrupted_
     out = done.stdout + done.stderr
     assert done.returncode == 0, out
     status = status_of(work, "long")
-    segments = status["segments"]
-    assert len(segments) >= 2, segments
-    assert [s["ended"] for s in segments] == ["time-limit"] * (len(segments) - 1) + ["completed"]
-    ids = [s["job_id"] for s in segments]
+    attempts = status["attempts"]
+    assert len(attempts) >= 2, attempts
+    assert [s["ended"] for s in attempts] == ["time-limit"] * (len(attempts) - 1) + ["completed"]
+    ids = [s["job_id"] for s in attempts]
     assert len(set(ids)) == len(ids) and status["slurm_job_ids"] == ids, status
-    for segment, after in zip(segments, ids[1:], strict=False):
-        assert segment["next"] == f"resubmitted as job {after}"
-        assert segment["warning"] == "SIGUSR1 for the time limit" and segment["warned_at"]
-        assert f"segment {ids.index(after) + 1}: SLURM job {after} submitted, after job " in out
+    for attempt, after in zip(attempts, ids[1:], strict=False):
+        assert attempt["next"] == f"resubmitted as job {after}"
+        assert attempt["warning"] == "SIGUSR1 for the time limit" and attempt["warned_at"]
+        assert f"attempt {ids.index(after) + 1}: SLURM job {after} submitted, after job " in out
     assert (status["state"], status["exit_code"]) == ("succeeded", 0)
-    assert status["resubmits_left"] == 10 - (len(segments) - 1)  # the default, 10
+    assert status["resubmits_left"] == 10 - (len(attempts) - 1)  # the default, 10
     saves = re.findall(
         rf"stopped by SIGUSR1 after step \d+/{STEPS}; checkpoint saved to \S+ in ", out
     )
-    assert len(saves) == len(segments) - 1, out
+    assert len(saves) == len(attempts) - 1, out
     resumed = re.findall(r"r0\] resumed from ckpt-long/ckpt-\d+\.pt at step (\d+)", out)
-    assert len(resumed) == len(segments) - 1 and all(int(s) > 0 for s in resumed), out
-    print(f"{len(segments)} jobs, resumed at steps {', '.join(resumed)} of {STEPS}")
-    assert re.search(rf"carried across {len(segments)} segment\(s\):\n", out), out
+    assert len(resumed) == len(attempts) - 1 and all(int(s) > 0 for s in resumed), out
+    print(f"{len(attempts)} jobs, resumed at steps {', '.join(resumed)} of {STEPS}")
+    assert re.search(rf"carried across {len(attempts)} attempt\(s\):\n", out), out
     shown = orchestrator(slurm_cluster, work, "status", "long", "--run-dir", str(work / "runs"))
-    assert f"segments: {len(segments)} (resubmits left: " in shown.stdout, shown.stdout
+    assert f"attempts: {len(attempts)} (resubmits left: " in shown.stdout, shown.stdout
     assert re.search(
         rf"1\. job {ids[0]} on 2 node\(s\) ran \S+: its ranks stopped on the time limit",
         shown.stdout,
@@ -191,11 +191,11 @@ def test_a_preempted_job_resumes_and_a_stopped_one_is_never_resubmitted(
     # Rank 1 ended first; nothing stopped rank 0 while it saved.
     assert out.index(" r1] rank 1 got SIGUSR1") < out.index(" r0] rank 0 got SIGUSR1"), out
     assert "stopping the run on every node" not in out and "Terminated" not in out, out
-    assert [(s["job_id"], s["ended"], s["next"]) for s in status["segments"]] == [
+    assert [(s["job_id"], s["ended"], s["next"]) for s in status["attempts"]] == [
         (job_id, "preempted", f"resubmitted as job {again}"),
         (again, "completed", None),
-    ], status["segments"]
-    assert status["segments"][0]["warning"] == "SIGUSR1 for a preemption"
+    ], status["attempts"]
+    assert status["attempts"][0]["warning"] == "SIGUSR1 for a preemption"
     assert (status["state"], status["exit_code"]) == ("succeeded", 0)
     assert_gone(slurm_cluster, again, "pre")
 
@@ -212,7 +212,7 @@ def test_a_preempted_job_resumes_and_a_stopped_one_is_never_resubmitted(
     assert proc.returncode != 0 and "submitted, after job" not in out, out
     status = status_of(work, "gone")
     assert status["state"] == "stopped", status
-    assert [(s["job_id"], s["ended"], s["next"]) for s in status["segments"]] == [
+    assert [(s["job_id"], s["ended"], s["next"]) for s in status["attempts"]] == [
         (job_id, "cancelled", None)
     ]
     assert status["slurm_job_id"] == job_id and "slurm_job_ids" not in status

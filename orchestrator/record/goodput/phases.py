@@ -4,12 +4,12 @@ functions over plain data (status.json's document, metrics.jsonl's records).
 The wall time, from status.json's `started_at` to the run's end (the moment its last line
 is said), is cut into phases that add up to it exactly, per attempt and in total. An
 attempt is one entry of status.json's `world` over SSH (from its `since`: when it was
-planned) or of its `segments` under SLURM (from its `submitted_at`); the first begins at the
+planned) or of its `attempts` under SLURM (from its `submitted_at`); the first begins at the
 run's start, each ends where the next begins, the last at the run's end. Times are the
 controller's clock: a rank's own `time` is put into it by the smallest gap its host's
 records show between arrival and writing (NTP's minimum-delay idea).
 
-waiting      SLURM's queue (a segment's `submitted_at` to its `running_at`) and the preflight
+waiting      SLURM's queue (an attempt's `submitted_at` to its `running_at`) and the preflight
              probes (each node's `probe` event: when it began, for as long as its detail
              says), wherever no training runs.
 starting     the rest of an attempt up to its first step: connecting, syncing, the agents'
@@ -27,7 +27,7 @@ redone       steps done again: a stint's steps beyond the step a later stint beg
 checkpoints  saves: each `checkpoint` record of a rank, `save_s` seconds up to its `time`.
 detecting    from a stint's last record to the `failed` or `lost` event that ended it, or
              where none did, to when the launcher saw a node fault end the attempt (a
-             SLURM job that ended NODE_FAIL: its segment's `ended_at`; a node a spare
+             SLURM job that ended NODE_FAIL: its attempt's `ended_at`; a node a spare
              replaced: its recovery's `noticed_at`).
 stopping     from that event (or, with no fault, from the last record) to the attempt's
              end: the other nodes stopped, the program's own end, a spare probed, a job
@@ -55,6 +55,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
+from orchestrator.record.older_names import job_attempts
 from orchestrator.record.runs import now_iso
 
 PHASES = (
@@ -196,7 +197,7 @@ def number(value: object) -> bool:
 
 
 def inputs_of(status: dict, records: Iterable[dict]) -> Inputs | None:
-    """The attempts status.json names (SLURM's segments, else the SSH world), and the
+    """The attempts status.json names (SLURM's `attempts`, else the SSH world), and the
     records; None when status.json has no start time."""
     started = seconds_of(status.get("started_at"))
     if started is None:
@@ -204,16 +205,14 @@ def inputs_of(status: dict, records: Iterable[dict]) -> Inputs | None:
     world = [w for w in status.get("world") or [] if isinstance(w, dict)]
     sizes = {w.get("attempt"): len(w.get("nodes") or []) for w in world}
     attempts = []
-    for segment in status.get("segments") or []:
-        if not isinstance(segment, dict):
+    for job in job_attempts(status):
+        if not isinstance(job, dict):
             continue
-        number_ = segment.get("segment") or len(attempts) + 1
-        began = seconds_of(segment.get("submitted_at")) or started
-        running = seconds_of(segment.get("running_at"))
-        nodes = sizes.get(number_) or segment.get("nodes") or status.get("nnodes") or 1
-        failed = (
-            seconds_of(segment.get("ended_at")) if segment.get("ended") == "node-failure" else None
-        )
+        number_ = job.get("attempt") or len(attempts) + 1
+        began = seconds_of(job.get("submitted_at")) or started
+        running = seconds_of(job.get("running_at"))
+        nodes = sizes.get(number_) or job.get("nodes") or status.get("nnodes") or 1
+        failed = seconds_of(job.get("ended_at")) if job.get("ended") == "node-failure" else None
         queued = (began, running) if running else None
         attempts.append(Attempt(number_, began, nodes, queued, failed))
     if not attempts:

@@ -17,8 +17,9 @@ SIGUSR1 to the batch script 120 s before the limit (`#SBATCH --signal=B:USR1@120
 `attempt<restart>/warning` in the job folder and passes the signal through srun to every
 process of the step, where torchrun and the wrappers ignore it and the ranks handle it:
 the bundled trainer, run with `--checkpoint-dir DIR --resume`, saves a checkpoint and
-exits 128+10. `orchestrator launch` then submits the job again
-(orchestrator.slurm.recovery.segments) and the trainer resumes from the newest checkpoint in DIR.
+exits 128+10. `orchestrator launch` then submits the job again, the run's next attempt
+(orchestrator.slurm.recovery.job_attempts), and the trainer resumes from the newest
+checkpoint in DIR.
 With `--requeue` the script instead runs `scontrol requeue` itself (for a script submitted by hand).
 A rank of your own does the same with a SIGUSR1 handler and its own checkpoints; a rank without a
 handler ignores the signal.

@@ -16,7 +16,7 @@ attach`). Under --max-restarts a failing rank is a restart (torchrun starts the 
 again, the job goes on) until a node's torchrun gives up, as on SSH nodes. A requeued job
 starts a new attempt; so does, under --spares, the job submitted again after a node failure
 (recovery/spares.py), and the job submitted again after a time limit or a preemption
-(recovery/segments.py), each with a job id of its own. Ctrl-C cancels the job (scancel) and
+(recovery/job_attempts.py), each with a job id of its own. Ctrl-C cancels the job (scancel) and
 waits until squeue no longer lists it.
 """
 
@@ -59,9 +59,9 @@ from orchestrator.slurm.following.handover import (
 from orchestrator.slurm.following.node_agents import NodeAgents
 from orchestrator.slurm.following.stream import READ_BYTES, AttemptFiles
 from orchestrator.slurm.recovery.grow_back import SlurmRegrow
+from orchestrator.slurm.recovery.job_attempts import WARNING_FILE, JobAttempts, read_warning
 from orchestrator.slurm.recovery.outcome import job_outcome
 from orchestrator.slurm.recovery.resubmit import EndedJob, Resubmitting, next_job
-from orchestrator.slurm.recovery.segments import WARNING_FILE, Segments, read_warning
 from orchestrator.slurm.recovery.spares import SlurmSpares
 from orchestrator.supervise import NodeState, Outcome, Supervisor, describe_exit
 from orchestrator.supervise.run_loop import run_loop
@@ -92,10 +92,10 @@ class Follower:
         handover: Handover | None = None,  # attached: what the controller before had done
     ) -> None:
         self.job, self.record, self.commands, self.job_id = job, record, commands, job_id
-        self.segments = Segments(job_id, job.max_resubmits, job.nnodes)
+        self.attempts = JobAttempts(job_id, job.max_resubmits, job.nnodes)
         self.first_job_dir = job.job_dir if handover is None else handover.first_job_dir
         if handover is not None:
-            handover.restore_segments(self.segments)
+            handover.restore_attempts(self.attempts)
         self.base, self.console, self.color, self.fold = base, console, color, fold
         self.footer = Footer.on(console) if footer else None  # once ranks run
         # --grace, --hang-timeout and --stragglers hold; the agents need no heartbeats from
@@ -113,14 +113,14 @@ class Follower:
         self.following, self.bookmarks = following, Bookmarks(record, points)
         if points is not None and points.job_id == job_id:
             self.batch.seek(points.batch)
-        self.attempt = 0
+        self.attempt = 0  # SLURM's restart count of the job followed (its attempt<restart>/)
         self.signals: list[int] = []
         self.interrupted_by: int | None = None
         self.started = time.monotonic()
         self.cadence = Cadence()
         self.spares = spares
         self.regrow = SlurmRegrow(commands, supervision) if job.min_nodes else None
-        means = (self.segments, submit, self.first_job_dir, self.note, self.base.update)
+        means = (self.attempts, submit, self.first_job_dir, self.note, self.base.update)
         self.resubmitting = Resubmitting(*means, spares, self.regrow)  # resubmit.next_job's
         self.hosts: list[str] = []  # the nodes of the job now followed, once it runs
         self.squeue = slurm.Squeue(commands)
@@ -146,13 +146,13 @@ class Follower:
                 **self.base,
                 "state": state,
                 "slurm_state": self.info.state,
-                **self.segments.status(),
+                **self.attempts.status(),
                 **(sup.status() if sup else {}),
                 **extra,
             }
         )
         if self.following is not None:
-            kept = (self.job, self.job_id, self.first_job_dir, self.base, self.segments)
+            kept = (self.job, self.job_id, self.first_job_dir, self.base, self.attempts)
             save_state(self.record, self.following, Progress(*kept, self.spares))
 
     # --- the loop -----------------------------------------------------------------------
@@ -262,11 +262,11 @@ class Follower:
         if self.sup is not None and info.scheduler_state.waiting:
             self._drain()
             self.note(f"SLURM job {self.job_id} requeued: {info.state} ({info.reason})")
-            self.note(self.segments.requeued(info.state, info.reason))
+            self.note(self.attempts.requeued(info.state, info.reason))
             self._close_attempt()
         if running and self.sup is None:
             self._open_attempt(info)
-            self.segments.running(self.hosts, self.job.world_size)
+            self.attempts.running(self.hosts, self.job.world_size)
         if (old.state, old.reason) != (info.state, info.reason):
             where = f" on {info.nodelist}" if info.nodelist and not info.ended else ""
             why = f" ({info.reason})" if info.reason and info.reason != "None" else ""
@@ -301,8 +301,8 @@ class Follower:
             fold=self.fold,
             footer=self.footer,
         )
-        port = job.master_port or PORT_BASE + self.job_id % PORT_SPAN
-        self.base.update(master=f"{job.master_addr or hosts[0]}:{port}", attempt=details.restarts)
+        p = job.master_port or PORT_BASE + self.job_id % PORT_SPAN  # the rendezvous port
+        self.base.update(master=f"{job.master_addr or hosts[0]}:{p}", slurm_restarts=self.attempt)
         self.events = queue.Queue()
         agents = NodeAgents(
             self.job_id,
@@ -329,7 +329,7 @@ class Follower:
         )
         self.sup.deadline.signal_known(job.signal_name)  # a checkpoint asked: --signal's
         self.bookmarks.restore(self.sup, start)  # what a follower before this one knew
-        if self.segments.preempted_seen:  # warned before this attempt's ranks were followed
+        if self.attempts.preempted_seen:  # warned before this attempt's ranks were followed
             self.sup.deadline.warned_for(Cause.PREEMPTION)
         self.agents = agents  # through srun here, or on the --login node
         agents.reach(hosts, start.agents)
@@ -397,8 +397,8 @@ class Follower:
 
     def _check_warning(self) -> None:
         """The script's warning file: the ranks were sent the time limit's (or a
-        preemption's) signal; said once per segment."""
-        if self.files is None or self.job.node_side or self.segments.current.warned_at is not None:
+        preemption's) signal; said once per attempt."""
+        if self.files is None or self.job.node_side or self.attempts.current.warned_at is not None:
             return
         warning = read_warning(Path(self.files.attempt_dir) / WARNING_FILE)
         if warning is None:
@@ -407,11 +407,11 @@ class Follower:
 
     def warned(self, signal_name: str, when: float) -> None:
         """The ranks were sent the time limit's (or a preemption's) signal: said once per
-        segment (the batch script's warning file, or a node agent's G frame)."""
-        if self.segments.current.warned_at is not None:
+        attempt (the batch script's warning file, or a node agent's G frame)."""
+        if self.attempts.current.warned_at is not None:
             return
         preempted = slurm.job_details(self.commands, self.job_id).preempted
-        self.note(self.segments.warned(signal_name, when, preempted))
+        self.note(self.attempts.warned(signal_name, when, preempted))
         if self.sup is not None:  # the ranks that end on it are named with what it was for
             self.sup.deadline.warned_for(Cause.PREEMPTION if preempted else Cause.TIME_LIMIT)
         self.write_status()
@@ -428,7 +428,7 @@ class Follower:
         sup = self.sup
         assert sup is not None
         # After the warning a rank's end is its stop (the trainer exits 138), never a failure.
-        warned = self.segments.current.warned_at is not None and code != 0
+        warned = self.attempts.current.warned_at is not None and code != 0
         sup.rank_exited(rank, code, when, after_stop, warned)
         self.cadence.poll_now()  # the job may be ending: squeue says so
         # "restarting" (--max-restarts): torchrun starts the workers again, the job goes on.
@@ -454,9 +454,9 @@ class Follower:
 
     def _resubmitted(self) -> bool:
         """After the job ended: follow the next job of the run, submitted again after a
-        node failure (--spares), a time limit or a preemption (recovery/segments.py), if any."""
+        node failure (--spares), a time limit or a preemption (recovery/job_attempts.py), if any."""
         if self.interrupted_by is not None:
-            self.segments.ended("CANCELLED", False)
+            self.attempts.ended("CANCELLED", False)
             return False
         ended = (self.job_id, self.info)
         sup = self.sup
@@ -465,12 +465,12 @@ class Follower:
             self.info.scheduler_state not in (SchedulerState.SUCCEEDED, SchedulerState.CANCELLED)
             and slurm.job_details(self.commands, self.job_id).preempted
         ):  # the ranks stopped on SLURM's SIGTERM or --signal, the script ended first
-            self.segments.preempted()
-        self.segments.ended(self.info.state, ranks_ok)
+            self.attempts.preempted()
+        self.attempts.ended(self.info.state, ranks_ok)
         last = EndedJob(
             self.job, self.job_id, self.info, self.hosts, self.sup, Path(self.batch.path)
         )
-        new = next_job(last, self.resubmitting, len(self.segments.entries) + 1)
+        new = next_job(last, self.resubmitting, len(self.attempts.entries) + 1)
         if new is None:
             return False
         self.job, self.job_id = new
@@ -492,4 +492,4 @@ class Follower:
             self.job_id, self.info, self.sup, self.interrupted_by, Path(self.batch.path), on_node
         )
         outcome = self.spares.amend(outcome) if self.spares is not None else outcome
-        return self.segments.amend(outcome)
+        return self.attempts.amend(outcome)

@@ -7,7 +7,7 @@ not end it, and `orchestrator attach RUN` starts a new one that follows the job 
 - `follower.json`, rewritten whenever the run's status is: the job as planned (its
   `SlurmJob`), the job now followed, the status written so far, how the run is watched and
   shown (--grace, --hang-timeout, --fold...), how SLURM is reached (--login and its SSH
-  options), and the segments and spares so far. Never a secret's value: a new controller
+  options), and the attempts and spares so far. Never a secret's value: a new controller
   takes those from its own environment, by name, as a launch does.
 - `follower-points.json`, rewritten after every pass that wrote lines: how far each source
   had been read (the nodes' files, the batch script's output, each node agent's stream) and
@@ -31,12 +31,13 @@ from orchestrator.console.sink import LogSink
 from orchestrator.errors import ConfigError
 from orchestrator.options.reaching import SshOptions
 from orchestrator.options.supervision import Supervision
+from orchestrator.record.older_names import saved
 from orchestrator.record.plain import from_plain, to_plain
 from orchestrator.record.recoveries import Recovery
 from orchestrator.record.runs import RunRecord
 from orchestrator.slurm.batch.job import SlurmJob
 from orchestrator.slurm.following.stream import AttemptFiles
-from orchestrator.slurm.recovery.segments import Segment, Segments
+from orchestrator.slurm.recovery.job_attempts import JobAttempt, JobAttempts
 from orchestrator.slurm.recovery.spares import SlurmSpares
 from orchestrator.supervise import Supervisor
 
@@ -99,14 +100,14 @@ def write_json(path: Path, data: Mapping[str, Any]) -> None:
 @dataclass(frozen=True)
 class Progress:
     """What follower.json keeps of the run as its follower (orchestrator.slurm.following.follow)
-    has it now: the job followed, the first job's folder, the status' base, the segments
+    has it now: the job followed, the first job's folder, the status' base, the attempts
     and the spares."""
 
     job: SlurmJob
     job_id: int
     first_job_dir: str | None
     base: dict
-    segments: Segments
+    attempts: JobAttempts
     spares: SlurmSpares | None
 
 
@@ -122,11 +123,11 @@ def save_state(record: RunRecord, following: Following, progress: Progress) -> N
             "job_id": progress.job_id,
             "first_job_dir": progress.first_job_dir,
             "base": progress.base,
-            "segments": {
-                "entries": to_plain(progress.segments.entries),
-                "given": progress.segments.given,
-                "left": progress.segments.left,
-                "preempted_seen": progress.segments.preempted_seen,
+            "attempts": {
+                "entries": to_plain(progress.attempts.entries),
+                "given": progress.attempts.given,
+                "left": progress.attempts.left,
+                "preempted_seen": progress.attempts.preempted_seen,
             },
             "spares": None
             if spares is None
@@ -153,14 +154,14 @@ class Handover:
     job_id: int
     first_job_dir: str | None
     base: dict
-    segments: dict
+    attempts: dict
     spares: dict | None
     points: Points
 
-    def restore_segments(self, segments: Segments) -> None:
-        saved = self.segments
-        segments.restore(
-            [from_plain(Segment, entry) for entry in saved["entries"]],
+    def restore_attempts(self, attempts: JobAttempts) -> None:
+        saved = self.attempts
+        attempts.restore(
+            [from_plain(JobAttempt, entry) for entry in saved["entries"]],
             saved["given"],
             saved["left"],
             saved["preempted_seen"],
@@ -205,7 +206,7 @@ def load(record: RunRecord) -> Handover:
             int(state["job_id"]),
             state["first_job_dir"],
             dict(state["base"]),
-            dict(state["segments"]),
+            dict(saved(state, "attempts")),  # or an older name (record/older_names.py)
             state["spares"],
             points,
         )

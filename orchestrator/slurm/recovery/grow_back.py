@@ -7,7 +7,7 @@ the warning signal through their node agents (`signal USR1`, or --signal's: the 
 time limit's warning over SSH, time_limit.WarningClock.checkpoint), the bundled trainer
 saves a checkpoint and exits 138, the job ends, and the next job is submitted on the larger
 count, the node no longer in `--exclude` (with a hostfile, back in the node list). Never
-more nodes than launched; the job that grew ends `grow` in `segments`, and `world` shows the
+more nodes than launched; the job that grew ends `grow` in `attempts`, and `world` shows the
 larger world.
 
 Which nodes are asked: only those the run lost (the nodes in the job's `--exclude` that
@@ -30,11 +30,11 @@ from orchestrator.options.supervision import Supervision
 from orchestrator.slurm.batch.job import SlurmJob
 from orchestrator.slurm.control.client import SlurmCommands
 from orchestrator.slurm.control.parse import JobInfo, parse_sinfo_idle
-from orchestrator.slurm.recovery.segments import Segments
+from orchestrator.slurm.recovery.job_attempts import JobAttempts
 from orchestrator.slurm.recovery.spares import SlurmSpares
 from orchestrator.supervise import Supervisor
 
-GROW = "grow"  # the ending of a job stopped at a checkpoint to grow back (segments)
+GROW = "grow"  # the ending of a job stopped at a checkpoint to grow back (attempts)
 
 
 class Followed(Protocol):
@@ -43,7 +43,7 @@ class Followed(Protocol):
     job: SlurmJob
     info: JobInfo
     sup: Supervisor | None
-    segments: Segments
+    attempts: JobAttempts
     spares: SlurmSpares | None
 
     def note(self, text: str) -> None: ...
@@ -96,13 +96,13 @@ class SlurmRegrow:
     def check(self, f: Followed) -> None:
         """Called on every pass of the loop (before the supervisor's) while the job runs:
         ask SLURM when it is time, and send the ranks the warning once a node is back."""
-        sup, segment = f.sup, f.segments.current
+        sup, attempt = f.sup, f.attempts.current
         if sup is None or sup.stopping or f.info.ended:
             return
         if self.signalled:
             self._unheard(f, sup)
             return
-        if segment.warned_at is not None:  # the time limit's (or a preemption's) warning
+        if attempt.warned_at is not None:  # the time limit's (or a preemption's) warning
             return
         if not self.back:
             now = time.monotonic()
@@ -120,7 +120,7 @@ class SlurmRegrow:
         sup.deadline.signal_known(f.job.signal_name)
         if sup.deadline.checkpoint(sup, sup.sink, time.time(), f"growing to {size} nodes"):
             # the ranks' ends from now on are stops
-            f.segments.warned_to(f"SIG{sup.deadline.signal_name} to grow to {size} nodes")
+            f.attempts.warned_to(f"SIG{sup.deadline.signal_name} to grow to {size} nodes")
             self.signalled, self.sent_at = True, time.monotonic()
             f.write_status()
 
@@ -133,7 +133,7 @@ class SlurmRegrow:
         if time.monotonic() - self.sent_at < self.every:
             return
         clock.unsent()
-        f.segments.unwarned()
+        f.attempts.unwarned()
         self.signalled = False
 
     def take(self) -> list[str]:

@@ -3,7 +3,8 @@ decides it for every backend: after a node failure, on a spare (--spares) or on 
 left (--min-nodes; spares.py and shrink.py carry it out); after the ranks stopped at a
 checkpoint for a lost node back, on more nodes (grow_back.py); after the ranks stopped at a
 checkpoint to take out a slow node (supervise/straggler_swap.py), as after its failure; after
-a time limit or a preemption, the same job again (segments.py); or none, and the run ends."""
+a time limit or a preemption, the same job again (job_attempts.py); or none, and the run
+ends."""
 
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ from orchestrator.attempts.next_attempt import AttemptEnd, Next, next_attempt
 from orchestrator.slurm.batch.job import SlurmJob
 from orchestrator.slurm.control.parse import JobInfo
 from orchestrator.slurm.recovery.grow_back import GROW, SlurmRegrow, grown
+from orchestrator.slurm.recovery.job_attempts import JobAttempts
 from orchestrator.slurm.recovery.outcome import job_outcome
-from orchestrator.slurm.recovery.segments import Segments
 from orchestrator.slurm.recovery.spares import SlurmSpares, job_dir_of
 from orchestrator.supervise import Supervisor
 from orchestrator.supervise.state import NodeFault
@@ -40,7 +41,7 @@ class EndedJob:
 class Resubmitting:
     """What the run submits its next job with, and says it through."""
 
-    segments: Segments
+    attempts: JobAttempts
     submit: Callable[[SlurmJob, int], int] | None  # the job as the run's job number N: its id
     first_job_dir: str | None
     note: Callable[[str], None]  # a line on the console (and in the combined log)
@@ -49,12 +50,12 @@ class Resubmitting:
     regrow: SlurmRegrow | None = None
 
     def warned_for_slow(self, sup: Supervisor) -> bool:
-        """Whether the warning went out now to take out a slow node: kept in the segment,
+        """Whether the warning went out now to take out a slow node: kept in the attempt,
         so the ranks' ends from now on are stops, as for growing back (grow_back.py)."""
-        slow, segment = sup.swap_due, self.segments.current
-        if slow is None or sup.deadline.sent_at is None or segment.warned_at is not None:
+        slow, attempt = sup.swap_due, self.attempts.current
+        if slow is None or sup.deadline.sent_at is None or attempt.warned_at is not None:
             return False
-        self.segments.warned_to(f"SIG{sup.deadline.signal_name} to take out slow {slow.host}")
+        self.attempts.warned_to(f"SIG{sup.deadline.signal_name} to take out slow {slow.host}")
         return True
 
 
@@ -81,11 +82,11 @@ def next_job(ended: EndedJob, run: Resubmitting, number: int) -> tuple[SlurmJob,
             return None
         run.status(spares.status())
         kind = SLOW if slow is not None else "node-failure"
-        run.segments.resubmitted(new[1], failure[1], new[0].nnodes, kind)
+        run.attempts.resubmitted(new[1], failure[1], new[0].nnodes, kind)
         return new
     # Stopped to grow: unless it ended otherwise first (completed or cancelled).
-    grew = back and run.segments.current.ending not in ("completed", "cancelled")
-    facts = AttemptEnd(job.nnodes, back=len(back) if grew else 0, resubmit=run.segments.carry_on())
+    grew = back and run.attempts.current.ending not in ("completed", "cancelled")
+    facts = AttemptEnd(job.nnodes, back=len(back) if grew else 0, resubmit=run.attempts.carry_on())
     step = next_attempt(facts)
     if run.submit is None or not step.goes_on:
         return None
@@ -93,7 +94,7 @@ def next_job(ended: EndedJob, run: Resubmitting, number: int) -> tuple[SlurmJob,
         return _grown(job, run, back, number)
     again = replace(job, job_dir=job_dir_of(run.first_job_dir, number))
     new = again, run.submit(again, number)
-    run.note(run.segments.resubmitted(new[1]))
+    run.note(run.attempts.resubmitted(new[1]))
     return new
 
 
@@ -101,7 +102,7 @@ def slow_node(ended: EndedJob, run: Resubmitting) -> NodeFault | None:
     """The slow node `ended` stopped at its checkpoint for (supervise/straggler_swap.py),
     unless the job ended otherwise first (completed or cancelled)."""
     slow = ended.sup.swap_due if ended.sup is not None else None
-    if slow is None or run.segments.current.ending in ("completed", "cancelled"):
+    if slow is None or run.attempts.current.ending in ("completed", "cancelled"):
         return None
     return slow
 
@@ -115,7 +116,7 @@ def _grown(
     new = grown(job, back, job_dir_of(run.first_job_dir, number))
     why = f"stopped at a checkpoint to grow to {new.nnodes} nodes ({', '.join(back)} back)"
     new_id = run.submit(new, number)
-    run.note(run.segments.resubmitted(new_id, why, new.nnodes, GROW))
+    run.note(run.attempts.resubmitted(new_id, why, new.nnodes, GROW))
     run.note(
         f"run {new.run_id}: SLURM job {new_id} submitted (attempt {number}) on "
         f"{new.nnodes} node(s), with {', '.join(back)} again"

@@ -1,5 +1,5 @@
 """`orchestrator status RUN`'s text for the deadline parts of a record: a SLURM run's
-segments and an SSH run's time limit warning."""
+attempts and an SSH run's time limit warning."""
 
 from __future__ import annotations
 
@@ -8,15 +8,16 @@ from orchestrator.cli.views import status_text
 BASE = {"run_id": "r", "state": "succeeded", "exit_code": 0, "backend": "slurm"}
 
 
-def test_the_segments_of_a_run_carried_across_time_limits() -> None:
-    status = {
+def carried() -> dict:
+    """A SLURM run carried across a time limit, as status.json holds it."""
+    return {
         **BASE,
         "slurm_job_id": 12,
         "slurm_state": "COMPLETED",
         "resubmits_left": 9,
-        "segments": [
+        "attempts": [
             {
-                "segment": 1,
+                "attempt": 1,
                 "job_id": 11,
                 "running_at": "2026-11-28T14:38:34.844Z",
                 "warned_at": "2026-11-28T14:39:01.318Z",
@@ -27,7 +28,7 @@ def test_the_segments_of_a_run_carried_across_time_limits() -> None:
                 "next": "resubmitted as job 12",
             },
             {
-                "segment": 2,
+                "attempt": 2,
                 "job_id": 12,
                 "running_at": "2026-11-28T14:39:05.200Z",
                 "ended_at": "2026-11-28T14:39:47.280Z",
@@ -36,8 +37,11 @@ def test_the_segments_of_a_run_carried_across_time_limits() -> None:
             },
         ],
     }
-    lines = status_text(status).splitlines()
-    at = lines.index("  segments: 2 (resubmits left: 9)")
+
+
+def test_the_attempts_of_a_run_carried_across_time_limits() -> None:
+    lines = status_text(carried()).splitlines()
+    at = lines.index("  attempts: 2 (resubmits left: 9)")
     assert lines[at + 1 : at + 3] == [
         "    1. job 11 ran 14:38:34-14:39:02: its ranks stopped on the time limit's warning "
         "(FAILED); SIGUSR1 for the time limit at 14:39:01; resubmitted as job 12",
@@ -45,9 +49,23 @@ def test_the_segments_of_a_run_carried_across_time_limits() -> None:
     ]
 
 
-def test_one_job_without_a_warning_shows_no_segments() -> None:
-    status = {**BASE, "segments": [{"segment": 1, "job_id": 3, "why": "completed"}]}
-    assert "segments" not in status_text(status)
+def test_a_record_an_older_orchestrator_wrote_shows_the_same() -> None:
+    """Before SLURM's jobs were attempts, status.json listed them as `segments`, each
+    numbered `segment`: `status` reads such a record as it reads today's."""
+    status = carried()
+    older = {k: v for k, v in status.items() if k != "attempts"}
+    older["segments"] = [
+        {"segment": e["attempt"], **{k: v for k, v in e.items() if k != "attempt"}}
+        for e in status["attempts"]
+    ]
+    shown = status_text(older)
+    assert "  attempts: 2 (resubmits left: 9)" in shown.splitlines()
+    assert shown == status_text(status)
+
+
+def test_one_job_without_a_warning_shows_no_attempts() -> None:
+    status = {**BASE, "attempts": [{"attempt": 1, "job_id": 3, "why": "completed"}]}
+    assert "attempts" not in status_text(status)
 
 
 def test_an_ssh_runs_time_limit_and_its_warning() -> None:

@@ -159,15 +159,21 @@ def test_a_restart_within_an_attempt_cuts_its_training_in_two() -> None:
     assert (fault.detect_s, fault.restart_s, found.redone_steps) == (4.0, 11.0, 5)
 
 
-def test_a_program_without_steps_gets_what_is_known_without_them() -> None:
-    segments = [
-        {"segment": 1, "job_id": 7, "submitted_at": at(0), "running_at": at(10)},
-        {"segment": 2, "job_id": 8, "submitted_at": at(50), "running_at": at(58)},
-    ]
+SLURM_JOBS = [
+    {"attempt": 1, "job_id": 7, "submitted_at": at(0), "running_at": at(10)},
+    {"attempt": 2, "job_id": 8, "submitted_at": at(50), "running_at": at(58)},
+]
+
+
+def slurm_records() -> list[dict]:
+    """Two SLURM jobs' ranks (SLURM_JOBS): a node lost in the first, no steps."""
     records = [event(12, "start", h) for h in "ab"]
     records += [event(30, "lost", "b"), event(33, "end", "a")]
-    records += [event(60, "start", h) for h in "ac"] + [event(80, "end", h) for h in "ac"]
-    found = phases_of({"segments": segments}, records, 85)
+    return records + [event(60, "start", h) for h in "ac"] + [event(80, "end", h) for h in "ac"]
+
+
+def test_a_program_without_steps_gets_what_is_known_without_them() -> None:
+    found = phases_of({"attempts": SLURM_JOBS}, slurm_records(), 85)
     assert not found.steps
     only(found.attempts[0]["phases"], waiting=10, starting=2, running=18, stopping=20)
     only(found.attempts[1]["phases"], waiting=8, starting=2, running=20, stopping=5)
@@ -178,6 +184,18 @@ def test_a_program_without_steps_gets_what_is_known_without_them() -> None:
     line = goodput_line(kept)
     assert line.startswith("goodput not measured: the program reported no steps"), line
     assert "running 38 s" in line and "waiting 18 s" in line, line
+
+
+def test_a_record_an_older_orchestrator_wrote_gets_the_same_phases() -> None:
+    """Before SLURM's jobs were attempts, status.json listed them as `segments`, each
+    numbered `segment`: its queue waits and attempts are read from there all the same."""
+    older = [{"segment": 1, **SLURM_JOBS[0]}, {"segment": 2, **SLURM_JOBS[1]}]
+    for entry in older:
+        del entry["attempt"]
+    found = phases_of({"segments": older}, slurm_records(), 85)
+    assert [a["attempt"] for a in found.attempts] == [1, 2]
+    assert found.phases["waiting"] == pytest.approx(18.0)
+    assert found.to_dict() == phases_of({"attempts": SLURM_JOBS}, slurm_records(), 85).to_dict()
 
 
 def test_a_record_without_attempts_is_one_attempt_from_the_start() -> None:
@@ -243,15 +261,15 @@ def test_the_from_step_mark_says_when_training_began_where_records_cover_less() 
 
 
 def test_a_slurm_job_ended_by_a_node_failure_is_a_fault_where_no_event_says_so() -> None:
-    segments = [
-        {"segment": 1, "submitted_at": at(0), "running_at": at(5), "ended_at": at(40),
+    attempts = [
+        {"attempt": 1, "submitted_at": at(0), "running_at": at(5), "ended_at": at(40),
          "ended": "node-failure"},
-        {"segment": 2, "submitted_at": at(45), "running_at": at(50), "ended": "completed"},
+        {"attempt": 2, "submitted_at": at(45), "running_at": at(50), "ended": "completed"},
     ]  # fmt: skip
     records = [mark(10, from_step=0), progress(15, 0, 5), progress(20, 0, 10)]
     records += [mark(20.5, checkpoint=10, save_s=0.5), progress(25, 0, 15)]
     records += [mark(55, from_step=10), progress(60, 0, 15), progress(65, 0, 20)]
-    found = phases_of({"segments": segments}, records, 70)
+    found = phases_of({"attempts": attempts}, records, 70)
     first, second = found.attempts
     only(
         first["phases"],

@@ -132,21 +132,43 @@ def test_attach_refuses_what_it_cannot_take_over(tmp_path: Path) -> None:
 
 def test_a_handover_reads_back(tmp_path: Path) -> None:
     from orchestrator.slurm.following.handover import Progress, save_state
-    from orchestrator.slurm.recovery.segments import Segments
+    from orchestrator.slurm.recovery.job_attempts import JobAttempts
 
     record = record_of(tmp_path)
     following = Following("orchestrator launch ...", None, None, Supervision(), True, False, None)
     base = {"run_id": "r1", "slurm_job_id": 42}
-    progress = Progress(planned(), 42, "/runs/r1/nodes", base, Segments(42, 2), None)
+    progress = Progress(planned(), 42, "/runs/r1/nodes", base, JobAttempts(42, 2), None)
 
     save_state(record, following, progress)
     save_points(record, Points(42, 0, 9, {"node0/rank-0.out": 3}, {"0": 77}, {"rank-0.log": 3}))
     handover = load(record)
     assert (handover.job, handover.job_id, handover.following) == (planned(), 42, following)
     assert handover.points.agents == {"0": 77} and handover.base["slurm_job_id"] == 42
-    segments = Segments(1, 0)
-    handover.restore_segments(segments)
-    assert [s.job_id for s in segments.entries] == [42] and segments.left == 2
+    attempts = JobAttempts(1, 0)
+    handover.restore_attempts(attempts)
+    assert [s.job_id for s in attempts.entries] == [42] and attempts.left == 2
     (record.path / POINTS_FILE).write_text("{")
     with pytest.raises(ConfigError, match="cannot read it"):
+        load(record)
+
+
+def test_a_handover_an_older_orchestrator_wrote_reads_back(tmp_path: Path) -> None:
+    """Before SLURM's jobs were attempts, follower.json kept them under `segments`."""
+    from orchestrator.slurm.following.handover import Progress, save_state
+    from orchestrator.slurm.recovery.job_attempts import JobAttempts
+
+    record = record_of(tmp_path)
+    following = Following("orchestrator launch ...", None, None, Supervision(), True, False, None)
+    kept = JobAttempts(42, 2)
+    kept.resubmitted(43)
+    save_state(record, following, Progress(planned(), 43, None, {}, kept, None))
+    state = json.loads((record.path / STATE_FILE).read_text())
+    state["segments"] = state.pop("attempts")
+    (record.path / STATE_FILE).write_text(json.dumps(state))
+    attempts = JobAttempts(1, 0)
+    load(record).restore_attempts(attempts)
+    assert [(a.number, a.job_id) for a in attempts.entries] == [(1, 42), (2, 43)]
+    del state["segments"]
+    (record.path / STATE_FILE).write_text(json.dumps(state))
+    with pytest.raises(ConfigError, match="not a follower state this orchestrator reads"):
         load(record)

@@ -1,6 +1,6 @@
 """`--backend slurm --min-nodes K` growing back, without a cluster: which lost nodes may
 join (idle again, never more than launched), the larger job's shape, when SLURM is asked,
-the warning to the ranks through their agents, and the next job with `segments` and
+the warning to the ranks through their agents, and the next job with `attempts` and
 `world`. The end-to-end test on the lab's SLURM is
 tests/cluster/test_slurm_min_nodes_cluster.py."""
 
@@ -26,8 +26,8 @@ from orchestrator.slurm.recovery.grow_back import (
     idle_nodes,
     lost_nodes,
 )
+from orchestrator.slurm.recovery.job_attempts import JobAttempts
 from orchestrator.slurm.recovery.resubmit import EndedJob, Resubmitting, next_job
-from orchestrator.slurm.recovery.segments import Segments
 from orchestrator.slurm.recovery.shrink import shrunk
 from orchestrator.supervise import NodeState, RankState
 from orchestrator.supervise.time_limit import WarningClock
@@ -126,10 +126,10 @@ class Attempt:
 class Follower:
     """What of the follower growing back and next_job read."""
 
-    def __init__(self, job: SlurmJob, segments: Segments) -> None:
+    def __init__(self, job: SlurmJob, attempts: JobAttempts) -> None:
         self.job, self.job_id, self.info, self.hosts = job, 11, JobInfo(state="RUNNING"), []
         self.sup: Attempt | None = None
-        self.segments, self.spares, self.first_job_dir = segments, None, "/r/nodes"
+        self.attempts, self.spares, self.first_job_dir = attempts, None, "/r/nodes"
         self.base, self.notes, self.jobs, self.statuses = {}, [], [], 0
         self.batch = None
         self.regrow: SlurmRegrow | None = None
@@ -149,26 +149,26 @@ class Follower:
         return EndedJob(self.job, self.job_id, self.info, self.hosts, sup, Path("slurm.out"))  # type: ignore[arg-type]
 
     def resubmitting(self) -> Resubmitting:
-        means = (self.segments, self.submit, self.first_job_dir, self.note, self.base.update)
+        means = (self.attempts, self.submit, self.first_job_dir, self.note, self.base.update)
         return Resubmitting(*means, self.spares, self.regrow)
 
 
-def _on_two_of_three() -> tuple[Follower, SlurmJob, Segments]:
+def _on_two_of_three() -> tuple[Follower, SlurmJob, JobAttempts]:
     """A run of 3 nodes that lost c1 and runs job 12 on c0 and c2."""
     launched = _job()
-    segments = Segments(11, max_resubmits=0, nodes=3)
-    segments.running(["c0", "c1", "c2"], 6)
-    segments.ended("NODE_FAIL", ranks_ok=False)
+    attempts = JobAttempts(11, max_resubmits=0, nodes=3)
+    attempts.running(["c0", "c1", "c2"], 6)
+    attempts.ended("NODE_FAIL", ranks_ok=False)
     smaller = shrunk(launched, ["c1"], "/r/nodes-2")
-    segments.resubmitted(12, "SLURM job 11 ended NODE_FAIL: c1 is down", 2)
-    segments.running(["c0", "c2"], 4)
-    f = Follower(smaller, segments)
+    attempts.resubmitted(12, "SLURM job 11 ended NODE_FAIL: c1 is down", 2)
+    attempts.running(["c0", "c2"], 4)
+    f = Follower(smaller, attempts)
     f.job_id = 12
-    return f, launched, segments
+    return f, launched, attempts
 
 
 def test_a_lost_node_back_grows_the_run_at_the_next_checkpoint() -> None:
-    f, launched, segments = _on_two_of_three()
+    f, launched, attempts = _on_two_of_three()
     commands = FakeCommands(sinfo=(0, "c1|down*\n"))
     regrow = f.regrow = SlurmRegrow(commands, Supervision(heartbeat_timeout=5))  # type: ignore[arg-type]
     sup = f.sup = Attempt(["c0", "c2"])
@@ -188,35 +188,35 @@ def test_a_lost_node_back_grows_the_run_at_the_next_checkpoint() -> None:
     assert f.notes == ["c1 back; growing to 3 nodes at the next checkpoint"]
     assert [s.sent for s in sup.sessions] == [["signal USR1"], ["signal USR1"]]
     assert sup.sink.notes == ["growing to 3 nodes: SIGUSR1 to 4 rank(s) on 2 node(s)"]
-    assert segments.current.warned_at is not None
-    assert segments.current.warning == "SIGUSR1 to grow to 3 nodes"
+    assert attempts.current.warned_at is not None
+    assert attempts.current.warning == "SIGUSR1 to grow to 3 nodes"
     regrow.check(f)  # type: ignore[arg-type]
     assert [s.sent for s in sup.sessions] == [["signal USR1"], ["signal USR1"]]  # once
 
     # The ranks saved and exited 138: the script's exit ends the job FAILED.
     f.info = JobInfo(state="FAILED")
-    segments.ended("FAILED", ranks_ok=False)
+    attempts.ended("FAILED", ranks_ok=False)
     new = next_job(f.ended(), f.resubmitting(), 3)
     assert new is not None and new[1] == 303
     [(job, number)] = f.jobs
     assert (job.nnodes, job.exclude, job.job_dir, number) == (3, (), "/r/nodes-3", 3)
     assert "--nodes=3" in job.sbatch_lines
     assert f.notes[1:] == [
-        "segment 3: SLURM job 303 submitted, after job 12 stopped at a checkpoint to grow "
+        "attempt 3: SLURM job 303 submitted, after job 12 stopped at a checkpoint to grow "
         "to 3 nodes (c1 back)",
         "run r: SLURM job 303 submitted (attempt 3) on 3 node(s), with c1 again",
     ]
-    segments.running(["c0", "c1", "c2"], 6)
-    entries = segments.status()["segments"]
+    attempts.running(["c0", "c1", "c2"], 6)
+    entries = attempts.status()["attempts"]
     assert [(s["job_id"], s["nodes"], s["ended"], s["next"]) for s in entries] == [
         (11, 3, "node-failure", "resubmitted as job 12 on 2 node(s)"),
         (12, 2, "grow", "resubmitted as job 303 on 3 node(s)"),
         (303, 3, None, None),
     ]
-    world = segments.status()["world"]
+    world = attempts.status()["world"]
     assert [len(w["nodes"]) for w in world] == [3, 2, 3]
     assert world[2]["why"] == ("after job 12: stopped at a checkpoint to grow to 3 nodes (c1 back)")
-    assert segments.left == 0  # a growth uses no --max-resubmits
+    assert attempts.left == 0  # a growth uses no --max-resubmits
 
     # On as many as launched: SLURM is not asked again.
     f.job, f.sup = job, Attempt(["c0", "c1", "c2"])
@@ -226,29 +226,29 @@ def test_a_lost_node_back_grows_the_run_at_the_next_checkpoint() -> None:
 
 
 def test_no_rank_running_yet_the_warning_waits_and_a_job_that_completed_is_not_grown() -> None:
-    f, launched, segments = _on_two_of_three()
+    f, launched, attempts = _on_two_of_three()
     regrow = f.regrow = SlurmRegrow(FakeCommands(sinfo=(0, "c1|idle\n")), None)  # type: ignore[arg-type]
     sup = f.sup = Attempt(["c0", "c2"], running=False)
     regrow.asked_at -= 60
     regrow.check(f)  # type: ignore[arg-type]
     assert f.notes == ["c1 back; growing to 3 nodes at the next checkpoint"]
-    assert segments.current.warned_at is None and sup.sessions[0].sent == []
+    assert attempts.current.warned_at is None and sup.sessions[0].sent == []
     sup.running = True
     regrow.check(f)  # type: ignore[arg-type]
     assert sup.sessions[0].sent == ["signal USR1"] and len(f.notes) == 1
 
     # The ranks finished before the signal reached them: the run ends as it is.
-    segments.ended("COMPLETED", ranks_ok=True)
+    attempts.ended("COMPLETED", ranks_ok=True)
     assert next_job(f.ended(), f.resubmitting(), 3) is None
     assert f.jobs == [] and regrow.back == []
 
 
 def test_a_time_limits_warning_first_is_left_to_the_time_limit() -> None:
-    f, launched, segments = _on_two_of_three()
+    f, launched, attempts = _on_two_of_three()
     commands = FakeCommands(sinfo=(0, "c1|idle\n"))
     regrow = f.regrow = SlurmRegrow(commands, None)  # type: ignore[arg-type]
     f.sup = Attempt(["c0", "c2"])
-    segments.current.warned_at = time.time()  # the script's warning file
+    attempts.current.warned_at = time.time()  # the script's warning file
     regrow.asked_at -= 60
     regrow.check(f)  # type: ignore[arg-type]
     assert commands.calls == [] and f.notes == []
@@ -257,7 +257,7 @@ def test_a_time_limits_warning_first_is_left_to_the_time_limit() -> None:
 def test_ranks_that_do_not_catch_the_signal_yet_are_sent_it_again() -> None:
     """A program still starting (torch's import) has no handler yet: the agents skip its
     ranks (G ... - 0,1), and the warning goes out again after the interval."""
-    f, launched, segments = _on_two_of_three()
+    f, launched, attempts = _on_two_of_three()
     regrow = f.regrow = SlurmRegrow(FakeCommands(sinfo=(0, "c1|idle\n")), None)  # type: ignore[arg-type]
     sup = f.sup = Attempt(["c0", "c2"])
     regrow.asked_at -= 60
@@ -272,5 +272,5 @@ def test_ranks_that_do_not_catch_the_signal_yet_are_sent_it_again() -> None:
     regrow.check(f)  # type: ignore[arg-type]  # forgets the first
     regrow.check(f)  # type: ignore[arg-type]  # and sends it again
     assert sup.sessions[0].sent == ["signal USR1", "signal USR1"]
-    assert segments.current.warned_at is not None and regrow.signalled
+    assert attempts.current.warned_at is not None and regrow.signalled
     assert f.notes == ["c1 back; growing to 3 nodes at the next checkpoint"]  # said once

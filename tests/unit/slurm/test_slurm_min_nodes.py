@@ -1,6 +1,6 @@
 """`--backend slurm --min-nodes K`, without a cluster: after a job's node failure, what comes
 next (a spare, the nodes left, or the run's end at the floor), the next job's shape, the
-console's lines, the segments and the final outcome. The end-to-end test on the lab's SLURM
+console's lines, the attempts and the final outcome. The end-to-end test on the lab's SLURM
 is tests/cluster/test_slurm_min_nodes_cluster.py."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from orchestrator.record.states import RunState
 from orchestrator.slurm.batch.job import SlurmJob
 from orchestrator.slurm.batch.planning import plan_slurm_job
 from orchestrator.slurm.control.parse import JobInfo
-from orchestrator.slurm.recovery.segments import Segments, describe_segment
+from orchestrator.slurm.recovery.job_attempts import JobAttempts, describe_job_attempt
 from orchestrator.slurm.recovery.shrink import shrunk
 from orchestrator.slurm.recovery.spares import SlurmSpares
 from orchestrator.supervise import Outcome
@@ -107,10 +107,10 @@ def test_a_lost_node_then_one_more_goes_on_with_fewer_then_reaches_the_floor() -
     job, submitted, notes = _job(), Submitted(), []
     commands = FakeCommands(sinfo=(0, "c0|allocated|none\nc1|down|test\nc2|allocated|none\n"))
     spares = SlurmSpares(job, commands, None, submitted)  # type: ignore[arg-type]
-    segments = Segments(11, max_resubmits=10, nodes=job.nnodes)
+    attempts = JobAttempts(11, max_resubmits=10, nodes=job.nnodes)
     hosts = ["c0", "c1", "c2"]
-    segments.running(hosts, job.world_size)
-    segments.ended("NODE_FAIL", ranks_ok=False)
+    attempts.running(hosts, job.world_size)
+    attempts.ended("NODE_FAIL", ranks_ok=False)
     failure = spares.failure(11, JobInfo(state="NODE_FAIL"), hosts)
     assert failure == ("c1", "SLURM job 11 ended NODE_FAIL: c1 is down: test")
     assert spares.after(job) is Next.SHRINK
@@ -121,20 +121,20 @@ def test_a_lost_node_then_one_more_goes_on_with_fewer_then_reaches_the_floor() -
     [(sent, number)] = submitted.jobs
     assert (sent.nnodes, sent.exclude, sent.job_dir, number) == (2, ("c1",), "/r/nodes-2", 2)
     assert spares.status()["min_nodes"] == 2 and spares.recoveries == []
-    segments.resubmitted(102, failure[1], sent.nnodes)
-    segments.running(["c0", "c2"], sent.world_size)
+    attempts.resubmitted(102, failure[1], sent.nnodes)
+    attempts.running(["c0", "c2"], sent.world_size)
     spares.running(["c0", "c2"], notes.append)
     assert notes[2].startswith("running again on 2 node(s) (c0, c2), ")
 
     # One more lost: 1 of 3 left, fewer than --min-nodes 2.
     spares.commands = FakeCommands(sinfo=(0, "c0|down*|Not responding\nc2|allocated|none\n"))
-    segments.ended("NODE_FAIL", ranks_ok=False)
+    attempts.ended("NODE_FAIL", ranks_ok=False)
     failure = spares.failure(102, JobInfo(state="NODE_FAIL"), ["c0", "c2"])
     assert failure is not None and spares.after(sent) is Next.FLOOR
     assert spares.replace(sent, ["c0", "c2"], *failure, 3, notes.append) is None
     assert len(submitted.jobs) == 1  # nothing more submitted
     ended = Outcome(RunState.FAILED, 1, "job ended: SLURM job 102 ended NODE_FAIL")
-    outcome = segments.amend(spares.amend(ended))
+    outcome = attempts.amend(spares.amend(ended))
     assert (outcome.state, outcome.exit_code) == (RunState.LOST, 1)
     assert (
         "c0 lost; no spare left; 1 of 3 nodes left, below --min-nodes 2: the floor was "
@@ -144,17 +144,17 @@ def test_a_lost_node_then_one_more_goes_on_with_fewer_then_reaches_the_floor() -
         r"on fewer nodes than the 3 launched with for \d+\.\d s \(down to 2; --min-nodes\)",
         outcome.summary.splitlines()[-1],
     ), outcome.summary
-    world = segments.status()["world"]
+    world = attempts.status()["world"]
     assert [(w["attempt"], w["nodes"], w["ranks"], w["why"][:17]) for w in world] == [
         (1, ["c0", "c1", "c2"], 6, "launch"),
         (2, ["c0", "c2"], 4, "after job 11: SLU"),
     ]
-    entries = segments.status()["segments"]
+    entries = attempts.status()["attempts"]
     assert [(s["job_id"], s["nodes"], s["ended"], s["next"]) for s in entries] == [
         (11, 3, "node-failure", "resubmitted as job 102 on 2 node(s)"),
         (102, 2, "node-failure", None),
     ]
-    assert describe_segment(entries[1]).startswith("2. job 102 on 2 node(s) ran ")
+    assert describe_job_attempt(entries[1]).startswith("2. job 102 on 2 node(s) ran ")
 
 
 def test_spares_come_first_then_the_nodes_left() -> None:

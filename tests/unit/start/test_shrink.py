@@ -1,7 +1,7 @@
 """--min-nodes in the node pool, without a cluster: a node fault with no spare left leaves
 the node out (the others renumbered in order, the master moved with node 0, node 0 or
 everyone probed again), down to the floor and no further; hosts that fail the preflight or
-cannot be reached are left out at the start; the run record's world segments. The probe is
+cannot be reached are left out at the start; the run record's world world. The probe is
 a stand-in (the boundary being the nodes); end to end: tests/cluster/test_shrink_cluster.py."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from orchestrator.errors import NodeError, NodeErrors
 from orchestrator.hosts.hostfile import parse_hostfile
 from orchestrator.hosts.selection import hold_spares
 from orchestrator.plan.launch_plan import LAUNCH_WORLD_SIZE, make_plan
-from orchestrator.record.world import WorldSegment, describe_world, seconds_on_fewer_nodes
+from orchestrator.record.world import AttemptWorld, describe_world, seconds_on_fewer_nodes
 from orchestrator.start.joining import grow, room, take
 from orchestrator.start.pool import Member, NodePool
 from orchestrator.supervise.state import NodeFault, Outcome
@@ -198,15 +198,15 @@ def test_after_a_host_left_out_at_the_start_every_line_counts_the_hosts_chosen()
     assert p.change == "n2 back: 3 of 4 nodes", p.change
 
 
-def test_time_on_fewer_nodes_counts_the_smaller_segments_only() -> None:
-    segments = [
-        WorldSegment(1, ("a", "b", "c"), 3, 100.0, "launch"),
-        WorldSegment(2, ("a", "c"), 2, 130.0, "b lost"),
-        WorldSegment(3, ("a", "b", "c"), 3, 150.0, "b back"),
-        WorldSegment(4, ("a",), 1, 170.0, "b, c lost"),
+def test_time_on_fewer_nodes_counts_the_smaller_world_entries_only() -> None:
+    world = [
+        AttemptWorld(1, ("a", "b", "c"), 3, 100.0, "launch"),
+        AttemptWorld(2, ("a", "c"), 2, 130.0, "b lost"),
+        AttemptWorld(3, ("a", "b", "c"), 3, 150.0, "b back"),
+        AttemptWorld(4, ("a",), 1, 170.0, "b, c lost"),
     ]
-    assert seconds_on_fewer_nodes(segments, until=175.0) == pytest.approx(25.0)
-    shown = describe_world(segments[1].to_dict())
+    assert seconds_on_fewer_nodes(world, until=175.0) == pytest.approx(25.0)
+    shown = describe_world(world[1].to_dict())
     assert shown.startswith("attempt 2: 2 node(s), 2 rank(s) since ") and shown.endswith(
         "(b lost): a, c"
     )

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from orchestrator.slurm.following.follow import Follower
-from orchestrator.slurm.recovery.segments import Segments
+from orchestrator.slurm.recovery.job_attempts import JobAttempts
 from orchestrator.supervise.detect import Detector
 from orchestrator.supervise.stopping import Stopper
 from orchestrator.supervise.time_limit import Cause, WarningClock
@@ -82,7 +82,7 @@ def test_the_slurm_follower_tells_the_clock_what_slurms_signal_was_for(
     det.warning.warned_for(Cause.CHECKPOINT, "an earlier reason")  # type: ignore[union-attr]
     scontrol = f"JobId=12 JobState=RUNNING PreemptTime={preempt_time} Restarts=0"
     follower = SimpleNamespace(
-        segments=Segments(12, max_resubmits=1, nodes=2),
+        attempts=JobAttempts(12, max_resubmits=1, nodes=2),
         commands=FakeCommands(scontrol=(0, scontrol)),
         job_id=12,
         sup=SimpleNamespace(deadline=det.warning),

@@ -1,4 +1,4 @@
-"""A SLURM run's segments: the jobs it took one after another, how each ended, and whether
+"""A SLURM run's attempts: the jobs it took one after another, how each ended, and whether
 the run goes on in a next one.
 
 A job that reaches its time limit (TIMEOUT), whose ranks stopped on the time limit's warning
@@ -10,7 +10,7 @@ launch` submits the same job again (same run id and command, a new job id), up t
 `orchestrator stop`, Ctrl-C) is never carried on; a node failure is --spares' business
 (orchestrator.slurm.recovery.spares) and --min-nodes' (orchestrator.slurm.recovery.shrink: the next
 job on fewer nodes; orchestrator.slurm.recovery.grow_back: on more again, a job stopped at a
-checkpoint ends `grow`; each segment keeps its job's node count). ENDINGS is the table, first match
+checkpoint ends `grow`; each attempt keeps its job's node count). ENDINGS is the table, first match
 wins.
 """
 
@@ -23,7 +23,7 @@ from pathlib import Path
 
 from orchestrator.backends.scheduler_states import SchedulerState
 from orchestrator.record.runs import now_iso
-from orchestrator.record.world import WorldSegment, fewer_nodes_line
+from orchestrator.record.world import AttemptWorld, fewer_nodes_line
 from orchestrator.slurm.control.parse import slurm_state
 from orchestrator.supervise import Outcome
 
@@ -77,8 +77,8 @@ def read_warning(path: Path) -> tuple[str, float] | None:
 
 
 @dataclass
-class Segment:
-    """One job of the run (a requeued job starts a new segment under the same id)."""
+class JobAttempt:
+    """One job of the run (a requeued job starts a new attempt under the same id)."""
 
     number: int
     job_id: int
@@ -120,7 +120,7 @@ class Segment:
 
     def to_dict(self) -> dict:
         return {
-            "segment": self.number,
+            "attempt": self.number,
             "job_id": self.job_id,
             "nodes": self.nodes or None,
             "submitted_at": now_iso(self.submitted_at),
@@ -135,8 +135,8 @@ class Segment:
         }
 
 
-def describe_segment(entry: dict) -> str:
-    """One segment as status.json holds it, in words (times of day in UTC)."""
+def describe_job_attempt(entry: dict) -> str:
+    """One attempt as status.json holds it, in words (times of day in UTC)."""
 
     def clock(key: str) -> str:
         return entry[key][11:19] if entry.get(key) else "?"
@@ -147,33 +147,33 @@ def describe_segment(entry: dict) -> str:
     warned = f"; {entry['warning']} at {clock('warned_at')}" if entry.get("warned_at") else ""
     then = f"; {entry['next']}" if entry.get("next") else ""
     nodes = f" on {entry['nodes']} node(s)" if entry.get("nodes") else ""
-    return f"{entry['segment']}. job {entry['job_id']}{nodes}{ran}: {how}{state}{warned}{then}"
+    return f"{entry['attempt']}. job {entry['job_id']}{nodes}{ran}: {how}{state}{warned}{then}"
 
 
-class Segments:
-    """The segments of one run, and how many resubmissions are left."""
+class JobAttempts:
+    """The attempts of one run, and how many resubmissions are left."""
 
     def __init__(self, job_id: int, max_resubmits: int, nodes: int = 0) -> None:
         self.given = self.left = max_resubmits
-        self.entries = [Segment(1, job_id, time.time(), nodes=nodes)]
-        self.preempted_seen = False  # SLURM said PreemptTime for the segment now followed
+        self.entries = [JobAttempt(1, job_id, time.time(), nodes=nodes)]
+        self.preempted_seen = False  # SLURM said PreemptTime for the attempt now followed
 
     @property
-    def current(self) -> Segment:
+    def current(self) -> JobAttempt:
         return self.entries[-1]
 
     def running(self, hosts: list[str] | tuple[str, ...] = (), ranks: int = 0) -> None:
-        """The job of the current segment runs, on `hosts` with `ranks` ranks."""
+        """The job of the current attempt runs, on `hosts` with `ranks` ranks."""
         self.current.ran(tuple(hosts), ranks)
 
     def warned(self, signal_name: str, when: float, preempted: bool) -> str:
         """The script passed the warning on to the ranks; the console's line."""
-        segment = self.current
+        attempt = self.current
         cause = "a preemption" if preempted else "the time limit"
-        segment.warn(when, f"SIG{signal_name} for {cause}")
+        attempt.warn(when, f"SIG{signal_name} for {cause}")
         self.preempted_seen = self.preempted_seen or preempted
         return (
-            f"SLURM job {segment.job_id}: SIG{signal_name} to every rank for {cause} "
+            f"SLURM job {attempt.job_id}: SIG{signal_name} to every rank for {cause} "
             "(the ranks save a checkpoint and stop)"
         )
 
@@ -183,11 +183,13 @@ class Segments:
         self.current.warn(time.time(), warning)
 
     def unwarned(self) -> None:
-        """No rank took the warning: the segment is as if it never went out."""
+        """No rank took the warning: the attempt is as if it never went out."""
         self.current.warn(None)
 
-    def restore(self, entries: list[Segment], given: int, left: int, preempted_seen: bool) -> None:
-        """The segments as a follower before this one left them (following/handover.py)."""
+    def restore(
+        self, entries: list[JobAttempt], given: int, left: int, preempted_seen: bool
+    ) -> None:
+        """The attempts as a follower before this one left them (following/handover.py)."""
         self.entries, self.given, self.left = entries, given, left
         self.preempted_seen = preempted_seen
 
@@ -196,20 +198,20 @@ class Segments:
         self.preempted_seen = True
 
     def ended(self, state: str, ranks_ok: bool) -> str:
-        """The job of the current segment ended in `state` (SLURM's word, which the segment
+        """The job of the current attempt ended in `state` (SLURM's word, which the attempt
         keeps): its ending (a row of ENDINGS)."""
-        segment = self.current
-        kind, words = ending(state, segment.warned_at is not None, ranks_ok)
+        attempt = self.current
+        kind, words = ending(state, attempt.warned_at is not None, ranks_ok)
         timed_out = slurm_state(state) == SchedulerState.TIME_LIMIT
         if self.preempted_seen and kind in ("time-limit", "failed") and not timed_out:
             # The ranks stopped on the preemption's signal (or SIGTERM), and the script
             # ended before SLURM could requeue the job.
             kind, words = "preempted", "preempted by a higher-priority job"
-        segment.end(state, kind, words)
+        attempt.end(state, kind, words)
         return kind
 
     def requeued(self, state: str, reason: str) -> str:
-        """SLURM requeued the job (same id): a new segment; the console's line."""
+        """SLURM requeued the job (same id): a new attempt; the console's line."""
         old = self.current
         kind = "preempted" if self.preempted_seen else "requeued"
         old.end(
@@ -221,17 +223,17 @@ class Segments:
         )
         old.then("requeued by SLURM")
         self._begin(old.job_id, old.nodes)
-        return f"segment {self.current.number}: SLURM job {old.job_id} {old.why}; requeued by SLURM"
+        return f"attempt {self.current.number}: SLURM job {old.job_id} {old.why}; requeued by SLURM"
 
     def carry_on(self) -> bool:
-        """Whether the ended segment's job is to be submitted again (and one more may be)."""
+        """Whether the ended attempt's job is to be submitted again (and one more may be)."""
         return self.current.ending in CARRIED and self.left > 0
 
     def resubmitted(
         self, new_id: int, why: str = "", nodes: int = 0, kind: str = "node-failure"
     ) -> str:
         """The job was submitted again as `new_id` (on `nodes` nodes; 0: as many as
-        before): a new segment; the console's line. `why`: a node failure (--spares,
+        before): a new attempt; the console's line. `why`: a node failure (--spares,
         --min-nodes) or a growth back (`kind` "grow", grow_back.py) says its own."""
         old = self.current
         nodes = nodes or old.nodes
@@ -243,43 +245,45 @@ class Segments:
             self.left -= 1
         self._begin(new_id, nodes)
         return (
-            f"segment {self.current.number}: SLURM job {new_id} submitted, after job "
+            f"attempt {self.current.number}: SLURM job {new_id} submitted, after job "
             f"{old.job_id} {old.why}"
         )
 
     def _begin(self, job_id: int, nodes: int) -> None:
-        self.entries.append(Segment(len(self.entries) + 1, job_id, time.time(), nodes=nodes))
+        self.entries.append(JobAttempt(len(self.entries) + 1, job_id, time.time(), nodes=nodes))
         self.preempted_seen = False
 
-    def world(self) -> list[WorldSegment]:
+    def world(self) -> list[AttemptWorld]:
         """The nodes the run ran on over time, one entry per job that ran (status.json's
         `world`, as over SSH: orchestrator.record.world)."""
         world, why = [], "launch"
-        for segment in self.entries:
-            if segment.hosts:
+        for attempt in self.entries:
+            if attempt.hosts:
                 world.append(
-                    WorldSegment(
-                        segment.number,
-                        segment.hosts,
-                        segment.ranks,
-                        segment.submitted_at,
+                    AttemptWorld(
+                        attempt.number,
+                        attempt.hosts,
+                        attempt.ranks,
+                        attempt.submitted_at,
                         why,
-                        segment.running_at,
+                        attempt.running_at,
                     )
                 )
-            why = f"after job {segment.job_id}: {segment.why}"
+            why = f"after job {attempt.job_id}: {attempt.why}"
         return world
 
     def status(self) -> dict:
-        """The segments part of status.json, and the world they ran on."""
+        """The attempts part of status.json (`attempt`: the current one's number, as over
+        SSH), and the world they ran on."""
         return {
-            "segments": [s.to_dict() for s in self.entries],
+            "attempt": self.current.number,
+            "attempts": [s.to_dict() for s in self.entries],
             "resubmits_left": self.left,
             "world": [w.to_dict() for w in self.world()],
         }
 
     def amend(self, outcome: Outcome) -> Outcome:
-        """The final outcome with the segments, when there were several, and why the last
+        """The final outcome with the attempts, when there were several, and why the last
         was not carried on when it could have been."""
         lines = [outcome.summary] if outcome.summary else []
         last = self.current
@@ -291,8 +295,8 @@ class Segments:
             if outcome.exit_code != 0:
                 outcome = replace(outcome, exit_code=124)
         if len(self.entries) > 1:
-            lines.append(f"carried across {len(self.entries)} segment(s):")
-            lines += [f"  {describe_segment(s.to_dict())}" for s in self.entries]
+            lines.append(f"carried across {len(self.entries)} attempt(s):")
+            lines += [f"  {describe_job_attempt(s.to_dict())}" for s in self.entries]
         fewer = fewer_nodes_line(self.world(), time.time())
         if fewer:
             lines.append(fewer)
