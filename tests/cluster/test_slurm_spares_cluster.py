@@ -228,6 +228,6 @@ def test_a_slow_node_is_swapped_for_the_spare_at_a_checkpoint(
     assert listed == [victim], bad.read_text()
     done_on = re.findall(r"rank (\d) on (\S+) done in job", out)
     assert len(done_on) == 2 and victim not in {node for _, node in done_on}, out
-    assert status["segments"][0]["ended"] == "slow", status["segments"]
+    assert status["attempts"][0]["ended"] == "slow", status["attempts"]
     for job_id in status["slurm_job_ids"]:
         assert_gone(slurm_cluster, job_id, "slow")

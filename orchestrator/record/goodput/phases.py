@@ -74,7 +74,9 @@ NO_STEPS = (
     "the program reported no steps (no metrics channel): training, redone steps, saves and "
     "detection cannot be told apart, and are `running`"
 )
-FAULTS = ("failed", "lost", "node-failure")  # the last: a scheduler's word (Attempt.fault_at)
+# "node-failure": a scheduler's word (Attempt.fault_at); "swap": a slow node taken out at a
+# checkpoint (supervise/straggler_swap.py), an attempt's end as a fault is, detected at once
+FAULTS = ("failed", "lost", "node-failure", "swap")
 
 
 def is_mark(metrics: dict) -> bool:

@@ -57,14 +57,23 @@ def goodput_line(goodput: dict) -> str:
     faults = goodput["faults"]
     if faults["count"]:
         lost = faults["detect_s"] + faults["restart_s"] + faults["redone_s"]
-        noun = "fault" if faults["count"] == 1 else "faults"
         return (
-            f"{head}: {duration(lost)} lost to {faults['count']} {noun} (detect "
+            f"{head}: {duration(lost)} lost to {causes(faults)} (detect "
             f"{duration(faults['detect_s'])}, restart {duration(faults['restart_s'])}, redone "
             f"{duration(faults['redone_s'])}; {goodput['redone_steps']} step(s) redone)"
         )
     rest = f" ({', '.join(others)})" if others else ""
     return f"{head}: training {duration(phases['training'])} kept of {duration(wall)}{rest}"
+
+
+def causes(faults: dict) -> str:
+    """`1 fault`, `1 slow node swapped`, `2 faults and 1 slow node swapped`."""
+    swaps = sum(1 for fault in faults.get("each") or [] if fault.get("event") == "swap")
+    rest = faults["count"] - swaps
+    said = [f"{rest} fault{'s' if rest != 1 else ''}"] if rest else []
+    if swaps:
+        said.append(f"{swaps} slow node{'s' if swaps != 1 else ''} swapped")
+    return " and ".join(said)
 
 
 def goodput_table(goodput: dict) -> list[str]:

@@ -96,6 +96,11 @@ class SlurmJob:
     def node_of_rank(self, rank: int) -> int:
         return rank // self.nproc
 
+    def port_of(self, job_id: int) -> int:
+        """The rendezvous port of job `job_id`: --master-port, else the batch script's
+        choice, PORT_BASE + the job id % PORT_SPAN."""
+        return self.master_port or PORT_BASE + job_id % PORT_SPAN
+
     def to_dict(self) -> dict:
         """The job as plain data for plan.yaml (secret values never appear)."""
         return {

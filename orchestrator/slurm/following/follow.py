@@ -42,7 +42,7 @@ from orchestrator.options.supervision import Supervision
 from orchestrator.record.runs import RunRecord, ended_status
 from orchestrator.record.states import RankPhase, RunState
 from orchestrator.slurm.batch.batch_script import SCRIPT_NAME, dial_python
-from orchestrator.slurm.batch.job import PORT_BASE, PORT_SPAN, SlurmJob
+from orchestrator.slurm.batch.job import SlurmJob
 from orchestrator.slurm.batch.node_files import batch_output, kept_on_node
 from orchestrator.slurm.control import client as slurm
 from orchestrator.slurm.control.client import SlurmCommands
@@ -301,8 +301,8 @@ class Follower:
             fold=self.fold,
             footer=self.footer,
         )
-        p = job.master_port or PORT_BASE + self.job_id % PORT_SPAN  # the rendezvous port
-        self.base.update(master=f"{job.master_addr or hosts[0]}:{p}", slurm_restarts=self.attempt)
+        master = f"{job.master_addr or hosts[0]}:{job.port_of(self.job_id)}"
+        self.base.update(master=master, slurm_restarts=self.attempt)
         self.events = queue.Queue()
         agents = NodeAgents(
             self.job_id,

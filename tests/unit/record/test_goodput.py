@@ -302,3 +302,27 @@ def test_marks_alone_say_where_training_was() -> None:
     assert found.attempts[0]["steps"] == [0, 10] and found.redone_steps == 0
     (fault,) = found.faults
     assert (fault.detect_s, fault.restart_s) == (4.0, 9.0)
+
+
+def test_a_slow_node_swapped_costs_its_restart_only() -> None:
+    """Node c is slow; it is taken out at 28 s (its `swap` event): the ranks checkpoint at
+    step 20 (30 s) and end; attempt 2 on the spare resumes from step 20."""
+    records = [mark(10, from_step=0)]
+    for when, step in ((15, 5), (20, 10), (25, 15), (30, 20)):
+        records += [progress(when, r, step, "abc"[r]) for r in range(3)]
+    records += [event(28, "swap", "c", "slow: rank 2's step work 3.0x the median for 20 s")]
+    records += [mark(31, checkpoint=20, save_s=1.0)]
+    records += [event(32, "end", h) for h in "abc"] + [event(45, "start", h) for h in "abd"]
+    records.append(mark(48, from_step=20))
+    for when, step in ((53, 25), (58, 30)):
+        records += [progress(when, r, step, "abd"[r]) for r in range(3)]
+    recovery = {"attempt": 2, "node": "c", "spare": "d", "noticed_at": at(28)}
+    status = {"world": world((1, 1, 3), (2, 40, 3)), "recoveries": [recovery]}
+    found = phases_of(status, records, 60)
+    (fault,) = found.faults
+    assert (fault.event, fault.detect_s, fault.redone_s) == ("swap", 0.0, 0.0)
+    assert found.redone_steps == 0 and fault.restart_s == pytest.approx(17.0)  # 31 s -> 48 s
+    assert goodput_line(found.to_dict()) == (
+        "goodput 50 %: 17 s lost to 1 slow node swapped (detect 0.0 s, restart 17 s, redone "
+        "0.0 s; 0 step(s) redone)"
+    )
