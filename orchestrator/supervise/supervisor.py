@@ -124,10 +124,9 @@ class Supervisor:
         self.hang: Hang | None = None
         self.metrics.probes(self.nodes, probes or {})
         self.checkpoint_asked: str | None = None  # why the ranks are asked to checkpoint
-        on = lose_one is not None and supervision.swap_stragglers
         self.swap = (
             StragglerSwap(supervision.swap_stragglers_after, lose_one, sink.note)
-            if on and lose_one is not None
+            if lose_one is not None and supervision.swap_stragglers
             else None
         )
 
