@@ -15,15 +15,17 @@ controller's CPU while the job runs and prints nothing.
    ratios agent / before, and the median of each round's own ratio. Target: the first step
    at most 1.1x.
 2. Idle. `orchestrator launch --backend slurm --detach` of a job whose one rank per node
-   prints a line and sleeps, at each of --nodes; once every rank has printed and every
-   node's `srun --overlap` step (the controller's way to its agent) runs, the CPU (user +
+   prints a line and sleeps, at each of --nodes; once every rank has printed and the
+   `srun --overlap` step over the nodes (the controller's way to the agents) runs, the CPU (user +
    system, from /proc) over --windows windows of --seconds of: the detached controller (its
    main thread, which follows the job: squeue every 30 s while every agent answers, the
    nodes' files every 1 s while they rest, orchestrator/slurm/following/cadence.py; and its other
    threads, which read the agents' frames), the commands it ran and waited for in the
    window (squeue), and its srun processes with their children. Printed per window, and
-   the medians per node per 30 s. Target: the total within 2 ms per node per 30 s (as over
-   SSH, benchmarks/idle_controller.py).
+   the medians per node per 30 s, with the most srun processes on this host, controller
+   threads and resident memory a window ended with. Target: the total within 2 ms per node
+   per 30 s (as over SSH, benchmarks/idle_controller.py); srun processes at most 2.
+   --repeat 0 leaves part 1 out.
 The machine has few cores and may be shared: the ratios of one run matter most.
 """
 
@@ -175,15 +177,26 @@ def controller_cpu(pid: int) -> dict[str, float]:
         _, _, own, waited = table_[root]
         return own + waited + sum(subtree(child) for child in children[root])
 
+    def sruns(root: int) -> int:
+        return (table_[root][1] == "srun") + sum(sruns(child) for child in children[root])
+
     main, others = thread_cpu(pid)
     spent = {"main": main, "threads": others, "waited": table_[pid][3], "srun": 0.0, "sruns": 0}
     for child in children[pid]:
         if table_[child][1] == "srun":
             spent["srun"] += subtree(child)
-            spent["sruns"] += 1
+            spent["sruns"] += sruns(child)  # srun and the child it forks
         else:
             spent["waited"] += subtree(child)
     return spent
+
+
+def footprint(pid: int) -> tuple[int, float]:
+    """The controller's thread count and resident memory (MB)."""
+    status = dict(
+        line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+    )
+    return int(status["Threads"]), int(status["VmRSS"].split()[0]) / 1024
 
 
 PARTS = ("main", "threads", "waited", "srun")
@@ -191,7 +204,8 @@ PARTS = ("main", "threads", "waited", "srun")
 
 def idle_cost(slurm, work: Path, n: int, windows: int, seconds: float) -> list[dict[str, float]]:
     """The controller's CPU ms in each window, by part, of a detached launch of `n` nodes
-    whose ranks sleep."""
+    whose ranks sleep; each window also counts the srun processes on this host, the
+    controller's threads and its resident memory (MB) at its end."""
     run_id, runs = f"idle-{n}", work / "runs"
     (work / "sleeping.py").write_text(SLEEPING.format(seconds=windows * seconds + 1800))
     argv = [*ORCHESTRATOR, "launch", "--backend", "slurm", "--detach", "--nodes", str(n)]
@@ -209,7 +223,7 @@ def idle_cost(slurm, work: Path, n: int, windows: int, seconds: float) -> list[d
 
         wait_until(all_sleeping, 600, f"{n} ranks sleeping ({combined})", poll=0.2)
         pid = json.loads((runs / run_id / "status.json").read_text())["controller"]["pid"]
-        wait_until(lambda: controller_cpu(pid)["sruns"] >= n, 120, f"{n} srun steps", poll=0.2)
+        wait_until(lambda: controller_cpu(pid)["sruns"] >= 1, 120, "the agents' step", poll=0.2)
         say(f"{n} nodes: every rank sleeps after {time.monotonic() - started:.0f} s")
         time.sleep(5)  # the start's last work (the agents' first frames) passes
         spent = []
@@ -218,12 +232,15 @@ def idle_cost(slurm, work: Path, n: int, windows: int, seconds: float) -> list[d
             time.sleep(seconds)
             after = controller_cpu(pid)
             spent.append({part: (after[part] - before[part]) * 1000 for part in PARTS})
+            threads, rss = footprint(pid)
             say(
                 f"  {seconds:g} s: "
                 + ", ".join(f"{part} {ms:.0f} ms" for part, ms in spent[-1].items())
                 + f"; total {sum(spent[-1].values()):.0f} ms"
-                + f" (load average {os.getloadavg()[0]:.1f})"
+                + f" (load average {os.getloadavg()[0]:.1f}); {after['sruns']} srun "
+                f"processes, controller {threads} threads, {rss:.0f} MB resident"
             )
+            spent[-1].update(sruns=after["sruns"], thread_count=threads, rss=rss)
         return spent
     finally:
         stop = [*ORCHESTRATOR, "stop", run_id, "--run-dir", str(runs), "--wait", "120"]
@@ -248,10 +265,17 @@ def main() -> int:
         make_slurm(cluster) as slurm,
     ):
         say(f"1. time to the first step, 2-node trainer, {args.repeat} rounds")
-        took = first_steps(slurm, work, args.repeat)
+        took = first_steps(slurm, work, args.repeat) if args.repeat else {}
         say(f"2. idle controller, {args.windows} windows of {args.seconds:g} s")
         idle = {n: idle_cost(slurm, work, n, args.windows, args.seconds) for n in args.nodes}
 
+    if took:
+        say_first_steps(took)
+    say_idle(idle, args.seconds)
+    return 0
+
+
+def say_first_steps(took: dict[str, dict[str, list[float]]]) -> None:
     say("\n1. 2 nodes, seconds from sbatch to lines in slurm-JOB.out: median (min-max)")
     rows = []
     for name, task in (("before", "orchestrator_node (before)"), ("agent", "orchestrator_agent")):
@@ -269,16 +293,25 @@ def main() -> int:
     rounds = zip(took["agent"]["step"], took["before"]["step"], strict=True)
     say(f"  (median of the rounds' own ratios: {median([a / b for a, b in rounds]):.3f}x)")
 
-    scale = PER / args.seconds
+
+def say_idle(idle: dict[int, list[dict[str, float]]], seconds: float) -> None:
+    scale = PER / seconds
     say(f"\n2. idle controller CPU, ms per node per {PER:g} s (median of the windows)")
-    totals = {n: median([sum(w.values()) for w in spent]) * scale for n, spent in idle.items()}
+    totals = {
+        n: median([sum(w[p] for p in PARTS) for w in spent]) * scale for n, spent in idle.items()
+    }
     rows = []
     for n, spent in idle.items():
         per_node = [median([w[p] for w in spent]) * scale / n for p in PARTS]
         verdict = "met" if totals[n] / n <= 2 else "NOT met"
-        rows.append([n, *(f"{ms:.2f}" for ms in per_node), f"{totals[n] / n:.2f}", verdict])
+        most = [max(w[key] for w in spent) for key in ("sruns", "thread_count", "rss")]
+        rows.append(
+            [n, *(f"{ms:.2f}" for ms in per_node), f"{totals[n] / n:.2f}", verdict]
+            + [f"{most[0]:.0f}", f"{most[1]:.0f}", f"{most[2]:.0f}"]
+        )
     headers = ["nodes", "main thread", "reader threads", "squeue (waited)", "srun steps"]
-    say(table([*headers, "total", "target <= 2"], rows))
+    headers += ["total", "target <= 2", "srun processes", "threads", "RSS MB"]
+    say(table(headers, rows))
     if len(idle) > 1:
         low, high = min(idle), max(idle)
         added = (totals[high] - totals[low]) / (high - low)
@@ -288,7 +321,6 @@ def main() -> int:
             f"{totals[low] - added * low:.0f} ms per {PER:g} s, is the controller's whatever "
             "the node count"
         )
-    return 0
 
 
 if __name__ == "__main__":

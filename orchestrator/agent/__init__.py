@@ -25,7 +25,8 @@ loader.py         runs first on a node: makes the modules above importable (byte
 bootstrap.py      controller side: the agent's command line and what it is sent first
 programs/         programs shipped as source and run on their own: reach.py (the path check),
                   route.py (the interface to an address; the agent sends the node's addresses
-                  with it), cores.py (--bind-cores)
+                  with it), cores.py (--bind-cores), dial.py (under SLURM: the launcher's
+                  way to the agents)
 stack_hook/       the ranks' stack hook (sitecustomize.py), sent in a step's config
 
 Only what the controller needs is imported here; on a node this package is an empty module

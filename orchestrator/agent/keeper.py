@@ -11,10 +11,11 @@ from its stdin (`bootstrap.slurm_bundle`) and calls `main`. Here:
   timeout 0): a job submitted by hand runs alone, and one whose controller died goes on.
 - A relay thread keeps every byte the agent writes, numbered by its offset in the node's
   stream, up to KEPT_BYTES (then the oldest whole frames go), and listens on a Unix socket
-  on the node (`socket_path`). A controller reaches it through SLURM (`srun --overlap
-  --jobid JOB`, running DIAL on the node): it says from which offset it wants the stream,
-  gets it from there and then live, and what it sends are the agent's commands (`stacks`,
-  `stop`, `end`, `signal`). One controller at a time: a new connection replaces the old.
+  on the node (`socket_path`). A controller reaches it through SLURM (one `srun
+  --overlap --jobid JOB` step over the nodes, running programs/dial.py on each): it says from
+  which offset it wants the stream, gets it from there and then live, and what it sends
+  are the agent's commands (`stacks`, `stop`, `end`, `signal`). One controller at a time:
+  a new connection replaces the old.
 - Without a job folder (a script rendered for `sbatch` by hand), the script's own output
   (frames N) and the agent's messages (M) also go to this task's stdout and stderr, where
   SLURM puts them (slurm-JOB.out), as the script's output went before there was an agent.

@@ -1,7 +1,8 @@
 """The keeper's Unix socket on the node, between the agent's pipes and one controller at a
-time (keeper.py): a controller reaches it through SLURM (`srun --overlap --jobid JOB`, running
-DIAL on the node), says from which offset it wants the stream (replay.py), gets it from there
-and then live, and what it sends are the agent's commands. A new connection replaces the old.
+time (keeper.py): a controller reaches it through SLURM (one `srun --overlap --jobid JOB`
+step for the whole allocation, running programs/dial.py on every node), says from which offset it
+wants the stream (replay.py), gets it from there and then live, and what it sends are the
+agent's commands. A new connection replaces the old.
 
 Standard library only: this module runs on the nodes (see orchestrator.agent.bootstrap).
 """
@@ -20,46 +21,6 @@ from orchestrator.agent.protocol import Frame
 from orchestrator.agent.replay import Stream
 
 SEND_BYTES = 1 << 16
-
-# Run on the node by the controller's `srun --overlap` (python -I -S -c DIAL PATH OFFSET
-# WAIT): connect to the keeper's socket (waiting up to WAIT seconds for it to appear), ask
-# for the stream from OFFSET, then carry bytes both ways until either side closes. The
-# keeper's first line says where the stream starts (`at OFFSET LOST`).
-DIAL = """\
-import os, select, socket, sys, time
-path, offset, wait = sys.argv[1], sys.argv[2], float(sys.argv[3])
-deadline = time.monotonic() + wait
-while True:
-    try:
-        st = os.stat(os.path.dirname(path))
-        if st.st_uid != os.getuid() or st.st_mode & 0o077:
-            sys.exit("%s is not a folder of this user's alone" % os.path.dirname(path))
-    except FileNotFoundError:
-        pass
-    conn = socket.socket(socket.AF_UNIX)
-    try:
-        conn.connect(path)
-        break
-    except OSError as exc:
-        conn.close()
-        if time.monotonic() > deadline:
-            sys.exit("no node agent at %s on this node: %s" % (path, exc.strerror))
-        time.sleep(0.2)
-conn.sendall(b"from " + offset.encode() + b"\\n")
-while True:
-    ready = select.select([0, conn], [], [])[0]
-    if 0 in ready:
-        data = os.read(0, 65536)
-        if not data:
-            break
-        conn.sendall(data)
-    if conn in ready:
-        data = conn.recv(1 << 20)
-        if not data:
-            break
-        while data:
-            data = data[os.write(1, data):]
-"""
 
 
 def socket_path(

@@ -117,6 +117,9 @@ class NodeSession:
         self.lock = threading.Lock()
         self.backlog: bytearray | None = None  # lines a background write still has to send
         self.beating = False  # a heartbeat's write is under way (outside the lock)
+        self.parser = FrameParser()
+        self.reading = True  # until the channel closes or the agent's X comes
+        # Its own reader, unless one reader feeds many sessions (see feed).
         self.thread = threading.Thread(target=self._read, name=f"node{index}-reader", daemon=True)
 
     @classmethod
@@ -196,32 +199,46 @@ class NodeSession:
             self.channel.write(data)  # may wait as long as the node does: this thread only
 
     def _read(self) -> None:
-        parser = FrameParser()
+        """The session's own reader: the channel's bytes, until it ends or the agent's X."""
         try:
             while True:
                 data = self.channel.read(1 << 20)
-                if not data:
+                if not data or not self.feed(data):
                     break
-                self.heard = time.monotonic()
-                at = time.time()
-                for kind, fields, payload, end in parser.frames(data):
-                    event = Event(self.index, kind, fields, payload, at, end)
-                    if kind in self.set_aside:
-                        self.aside.append(event)
-                        continue
-                    self.finished = kind == Frame.FINISHED  # nothing follows until another step
-                    self.events.put(event)
-                    if self.finished:
-                        return
         except (OSError, EOFError, ValueError) as exc:
-            self.events.put(Event(self.index, CHANNEL_CLOSED, (), f"{exc}\n".encode()))
+            self.ended(f"{exc}\n")
             return
-        self.events.put(Event(self.index, CHANNEL_CLOSED, (), self.channel.errors().encode()))
+        if self.reading:
+            self.ended(self.channel.errors())
+
+    def feed(self, data: bytes) -> bool:
+        """Bytes of the agent's stream, read by this session's thread or by whoever reads
+        many sessions' channels at once (orchestrator.slurm.following.allocation_step): its
+        frames become events. False once the agent's last frame (X) came: nothing follows
+        until another step. ValueError: bytes that are no frames."""
+        self.heard = time.monotonic()
+        at = time.time()
+        for kind, fields, payload, end in self.parser.frames(data):
+            event = Event(self.index, kind, fields, payload, at, end)
+            if kind in self.set_aside:
+                self.aside.append(event)
+                continue
+            self.finished = kind == Frame.FINISHED  # nothing follows until another step
+            self.events.put(event)
+            if self.finished:
+                self.reading = False
+                return False
+        return True
+
+    def ended(self, why: str) -> None:
+        """The channel closed before the agent's X (`why`: what it said)."""
+        self.reading = False
+        self.events.put(Event(self.index, CHANNEL_CLOSED, (), why.encode()))
 
     def close(self) -> None:
         """Keep the agent on its connection for another step when it finished cleanly;
         otherwise close its channel, which ends it (and stops what it runs)."""
-        if self.finished:
+        if self.finished and self.thread.ident is not None:
             self.thread.join(timeout=5)
         if not self.finished or self.thread.is_alive():
             self.channel.close()

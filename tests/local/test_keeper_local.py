@@ -5,20 +5,28 @@ late; seconds of real waiting (the stream's pure parts are tests/unit/agent/test
 from __future__ import annotations
 
 import os
+import queue
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from orchestrator.agent import BOOTSTRAP
 from orchestrator.agent.bootstrap import slurm_bundle
-from orchestrator.agent.relay import DIAL, socket_path
+from orchestrator.agent.relay import socket_path
 from orchestrator.agent.task_warning import stopped_file
-from orchestrator.backends.sessions import FrameParser
+from orchestrator.backends.sessions import Event
+from orchestrator.slurm.following.agents import AllocationStep, leave_steps
+from tests.lab.local_srun import on_path
 
 
-def test_the_agent_runs_alone_and_a_controller_that_comes_late_gets_it_all(tmp_path: Path) -> None:
+def test_the_agent_runs_alone_and_a_controller_that_comes_late_gets_it_all(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PATH", f"{on_path(tmp_path / 'bin')}:{os.environ['PATH']}")
     job_dir = tmp_path / "job"
     env = {
         **os.environ,
@@ -50,30 +58,27 @@ def test_the_agent_runs_alone_and_a_controller_that_comes_late_gets_it_all(tmp_p
     try:
         time.sleep(1.5)  # the agent runs with nobody connected; what it says is kept
         keeper.send_signal(signal.SIGUSR1)  # the time limit's, as srun passes it on
-        dial = subprocess.Popen(
-            [sys.executable, "-I", "-S", "-u", "-c", DIAL, path, "0", "10"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-        )
-        dial.stdin.write(b"stacks 1 signal\n")  # a command reaches the agent
-        dial.stdin.flush()
+        # The controller's one step over the allocation, srun here this machine's stand-in.
+        events: queue.Queue[Event] = queue.Queue()
+        step = AllocationStep(int(env["SLURM_JOB_ID"]), 0, {0: "n0"}, sys.executable, events, {})
+        step.sessions[0].send("stacks 1 signal")  # a command reaches the agent
         time.sleep(1.0)
         with open(node_dir / "fifo", "w") as fifo:
             fifo.write("go\n")
-        out = dial.stdout.read()  # to the end of the stream: stdin stays open (closed, the
+        parsed = []  # to the end of the stream, its X: the step stays open (closed, the
         # dial leaves). The script ended 3 after the warning: its ranks stopped on it, which
         # is no failure of the node's, so srun's task ends 0 (srun's --kill-on-bad-exit
         # would end the step on nodes still saving) and the code is kept for the script.
+        while not parsed or parsed[-1][0] != "X":
+            event = events.get(timeout=30)
+            parsed.append((event.kind, event.fields, event.data))
         assert keeper.wait(timeout=30) == 0
-        dial.stdin.close()
-        dial.wait(timeout=10)
+        leave_steps([step])
     finally:
         keeper.kill()
-    head, _, frames = out.partition(b"\n")
-    assert head == b"at 0 0"
-    kinds = [kind for kind, _, _ in FrameParser().feed(frames)]
+    assert (step.sessions[0].channel.start, step.sessions[0].channel.lost) == (0, 0)
+    kinds = [kind for kind, _, _ in parsed]
     assert kinds[0] == "S" and kinds[-1] == "X" and "K" in kinds, kinds
-    parsed = FrameParser().feed(frames)
     output = b"".join(data for kind, _, data in parsed if kind == "N")
     assert output == b"started\ndone\n"
     assert [fields for kind, fields, _ in parsed if kind == "X"][0][0] == "3"

@@ -87,7 +87,7 @@ def agent_python(job: SlurmJob) -> str:
 
 
 def dial_python(job: SlurmJob) -> str:
-    """The interpreter of the launcher's dial to a node's agent (relay.DIAL, standard
+    """The interpreter of the launcher's dial to a node's agent (programs/dial.py, standard
     library only): outside any image (a step of its own, which pyxis does not put in the
     job's image), so the node's python3 where the job has one; else the job's."""
     return "python3" if job.container is not None else job.python

@@ -64,7 +64,7 @@ class Cadence:
         reader also ends on the agent's last frame, X)."""
         return bool(self.agents) and all(
             session.index not in self.closed
-            and session.thread.is_alive()
+            and session.reading
             and session.heard != at
             and now - session.heard < HEARD_S
             for session, at in self.agents

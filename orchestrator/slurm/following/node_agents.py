@@ -1,14 +1,15 @@
 """The node agents of the SLURM attempt a follower follows, as it hears them.
 
-One session per node (orchestrator.slurm.following.agents: an `srun --overlap` dial to the
-node's agent), their frames in one queue in each node's stream order. Each pass of the loop
-(orchestrator.supervise.run_loop) the follower hands them on: the ranks' lines, metrics, node
-samples, stacks and messages to the frame handlers as over SSH; a rank's or the node's end
-to the follower's own judgement (SLURM, not the agents, ends the step on every node). How
-far each node's stream was handled goes to the follower's bookmarks
-(orchestrator.slurm.following.handover). A channel that closes while its node runs (srun or
-the dial ended under it) is dialled again from there: at once the first time, then at most
-every REDIAL_S.
+One session per node, all fed by one `srun --overlap` step over the allocation
+(orchestrator.slurm.following.agents), their frames in one queue in each node's stream
+order. Each pass of the loop (orchestrator.supervise.run_loop) the follower hands them on:
+the ranks' lines, metrics, node samples, stacks and messages to the frame handlers as over
+SSH; a rank's or the node's end to the follower's own judgement (SLURM, not the agents, ends
+the step on every node). How far each node's stream was handled goes to the follower's
+bookmarks (orchestrator.slurm.following.handover). A channel that closes while its node runs (its
+dial or the whole step ended under it) is dialled again from there: at once the first time,
+then at most every REDIAL_S; by the step's task on the node while that step runs, else by
+a new step for all the nodes due at once.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Protocol
 from orchestrator.agent.protocol import Frame
 from orchestrator.backends.sessions import CHANNEL_CLOSED, Event, NodeSession
 from orchestrator.slurm.control.client import SlurmCommands
-from orchestrator.slurm.following.agents import leave_agents, reach_agent
+from orchestrator.slurm.following.agents import AllocationStep, leave_steps
 from orchestrator.slurm.following.handover import Bookmarks
 from orchestrator.supervise import NodeState, Supervisor
 from orchestrator.supervise.frame_handlers import handle as handle_event
@@ -61,6 +62,9 @@ class NodeAgents:
         self.connected: set[int] = set()  # the nodes whose agent has answered
         self.unreached: set[int] = set()  # the nodes whose files say it instead
         self.sessions: list[NodeSession] = []  # the attempt's Supervisor holds this list
+        self.steps: list[AllocationStep] = []  # srun steps: one, or more after one ended
+        self.step_of: dict[int, AllocationStep] = {}  # node -> the step that reaches it
+        self.said_over: list[AllocationStep] = []  # the steps whose end was told
         self.events = events  # the attempt's: the follower waits on it (None: a wake-up)
         self.redial_at: dict[int, float] = {}  # node -> when its agent is dialled again
         # The attempt's folder on the nodes where the run record is not shared with them
@@ -68,18 +72,23 @@ class NodeAgents:
         self.kept_on_node = kept_on_node
 
     def reach(self, hosts: list[str], offsets: dict[str, int] | None) -> None:
-        """Dial every node's agent, node K's stream from offsets[str(K)] (else its start)."""
-        for index, host in enumerate(hosts):
-            offset = (offsets or {}).get(str(index), 0)
-            self.sessions.append(self._dial(index, host, offset))
+        """Dial every node's agent, node K's stream from offsets[str(K)] (else its start),
+        all through one step."""
+        self.sessions.extend([None] * len(hosts))  # type: ignore[list-item]
+        offered = {index: (offsets or {}).get(str(index), 0) for index in range(len(hosts))}
+        self._step(dict(enumerate(hosts)), offered)
 
-    def _dial(self, index: int, host: str, offset: int) -> NodeSession:
-        return reach_agent(
-            self.job_id, self.attempt, index, host, self.python, self.events, offset, self.commands
+    def _step(self, hosts: dict[int, str], offsets: dict[int, int]) -> None:
+        step = AllocationStep(
+            self.job_id, self.attempt, hosts, self.python, self.events, offsets, self.commands
         )
+        self.steps.append(step)
+        for index, session in step.sessions.items():
+            self.sessions[index] = session
+            self.step_of[index] = step
 
     def leave(self) -> None:
-        leave_agents(self.sessions)
+        leave_steps(self.steps)
 
     def hand_on(self, sup: Supervisor, event: Event, judge: Judge, running: bool) -> None:
         """One frame of a node's, in that node's order (the loop's pass takes them from the
@@ -128,18 +137,29 @@ class NodeAgents:
             )
             return
         again = node.index in self.redial_at
-        if not again:
+        step = self.step_of[node.index]
+        if step.over:  # the whole step ended: said once for all its nodes
+            if step not in self.said_over:
+                self.said_over.append(step)
+                sup.sink.note(f"the step to the node agents ended: {why}; dialling again")
+        elif not again:
             sup.sink.node_note(node.host, f"its agent's channel closed: {why}; dialling again")
         self.redial_at[node.index] = time.monotonic() + (REDIAL_S if again else 0.0)
 
     def redial(self, sup: Supervisor, running: bool) -> None:
-        """After a pass: dial again the agents whose channel closed while their node runs."""
+        """After a pass: dial again the agents whose channel closed while their node runs,
+        through the step that reaches them while it runs, the others in one new step."""
+        anew: dict[int, str] = {}
         for index, at in self.redial_at.items():
             node = sup.nodes[index]
             if node.done or sup.stopping or not running or at > time.monotonic():
                 continue
-            if not self.sessions[index].channel.ended():  # type: ignore[attr-defined]
-                continue  # its srun is still ending
+            step = self.step_of[index]
             offset = self.bookmarks.agents.get(str(index), 0)
-            self.sessions[index] = self._dial(index, node.host, offset)
+            if not step.over:
+                self.sessions[index] = step.redial(index, node.host, offset)
+            else:
+                anew[index] = node.host
             self.redial_at[index] = float("inf")  # until this one closes too
+        if anew:
+            self._step(anew, {i: self.bookmarks.agents.get(str(i), 0) for i in anew})

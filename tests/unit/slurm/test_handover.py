@@ -21,7 +21,7 @@ from orchestrator.record.runs import RunRecord, new_status, this_controller
 from orchestrator.slurm.attach import check_attachable
 from orchestrator.slurm.batch.job import SlurmJob
 from orchestrator.slurm.batch.planning import plan_slurm_job
-from orchestrator.slurm.following.agents import SrunChannel
+from orchestrator.slurm.following.agents import NodeDial
 from orchestrator.slurm.following.handover import (
     POINTS_FILE,
     STATE_FILE,
@@ -91,11 +91,12 @@ def test_a_tail_resumes_at_its_position_with_a_partial_line_read_again(tmp_path:
     assert again.read_lines(1 << 20) == b"two\nthree\n"
 
 
-def test_an_srun_channel_starts_where_the_keeper_says(tmp_path: Path) -> None:
-    channel = SrunChannel(["printf", "at 4096 128\\nH 1.0\\n"])
-    assert channel.read(1 << 16) == b"H 1.0\n"
-    assert (channel.start, channel.lost) == (4096, 128)
-    channel.close()
+def test_a_nodes_stream_starts_where_the_keeper_says() -> None:
+    channel = NodeDial(None, 0)  # type: ignore[arg-type]
+    assert channel.take(b"at 40") == b"" and not channel.connected  # the line, in parts
+    assert channel.take(b"96 128\nH 1.0\n") == b"H 1.0\n"
+    assert (channel.start, channel.lost, channel.connected) == (4096, 128, True)
+    assert channel.take(b"at 0 0\n") == b"at 0 0\n"  # the agent's bytes from then on
 
 
 def record_of(tmp_path: Path, backend: str = "slurm", **status: object) -> RunRecord:

@@ -15,7 +15,7 @@ import pytest
 
 from orchestrator.backends.sessions import CHANNEL_CLOSED, Event, NodeSession
 from orchestrator.options.supervision import Supervision
-from orchestrator.slurm.following.agents import AllocationNode, SrunChannel, leave_agents
+from orchestrator.slurm.following.agents import AllocationNode, SrunChannel
 from orchestrator.slurm.following.cadence import (
     AGENTS_POLL_S,
     FILES_IDLE_S,
@@ -27,14 +27,9 @@ from orchestrator.slurm.following.cadence import (
 from orchestrator.supervise import Supervisor
 from tests.factories import supervisor, wait_for
 
-# An agent as the dial shows it: the keeper's first line, then a heartbeat for each line
-# it is sent; it ends when its stdin closes.
-AGENT = (
-    "import sys\n"
-    "print('at 0 0', flush=True)\n"
-    "for line in sys.stdin:\n"
-    "    print('H 1.0 0 0', flush=True)\n"
-)
+# An agent as its session reads it: a heartbeat for each line it is sent; it ends when its
+# stdin closes.
+AGENT = "import sys\nfor line in sys.stdin:\n    print('H 1.0 0 0', flush=True)\n"
 
 
 @pytest.fixture
@@ -47,7 +42,8 @@ def sessions() -> Iterator[tuple[list[NodeSession], queue.Queue[Event]]]:
         session.thread.start()
         started.append(session)
     yield started, events
-    leave_agents(started)
+    for session in started:
+        session.channel.close()
 
 
 def beat(session: NodeSession) -> None:
