@@ -213,7 +213,7 @@ class NodeSession:
 
     def feed(self, data: bytes) -> bool:
         """Bytes of the agent's stream, read by this session's thread or by whoever reads
-        many sessions' channels at once (orchestrator.slurm.following.allocation_step): its
+        many sessions' channels at once (orchestrator.slurm.following.agents): its
         frames become events. False once the agent's last frame (X) came: nothing follows
         until another step. ValueError: bytes that are no frames."""
         self.heard = time.monotonic()

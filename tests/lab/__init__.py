@@ -1,6 +1,7 @@
 """The test lab: a real multi-node cluster on this machine (namespaces, sshd, SLURM).
 
-See cluster.py for the node layout, slurm.py for the SLURM side, fixtures.py for pytest.
+See cluster.py for the node layout, slurm.py for the SLURM side, fixtures.py for pytest;
+local_srun.py stands in for srun's one step where the launcher's side is tested alone.
 """
 
 from __future__ import annotations
