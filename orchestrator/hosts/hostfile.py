@@ -371,10 +371,19 @@ def _python(value: object, fail) -> str | None:
     return text
 
 
+def _machine(host: Host) -> str:
+    """What names one machine: this one for localhost, 127.0.0.1 and ::1 alike; any other
+    loopback address (127.0.0.2, ...) is a node of its own on this machine, each with its
+    own node folder (a simulated cluster, benchmarks/scale_harness.py)."""
+    if host.name.lower() in LOCAL_NAMES:
+        return "localhost"
+    return host.name
+
+
 def _check_duplicates(hosts: list[Host], path: str) -> None:
     seen: dict[tuple[str, int | None], Host] = {}
     for host in hosts:
-        key = ("localhost" if host.is_local else host.name, host.port)
+        key = (_machine(host), host.port)
         if key in seen:
             first = seen[key]
             line = int(host.source.rsplit(":", 1)[1])

@@ -242,6 +242,12 @@ def test_duplicate_hosts_are_refused(text: str, line: int) -> None:
     assert "first at hosts.txt:" in str(error)
 
 
+def test_other_loopback_addresses_are_nodes_of_their_own() -> None:
+    cluster = parse_hostfile("127.0.0.2\n127.0.0.3 slots=2\nlocalhost\n", "hosts.txt")
+    assert names(cluster) == ["127.0.0.2", "127.0.0.3", "localhost"]
+    assert cluster.is_local
+
+
 def test_same_host_on_other_ports_is_two_nodes() -> None:
     assert len(parse_hostfile("a port=22\na port=2222\n").hosts) == 2
 

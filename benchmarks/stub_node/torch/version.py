@@ -1,0 +1,1 @@
+__version__ = "2.13.0+harness"
