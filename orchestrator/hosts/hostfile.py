@@ -372,12 +372,16 @@ def _python(value: object, fail) -> str | None:
 
 
 def _machine(host: Host) -> str:
-    """What names one machine: this one for localhost, 127.0.0.1 and ::1 alike; any other
-    loopback address (127.0.0.2, ...) is a node of its own on this machine, each with its
-    own node folder (a simulated cluster, benchmarks/scale_harness.py)."""
+    """This machine for localhost, 127.0.0.1 and ::1 however written; any other loopback
+    address is a node of its own here (a simulated cluster, benchmarks/scale_harness.py)."""
     if host.name.lower() in LOCAL_NAMES:
         return "localhost"
-    return host.name
+    try:
+        ip = ipaddress.ip_address(host.name)
+    except ValueError:
+        return host.name
+    ip = getattr(ip, "ipv4_mapped", None) or ip
+    return "localhost" if str(ip) in LOCAL_NAMES else str(ip)
 
 
 def _check_duplicates(hosts: list[Host], path: str) -> None:

@@ -232,6 +232,9 @@ def test_trailing_newline_in_a_name_is_refused(text: str, what: str) -> None:
         ("a\nb\na\n", 3),
         ("a slots=1\n\n# x\na:2\n", 4),
         ("localhost\n127.0.0.1\n", 2),  # the same machine twice
+        ("::1\n0::1\n", 2),  # written otherwise
+        ("127.0.0.1\n::ffff:127.0.0.1\n", 2),
+        ("127.0.0.2\n::ffff:127.0.0.2\n", 2),  # a simulated node twice
         ("n[1-2]\nn2\n", 2),
         ("n[1,1]\n", 1),
     ],
