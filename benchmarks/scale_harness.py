@@ -111,8 +111,17 @@ def processes() -> dict[int, Proc]:
     return found
 
 
+def start_timeout(n: int) -> float:
+    """How long n nodes' ranks may take to start: this machine's cores start every node."""
+    return 120 + n * 0.6
+
+
+def is_agent(proc: Proc, run_id: str) -> bool:
+    return proc.cmdline[-2:] == [AGENT_WORD, run_id]
+
+
 def agents_of(run_id: str, table_: dict[int, Proc]) -> list[Proc]:
-    return [p for p in table_.values() if p.cmdline[-2:] == [AGENT_WORD, run_id]]
+    return [p for p in table_.values() if is_agent(p, run_id)]
 
 
 def descendants(root: int, table_: dict[int, Proc]) -> list[int]:
@@ -139,7 +148,7 @@ def left_of(run_id: str) -> list[int]:
             environ = Path(f"/proc/{pid}/environ").read_bytes()
         except OSError:
             continue
-        if mark in environ.split(b"\0") or proc.cmdline[-2:] == [AGENT_WORD, run_id]:
+        if mark in environ.split(b"\0") or is_agent(proc, run_id):
             left.append(pid)
     return left
 
@@ -160,6 +169,21 @@ class Job:
     def __post_init__(self) -> None:
         self.out = self.work / f"{self.run_id}.console"
         self.stamps = self.work / f"{self.run_id}.stamps"
+
+    def __enter__(self) -> Job:
+        self.start()
+        return self
+
+    def __exit__(self, kind, value, traceback) -> None:
+        """A measurement that failed leaves nothing running, and says what the console
+        said last (the scratch folder that holds it goes next)."""
+        if kind is None:
+            return
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.nothing_left(30)
+        say(f"{self.run_id}: the console's last lines:\n{self.console()[-3000:]}")
 
     def start(self) -> None:
         hostfile = self.work / "hosts.txt"
@@ -273,61 +297,65 @@ def status_of(pid: int) -> dict[str, str]:
 
 def measure(n: int, args, work: Path, figures: Figures) -> None:
     hosts = addresses(n)
-    timeout = 120 + n * 0.6  # the start's own time grows with the node count on 2 cores
     idle_memory = memory_used_mb()
     for round_ in range(1, args.repeat + 1):
-        job = Job(work, hosts, args.ranks, f"scale{n}-{round_}", ["idle"])
         busy = machine_cpu()
-        job.start()
-        last_rank = job.wait_ranks(timeout)
-        figures.start_cpu.append(cpu_seconds(job.proc.pid))
-        figures.start_machine_cpu.append(machine_cpu() - busy)
-        agents = agents_of(job.run_id, processes())
-        if len(agents) != n:
-            figures.failures.append(f"{job.run_id}: {len(agents)} agents for {n} nodes")
-        up = max(a.start for a in agents)
-        figures.start_from_agents.append(last_rank - up)
-        figures.start_from_command.append(last_rank - job.started)
-        say(
-            f"  {job.run_id}: every rank started {last_rank - up:.1f} s after the last agent"
-            f" ({last_rank - job.started:.1f} s after the command); CPU until then: the"
-            f" controller's {figures.start_cpu[-1]:.1f} s, this machine's"
-            f" {figures.start_machine_cpu[-1]:.1f} s"
-        )
-        if round_ < args.repeat:
-            code = job.stop(timeout)
-            if code not in (130, 1) or job.nothing_left(30):
-                figures.failures.append(f"{job.run_id}: stop exit {code} or processes left")
-            remove_node_dirs([job.run_id])
-            continue
-        # The last run: idle, then a node killed.
-        settle(args.settle)
-        table_ = processes()
-        pid = job.proc.pid
-        before = cpu_seconds(pid)
-        time.sleep(args.idle)
-        figures.idle_cpu_ms = (cpu_seconds(pid) - before) * 1000
-        status = status_of(pid)
-        figures.rss_mb = int(status["VmRSS"].split()[0]) / 1024
-        figures.threads = int(status["Threads"])
-        table_ = processes()
-        mine = {q for a in agents_of(job.run_id, table_) for q in descendants(a.pid, table_)}
-        figures.nodes_mb = memory_used_mb() - idle_memory - figures.rss_mb
-        say(
-            f"  idle: {figures.idle_cpu_ms:.0f} ms of controller CPU in {args.idle:g} s; "
-            f"controller {figures.rss_mb:.0f} MB resident, {figures.threads} threads; "
-            f"the nodes' {len(mine)} processes {figures.nodes_mb:.0f} MB (this machine's "
-            f"memory in use, less the controller's, against before the first run)"
-        )
-        kill_one(job, hosts, figures)
+        with Job(work, hosts, args.ranks, f"scale{n}-{round_}", ["idle"]) as job:
+            measure_round(job, round_, args, figures, busy, idle_memory)
         remove_node_dirs([job.run_id])
     lines(n, args, work, hosts, figures)
 
 
-def kill_one(job: Job, hosts: list[str], figures: Figures) -> None:
+def measure_round(
+    job: Job, round_: int, args, figures: Figures, busy: float, idle_memory: float
+) -> None:
+    """One start, stopped; the last round's run idles and then loses a node instead."""
+    n = len(job.hosts)
+    last_rank = job.wait_ranks(start_timeout(n))
+    figures.start_cpu.append(cpu_seconds(job.proc.pid))
+    figures.start_machine_cpu.append(machine_cpu() - busy)
+    agents = agents_of(job.run_id, processes())
+    if len(agents) != n:
+        figures.failures.append(f"{job.run_id}: {len(agents)} agents for {n} nodes")
+    up = max(a.start for a in agents)
+    figures.start_from_agents.append(last_rank - up)
+    figures.start_from_command.append(last_rank - job.started)
+    say(
+        f"  {job.run_id}: every rank started {last_rank - up:.1f} s after the last agent"
+        f" ({last_rank - job.started:.1f} s after the command); CPU until then: the"
+        f" controller's {figures.start_cpu[-1]:.1f} s, this machine's"
+        f" {figures.start_machine_cpu[-1]:.1f} s"
+    )
+    if round_ < args.repeat:
+        code = job.stop(start_timeout(n))
+        if code not in (130, 1) or job.nothing_left(30):
+            figures.failures.append(f"{job.run_id}: stop exit {code} or processes left")
+        return
+    settle(args.settle)
+    pid = job.proc.pid
+    before = cpu_seconds(pid)
+    time.sleep(args.idle)
+    figures.idle_cpu_ms = (cpu_seconds(pid) - before) * 1000
+    status = status_of(pid)
+    figures.rss_mb = int(status["VmRSS"].split()[0]) / 1024
+    figures.threads = int(status["Threads"])
+    table_ = processes()
+    mine = {q for a in agents_of(job.run_id, table_) for q in descendants(a.pid, table_)}
+    figures.nodes_mb = memory_used_mb() - idle_memory - figures.rss_mb
+    say(
+        f"  idle: {figures.idle_cpu_ms:.0f} ms of controller CPU in {args.idle:g} s; "
+        f"controller {figures.rss_mb:.0f} MB resident, {figures.threads} threads; "
+        f"the nodes' {len(mine)} processes {figures.nodes_mb:.0f} MB (this machine's "
+        f"memory in use, less the controller's, against before the first run)"
+    )
+    kill_one(job, figures)
+
+
+def kill_one(job: Job, figures: Figures) -> None:
     """Every process of the middle node, killed at once (frozen first, so none reparents
     or restarts another while the rest die)."""
     table_ = processes()
+    hosts = job.hosts
     victim_rank = len(hosts) // 2
     dir_word = f"/{job.run_id}/node{victim_rank}/"
     agent = next(
@@ -367,9 +395,16 @@ def kill_one(job: Job, hosts: list[str], figures: Figures) -> None:
 
 
 def lines(n: int, args, work: Path, hosts: list[str], figures: Figures) -> None:
-    job = Job(work, hosts, args.ranks, f"scale{n}-lines", ["lines", str(args.lines)])
-    job.start()
-    job.wait_ranks(120 + n * 0.6)
+    with Job(work, hosts, args.ranks, f"scale{n}-lines", ["lines", str(args.lines)]) as job:
+        count_lines(job, args, figures)
+    remove_node_dirs([job.run_id])
+
+
+def count_lines(job: Job, args, figures: Figures) -> None:
+    """Every rank's lines, in its file and on the console, each once; the controller's CPU
+    while they came."""
+    n = len(job.hosts)
+    job.wait_ranks(start_timeout(n))
     pid = job.proc.pid
     began, before = time.monotonic(), cpu_seconds(pid)
     last = (began, before)
@@ -385,7 +420,7 @@ def lines(n: int, args, work: Path, hosts: list[str], figures: Figures) -> None:
     problems = []
     files = Counter()
     for r in range(n * args.ranks):
-        path = work / "runs" / job.run_id / "logs" / f"rank-{r}.log"
+        path = job.work / "runs" / job.run_id / "logs" / f"rank-{r}.log"
         text = path.read_bytes() if path.exists() else b""
         files.update((int(i), int(k)) for i, k in LINE.findall(text))
     console = Counter((int(i), int(k)) for i, k in LINE.findall(job.out.read_bytes()))
@@ -405,7 +440,6 @@ def lines(n: int, args, work: Path, hosts: list[str], figures: Figures) -> None:
     left = job.nothing_left(30)
     if code != 0 or problems or left:
         figures.failures.append(f"{job.run_id}: exit {code}, {problems}, {len(left)} left")
-    remove_node_dirs([job.run_id])
 
 
 def main() -> int:
@@ -449,7 +483,7 @@ def main() -> int:
                 "ranks",
                 "all started s p50 (from command)",
                 "start CPU ms/node: controller",
-                "nodes",
+                "start CPU ms/node: nodes",
                 "idle CPU ms/node/30 s",
                 "controller MB",
                 "threads",
