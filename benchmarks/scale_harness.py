@@ -1,5 +1,7 @@
-"""A job of many nodes on this machine: the controller unchanged, the real node agent on
-every simulated node, and a stub torchrun and rank program that cost little.
+"""A job of many simulated nodes on this machine, the controller unchanged.
+
+The real node agent runs on every simulated node, with a stub torchrun and rank program
+that cost little.
 
     python benchmarks/scale_harness.py [--nodes 16,128,1000] [--ranks 8] [--repeat 3]
         [--idle 30] [--lines 60]

@@ -10,6 +10,8 @@ from orchestrator.agent import agent_argv
 from orchestrator.backends.base import IdleAgent, writable
 from orchestrator.errors import NodeError
 
+READ_BYTES = 1 << 16  # a pipe's whole buffer
+
 
 class LocalChannel:
     def __init__(self, host: str, python: str, tag: str) -> None:
@@ -44,6 +46,14 @@ class LocalChannel:
 
     def read(self, size: int) -> bytes:
         return os.read(self.proc.stdout.fileno(), size)
+
+    def fileno(self) -> int:
+        """The agent's stdout, for the controller's one reader to wait on."""
+        return self.proc.stdout.fileno()
+
+    def read_waiting(self) -> bytes:
+        """What the agent's stdout holds, once it is readable (b"": it ended)."""
+        return os.read(self.proc.stdout.fileno(), READ_BYTES)
 
     def errors(self) -> str:
         try:

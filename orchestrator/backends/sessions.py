@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from orchestrator.agent import IDLE_S, agent_start, encode_config
 from orchestrator.agent.protocol import WITH_PAYLOAD, Frame, command_line, next_command
 from orchestrator.backends.base import AgentChannel, IdleAgent, NodeConnection, NodeLink
+from orchestrator.backends.readers import READERS
 
 REUSE_WITHIN_S = IDLE_S / 2  # an agent idle for longer may be about to leave: start another
 # Heartbeats, node samples and metrics records: each node sends them every few seconds
@@ -26,6 +27,7 @@ REUSE_WITHIN_S = IDLE_S / 2  # an agent idle for longer may be about to leave: s
 ASIDE = frozenset({Frame.HEARTBEAT, Frame.NODE_SAMPLE, Frame.METRICS})
 # The kind of a session's last event when its channel closed: the controller's, no frame.
 CHANNEL_CLOSED = "EOF"
+PUT_WAIT_S = 0.5  # a reader's wait on a full queue, between looks at whether it still must
 
 
 @dataclass(frozen=True)
@@ -119,7 +121,12 @@ class NodeSession:
         self.beating = False  # a heartbeat's write is under way (outside the lock)
         self.parser = FrameParser()
         self.reading = True  # until the channel closes or the agent's X comes
-        # Its own reader, unless one reader feeds many sessions (see feed).
+        # Read by the controller's one reader (orchestrator.backends.readers) when the
+        # channel can be waited on; else by a thread of its own, or by whoever reads many
+        # sessions' channels at once (see feed). Neither starts before begin_reading.
+        self.shared = hasattr(channel, "read_waiting")
+        self.fd: int | None = None  # the descriptor the shared reader waits on
+        self.closed = False  # by close(): what it still reads goes nowhere
         self.thread = threading.Thread(target=self._read, name=f"node{index}-reader", daemon=True)
 
     @classmethod
@@ -143,8 +150,22 @@ class NodeSession:
         session = cls(index, connection, channel, events, python, tag)
         session.sent_at = time.time()
         channel.write(head + encode_config(config))
-        session.thread.start()
+        session.begin_reading()
         return session
+
+    def begin_reading(self) -> None:
+        """Read the channel from now on: its frames become events."""
+        if self.shared:
+            self.fd = self.channel.fileno()  # type: ignore[attr-defined]
+            READERS.add(self.fd, self)
+        else:
+            self.thread.start()
+
+    def done_reading(self) -> None:
+        """Read the channel no more (the shared reader's; a thread of its own ends with
+        the channel's end or the agent's X)."""
+        if self.fd is not None:
+            READERS.remove(self.fd, self)
 
     def answers(self) -> bool:
         """Whether the node itself (its sshd) answers now; blocks until it does or the
@@ -211,6 +232,26 @@ class NodeSession:
         if self.reading:
             self.ended(self.channel.errors())
 
+    def read_here(self) -> bool:
+        """What waits on the channel, read by the shared reader without blocking; False
+        once nothing more is to be read (the agent's X, or the channel's end)."""
+        try:
+            data = self.channel.read_waiting()  # type: ignore[attr-defined]
+            if data is None:
+                return True  # woken with nothing whole to read yet
+            if data:
+                return self.feed(data)
+        except (OSError, EOFError, ValueError) as exc:
+            self.ended(f"{exc}\n")
+            return False
+        # What the agent said on stderr may take a moment to read (a local agent's
+        # children can hold its stderr open): not on the thread that reads every node.
+        threading.Thread(target=self._end, name=f"node{self.index}-end", daemon=True).start()
+        return False
+
+    def _end(self) -> None:
+        self.ended(self.channel.errors())
+
     def feed(self, data: bytes) -> bool:
         """Bytes of the agent's stream, read by this session's thread or by whoever reads
         many sessions' channels at once (orchestrator.slurm.following.agents): its
@@ -224,7 +265,7 @@ class NodeSession:
                 self.aside.append(event)
                 continue
             self.finished = kind == Frame.FINISHED  # nothing follows until another step
-            self.events.put(event)
+            self._put(event)
             if self.finished:
                 self.reading = False
                 return False
@@ -233,13 +274,28 @@ class NodeSession:
     def ended(self, why: str) -> None:
         """The channel closed before the agent's X (`why`: what it said)."""
         self.reading = False
-        self.events.put(Event(self.index, CHANNEL_CLOSED, (), why.encode()))
+        self._put(Event(self.index, CHANNEL_CLOSED, (), why.encode()))
+
+    def _put(self, event: Event) -> None:
+        """Queue an event; while the queue is full, wait for the loop to take some, unless
+        the session is closed meanwhile (its attempt is over, and nobody will): the one
+        reader of every node must not wait for good on a queue no loop reads."""
+        while True:
+            try:
+                self.events.put(event, timeout=PUT_WAIT_S)
+                return
+            except queue.Full:
+                if self.closed:
+                    return
 
     def close(self) -> None:
         """Keep the agent on its connection for another step when it finished cleanly;
-        otherwise close its channel, which ends it (and stops what it runs)."""
+        otherwise close its channel, which ends it (and stops what it runs). Either way
+        the shared reader reads it no more: no end of its channel becomes an event."""
+        self.closed = True
         if self.finished and self.thread.ident is not None:
             self.thread.join(timeout=5)
+        self.done_reading()
         if not self.finished or self.thread.is_alive():
             self.channel.close()
             return

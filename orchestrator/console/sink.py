@@ -84,6 +84,9 @@ class LogSink:
         self.folder = Folder(self._show_folded) if fold and console is not None else None
         self.files: dict[str, LogFile] = {}
         self.rank_files: dict[int, LogFile] = {}
+        # The files written since the last flush, in the order they were first written (a
+        # flush passes over those, not over every rank's file of a run of thousands).
+        self.unflushed: dict[str, LogFile] = {}
         self.warned = False
         if logs_dir is not None:
             logs_dir.mkdir(parents=True, exist_ok=True)
@@ -96,6 +99,7 @@ class LogSink:
             handle = self.files[name] = LogFile(self.logs_dir / name, rank is not None, self.opener)
             if rank is not None:
                 self.rank_files[rank] = handle
+        self.unflushed[name] = handle
         error = handle.write(data)
         if error is not None:
             self.report_fault(error, handle.path)
@@ -238,10 +242,13 @@ class LogSink:
                 self.folder.drain()
             else:
                 self.folder.release(self.clock())
-        for handle in self.files.values():
+        due, self.unflushed = self.unflushed, {}
+        for name, handle in due.items():
             error = handle.flush()
             if error is not None:
                 self.report_fault(error, handle.path)
+            if handle.waiting():  # a failed write's retry, when RETRY_S is over
+                self.unflushed[name] = handle
         if self.console is not None:
             if self.footer is not None:
                 self.footer.after_write()

@@ -55,10 +55,14 @@ class LogFile:
         self.pending += data
         return self.flush() if len(self.pending) >= BUFFER else None
 
+    def waiting(self) -> bool:
+        """Whether bytes, or the line about bytes lost, wait to be written."""
+        return not self.lost and bool(self.pending or self.missed)
+
     def flush(self) -> OSError | None:
         """Write what waits (unless the last failure was under RETRY_S ago); the error
         that lost bytes, if one did now."""
-        if self.lost or not (self.pending or self.missed):
+        if not self.waiting():
             return None
         if self.missed and time.monotonic() < self.retry_at:
             return None

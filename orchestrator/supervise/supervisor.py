@@ -1,12 +1,13 @@
 """Supervision: watch every node's agent; on the first failure, a lost node, Ctrl-C or
 SIGTERM, stop the run on every node; decide the outcome and who failed first.
 
-Runs in the controller's main thread. Reader threads (one per node) put `Event`s on a
-queue; signal handlers only set a flag. Every state change is written to status.json.
-Each pass of the one loop (run_loop.py: over SSH the supervisor alone, under SLURM with the
-follower around it) comes to `step`, which hands each event to its kind's handler
-(frame_handlers.py, or first the backend's: `Watch.hear`), which turns it into a report to
-the `Detector`; when that says the run must stop, the `Stopper` stops it.
+Runs in the controller's main thread. The nodes' readers (one thread for every channel it
+can wait on, backends/readers.py) put `Event`s on a queue; signal handlers only set a
+flag. Every state change is written to status.json. Each pass of the one loop (run_loop.py:
+over SSH the supervisor alone, under SLURM with the follower around it) comes to `step`,
+which hands each event to its kind's handler (frame_handlers.py, or first the backend's:
+`Watch.hear`), which turns it into a report to the `Detector`; when that says the run must
+stop, the `Stopper` stops it.
 """
 
 from __future__ import annotations
@@ -89,6 +90,10 @@ class Supervisor:
         self.supervision = supervision
         self.timed_out = False
         self.on_change = on_change
+        # Inside a pass, changes are told once, as it ends: telling writes status.json, all
+        # ranks of it, and a pass may hear hundreds of ranks end (a stop of a large run).
+        self.in_pass = False
+        self.unsaid = False  # a change of this pass not told yet
         self.stopper = Stopper(nodes, sessions, sink, supervision.grace, on_first_stop=self.changed)
         self.detector = Detector(
             nodes,
@@ -211,6 +216,19 @@ class Supervisor:
         each through `hear`; then the footer, metrics, liveness, signals, lost nodes,
         stacks and hang checks, the time limit and a checkpoint asked for. How many events
         were handled."""
+        self.in_pass = True
+        try:
+            handled = self._step(first, hear, drain)
+        finally:
+            self.in_pass = False
+        if self.unsaid:
+            self.unsaid = False
+            self.on_change(self)
+        return handled
+
+    def _step(
+        self, first: Event | None, hear: Callable[[Supervisor, Event], None], drain: bool
+    ) -> int:
         self.take_aside()  # first: a reader sets a frame aside before it queues the next
         handled, event = 0, first
         while True:
@@ -387,8 +405,12 @@ class Supervisor:
         self.changed()
 
     def changed(self) -> None:
-        """Tell the caller (status.json) that the run's state changed."""
-        self.on_change(self)
+        """Tell the caller (status.json) that the run's state changed: now, or within a
+        pass as it ends."""
+        if self.in_pass:
+            self.unsaid = True
+        else:
+            self.on_change(self)
 
     # --- the end ------------------------------------------------------------------------
 

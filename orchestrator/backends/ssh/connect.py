@@ -46,6 +46,7 @@ logging.getLogger("paramiko").addHandler(logging.NullHandler())
 # node (or, in a lab, the one machine under every node) is loaded: 250 at once on 2 cores
 # took more than 10 s for some.
 SESSION_OPEN_TIMEOUT_S = 120.0
+READ_BYTES = 1 << 16  # at most this much of one channel at a time, whoever else waits
 # Linux's struct tcp_info (linux/tcp.h): tcpi_unacked at byte 24, tcpi_last_ack_recv (ms) at 56
 # (52 is tcpi_last_data_recv: a silent agent's silence, not the kernel's).
 TCP_INFO_FIELDS = struct.Struct("=24xI28xI")
@@ -80,6 +81,9 @@ class SshChannel:
         self.channel = channel
         self.lock = threading.Lock()
         self.jump = jump
+        # The last of what the agent printed on stderr, read as it came by read_waiting:
+        # paramiko's descriptor for the channel is readable while either stream holds bytes.
+        self.said = bytearray()
 
     def write(self, data: bytes) -> None:
         with self.lock:
@@ -106,8 +110,26 @@ class SshChannel:
     def read(self, size: int) -> bytes:
         return self.channel.recv(size)
 
+    def fileno(self) -> int:
+        """A descriptor readable while the channel holds bytes or has ended (paramiko's
+        pipe: two descriptors of the controller's per channel)."""
+        return self.channel.fileno()
+
+    def read_waiting(self) -> bytes | None:
+        """The agent's output that has arrived, without waiting: b"" once it has ended,
+        None when only stderr came (kept for errors) or nothing yet."""
+        channel = self.channel
+        while channel.recv_stderr_ready():
+            self.said += channel.recv_stderr(READ_BYTES)
+            del self.said[:-READ_BYTES]
+        if channel.recv_ready():
+            return channel.recv(READ_BYTES)
+        if channel.eof_received or channel.closed:
+            return b""
+        return None
+
     def errors(self) -> str:
-        chunks = []
+        chunks = [bytes(self.said)] if self.said else []
         try:
             while chunk := self.channel.recv_stderr(65536):
                 chunks.append(chunk)

@@ -39,7 +39,7 @@ def sessions() -> Iterator[tuple[list[NodeSession], queue.Queue[Event]]]:
     for index in range(2):
         channel = SrunChannel([sys.executable, "-I", "-c", AGENT])
         session = NodeSession(index, AllocationNode(f"n{index}"), channel, events)  # type: ignore[arg-type]
-        session.thread.start()
+        session.begin_reading()
         started.append(session)
     yield started, events
     for session in started:

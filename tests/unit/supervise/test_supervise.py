@@ -15,6 +15,7 @@ from orchestrator.backends.sessions import Event
 from orchestrator.options.supervision import Supervision
 from orchestrator.supervise import describe_exit
 from orchestrator.supervise.detect import Detector
+from orchestrator.supervise.frame_handlers import handle
 from orchestrator.supervise.state import Outcome
 from orchestrator.supervise.stopping import STOP_MARGIN_S, Stopper, signals_to
 from orchestrator.supervise.supervisor import IDLE_TICK_S
@@ -405,17 +406,21 @@ def test_loop_counts_a_restart_and_sees_the_rank_again(tmp_path: Path) -> None:
         on_change=lambda s: seen.append(s.status()),
     )
     now = time.time()
-    events.put(Event(1, "E", ("3", "1", f"{now:.6f}")))
-    events.put(Event(1, "O", ("3",), b"attempt 1\n"))
+    # Each in a pass of its own, as they come on a run: the status is told as a pass ends.
+    sup.step(Event(1, "E", ("3", "1", f"{now:.6f}")), handle)
+    assert seen[-1]["restarts"] == 1 and seen[-1]["ranks"][3]["state"] == "restarting"
+    sup.step(Event(1, "O", ("3",), b"attempt 1\n"), handle)
+    assert seen[-1]["ranks"][3]["state"] == "running"  # its output came again
     for rank in range(4):
         events.put(Event(rank // 2, "E", (str(rank), "0", f"{now + 5:.6f}")))
     for node in (0, 1):
         events.put(Event(node, "X", ("0", f"{now + 6:.6f}")))
+    told = len(seen)
     outcome = sup.run()
     assert outcome.state == "succeeded" and "restart 1: rank 3 on b" in outcome.summary
-    assert any(s["restarts"] == 1 and s["ranks"][3]["state"] == "restarting" for s in seen)
-    assert any(s["ranks"][3]["state"] == "running" for s in seen)  # its output came again
     assert sup.status()["restarts"] == 1 and not sup.stopping
+    # Told as the loop began, once for the six events of its one pass, and at the end.
+    assert len(seen) - told == 3 and seen[-1] == sup.status()
 
 
 def test_closing_lines_name_the_restarts_on_success_and_the_summary_on_failure() -> None:
