@@ -22,11 +22,6 @@ from orchestrator.backends.sessions import Event
 from orchestrator.supervise.frame_handlers import handle as handle_event
 from orchestrator.supervise.state import NodeState
 
-# After an event that came alone, the loop waits this long for others before its pass: a
-# pass costs the same for one event as for hundreds (the files flushed, every node's
-# liveness), and on a run of many nodes their lines come one node at a time.
-GATHER_S = 0.02
-
 
 class Attempt(Protocol):
     """What the loop asks of an attempt's supervisor (supervisor.Supervisor)."""
@@ -83,8 +78,6 @@ def run_loop(watch: Watch) -> None:
             event: Event | None = events.get(timeout=max(0.0, pause))
         except queue.Empty:
             event = None
-        if event is not None and events.empty():
-            time.sleep(GATHER_S)
         watch.before(time.monotonic())
         current, handled = watch.current(), 0
         if current is not None:  # an event of an attempt that ended meanwhile is dropped
