@@ -40,9 +40,9 @@ def connect_each(
 ) -> tuple[list[NodeConnection | None], dict[int, NodeError]]:
     """As connect_cluster, but a host that cannot be reached gives None and its error (by
     index) instead of failing the whole step."""
-    allow_open_files(len(cluster.hosts))
     if cluster.is_local:
         return connect_cluster(cluster, ssh_options), {}  # type: ignore[return-value]
+    allow_open_files(len(cluster.hosts))
     from orchestrator.backends.ssh import connect_each as connect_each_ssh
 
     return connect_each_ssh(cluster.hosts, ssh_options, on_done)

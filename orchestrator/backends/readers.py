@@ -42,7 +42,7 @@ class Readers:
             self.reading[fd] = session
             try:
                 self.poller.register(fd, select.EPOLLIN)
-            except FileExistsError:  # a closed channel's descriptor, reused by this one
+            except FileExistsError:  # still in the set: its last reader has not let it go
                 self.poller.modify(fd, select.EPOLLIN)
             if self.thread is None:
                 self.thread = threading.Thread(target=self._run, name="agent-readers", daemon=True)
@@ -63,11 +63,7 @@ class Readers:
         poller = self.poller
         assert poller is not None
         while True:
-            try:
-                ready = poller.poll()
-            except InterruptedError:
-                continue
-            for fd, _ in ready:
+            for fd, _ in poller.poll():  # a signal's EINTR is retried by Python itself
                 with self.lock:
                     session = self.reading.get(fd)
                 if session is not None and not session.read_here():
