@@ -2,9 +2,10 @@
 
 client_config.py (what `ssh -G` would resolve), known_hosts.py and certs.py (the files and
 certificates), trust.py (the host key decision), identities.py (the keys offered for login),
-connect.py (paramiko connections), transport.py (how paramiko's transport is run), jumps.py
-(jump hosts shared by the nodes behind them), retry.py (handshakes tried again), sftp.py
-(--sync copies), fanout.py (many at once).
+connect.py (paramiko connections), agent_channel.py (the exec channel an agent runs on),
+transport.py (how paramiko's transport is run), jumps.py (jump hosts shared by the nodes
+behind them), retry.py (handshakes tried again), sftp.py (--sync copies), fanout.py (many
+at once).
 
 notices.py  warnings of the SSH layer: each distinct line printed once per command, on stderr
 """

@@ -105,7 +105,7 @@ class LoginChannel:
     connection to it (the SSH backend's SshChannel), srun's stdin and stdout its own."""
 
     def __init__(self, commands: SlurmCommands, argv: list[str]) -> None:
-        from orchestrator.backends.ssh.connect import SshChannel  # paramiko: --login only
+        from orchestrator.backends.ssh.agent_channel import SshChannel  # paramiko: --login only
 
         self.ssh: SshChannel | None = None
         self.failure = ""  # why the channel could not be opened

@@ -25,7 +25,8 @@ import paramiko
 from orchestrator.agent.protocol import frame
 from orchestrator.backends.base import IdleAgent
 from orchestrator.backends.sessions import NodeSession, start_sessions
-from orchestrator.backends.ssh.connect import SshChannel, tcp_acks
+from orchestrator.backends.ssh.agent_channel import SshChannel
+from orchestrator.backends.ssh.connect import tcp_acks
 from orchestrator.supervise import NodeState
 from orchestrator.supervise.stopping import Stopper
 from tests.factories import supervisor, world
