@@ -31,7 +31,9 @@ For each node count, in one run (the figures beside each other, so the growth sh
   and nothing of it is left anywhere;
 - lines: a job whose every rank prints a line a second for --lines s and ends: every
   rank's file and the console hold each line once (none lost, none doubled), and the
-  controller's CPU over that time as a share of one core (target: at most half).
+  controller's CPU over that time as a share of one core (target: at most half). With
+  --profile DIR, py-spy samples the controller meanwhile: its folded stacks go to DIR, and
+  the functions that held the most samples are printed (--only lines skips the rest).
 Not measured here: `stacks` (the rank stubs are bash, to fit thousands of ranks in this
 machine's memory, and stacks are read from Python ranks) and a relay's loss (the local
 transport has no relays). Exit 0 when every check held.
@@ -72,6 +74,7 @@ BOOT_TIME = next(
 )
 TICK = os.sysconf("SC_CLK_TCK")
 LINE = re.compile(rb"line (\d+) of rank (\d+)")
+FRAME_LINE = re.compile(r":\d+\)$")
 
 
 def addresses(n: int) -> list[str]:
@@ -300,7 +303,7 @@ def status_of(pid: int) -> dict[str, str]:
 def measure(n: int, args, work: Path, figures: Figures) -> None:
     hosts = addresses(n)
     idle_memory = memory_used_mb()
-    for round_ in range(1, args.repeat + 1):
+    for round_ in range(1, 0 if args.only == "lines" else args.repeat + 1):
         busy = machine_cpu()
         with Job(work, hosts, args.ranks, f"scale{n}-{round_}", ["idle"]) as job:
             measure_round(job, round_, args, figures, busy, idle_memory)
@@ -396,6 +399,39 @@ def kill_one(job: Job, figures: Figures) -> None:
         figures.failures.append(f"{job.run_id}: lost {others[:3]} exit {code} left {len(left)}")
 
 
+def profiled(pid: int, seconds: float, out: Path) -> subprocess.Popen:
+    """py-spy sampling `pid` (every thread, idle ones left out) for `seconds` into `out`,
+    folded stacks (one line per stack: frames outermost first, then its sample count)."""
+    spy = Path(sys.executable).with_name("py-spy")
+    command = [str(spy) if spy.exists() else "py-spy", "record", "--pid", str(pid)]
+    command += ["--duration", str(int(seconds)), "--rate", "100", "--format", "raw"]
+    command += ["--threads", "--nonblocking", "--output", str(out)]
+    return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+def top_functions(folded: Path, count: int = 12) -> list[str]:
+    """The functions of `folded` that held the most samples, innermost frame (self) and
+    anywhere on the stack (total), as lines."""
+    own, anywhere, total = Counter(), Counter(), 0
+    for line in folded.read_text(errors="replace").splitlines():
+        stack, _, samples = line.rpartition(" ")
+        if not samples.isdigit():
+            continue
+        # The first is the thread; a frame's line number is left out (functions, not lines).
+        frames = [FRAME_LINE.sub(")", f.strip()) for f in stack.split(";")[1:]]
+        total += int(samples)
+        if frames:
+            own[frames[-1]] += int(samples)
+        for name in set(frames):
+            anywhere[name] += int(samples)
+    if not total:
+        return ["  profile: no samples"]
+    found = [f"  profile: {total} samples; self %, total %, function"]
+    for name, samples in own.most_common(count):
+        found.append(f"  {100 * samples / total:5.1f} {100 * anywhere[name] / total:5.1f}  {name}")
+    return found
+
+
 def lines(n: int, args, work: Path, hosts: list[str], figures: Figures) -> None:
     with Job(work, hosts, args.ranks, f"scale{n}-lines", ["lines", str(args.lines)]) as job:
         count_lines(job, args, figures)
@@ -408,6 +444,11 @@ def count_lines(job: Job, args, figures: Figures) -> None:
     n = len(job.hosts)
     job.wait_ranks(start_timeout(n))
     pid = job.proc.pid
+    spy = None
+    if args.profile:
+        args.profile.mkdir(parents=True, exist_ok=True)
+        folded = args.profile / f"lines-{n}.folded"
+        spy = profiled(pid, args.lines - 2, folded)
     began, before = time.monotonic(), cpu_seconds(pid)
     last = (began, before)
     while job.proc.poll() is None:
@@ -418,6 +459,14 @@ def count_lines(job: Job, args, figures: Figures) -> None:
         time.sleep(0.5)
     figures.lines_cpu = (last[1] - before) / max(1e-9, last[0] - began)
     code = job.wait(60)
+    if spy is not None:
+        _, err = spy.communicate(timeout=60)
+        if spy.returncode or not folded.exists():
+            say(f"  profile: py-spy failed ({spy.returncode}): {err.decode()[-300:]}")
+        else:
+            say(f"  profile of the controller ({folded}):")
+            for line in top_functions(folded):
+                say(line)
     want = {(i, r) for r in range(n * args.ranks) for i in range(1, args.lines + 1)}
     problems = []
     files = Counter()
@@ -451,6 +500,13 @@ def main() -> int:
     cli.add_argument("--lines", type=int, default=60, help="s of a line a second (60)")
     cli.add_argument(
         "--settle", type=float, default=300, help="s to wait at most for the load to pass (300)"
+    )
+    cli.add_argument("--only", choices=("lines",), help="run only this part (lines)")
+    cli.add_argument(
+        "--profile",
+        type=Path,
+        metavar="DIR",
+        help="sample the controller with py-spy while the lines come; folded stacks in DIR",
     )
     args = cli.parse_args()
     say(machine_line())
