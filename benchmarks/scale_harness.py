@@ -400,12 +400,13 @@ def kill_one(job: Job, figures: Figures) -> None:
 
 
 def profiled(pid: int, seconds: float, out: Path) -> subprocess.Popen:
-    """py-spy sampling `pid` (every thread, idle ones left out) for `seconds` into `out`,
+    """py-spy sampling `pid` for `seconds` into `out`: the thread that holds the interpreter
+    lock at each sample (a thread waiting in epoll or a lock can read as busy otherwise),
     folded stacks (one line per stack: frames outermost first, then its sample count)."""
     spy = Path(sys.executable).with_name("py-spy")
     command = [str(spy) if spy.exists() else "py-spy", "record", "--pid", str(pid)]
     command += ["--duration", str(int(seconds)), "--rate", "100", "--format", "raw"]
-    command += ["--threads", "--nonblocking", "--output", str(out)]
+    command += ["--threads", "--gil", "--nonblocking", "--output", str(out)]
     return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
