@@ -42,7 +42,6 @@ from orchestrator.supervise.state import (
     describe_exit,
     nodes_and_ranks,
 )
-from orchestrator.supervise.status_pace import StatusPace
 from orchestrator.supervise.stopping import Stopper
 from orchestrator.supervise.straggler_swap import StragglerSwap
 from orchestrator.supervise.stragglers import Stragglers
@@ -51,8 +50,7 @@ from orchestrator.supervise.time_limit import WarningClock
 MAX_EVENTS_PER_STEP = 256  # then flush and look at heartbeats and signals again
 # The loop wakes on every event at once; without one, after TICK_S while lines wait to be
 # folded or a stop goes on, after FOOTER_TICK_S while a footer is drawn, else after
-# IDLE_TICK_S (at most a sixth of the heartbeat timeout), or sooner when a change waits to
-# be told (status_pace.py). On a quiet run a pass costs ~0.3 ms
+# IDLE_TICK_S (at most a sixth of the heartbeat timeout). On a quiet run a pass costs ~0.3 ms
 # of a cold cache whatever the node count (16 nodes: a third of the controller's CPU at one
 # a second; benchmarks/idle_controller.py), so it comes as seldom as the verdicts allow:
 # liveness counts a pass up to MAX_TICK_S (3 s) as time awake.
@@ -92,11 +90,10 @@ class Supervisor:
         self.supervision = supervision
         self.timed_out = False
         self.on_change = on_change
-        # Inside a pass, changes are told once, as it ends, and paced (status_pace.py):
-        # telling writes status.json, all ranks of it, and a pass may hear hundreds of ranks
-        # end (a stop of a large run).
+        # Inside a pass, changes are told once, as it ends: telling writes status.json, all
+        # ranks of it, and a pass may hear hundreds of ranks end (a stop of a large run).
         self.in_pass = False
-        self.status_pace = StatusPace(lambda: self.on_change(self))
+        self.unsaid = False  # a change of this pass not told yet
         self.stopper = Stopper(nodes, sessions, sink, supervision.grace, on_first_stop=self.changed)
         self.detector = Detector(
             nodes,
@@ -188,8 +185,7 @@ class Supervisor:
             self.metrics.close()
         self.sink.flush(drain=True)
         outcome = self.outcome()
-        self.status_pace.changed()
-        self.status_pace.tell(force=True)  # the last word, however soon after the one before
+        self.changed()
         return outcome
 
     def _beat(self) -> None:
@@ -210,7 +206,6 @@ class Supervisor:
         idle = IDLE_TICK_S if self.sink.footer is None else FOOTER_TICK_S
         if self.supervision.heartbeat_timeout > 0:
             idle = min(idle, self.supervision.heartbeat_timeout / 6)
-        idle = min(idle, self.status_pace.wait())
         return max(TICK_S, min(idle, self.deadline.wait(time.time())))
 
     def step(
@@ -226,7 +221,9 @@ class Supervisor:
             handled = self._step(first, hear, drain)
         finally:
             self.in_pass = False
-        self.status_pace.tell()
+        if self.unsaid:
+            self.unsaid = False
+            self.on_change(self)
         return handled
 
     def _step(
@@ -409,10 +406,11 @@ class Supervisor:
 
     def changed(self) -> None:
         """Tell the caller (status.json) that the run's state changed: now, or within a
-        pass as it ends; later where telling is due only then (status_pace.py)."""
-        self.status_pace.changed()
-        if not self.in_pass:
-            self.status_pace.tell()
+        pass as it ends."""
+        if self.in_pass:
+            self.unsaid = True
+        else:
+            self.on_change(self)
 
     # --- the end ------------------------------------------------------------------------
 
