@@ -72,7 +72,7 @@ class SshChannel:
     def errors(self) -> str:
         chunks = [bytes(self.said)] if self.said else []
         try:
-            while chunk := self.channel.recv_stderr(65536):
+            while chunk := self.channel.recv_stderr(READ_BYTES):
                 chunks.append(chunk)
         except (OSError, EOFError, paramiko.SSHException):
             pass
