@@ -80,10 +80,16 @@ class ProcessTree:
         self.stop_deadline = deadline
         if first:
             pids = self.descendants()
+            group = None
             if self.proc is not None and self.script_rc is None:
-                signal_group(self.proc.pid, signal.SIGTERM)
+                group = self.proc.pid
+                signal_group(group, signal.SIGTERM)
             for pid in pids:
-                signal_pid(pid, signal.SIGTERM)
+                # Once each: a second SIGTERM that reaches torchrun while it stops its
+                # workers cuts that stop short (a second SignalException, raised in
+                # its wait for them) and leaves a chained traceback in the node log.
+                if group is None or group_of(pid) != group:
+                    signal_pid(pid, signal.SIGTERM)
             self.signalled.update(pids)
             if pids:
                 self.say(
@@ -256,6 +262,14 @@ def signal_pid(pid: int, signum: int) -> None:
         os.kill(pid, signum)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def group_of(pid: int) -> int | None:
+    """A process's group, or None when it has ended."""
+    try:
+        return os.getpgid(pid)
+    except ProcessLookupError:
+        return None
 
 
 def signal_group(pgid: int, signum: int) -> None:

@@ -14,11 +14,15 @@ The rule, over one node's lines in order (never a rank's: those are the program'
 
 - a torch.distributed.elastic log line whose message is one of REPORTS;
 - a traceback whose every frame is torchrun's (`<frozen runpy>`, `<string>` (the node
-  script's orchestrator_torchrun), `.../bin/torchrun` or `.../torch/distributed/...`) and
+  script's orchestrator_torchrun), `.../bin/torchrun`, `.../torch/distributed/...`, or
+  Python's own library below them: a second signal lands in subprocess.py's wait) and
   whose exception is torch.distributed.elastic's ChildFailedError or SignalException. It
   is held until a frame or its last line says whose it is: any other traceback (a
   frame of the user's, an error of torchrun's own such as a rendezvous timeout) is shown
   whole, in order;
+- after such a traceback, Python's chaining of the next one (a blank line, `During
+  handling of the above exception, another exception occurred:`, a blank line), held
+  with that next traceback and judged with it;
 - after such a ChildFailedError, its message: the `=`-bordered block, while its lines are
   shaped as torch writes it (a line of another shape ends it and is judged on its own).
 """
@@ -49,7 +53,14 @@ REPORTS = re.compile(
 )
 _TRACEBACK = b"Traceback (most recent call last):"
 _FRAME = re.compile(rb'  File "([^"]*)", line \d+')
-_TORCHRUN_FILE = re.compile(rb"<frozen runpy>|<string>|.*/torchrun|.*/torch/distributed/.*")
+_TORCHRUN_FILE = re.compile(
+    rb"<frozen runpy>|<string>|.*/torchrun|.*/torch/distributed/.*"
+    rb"|.*/lib/python3\.\d+/[\w.]+\.py"  # the standard library's top level (no site-packages)
+)
+_CHAINING = re.compile(
+    rb"|During handling of the above exception, another exception occurred:"
+    rb"|The above exception was the direct cause of the following exception:"
+)
 _EXCEPTION = re.compile(
     rb"torch\.distributed\.elastic\.[\w.]*\.(ChildFailedError|SignalException)\b"
 )
@@ -60,7 +71,7 @@ _BLOCK_LINE = re.compile(
 _BORDER = re.compile(rb"=+")
 MAX_HELD = 1000  # a traceback this long is shown as it goes, whatever its end says
 
-_NORMAL, _TRACEBACK_HELD, _BLOCK = range(3)
+_NORMAL, _TRACEBACK_HELD, _BLOCK, _CHAINED = range(4)
 
 
 def reported_line(text: bytes) -> bool:
@@ -88,6 +99,15 @@ class ReportFilter(Generic[T]):
             self.state = _NORMAL
         if self.state == _TRACEBACK_HELD:
             return self._in_traceback(text, item)
+        if self.state == _CHAINED:
+            if text == _TRACEBACK:
+                self.state = _TRACEBACK_HELD
+                self.held.append(item)
+                return []
+            if _CHAINING.fullmatch(text) and len(self.held) < 3:
+                self.held.append(item)
+                return []
+            return self.drain() + self.feed(text, item)
         if text == _TRACEBACK:
             self.state, self.held = _TRACEBACK_HELD, [item]
             return []
@@ -105,7 +125,7 @@ class ReportFilter(Generic[T]):
         if exception is None:
             return self.drain() + [item]
         self.held.clear()
-        self.state = _BLOCK if exception.group(1) == b"ChildFailedError" else _NORMAL
+        self.state = _BLOCK if exception.group(1) == b"ChildFailedError" else _CHAINED
         self.borders = 0
         return []
 
@@ -127,6 +147,6 @@ class ReportFilter(Generic[T]):
         """Give up judging: the held items, to show (the stream ended, or turned out not
         to be torchrun's report)."""
         held, self.held = self.held, []
-        if self.state == _TRACEBACK_HELD:
+        if self.state in (_TRACEBACK_HELD, _CHAINED):
             self.state = _NORMAL
         return held

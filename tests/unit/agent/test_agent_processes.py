@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.agent import processes
 from orchestrator.agent.processes import (
     CHILDREN_FILES,
     ProcessTree,
@@ -118,6 +119,29 @@ def test_a_shorter_grace_wins_and_a_longer_one_is_ignored(tree, tmp_path) -> Non
     assert tree.stop_deadline < first
     assert run_stop(tree) < 5
     assert len([s for s in tree.said if s.startswith("stopping")]) == 1  # SIGTERM once
+
+
+def test_a_stop_signals_each_process_once_its_group_or_itself(tree, tmp_path, monkeypatch) -> None:
+    # torchrun is in the script's group: a second SIGTERM of its own, sent after the
+    # group's, would reach it while it stops its workers and cut that short. What left
+    # the group (setsid) is reached on its own.
+    sent: list[tuple[str, int]] = []
+    real_pid, real_group = processes.signal_pid, processes.signal_group
+    monkeypatch.setattr(
+        processes, "signal_pid", lambda pid, sig: (sent.append(("pid", pid)), real_pid(pid, sig))
+    )
+    monkeypatch.setattr(
+        processes,
+        "signal_group",
+        lambda pgid, sig: (sent.append(("group", pgid)), real_group(pgid, sig)),
+    )
+    proc = start(tree, "sleep 30 & setsid sleep 30 & wait", tmp_path)
+    wait_for(lambda: sleeping(tree) == 2)
+    alone = [pid for pid in tree.descendants() if os.getpgid(pid) != proc.pid]
+    assert len(alone) == 1
+    tree.begin_stop(30, "test")
+    assert sent == [("group", proc.pid), ("pid", alone[0])]
+    assert run_stop(tree) < 5 and not tree.killing
 
 
 def test_processes_started_during_a_stop_get_sigterm_too(tree, tmp_path) -> None:

@@ -11,6 +11,9 @@ The fixtures in data/torchrun/ are real output, as captured (torch 2.13, Python 
 - rank_raised_joined_node.txt: node 1 of two, its torchrun started as the node script
   starts it there (`python -c "$orchestrator_torchrun"`: frames in `<string>`), rank 3 raising.
 - sigterm.txt: `torchrun --nproc-per-node 2 sleep.py`'s stderr, torchrun sent SIGTERM.
+- sigterm_twice.txt: the same with ranks that take 2 s to end on SIGTERM, and a second
+  SIGTERM to torchrun 0.7 s after the first: it lands in subprocess.py's wait for them,
+  and Python chains a second SignalException's traceback to the first.
 - combined_restarts.log: combined.log of `orchestrator launch hostfiles/local.txt
   --max-restarts 1 -- failall.py` (every rank raises: torchrun gives up, `bash FAILED`).
 - combined_stopped.log: combined.log of a launch whose rank 1 raised while rank 0 slept:
@@ -68,6 +71,7 @@ def no_report_in(lines: list[bytes]) -> None:
         ("rank_raised_joined_node.txt", 4),
         ("rank_raised_recorded.txt", 9),  # through @record's frame in torch: still its own
         ("sigterm.txt", 0),
+        ("sigterm_twice.txt", 0),
     ],
 )
 def test_torchruns_reports_go_and_everything_else_stays_in_order(name: str, own: int) -> None:
@@ -97,6 +101,17 @@ def test_a_traceback_is_shown_as_soon_as_a_frame_of_another_file_comes() -> None
     assert reports.pending() == [lines[0]]
     assert reports.feed(lines[1], lines[1]) == lines[:2]
     assert reports.feed(lines[2], lines[2]) == [lines[2]]
+
+
+def test_a_chaining_not_followed_by_torchruns_traceback_is_shown_in_order() -> None:
+    lines = lines_of("sigterm_twice.txt")
+    chained = lines.index(b"During handling of the above exception, another exception occurred:\n")
+    first, chaining = lines[: chained - 1], lines[chained - 1 : chained + 2]
+    assert shown(first + chaining) == lines[:BANNER] + chaining  # the stream ended there
+    after = b"the node's own line\n"
+    assert shown(first + chaining + [after]) == lines[:BANNER] + chaining + [after]
+    user = [b"Traceback (most recent call last):\n", b'  File "/home/u/train.py", line 3\n']
+    assert shown(first + chaining + user) == lines[:BANNER] + chaining + user
 
 
 def test_an_unfinished_traceback_waits_then_is_drained() -> None:
