@@ -25,15 +25,16 @@ from orchestrator.agent.processes import (
 from tests.factories import wait_for
 
 
+def comm_of(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""  # ended
+
+
 def sleeping(tree: ProcessTree) -> int:
     """How many of the tree's processes run `sleep` (so the script got past its traps)."""
-    names = []
-    for pid in tree.descendants():
-        try:
-            names.append(Path(f"/proc/{pid}/comm").read_text().strip())
-        except OSError:
-            pass
-    return names.count("sleep")
+    return [comm_of(pid) for pid in tree.descendants()].count("sleep")
 
 
 def run_stop(tree: ProcessTree, timeout: float = 10.0) -> float:
@@ -136,11 +137,16 @@ def test_a_stop_signals_each_process_once_its_group_or_itself(tree, tmp_path, mo
         lambda pgid, sig: (sent.append(("group", pgid)), real_group(pgid, sig)),
     )
     proc = start(tree, "sleep 30 & setsid sleep 30 & wait", tmp_path)
-    wait_for(lambda: sleeping(tree) == 2)
-    alone = [pid for pid in tree.descendants() if os.getpgid(pid) != proc.pid]
+    # Its own: not what other tests may have left to this process.
+    wait_for(lambda: [comm_of(pid) for pid in descendants_of(proc.pid)] == ["sleep", "sleep"])
+    mine = {proc.pid, *descendants_of(proc.pid)}
+    alone = [pid for pid in mine if os.getpgid(pid) != proc.pid]
     assert len(alone) == 1
     tree.begin_stop(30, "test")
-    assert sent == [("group", proc.pid), ("pid", alone[0])]
+    assert [to for to in sent if to[0] == "group" or to[1] in mine] == [
+        ("group", proc.pid),
+        ("pid", alone[0]),
+    ]
     assert run_stop(tree) < 5 and not tree.killing
 
 
