@@ -14,6 +14,7 @@ stack_groups.py    many ranks' stacks read like a folded console
 stack_names.py     where a thread is, named as a user would look for it
 stack_rounds.py    taking every rank's stacks through the node agents
 state.py           what supervision knows about each node and rank, and how a run ended
+status_pace.py     how often status.json is told of changes: at most a tenth of the time
 stopping.py        stopping a run
 stragglers.py      stragglers: the rank that holds every other back, named while the run goes on
 straggler_swap.py  a node slow for --swap-stragglers-after, taken out at a checkpoint

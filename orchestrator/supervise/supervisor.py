@@ -42,6 +42,7 @@ from orchestrator.supervise.state import (
     describe_exit,
     nodes_and_ranks,
 )
+from orchestrator.supervise.status_pace import StatusPace
 from orchestrator.supervise.stopping import Stopper
 from orchestrator.supervise.straggler_swap import StragglerSwap
 from orchestrator.supervise.stragglers import Stragglers
@@ -50,7 +51,8 @@ from orchestrator.supervise.time_limit import WarningClock
 MAX_EVENTS_PER_STEP = 256  # then flush and look at heartbeats and signals again
 # The loop wakes on every event at once; without one, after TICK_S while lines wait to be
 # folded or a stop goes on, after FOOTER_TICK_S while a footer is drawn, else after
-# IDLE_TICK_S (at most a sixth of the heartbeat timeout). On a quiet run a pass costs ~0.3 ms
+# IDLE_TICK_S (at most a sixth of the heartbeat timeout), or sooner when a change waits to
+# be told (status_pace.py). On a quiet run a pass costs ~0.3 ms
 # of a cold cache whatever the node count (16 nodes: a third of the controller's CPU at one
 # a second; benchmarks/idle_controller.py), so it comes as seldom as the verdicts allow:
 # liveness counts a pass up to MAX_TICK_S (3 s) as time awake.
@@ -90,10 +92,11 @@ class Supervisor:
         self.supervision = supervision
         self.timed_out = False
         self.on_change = on_change
-        # Inside a pass, changes are told once, as it ends: telling writes status.json, all
-        # ranks of it, and a pass may hear hundreds of ranks end (a stop of a large run).
+        # Inside a pass, changes are told once, as it ends, and paced (status_pace.py):
+        # telling writes status.json, all ranks of it, and a pass may hear hundreds of ranks
+        # end (a stop of a large run).
         self.in_pass = False
-        self.unsaid = False  # a change of this pass not told yet
+        self.status_pace = StatusPace(lambda: self.on_change(self))
         self.stopper = Stopper(nodes, sessions, sink, supervision.grace, on_first_stop=self.changed)
         self.detector = Detector(
             nodes,
@@ -186,6 +189,7 @@ class Supervisor:
         self.sink.flush(drain=True)
         outcome = self.outcome()
         self.changed()
+        self.status_pace.tell(force=True)  # the last word, however soon after the one before
         return outcome
 
     def _beat(self) -> None:
@@ -206,6 +210,7 @@ class Supervisor:
         idle = IDLE_TICK_S if self.sink.footer is None else FOOTER_TICK_S
         if self.supervision.heartbeat_timeout > 0:
             idle = min(idle, self.supervision.heartbeat_timeout / 6)
+        idle = min(idle, self.status_pace.wait())
         return max(TICK_S, min(idle, self.deadline.wait(time.time())))
 
     def step(
@@ -214,16 +219,15 @@ class Supervisor:
         """One pass of the loop (run_loop.py): the events that came (`first`: the one
         that woke the loop; then those queued, at most MAX_EVENTS_PER_STEP unless `drain`),
         each through `hear`; then the footer, metrics, liveness, signals, lost nodes,
-        stacks and hang checks, the time limit and a checkpoint asked for. How many events
-        were handled."""
+        stacks and hang checks, the time limit and a checkpoint asked for; the changes told
+        (all of them, however soon, after a `drain`: an attempt's last pass). How many
+        events were handled."""
         self.in_pass = True
         try:
             handled = self._step(first, hear, drain)
         finally:
             self.in_pass = False
-        if self.unsaid:
-            self.unsaid = False
-            self.on_change(self)
+        self.status_pace.tell(force=drain)
         return handled
 
     def _step(
@@ -406,11 +410,10 @@ class Supervisor:
 
     def changed(self) -> None:
         """Tell the caller (status.json) that the run's state changed: now, or within a
-        pass as it ends."""
-        if self.in_pass:
-            self.unsaid = True
-        else:
-            self.on_change(self)
+        pass as it ends; later where telling is due only then (status_pace.py)."""
+        self.status_pace.changed()
+        if not self.in_pass:
+            self.status_pace.tell()
 
     # --- the end ------------------------------------------------------------------------
 
