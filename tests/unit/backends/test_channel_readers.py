@@ -12,8 +12,11 @@ import queue
 import subprocess
 import sys
 import threading
+import time
+from types import SimpleNamespace
 
 from orchestrator.agent.protocol import Frame, frame
+from orchestrator.backends import readers
 from orchestrator.backends.base import IdleAgent
 from orchestrator.backends.local import LocalChannel, LocalConnection
 from orchestrator.backends.readers import READERS
@@ -172,3 +175,47 @@ def test_a_full_queue_of_an_attempt_that_is_over_does_not_hold_the_reader() -> N
     got = events_until(events, 5)
     assert {(e.node, e.kind) for e in got} == {(1, Frame.HEARTBEAT)}
     nxt.close()
+
+
+class PipeSession:
+    """A session whose channel is a pipe: each read notes the round it came in."""
+
+    def __init__(self, name: str, rounds: list[list[str]], came: threading.Event) -> None:
+        self.name, self.rounds, self.came = name, rounds, came
+        self.read_fd, self.write_fd = os.pipe()
+        os.set_blocking(self.read_fd, False)
+
+    def read_here(self) -> bool:
+        os.read(self.read_fd, 4096)
+        self.rounds[-1].append(self.name)
+        self.came.set()
+        return True
+
+
+def test_what_comes_on_many_channels_within_the_gap_is_read_in_one_round(monkeypatch) -> None:
+    monkeypatch.setattr(readers, "READ_GAP_S", 0.3)  # long enough for this test's writes
+    rounds: list[list[str]] = [[]]
+    came = threading.Event()
+    own = readers.Readers()
+    sessions = [PipeSession(name, rounds, came) for name in "abc"]
+    real_sleep = time.sleep
+
+    def between_rounds(seconds: float) -> None:
+        real_sleep(seconds)
+        rounds.append([])
+
+    monkeypatch.setattr(
+        readers, "time", SimpleNamespace(monotonic=time.monotonic, sleep=between_rounds)
+    )
+    for session in sessions:
+        own.add(session.read_fd, session)
+    os.write(sessions[0].write_fd, b"x")
+    assert came.wait(10)
+    os.write(sessions[1].write_fd, b"y")  # while the reader waits out its gap
+    os.write(sessions[2].write_fd, b"z")
+    wait_for(lambda: sum(map(len, rounds)) == 3)
+    assert [sorted(r) for r in rounds if r] == [["a"], ["b", "c"]], rounds
+    for session in sessions:
+        own.remove(session.read_fd, session)
+        os.close(session.write_fd)
+        os.close(session.read_fd)
