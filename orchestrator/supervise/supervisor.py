@@ -49,13 +49,14 @@ from orchestrator.supervise.stragglers import Stragglers
 from orchestrator.supervise.time_limit import WarningClock
 
 MAX_EVENTS_PER_STEP = 256  # then flush and look at heartbeats and signals again
-# The loop wakes on every event at once; without one, after TICK_S while lines wait to be
-# folded or a stop goes on, after FOOTER_TICK_S while a footer is drawn, else after
-# IDLE_TICK_S (at most a sixth of the heartbeat timeout), or sooner when a change waits to
-# be told (status_pace.py). On a quiet run a pass costs ~0.3 ms
-# of a cold cache whatever the node count (16 nodes: a third of the controller's CPU at one
-# a second; benchmarks/idle_controller.py), so it comes as seldom as the verdicts allow:
-# liveness counts a pass up to MAX_TICK_S (3 s) as time awake.
+# The loop wakes on an event at once (while they keep coming, a pass every
+# run_loop.PASS_GAP_S); without one, after TICK_S while lines wait to be folded or a stop
+# goes on, after FOOTER_TICK_S while a footer is drawn, else after IDLE_TICK_S (at most a
+# sixth of the heartbeat timeout), or sooner when a change waits to be told
+# (status_pace.py). On a quiet run a pass costs ~0.3 ms of a cold cache whatever the node
+# count (16 nodes: a third of the controller's CPU at one a second;
+# benchmarks/idle_controller.py), so it comes as seldom as the verdicts allow: liveness
+# counts a pass up to MAX_TICK_S (3 s) as time awake.
 TICK_S = 0.1
 FOOTER_TICK_S = 1.0
 IDLE_TICK_S = 2.0
