@@ -510,6 +510,8 @@ def main() -> int:
         help="sample the controller with py-spy while the lines come; folded stacks in DIR",
     )
     args = cli.parse_args()
+    # Stopped from outside (a `timeout`), the job's own exit still stops its launch.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     say(machine_line())
     results: dict[int, Figures] = {}
     for n in args.nodes:
