@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.agent import processes
+from orchestrator.agent.child_stacks import process_name
 from orchestrator.agent.processes import (
     CHILDREN_FILES,
     ProcessTree,
@@ -25,16 +26,9 @@ from orchestrator.agent.processes import (
 from tests.factories import wait_for
 
 
-def comm_of(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/comm").read_text().strip()
-    except OSError:
-        return ""  # ended
-
-
 def sleeping(tree: ProcessTree) -> int:
     """How many of the tree's processes run `sleep` (so the script got past its traps)."""
-    return [comm_of(pid) for pid in tree.descendants()].count("sleep")
+    return [process_name(pid) for pid in tree.descendants()].count("sleep")
 
 
 def run_stop(tree: ProcessTree, timeout: float = 10.0) -> float:
@@ -138,7 +132,7 @@ def test_a_stop_signals_each_process_once_its_group_or_itself(tree, tmp_path, mo
     )
     proc = start(tree, "sleep 30 & setsid sleep 30 & wait", tmp_path)
     # Its own: not what other tests may have left to this process.
-    wait_for(lambda: [comm_of(pid) for pid in descendants_of(proc.pid)] == ["sleep", "sleep"])
+    wait_for(lambda: [process_name(pid) for pid in descendants_of(proc.pid)] == ["sleep", "sleep"])
     mine = {proc.pid, *descendants_of(proc.pid)}
     alone = [pid for pid in mine if os.getpgid(pid) != proc.pid]
     assert len(alone) == 1
