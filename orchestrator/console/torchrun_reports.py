@@ -61,6 +61,7 @@ _CHAINING = re.compile(
     rb"|During handling of the above exception, another exception occurred:"
     rb"|The above exception was the direct cause of the following exception:"
 )
+_CHAINING_LINES = 3  # Python writes a blank line, its words and a blank line between
 _EXCEPTION = re.compile(
     rb"torch\.distributed\.elastic\.[\w.]*\.(ChildFailedError|SignalException)\b"
 )
@@ -104,7 +105,7 @@ class ReportFilter(Generic[T]):
                 self.state = _TRACEBACK_HELD
                 self.held.append(item)
                 return []
-            if _CHAINING.fullmatch(text) and len(self.held) < 3:
+            if _CHAINING.fullmatch(text) and len(self.held) < _CHAINING_LINES:
                 self.held.append(item)
                 return []
             return self.drain() + self.feed(text, item)
