@@ -55,6 +55,7 @@ from common import (
     ORCHESTRATOR,
     PYTHON,
     cpu_seconds,
+    inotify_room,
     machine_line,
     median,
     parser,
@@ -517,7 +518,7 @@ def main() -> int:
     for n in args.nodes:
         say(f"{n} nodes x {args.ranks} ranks:")
         results[n] = Figures()
-        with scratch("orchestrator-bench-scale-") as work:
+        with inotify_room(n), scratch("orchestrator-bench-scale-") as work:
             measure(n, args, work, results[n])
     rows = []
     for n, f in results.items():
